@@ -1,0 +1,180 @@
+//===- Moec.cpp - the moec compiler driver ---------------------*- C++ -*-===//
+//
+//   moec inspect CONFIG [--json]   model summary and exact parameter counts
+//   moec import CONFIG [-o FILE]   the model's `moe` IR
+//
+//===----------------------------------------------------------------------===//
+#include "moe/Driver/Moec.h"
+#include "moe/Dialect/MoE/IR/MoEDialect.h"
+#include "moe/Frontend/HF/Importer.h"
+#include "moe/InitAll.h"
+
+#include "mlir/IR/MLIRContext.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/ToolOutputFile.h"
+#include "llvm/Support/WithColor.h"
+
+using namespace llvm;
+using namespace moe;
+
+namespace {
+
+cl::SubCommand inspectCommand(
+    "inspect", "Print a summary of a Hugging Face config.json: architecture, "
+               "sizes, routing and exact parameter counts");
+cl::SubCommand importCommand(
+    "import", "Import a Hugging Face config.json into the moe dialect and "
+              "print the IR");
+
+cl::opt<std::string> inspectConfig(cl::Positional, cl::Required,
+                                   cl::desc("<config.json>"),
+                                   cl::sub(inspectCommand));
+cl::opt<bool> inspectJson(
+    "json",
+    cl::desc("Print one JSON object (model_type, num_layers, num_experts, "
+             "experts_per_token, vocab_size, hidden_size, params: {total, "
+             "active, ...}) instead of text"),
+    cl::sub(inspectCommand));
+
+cl::opt<std::string> importConfig(cl::Positional, cl::Required,
+                                  cl::desc("<config.json>"),
+                                  cl::sub(importCommand));
+cl::opt<std::string> importOutput("o", cl::desc("Write the IR to <file> "
+                                                "(default: standard output)"),
+                                  cl::value_desc("file"), cl::init("-"),
+                                  cl::sub(importCommand));
+
+int fail(Error error, int code = kExitBadInput) {
+  WithColor::error(errs(), "moec") << toString(std::move(error)) << "\n";
+  return code;
+}
+
+std::string withCommas(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0)
+      out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+const char *scoringName(const hf::ModelConfig &c) {
+  return c.scoring == hf::Scoring::Sigmoid ? "sigmoid" : "softmax";
+}
+
+int runInspect() {
+  Expected<hf::ModelConfig> config = hf::loadModelConfig(inspectConfig);
+  if (!config)
+    return fail(config.takeError());
+  const hf::ModelConfig &c = *config;
+  hf::ParamCounts p = hf::countParameters(c);
+  if (inspectJson) {
+    json::Object params{{"total", p.total},
+                        {"active", p.active},
+                        {"embedding", p.embedding},
+                        {"lm_head", p.lmHead},
+                        {"routed_experts", p.routedExperts},
+                        {"mtp", p.mtp}};
+    json::Object o{
+        {"model_type", c.modelType},
+        {"num_layers", c.numLayers},
+        {"num_moe_layers", c.numMoELayers()},
+        {"num_experts", c.numExperts},
+        {"experts_per_token", c.expertsPerToken},
+        {"num_shared_experts", c.numSharedExperts},
+        {"vocab_size", c.vocabSize},
+        {"hidden_size", c.hiddenSize},
+        {"num_attention_heads", c.numHeads},
+        {"num_key_value_heads", c.numKVHeads},
+        {"head_dim", c.headDim},
+        {"dtype", c.dtype},
+        {"tie_word_embeddings", c.tieWordEmbeddings},
+        {"importable", c.unsupportedFeature.empty()},
+        {"params", std::move(params)}};
+    if (!c.unsupportedFeature.empty())
+      o["unsupported_feature"] = c.unsupportedFeature;
+    outs() << formatv("{0:2}", json::Value(std::move(o))) << "\n";
+    return kExitOk;
+  }
+  auto row = [](StringRef key, const Twine &value) {
+    outs() << formatv("{0,-14}", key) << value << "\n";
+  };
+  row("model", c.modelType + " (" + c.path + ")");
+  row("layers", formatv("{0} ({1} MoE, {2} dense)", c.numLayers,
+                        c.numMoELayers(), c.numLayers - c.numMoELayers()));
+  if (c.isMLA())
+    row("attention",
+        formatv("MLA, {0} heads, q_lora {1}, kv_lora {2}, qk {3}+{4}, v {5}",
+                c.numHeads, c.qLoraRank, c.kvLoraRank, c.qkNopeHeadDim,
+                c.qkRopeHeadDim, c.vHeadDim));
+  else
+    row("attention", formatv("{0} heads, {1} KV heads, head_dim {2}",
+                             c.numHeads, c.numKVHeads, c.headDim));
+  row("hidden", formatv("{0}, dense MLP {1}", c.hiddenSize, c.intermediateSize));
+  if (c.isMoE())
+    row("experts",
+        formatv("{0} routed (width {1}), top-{2}, {3}{4}{5}; {6} shared",
+                c.numExperts, c.moeIntermediateSize, c.expertsPerToken,
+                scoringName(c), c.normTopK ? ", renormalised" : "",
+                c.numGroups > 1 ? formatv(", {0} groups keep {1}", c.numGroups,
+                                          c.topkGroups).str()
+                                : std::string(),
+                c.numSharedExperts));
+  row("vocab", formatv("{0}{1}", c.vocabSize,
+                       c.tieWordEmbeddings ? " (tied LM head)" : ""));
+  row("dtype", c.dtype);
+  row("parameters", formatv("{0} total, {1} active per token",
+                            withCommas(p.total), withCommas(p.active)));
+  if (p.mtp)
+    row("", formatv("+ {0} in {1} MTP module(s), not counted above",
+                    withCommas(p.mtp), c.numMTPLayers));
+  row("import", c.unsupportedFeature.empty()
+                    ? "supported"
+                    : "not supported yet: " + c.unsupportedFeature);
+  return kExitOk;
+}
+
+int runImport() {
+  Expected<hf::ModelConfig> config = hf::loadModelConfig(importConfig);
+  if (!config)
+    return fail(config.takeError());
+  mlir::DialectRegistry registry;
+  registerAllDialects(registry);
+  mlir::MLIRContext context(registry);
+  auto module = hf::importModel(*config, context);
+  if (!module)
+    return fail(module.takeError());
+  std::error_code ec;
+  ToolOutputFile out(importOutput, ec, llvm::sys::fs::OF_None);
+  if (ec)
+    return fail(createStringError(ec, "%s: cannot write: %s",
+                                  importOutput.c_str(), ec.message().c_str()));
+  (**module)->print(out.os());
+  out.os() << "\n";
+  out.keep();
+  return kExitOk;
+}
+
+} // namespace
+
+int moe::moecMain(int argc, char **argv) {
+  InitLLVM init(argc, argv);
+  cl::ParseCommandLineOptions(
+      argc, argv,
+      "moec: the MoE model compiler\n\n"
+      "  moec inspect CONFIG [--json]   summary and exact parameter counts\n"
+      "  moec import CONFIG [-o FILE]   the model as moe-dialect IR\n\n"
+      "Bad input (a missing, mistyped or inconsistent config field) is "
+      "reported as 'FILE: field 'NAME': ...' with exit code 2.\n");
+  if (inspectCommand)
+    return runInspect();
+  if (importCommand)
+    return runImport();
+  errs() << "moec: expected a command (inspect, import); see moec --help\n";
+  return kExitBadInput;
+}

@@ -1,0 +1,357 @@
+//===- MoEOps.td - operations of the moe dialect -----------*- tablegen -*-===//
+//
+// Conventions: activations are tensor<T x D x f> with T the token count (the
+// tokens of all sequences of a batch, flattened); linear weights use the
+// checkpoint's [out, in] layout; stacked expert weights add a leading expert
+// dimension [E, out, in]. Every op is Pure: it is a function of its operands.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_DIALECT_MOE_IR_MOEOPS_TD
+#define MOE_DIALECT_MOE_IR_MOEOPS_TD
+
+include "moe/Dialect/MoE/IR/MoEBase.td"
+include "mlir/IR/OpAsmInterface.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+
+def MoE_FloatTensor : RankedTensorOf<[AnyFloat]>;
+def MoE_Activations : 2DTensorOf<[AnyFloat]>;
+def MoE_TokenIds : 1DTensorOf<[AnySignlessInteger]>;
+def MoE_Vector : 1DTensorOf<[AnyFloat]>;
+def MoE_Matrix : 2DTensorOf<[AnyFloat]>;
+def MoE_ExpertStack : 3DTensorOf<[AnyFloat]>;
+
+class MoE_NamedResultOp<string mnemonic, list<Trait> traits = []>
+    : MoE_Op<mnemonic, !listconcat(traits, [Pure,
+        DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>])>;
+
+//===----------------------------------------------------------------------===//
+// Weights
+//===----------------------------------------------------------------------===//
+
+def MoE_WeightOp : MoE_NamedResultOp<"weight"> {
+  let summary = "a checkpoint tensor, by its name";
+  let description = [{
+    The value of the checkpoint tensor `name` (its Hugging Face name, e.g.
+    `model.layers.0.self_attn.q_proj.weight`) with the result's static shape
+    and element type. The printed SSA name is the tensor name without the
+    `model.` prefix and `.weight` suffix.
+
+    ```mlir
+    %layers.0.self_attn.q_proj = moe.weight "model.layers.0.self_attn.q_proj.weight" : tensor<4096x4096xbf16>
+    ```
+  }];
+  let arguments = (ins StrAttr:$name);
+  let results = (outs MoE_FloatTensor:$result);
+  let assemblyFormat = "$name attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def MoE_ExpertWeightOp : MoE_NamedResultOp<"expert_weight"> {
+  let summary = "the same tensor of every routed expert, stacked along dimension 0";
+  let description = [{
+    Row `e` of the result is the checkpoint tensor named `name` with `{e}`
+    replaced by the decimal expert index, so a [E, out, in] stack stands for E
+    per-expert tensors as published (Mixtral's
+    `model.layers.0.block_sparse_moe.experts.{e}.w1.weight`). Expert
+    parallelism splits this value along dimension 0.
+
+    ```mlir
+    %w1 = moe.expert_weight "model.layers.0.block_sparse_moe.experts.{e}.w1.weight" : tensor<8x14336x4096xbf16>
+    ```
+  }];
+  let arguments = (ins StrAttr:$name);
+  let results = (outs MoE_ExpertStack:$result);
+  let assemblyFormat = "$name attr-dict `:` type($result)";
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The checkpoint name of expert `expert`'s tensor.
+    std::string getExpertTensorName(int64_t expert);
+    int64_t getNumExperts() { return getType().getDimSize(0); }
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Embedding, norms, linear maps
+//===----------------------------------------------------------------------===//
+
+def MoE_EmbeddingOp : MoE_NamedResultOp<"embedding"> {
+  let summary = "look up token embeddings";
+  let description = [{
+    `result[t, :] = table[tokens[t], :]`. Token ids must lie in [0, V); the
+    runtime checks them before any compute.
+
+    ```mlir
+    %h = moe.embedding %embed_tokens[%tokens] : tensor<32000x4096xbf16>, tensor<?xi32> -> tensor<?x4096xbf16>
+    ```
+  }];
+  let arguments = (ins MoE_Matrix:$table, MoE_TokenIds:$tokens);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $table `[` $tokens `]` attr-dict `:` type($table) `,` type($tokens) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_RMSNormOp : MoE_NamedResultOp<"rms_norm", [AllTypesMatch<["input", "result"]>]> {
+  let summary = "root-mean-square normalisation with a learned scale";
+  let description = [{
+    With `weight` of size N dividing the last dimension D of `input`, each row
+    is split into D/N groups of N (D/N = 1: the usual norm over the hidden
+    size; D/N = heads: Qwen3's per-head q/k norm) and each group g becomes
+    `g / sqrt(mean(g^2) + epsilon) * weight`, computed in f32 and rounded to the
+    result type after the scaling.
+
+    ```mlir
+    %n = moe.rms_norm %h, %input_layernorm eps = 1.000000e-05 : tensor<?x4096xbf16>, tensor<4096xbf16>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$input, MoE_Vector:$weight, F64Attr:$epsilon);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $input `,` $weight `eps` `=` $epsilon attr-dict `:` type($input) `,` type($weight)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_LayerNormOp : MoE_NamedResultOp<"layer_norm", [AllTypesMatch<["input", "result"]>]> {
+  let summary = "layer normalisation over the last dimension";
+  let description = [{
+    `(x - mean(x)) / sqrt(var(x) + epsilon) * weight + bias` per row, with
+    the biased variance, computed in f32; `bias` is optional.
+  }];
+  let arguments = (ins MoE_Activations:$input, MoE_Vector:$weight,
+                       Optional<MoE_Vector>:$bias, F64Attr:$epsilon);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $input `,` $weight (`,` $bias^)? `eps` `=` $epsilon attr-dict `:` type($input) `,` type($weight) (`,` type($bias)^)?
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_LinearOp : MoE_NamedResultOp<"linear"> {
+  let summary = "y = x W^T (+ b), the checkpoint's [out, in] layout";
+  let description = [{
+    `result[t, o] = sum_i input[t, i] * weight[o, i] + bias[o]`, accumulated in
+    f32 and rounded once to the result element type (which may differ from
+    the input's: the LM head produces f32 logits).
+
+    ```mlir
+    %q = moe.linear %n, %layers.0.self_attn.q_proj : tensor<?x4096xbf16>, tensor<4096x4096xbf16> -> tensor<?x4096xbf16>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$input, MoE_Matrix:$weight, Optional<MoE_Vector>:$bias);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $input `,` $weight (`,` $bias^)? attr-dict `:` type($input) `,` type($weight) (`,` type($bias)^)? `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_SplitOp : MoE_NamedResultOp<"split"> {
+  let summary = "split the last dimension into consecutive pieces";
+  let description = [{
+    The results' last dimensions add up to the input's; result i holds the
+    columns after those of results 0..i-1 (MLA's compressed KV and its
+    rotary key part).
+
+    ```mlir
+    %ckv, %k_rope = moe.split %kv_a : tensor<?x576xbf16> -> tensor<?x512xbf16>, tensor<?x64xbf16>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$input);
+  let results = (outs Variadic<MoE_Activations>:$results);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($results)";
+  let hasVerifier = 1;
+}
+
+def MoE_AddOp : MoE_NamedResultOp<"add", [SameOperandsAndResultType]> {
+  let summary = "elementwise sum (the residual connection)";
+  let description = [{
+    ```mlir
+    %h1 = moe.add %h0, %attn_out : tensor<?x4096xbf16>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$lhs, MoE_Activations:$rhs);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
+}
+
+def MoE_SigmoidGateOp : MoE_NamedResultOp<"sigmoid_gate", [AllTypesMatch<["input", "result"]>]> {
+  let summary = "scale each row by the sigmoid of a per-row logit";
+  let description = [{
+    `result[t, :] = input[t, :] * sigmoid(gate[t, 0])`: Qwen2-MoE's shared
+    expert gate, where `gate` is a [T, 1] linear map of the hidden state.
+  }];
+  let arguments = (ins MoE_Activations:$input, MoE_Activations:$gate);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = "$input `,` $gate attr-dict `:` type($input) `,` type($gate)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Attention
+//===----------------------------------------------------------------------===//
+
+def MoE_RopeOp : MoE_NamedResultOp<"rope", [AllTypesMatch<["input", "result"]>]> {
+  let summary = "rotary position embedding applied to every head";
+  let description = [{
+    `input` holds heads of `head_dim` values side by side; in each head the
+    first `rope.rotary_dim` values are rotated by angle
+    `positions[t] * inv_freq[i]` (see `#moe.rope` for the frequencies and the
+    pairing), the rest pass unchanged.
+
+    ```mlir
+    %q_rot = moe.rope %q, %positions head_dim = 128 #moe.rope<kind = default, theta = 1.000000e+06, rotary_dim = 128> : tensor<?x4096xbf16>, tensor<?xi32>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$input, MoE_TokenIds:$positions,
+                       I64Attr:$head_dim, MoE_RopeAttr:$rope);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $input `,` $positions `head_dim` `=` $head_dim $rope attr-dict `:` type($input) `,` type($positions)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_AttentionOp : MoE_NamedResultOp<"attention"> {
+  let summary = "causal multi-head / grouped-query attention";
+  let description = [{
+    `query` holds `num_heads` heads, `key` and `value` `num_kv_heads` heads
+    (query head h reads kv head h / (num_heads / num_kv_heads)). Per sequence,
+    token t attends to the tokens s <= t of its own sequence (and, with
+    `sliding_window` W, only to s > t - W):
+    `out_h = softmax(q_h K_h^T * scale) V_h`, in f32. The head dims follow from
+    the operand widths; q and k must agree. The runtime decides how the keys
+    and values of earlier steps are cached.
+
+    ```mlir
+    %a = moe.attention %q_rot, %k_rot, %v heads = 32 kv_heads = 8 scale = 0.088388347648318433 : tensor<?x4096xbf16>, tensor<?x1024xbf16>, tensor<?x1024xbf16> -> tensor<?x4096xbf16>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$query, MoE_Activations:$key, MoE_Activations:$value,
+                       I64Attr:$num_heads, I64Attr:$num_kv_heads, F64Attr:$scale,
+                       OptionalAttr<I64Attr>:$sliding_window);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $query `,` $key `,` $value `heads` `=` $num_heads `kv_heads` `=` $num_kv_heads `scale` `=` $scale
+    attr-dict `:` type($query) `,` type($key) `,` type($value) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_MLAttentionOp : MoE_NamedResultOp<"mla_attention"> {
+  let summary = "DeepSeek's multi-head latent attention core";
+  let description = [{
+    Operands, per token: `query` [H x (n + r)] (per head: n "nope" values then
+    r rotary values), `kv` [H x (n + v)], the up-projected latent (per head: n
+    key values then v value values), `key_rope` [r] shared by all heads, and
+    the positions. The rotary parts of the query and of `key_rope` are rotated
+    with `rope` (DeepSeek uses `interleaved = true`); head h's key is
+    `concat(kv_h[:n], rope(key_rope))`, its value `kv_h[n:]`, and the output is
+    causal attention `softmax(q_h k_h^T * scale) v_h`, [T, H x v]. H is
+    `num_heads`; n, r and v follow from the operand widths.
+
+    ```mlir
+    %a = moe.mla_attention %q, %kv, %k_rope, %positions heads = 128 scale = 0.1352 #moe.rope<...> : ...
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$query, MoE_Activations:$kv, MoE_Activations:$key_rope,
+                       MoE_TokenIds:$positions, I64Attr:$num_heads, F64Attr:$scale,
+                       MoE_RopeAttr:$rope);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $query `,` $kv `,` $key_rope `,` $positions `heads` `=` $num_heads `scale` `=` $scale $rope
+    attr-dict `:` type($query) `,` type($kv) `,` type($key_rope) `,` type($positions) `->` type($result)
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    int64_t getRopeHeadDim() { return getKeyRope().getType().getDimSize(1); }
+    int64_t getNopeHeadDim() {
+      return getQuery().getType().getDimSize(1) / getNumHeads() - getRopeHeadDim();
+    }
+    int64_t getValueHeadDim() {
+      return getKv().getType().getDimSize(1) / getNumHeads() - getNopeHeadDim();
+    }
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Feed-forward: dense MLP, router, routed experts
+//===----------------------------------------------------------------------===//
+
+def MoE_MLPOp : MoE_NamedResultOp<"mlp", [AllTypesMatch<["input", "result"]>]> {
+  let summary = "gated MLP: down(act(gate(x)) * up(x))";
+  let description = [{
+    `result = (act(x W_gate^T) * (x W_up^T)) W_down^T` with weights [I, H],
+    [I, H] and [H, I]: a dense layer's MLP or a shared expert.
+
+    ```mlir
+    %y = moe.mlp silu %n, %gate_proj, %up_proj, %down_proj : tensor<?x7168xbf16>, tensor<18432x7168xbf16>, tensor<18432x7168xbf16>, tensor<7168x18432xbf16>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$input, MoE_Matrix:$gate_weight,
+                       MoE_Matrix:$up_weight, MoE_Matrix:$down_weight,
+                       MoE_Activation:$activation);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $activation $input `,` $gate_weight `,` $up_weight `,` $down_weight attr-dict `:`
+    type($input) `,` type($gate_weight) `,` type($up_weight) `,` type($down_weight)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_RouterOp : MoE_Op<"router", [Pure,
+    DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
+  let summary = "choose the top-k routed experts of every token and their weights";
+  let description = [{
+    Computes the logits `x W_g^T` (W_g: [E, H]) in the routing's
+    `compute_type` and applies `#moe.routing` (whose description gives the
+    exact math) with the optional score-correction bias [E]. Results: the
+    selected experts' weights [T, k] (in `compute_type`) and their indices
+    [T, k] (i32), in descending order of the selection key.
+
+    ```mlir
+    %weights, %experts = moe.router %n, %gate #moe.routing<scoring = softmax, top_k = 2, normalize = true, compute_type = f32> : tensor<?x4096xbf16>, tensor<8x4096xbf16> -> tensor<?x2xf32>, tensor<?x2xi32>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$input, MoE_Matrix:$gate_weight,
+                       Optional<MoE_Vector>:$correction_bias, MoE_RoutingAttr:$routing);
+  let results = (outs MoE_Activations:$weights, 2DTensorOf<[I32]>:$experts);
+  let assemblyFormat = [{
+    $input `,` $gate_weight (`bias` $correction_bias^)? $routing attr-dict `:`
+    type($input) `,` type($gate_weight) (`,` type($correction_bias)^)? `->` type($weights) `,` type($experts)
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    int64_t getNumExperts() { return getGateWeight().getType().getDimSize(0); }
+  }];
+}
+
+def MoE_ExpertsOp : MoE_NamedResultOp<"experts", [AllTypesMatch<["input", "result"]>]> {
+  let summary = "the weighted sum of each token's selected routed experts";
+  let description = [{
+    `result[t] = sum_j weights[t, j] * mlp_{experts[t, j]}(input[t])` where
+    expert e's MLP is `moe.mlp` with slices e of the three stacks ([E, I, H],
+    [E, I, H], [E, H, I]). Mathematically a sum over tokens; implementations
+    compute it as grouped GEMMs over the tokens routed to each expert.
+
+    ```mlir
+    %y = moe.experts silu %n, %weights, %experts, %w1, %w3, %w2 : tensor<?x4096xbf16>, tensor<?x2xf32>, tensor<?x2xi32>, tensor<8x14336x4096xbf16>, tensor<8x14336x4096xbf16>, tensor<8x4096x14336xbf16>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$input, MoE_Activations:$weights,
+                       2DTensorOf<[I32]>:$experts, MoE_ExpertStack:$gate_weights,
+                       MoE_ExpertStack:$up_weights, MoE_ExpertStack:$down_weights,
+                       MoE_Activation:$activation);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $activation $input `,` $weights `,` $experts `,` $gate_weights `,` $up_weights `,` $down_weights
+    attr-dict `:` type($input) `,` type($weights) `,` type($experts) `,`
+    type($gate_weights) `,` type($up_weights) `,` type($down_weights)
+  }];
+  let hasVerifier = 1;
+}
+
+#endif // MOE_DIALECT_MOE_IR_MOEOPS_TD

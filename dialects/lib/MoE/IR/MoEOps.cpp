@@ -1,0 +1,393 @@
+//===- MoEOps.cpp - verifiers and asm names of moe ops ----------*- C++ -*-===//
+//
+// Invariants that ODS cannot express are checked here, once; passes rely on
+// them. Messages say what was expected and what was found.
+//
+//===----------------------------------------------------------------------===//
+#include "moe/Dialect/MoE/IR/MoEOps.h"
+
+#include "llvm/ADT/StringExtras.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+
+namespace {
+int64_t dim(Value v, unsigned i) {
+  return cast<RankedTensorType>(v.getType()).getDimSize(i);
+}
+bool known(int64_t size) { return !ShapedType::isDynamic(size); }
+/// True when both sizes are static and differ.
+bool mismatch(int64_t a, int64_t b) { return known(a) && known(b) && a != b; }
+
+/// The SSA name of a weight: its checkpoint name without `model.`, `.weight`
+/// and the `{e}` placeholder.
+std::string weightAsmName(StringRef name) {
+  name.consume_front("model.");
+  name.consume_back(".weight");
+  std::string result = name.str();
+  size_t at = result.find(".{e}");
+  if (at != std::string::npos)
+    result.erase(at, 4);
+  return result;
+}
+
+LogicalResult verifyStaticWeight(Operation *op, RankedTensorType type,
+                                 StringRef name) {
+  if (name.empty())
+    return op->emitOpError("expected a non-empty checkpoint tensor name");
+  if (!type.hasStaticShape())
+    return op->emitOpError("expected a static shape for weight '")
+           << name << "' but got " << type;
+  if (llvm::any_of(type.getShape(), [](int64_t d) { return d <= 0; }))
+    return op->emitOpError("expected every dimension of weight '")
+           << name << "' to be > 0 but got " << type;
+  return success();
+}
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Weights
+//===----------------------------------------------------------------------===//
+
+void WeightOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), weightAsmName(getName()));
+}
+
+LogicalResult WeightOp::verify() {
+  if (getName().contains("{e}"))
+    return emitOpError("expected a plain tensor name; '{e}' belongs to "
+                       "moe.expert_weight but got '")
+           << getName() << "'";
+  return verifyStaticWeight(*this, getType(), getName());
+}
+
+void ExpertWeightOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), weightAsmName(getName()));
+}
+
+std::string ExpertWeightOp::getExpertTensorName(int64_t expert) {
+  std::string name = getName().str();
+  size_t at = name.find("{e}");
+  return name.replace(at, 3, std::to_string(expert));
+}
+
+LogicalResult ExpertWeightOp::verify() {
+  StringRef name = getName();
+  size_t first = name.find("{e}");
+  if (first == StringRef::npos || name.find("{e}", first + 1) != StringRef::npos)
+    return emitOpError("expected exactly one '{e}' placeholder in '")
+           << name << "'";
+  return verifyStaticWeight(*this, getType(), name);
+}
+
+//===----------------------------------------------------------------------===//
+// Embedding, norms, linear maps
+//===----------------------------------------------------------------------===//
+
+void EmbeddingOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "embed");
+}
+
+LogicalResult EmbeddingOp::verify() {
+  if (mismatch(dim(getResult(), 1), dim(getTable(), 1)))
+    return emitOpError("expected result width ")
+           << dim(getTable(), 1) << " (the table's) but got "
+           << dim(getResult(), 1);
+  if (mismatch(dim(getResult(), 0), dim(getTokens(), 0)))
+    return emitOpError("expected one row per token (")
+           << dim(getTokens(), 0) << ") but got " << dim(getResult(), 0);
+  return success();
+}
+
+static LogicalResult verifyNormWidth(Operation *op, Value input, Value weight,
+                                     double epsilon) {
+  int64_t width = dim(input, 1), n = dim(weight, 0);
+  if (known(width) && known(n) && width % n != 0)
+    return op->emitOpError("expected the weight size ")
+           << n << " to divide the input width " << width;
+  if (!(epsilon > 0))
+    return op->emitOpError("expected epsilon > 0 but got ") << epsilon;
+  return success();
+}
+
+void RMSNormOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "norm");
+}
+LogicalResult RMSNormOp::verify() {
+  return verifyNormWidth(*this, getInput(), getWeight(),
+                         getEpsilon().convertToDouble());
+}
+
+void LayerNormOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "norm");
+}
+LogicalResult LayerNormOp::verify() {
+  if (mismatch(dim(getInput(), 1), dim(getWeight(), 0)))
+    return emitOpError("expected a weight of the input width ")
+           << dim(getInput(), 1) << " but got " << dim(getWeight(), 0);
+  if (getBias() && getBias().getType() != getWeight().getType())
+    return emitOpError("expected the bias type ")
+           << getWeight().getType() << " but got " << getBias().getType();
+  return verifyNormWidth(*this, getInput(), getWeight(),
+                         getEpsilon().convertToDouble());
+}
+
+void LinearOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  // Named after the weight's module: `%q_proj = moe.linear %x, %...q_proj`.
+  StringRef name = "proj";
+  if (auto weight = getWeight().getDefiningOp<WeightOp>()) {
+    StringRef module = weight.getName();
+    module.consume_back(".weight");
+    name = module.rsplit('.').second.empty() ? module : module.rsplit('.').second;
+  }
+  setName(getResult(), name == "lm_head" || name == "embed_tokens" ? "logits" : name);
+}
+LogicalResult LinearOp::verify() {
+  if (mismatch(dim(getInput(), 1), dim(getWeight(), 1)))
+    return emitOpError("expected input width ")
+           << dim(getWeight(), 1) << " (weight dim 1) but got "
+           << dim(getInput(), 1);
+  if (mismatch(dim(getResult(), 1), dim(getWeight(), 0)))
+    return emitOpError("expected result width ")
+           << dim(getWeight(), 0) << " (weight dim 0) but got "
+           << dim(getResult(), 1);
+  if (mismatch(dim(getResult(), 0), dim(getInput(), 0)))
+    return emitOpError("expected ") << dim(getInput(), 0)
+           << " result rows (one per input row) but got " << dim(getResult(), 0);
+  if (getBias() && mismatch(dim(getBias(), 0), dim(getWeight(), 0)))
+    return emitOpError("expected a bias of size ")
+           << dim(getWeight(), 0) << " but got " << dim(getBias(), 0);
+  return success();
+}
+
+void SplitOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  for (Value result : getResults())
+    setName(result, "part");
+}
+
+LogicalResult SplitOp::verify() {
+  if (getResults().empty())
+    return emitOpError("expected at least one result");
+  int64_t total = 0;
+  for (Value result : getResults()) {
+    if (!known(dim(result, 1)))
+      return emitOpError("expected static result widths");
+    if (mismatch(dim(result, 0), dim(getInput(), 0)))
+      return emitOpError("expected every result to keep the ")
+             << dim(getInput(), 0) << " input rows";
+    total += dim(result, 1);
+  }
+  if (mismatch(total, dim(getInput(), 1)))
+    return emitOpError("expected result widths to add up to ")
+           << dim(getInput(), 1) << " but they add up to " << total;
+  return success();
+}
+
+void AddOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "residual");
+}
+
+void SigmoidGateOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "gated");
+}
+LogicalResult SigmoidGateOp::verify() {
+  if (dim(getGate(), 1) != 1)
+    return emitOpError("expected a [T, 1] gate but got width ")
+           << dim(getGate(), 1);
+  if (mismatch(dim(getGate(), 0), dim(getInput(), 0)))
+    return emitOpError("expected one gate per input row");
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Attention
+//===----------------------------------------------------------------------===//
+
+void RopeOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "rot");
+}
+LogicalResult RopeOp::verify() {
+  int64_t headDim = getHeadDim(), width = dim(getInput(), 1);
+  if (headDim <= 0)
+    return emitOpError("expected head_dim > 0 but got ") << headDim;
+  if (known(width) && width % headDim != 0)
+    return emitOpError("expected head_dim ")
+           << headDim << " to divide the input width " << width;
+  if (getRope().getRotaryDim() > headDim)
+    return emitOpError("expected rotary_dim <= head_dim ")
+           << headDim << " but got " << getRope().getRotaryDim();
+  if (mismatch(dim(getPositions(), 0), dim(getInput(), 0)))
+    return emitOpError("expected one position per token");
+  return success();
+}
+
+/// Checks that `value` holds `heads` heads of a whole width and returns it.
+static FailureOr<int64_t> headWidth(Operation *op, Value value, int64_t heads,
+                                    StringRef what) {
+  int64_t width = dim(value, 1);
+  if (!known(width))
+    return op->emitOpError("expected a static ") << what << " width";
+  if (width % heads != 0)
+    return op->emitOpError("expected the ")
+           << what << " width " << width << " to be a multiple of " << heads
+           << " heads";
+  return width / heads;
+}
+
+void AttentionOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "attn");
+}
+LogicalResult AttentionOp::verify() {
+  int64_t heads = getNumHeads(), kvHeads = getNumKvHeads();
+  if (heads <= 0 || kvHeads <= 0 || heads % kvHeads != 0)
+    return emitOpError("expected num_kv_heads to divide num_heads but got ")
+           << kvHeads << " and " << heads;
+  FailureOr<int64_t> qDim = headWidth(*this, getQuery(), heads, "query");
+  FailureOr<int64_t> kDim = headWidth(*this, getKey(), kvHeads, "key");
+  FailureOr<int64_t> vDim = headWidth(*this, getValue(), kvHeads, "value");
+  if (failed(qDim) || failed(kDim) || failed(vDim))
+    return failure();
+  if (*qDim != *kDim)
+    return emitOpError("expected query and key head dims to match but got ")
+           << *qDim << " and " << *kDim;
+  if (mismatch(dim(getResult(), 1), heads * *vDim))
+    return emitOpError("expected result width ")
+           << heads * *vDim << " (heads x value head dim) but got "
+           << dim(getResult(), 1);
+  if (!(getScale().convertToDouble() > 0))
+    return emitOpError("expected scale > 0");
+  if (getSlidingWindow() && *getSlidingWindow() <= 0)
+    return emitOpError("expected sliding_window > 0 but got ")
+           << *getSlidingWindow();
+  return success();
+}
+
+void MLAttentionOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "attn");
+}
+LogicalResult MLAttentionOp::verify() {
+  int64_t heads = getNumHeads();
+  if (heads <= 0)
+    return emitOpError("expected num_heads > 0 but got ") << heads;
+  FailureOr<int64_t> qDim = headWidth(*this, getQuery(), heads, "query");
+  FailureOr<int64_t> kvDim = headWidth(*this, getKv(), heads, "kv");
+  if (failed(qDim) || failed(kvDim))
+    return failure();
+  int64_t ropeDim = getRopeHeadDim();
+  if (ropeDim != getRope().getRotaryDim())
+    return emitOpError("expected rotary_dim ")
+           << ropeDim << " (the key_rope width) but got "
+           << getRope().getRotaryDim();
+  int64_t nope = *qDim - ropeDim;
+  if (nope <= 0)
+    return emitOpError("expected a query head dim ")
+           << *qDim << " larger than the rotary dim " << ropeDim;
+  if (*kvDim <= nope)
+    return emitOpError("expected a kv head dim ")
+           << *kvDim << " larger than the nope dim " << nope;
+  if (mismatch(dim(getResult(), 1), heads * (*kvDim - nope)))
+    return emitOpError("expected result width ")
+           << heads * (*kvDim - nope) << " but got " << dim(getResult(), 1);
+  if (!(getScale().convertToDouble() > 0))
+    return emitOpError("expected scale > 0");
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Feed-forward
+//===----------------------------------------------------------------------===//
+
+/// Checks gate/up [I, H] and down [H, I] against a hidden width.
+static LogicalResult verifyMLPShapes(Operation *op, int64_t hidden,
+                                     ArrayRef<int64_t> gate,
+                                     ArrayRef<int64_t> up,
+                                     ArrayRef<int64_t> down) {
+  if (gate != up)
+    return op->emitOpError("expected gate and up weights of the same shape");
+  int64_t inter = gate[0];
+  if (mismatch(gate[1], hidden))
+    return op->emitOpError("expected gate/up weights [")
+           << inter << ", " << hidden << "] but got [" << gate[0] << ", "
+           << gate[1] << "]";
+  if (down[0] != hidden || down[1] != inter)
+    return op->emitOpError("expected a down weight [")
+           << hidden << ", " << inter << "] but got [" << down[0] << ", "
+           << down[1] << "]";
+  return success();
+}
+
+void MLPOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "mlp");
+}
+LogicalResult MLPOp::verify() {
+  return verifyMLPShapes(*this, dim(getInput(), 1),
+                         getGateWeight().getType().getShape(),
+                         getUpWeight().getType().getShape(),
+                         getDownWeight().getType().getShape());
+}
+
+void RouterOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getWeights(), "routing_weights");
+  setName(getExperts(), "selected_experts");
+}
+LogicalResult RouterOp::verify() {
+  RoutingAttr routing = getRouting();
+  int64_t numExperts = getNumExperts(), k = routing.getTopK();
+  if (mismatch(dim(getInput(), 1), dim(getGateWeight(), 1)))
+    return emitOpError("expected a gate weight of width ")
+           << dim(getInput(), 1) << " but got " << dim(getGateWeight(), 1);
+  if (k > numExperts)
+    return emitOpError("expected top_k <= ")
+           << numExperts << " experts but got " << k;
+  if (dim(getWeights(), 1) != k || dim(getExperts(), 1) != k)
+    return emitOpError("expected [T, ")
+           << k << "] weights and experts but got widths "
+           << dim(getWeights(), 1) << " and " << dim(getExperts(), 1);
+  if (getWeights().getType().getElementType() != routing.getComputeType())
+    return emitOpError("expected weights in the compute type ")
+           << routing.getComputeType();
+  int64_t groups = routing.getNumGroups();
+  if (numExperts % groups != 0)
+    return emitOpError("expected num_groups ")
+           << groups << " to divide the " << numExperts << " experts";
+  if (groups > 1 && routing.getTopkGroups() * (numExperts / groups) < k)
+    return emitOpError("expected the ")
+           << routing.getTopkGroups() << " kept groups of "
+           << numExperts / groups << " experts to hold top_k = " << k;
+  if (groups > 1 && routing.getGroupScore() == GroupScore::top2_sum &&
+      numExperts / groups < 2)
+    return emitOpError("expected at least 2 experts per group for top2_sum");
+  if (Value bias = getCorrectionBias()) {
+    if (dim(bias, 0) != numExperts)
+      return emitOpError("expected a correction bias of ")
+             << numExperts << " values but got " << dim(bias, 0);
+  }
+  return success();
+}
+
+void ExpertsOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "moe");
+}
+LogicalResult ExpertsOp::verify() {
+  ArrayRef<int64_t> gate = getGateWeights().getType().getShape();
+  ArrayRef<int64_t> up = getUpWeights().getType().getShape();
+  ArrayRef<int64_t> down = getDownWeights().getType().getShape();
+  if (gate[0] != up[0] || gate[0] != down[0])
+    return emitOpError("expected the same number of experts in every stack "
+                       "but got ")
+           << gate[0] << ", " << up[0] << " and " << down[0];
+  if (dim(getWeights(), 1) != dim(getExperts(), 1))
+    return emitOpError("expected weights and experts of the same width");
+  if (mismatch(dim(getWeights(), 0), dim(getInput(), 0)) ||
+      mismatch(dim(getExperts(), 0), dim(getInput(), 0)))
+    return emitOpError("expected one routing row per token");
+  if (dim(getExperts(), 1) > gate[0])
+    return emitOpError("expected at most ")
+           << gate[0] << " selected experts per token but got "
+           << dim(getExperts(), 1);
+  return verifyMLPShapes(*this, dim(getInput(), 1), gate.drop_front(),
+                         up.drop_front(), down.drop_front());
+}
+
+#define GET_OP_CLASSES
+#include "moe/Dialect/MoE/IR/MoEOps.cpp.inc"

@@ -1,0 +1,129 @@
+//===- ModelConfig.h - a Hugging Face config.json, validated ----*- C++ -*-===//
+//
+// The one place that knows the spelling of config.json fields and the
+// checkpoint tensor names of each model family. Everything downstream (IR
+// import, parameter counts, later the planner) reads this struct, never JSON.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MOE_FRONTEND_HF_MODELCONFIG_H
+#define MOE_FRONTEND_HF_MODELCONFIG_H
+
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace moe::hf {
+
+enum class RopeScalingKind { None, Linear, Dynamic, Llama3, Yarn, LongRope };
+
+struct RopeScaling {
+  RopeScalingKind kind = RopeScalingKind::None;
+  double factor = 1.0;
+  int64_t originalMaxPosition = 0;
+  double lowFreqFactor = 1.0, highFreqFactor = 4.0; // llama3
+  double betaFast = 32.0, betaSlow = 1.0;           // yarn
+  double mscale = 1.0, mscaleAllDim = 0.0;          // yarn (DeepSeek)
+};
+
+enum class NormKind { RMSNorm, LayerNorm };
+/// Where q/k normalisation applies: nowhere, per head (Qwen3), or over the
+/// whole projection (OLMoE).
+enum class QKNorm { None, PerHead, Full };
+enum class Scoring { Softmax, Sigmoid };
+enum class GroupScoring { Top2Sum, Max };
+
+/// A validated model description. Sizes are > 0 unless documented otherwise.
+struct ModelConfig {
+  std::string path;      ///< the config.json it came from (for messages)
+  std::string modelType; ///< config.json `model_type`
+  /// Non-empty when the family is parsed and counted but cannot be imported
+  /// into IR yet: names the missing feature.
+  std::string unsupportedFeature;
+
+  // Sizes.
+  int64_t vocabSize = 0, hiddenSize = 0, numLayers = 0;
+  int64_t numHeads = 0, numKVHeads = 0, headDim = 0;
+  int64_t intermediateSize = 0; ///< dense MLP width
+  int64_t maxPositionEmbeddings = 0;
+
+  // Attention details.
+  bool qkvBias = false, oBias = false, mlpBias = false;
+  QKNorm qkNorm = QKNorm::None;
+  std::optional<int64_t> slidingWindow;
+  // Multi-head latent attention (DeepSeek); kvLoraRank == 0 means plain MHA.
+  int64_t qLoraRank = 0, kvLoraRank = 0;
+  int64_t qkNopeHeadDim = 0, qkRopeHeadDim = 0, vHeadDim = 0;
+  bool isMLA() const { return kvLoraRank > 0; }
+
+  // Norms, RoPE.
+  NormKind norm = NormKind::RMSNorm;
+  double normEps = 1e-6;
+  double ropeTheta = 10000.0;
+  RopeScaling ropeScaling;
+
+  // Mixture of experts. numExperts == 0: a dense model.
+  int64_t numExperts = 0, expertsPerToken = 0;
+  int64_t moeIntermediateSize = 0;
+  int64_t numSharedExperts = 0;           ///< DeepSeek: fused into one MLP
+  int64_t sharedExpertIntermediateSize = 0; ///< total width of the shared MLP
+  bool sharedExpertGate = false;           ///< Qwen2-MoE's sigmoid gate
+  Scoring scoring = Scoring::Softmax;
+  bool normTopK = false;
+  double routedScalingFactor = 1.0;
+  int64_t numGroups = 1, topkGroups = 1;
+  GroupScoring groupScoring = GroupScoring::Top2Sum;
+  bool scoreCorrectionBias = false;
+  bool routerInF32 = false; ///< DeepSeek computes router logits in fp32
+  /// Per layer: true when its feed-forward is the routed-expert block.
+  std::vector<bool> moeLayers;
+  int64_t numMTPLayers = 0; ///< DeepSeek-V3 multi-token prediction modules
+
+  std::string hiddenAct = "silu"; ///< silu | gelu | gelu_pytorch_tanh | relu
+  bool tieWordEmbeddings = false;
+  std::string dtype = "bfloat16"; ///< `torch_dtype`: float32|bfloat16|float16
+  std::vector<int64_t> eosTokenIds;
+  std::optional<int64_t> bosTokenId;
+
+  int64_t numMoELayers() const;
+  bool isMoE() const { return numExperts > 0; }
+};
+
+/// Parses and validates `path`. Errors name the file and the field, e.g.
+/// `config.json: field 'hidden_size': expected an integer but got a string`.
+llvm::Expected<ModelConfig> loadModelConfig(llvm::StringRef path);
+/// The same from text already read (`path` only names it in messages).
+llvm::Expected<ModelConfig> parseModelConfig(llvm::StringRef text,
+                                             llvm::StringRef path);
+
+/// What a parameter tensor is, for counting and (later) placement.
+enum class TensorRole { Embedding, LMHead, RoutedExperts, Other };
+
+/// One checkpoint tensor as published (or, for fused expert tensors, the one
+/// tensor that holds every expert).
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  TensorRole role = TensorRole::Other;
+  int64_t layer = -1; ///< decoder layer, -1 outside the layers
+  int64_t numel() const;
+};
+
+/// Every tensor of the checkpoint in its order, per-expert tensors expanded.
+/// MTP modules are listed separately by `mtpTensors`.
+std::vector<TensorSpec> checkpointTensors(const ModelConfig &config);
+std::vector<TensorSpec> mtpTensors(const ModelConfig &config);
+
+struct ParamCounts {
+  int64_t total = 0;  ///< every tensor of the checkpoint (tied: once)
+  int64_t active = 0; ///< what one token touches: all but the unselected experts
+  int64_t embedding = 0, lmHead = 0, routedExperts = 0, mtp = 0;
+};
+ParamCounts countParameters(const ModelConfig &config);
+
+} // namespace moe::hf
+
+#endif // MOE_FRONTEND_HF_MODELCONFIG_H

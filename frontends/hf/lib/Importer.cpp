@@ -1,0 +1,289 @@
+//===- Importer.cpp - build the moe IR of a model --------------*- C++ -*-===//
+//
+// Emits one op per block part, in the order the reference implementation
+// runs them, with each weight defined right before its first use so that a
+// layer reads top to bottom.
+//
+//===----------------------------------------------------------------------===//
+#include "moe/Frontend/HF/Importer.h"
+#include "moe/Dialect/MoE/IR/MoEOps.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/Verifier.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <cmath>
+
+using namespace mlir;
+using namespace ::moe::hf;
+using llvm::formatv;
+
+namespace {
+
+llvm::APFloat F(double value) { return llvm::APFloat(value); }
+
+class ModelImporter {
+public:
+  ModelImporter(const ModelConfig &c, MLIRContext &ctx)
+      : c(c), ctx(ctx), b(&ctx), loc(b.getUnknownLoc()) {
+    f32 = b.getF32Type();
+    if (c.dtype == "bfloat16")
+      act = b.getBF16Type();
+    else if (c.dtype == "float16")
+      act = b.getF16Type();
+    else
+      act = f32;
+    i32 = b.getI32Type();
+  }
+
+  OwningOpRef<ModuleOp> run();
+
+private:
+  // Types: [?, width] activations in the model dtype.
+  RankedTensorType acts(int64_t width, Type element = nullptr) {
+    return RankedTensorType::get({ShapedType::kDynamic, width},
+                                 element ? element : act);
+  }
+  Value weight(const std::string &name, ArrayRef<int64_t> shape) {
+    return b.create<mlir::moe::WeightOp>(loc, RankedTensorType::get(shape, act), name);
+  }
+  Value expertWeight(const std::string &name, ArrayRef<int64_t> shape) {
+    return b.create<mlir::moe::ExpertWeightOp>(loc, RankedTensorType::get(shape, act),
+                                         name);
+  }
+  Value linear(Value x, const std::string &prefix, int64_t out, int64_t in,
+               bool bias, Type resultElement = nullptr) {
+    Value w = weight(prefix + ".weight", {out, in});
+    Value bv = bias ? weight(prefix + ".bias", {out}) : Value();
+    return b.create<mlir::moe::LinearOp>(loc, acts(out, resultElement), x, w, bv);
+  }
+  Value rmsNorm(Value x, const std::string &prefix, int64_t size) {
+    Value w = weight(prefix + ".weight", {size});
+    return b.create<mlir::moe::RMSNormOp>(loc, x.getType(), x, w,
+                                    b.getF64FloatAttr(c.normEps));
+  }
+  Value mlp(Value x, const std::string &prefix, int64_t inter);
+
+  mlir::moe::RopeAttr rope(int64_t rotaryDim, bool interleaved);
+  mlir::moe::Activation activation();
+  Value attention(Value x, const std::string &prefix);
+  Value latentAttention(Value x, const std::string &prefix);
+  Value moeBlock(Value x, const std::string &prefix);
+
+  const ModelConfig &c;
+  MLIRContext &ctx;
+  OpBuilder b;
+  Location loc;
+  Type act, f32, i32;
+  Value positions;
+};
+
+mlir::moe::Activation ModelImporter::activation() {
+  if (c.hiddenAct == "gelu")
+    return mlir::moe::Activation::gelu;
+  if (c.hiddenAct == "gelu_pytorch_tanh")
+    return mlir::moe::Activation::gelu_tanh;
+  if (c.hiddenAct == "relu")
+    return mlir::moe::Activation::relu;
+  return mlir::moe::Activation::silu;
+}
+
+mlir::moe::RopeAttr ModelImporter::rope(int64_t rotaryDim, bool interleaved) {
+  const RopeScaling &s = c.ropeScaling;
+  mlir::moe::RopeKind kind = mlir::moe::RopeKind::plain;
+  switch (s.kind) {
+  case RopeScalingKind::None: kind = mlir::moe::RopeKind::plain; break;
+  case RopeScalingKind::Linear: kind = mlir::moe::RopeKind::linear; break;
+  case RopeScalingKind::Dynamic: kind = mlir::moe::RopeKind::dynamic; break;
+  case RopeScalingKind::Llama3: kind = mlir::moe::RopeKind::llama3; break;
+  case RopeScalingKind::Yarn: kind = mlir::moe::RopeKind::yarn; break;
+  case RopeScalingKind::LongRope: llvm_unreachable("rejected before import");
+  }
+  if (kind == mlir::moe::RopeKind::plain)
+    return mlir::moe::RopeAttr::get(&ctx, kind, F(c.ropeTheta), rotaryDim,
+                              interleaved, F(1.0), 0, F(1.0), F(4.0), F(32.0),
+                              F(1.0), F(1.0), F(0.0));
+  // Transformers ignores `mscale` unless `mscale_all_dim` is set too.
+  double mscale = s.mscaleAllDim != 0.0 ? s.mscale : 1.0;
+  return mlir::moe::RopeAttr::get(&ctx, kind, F(c.ropeTheta), rotaryDim, interleaved,
+                            F(s.factor), s.originalMaxPosition,
+                            F(s.lowFreqFactor), F(s.highFreqFactor),
+                            F(s.betaFast), F(s.betaSlow), F(mscale),
+                            F(s.mscaleAllDim));
+}
+
+Value ModelImporter::mlp(Value x, const std::string &prefix, int64_t inter) {
+  int64_t h = c.hiddenSize;
+  Value gate = weight(prefix + ".gate_proj.weight", {inter, h});
+  Value up = weight(prefix + ".up_proj.weight", {inter, h});
+  Value down = weight(prefix + ".down_proj.weight", {h, inter});
+  return b.create<mlir::moe::MLPOp>(loc, x.getType(), x, gate, up, down,
+                              activation());
+}
+
+Value ModelImporter::attention(Value x, const std::string &p) {
+  int64_t h = c.hiddenSize, q = c.numHeads * c.headDim,
+          kv = c.numKVHeads * c.headDim;
+  Value qs = linear(x, p + ".q_proj", q, h, c.qkvBias);
+  Value ks = linear(x, p + ".k_proj", kv, h, c.qkvBias);
+  Value vs = linear(x, p + ".v_proj", kv, h, c.qkvBias);
+  if (c.qkNorm == QKNorm::PerHead) {
+    qs = rmsNorm(qs, p + ".q_norm", c.headDim);
+    ks = rmsNorm(ks, p + ".k_norm", c.headDim);
+  } else if (c.qkNorm == QKNorm::Full) {
+    qs = rmsNorm(qs, p + ".q_norm", q);
+    ks = rmsNorm(ks, p + ".k_norm", kv);
+  }
+  mlir::moe::RopeAttr r = rope(c.headDim, /*interleaved=*/false);
+  auto headDim = b.getI64IntegerAttr(c.headDim);
+  qs = b.create<mlir::moe::RopeOp>(loc, qs.getType(), qs, positions, headDim, r);
+  ks = b.create<mlir::moe::RopeOp>(loc, ks.getType(), ks, positions, headDim, r);
+  double scale = 1.0 / std::sqrt(static_cast<double>(c.headDim));
+  auto attn = b.create<mlir::moe::AttentionOp>(
+      loc, acts(q), qs, ks, vs, b.getI64IntegerAttr(c.numHeads),
+      b.getI64IntegerAttr(c.numKVHeads), b.getF64FloatAttr(scale),
+      c.slidingWindow ? b.getI64IntegerAttr(*c.slidingWindow) : IntegerAttr());
+  return linear(attn, p + ".o_proj", h, q, c.oBias);
+}
+
+Value ModelImporter::latentAttention(Value x, const std::string &p) {
+  int64_t h = c.hiddenSize, heads = c.numHeads;
+  int64_t qHead = c.qkNopeHeadDim + c.qkRopeHeadDim;
+  Value q;
+  if (c.qLoraRank > 0) {
+    Value qa = linear(x, p + ".q_a_proj", c.qLoraRank, h, c.qkvBias);
+    qa = rmsNorm(qa, p + ".q_a_layernorm", c.qLoraRank);
+    q = linear(qa, p + ".q_b_proj", heads * qHead, c.qLoraRank, false);
+  } else {
+    q = linear(x, p + ".q_proj", heads * qHead, h, false);
+  }
+  Value kva = linear(x, p + ".kv_a_proj_with_mqa", c.kvLoraRank + c.qkRopeHeadDim,
+                     h, c.qkvBias);
+  auto split = b.create<mlir::moe::SplitOp>(
+      loc, TypeRange{acts(c.kvLoraRank), acts(c.qkRopeHeadDim)}, kva);
+  Value latent = rmsNorm(split.getResult(0), p + ".kv_a_layernorm", c.kvLoraRank);
+  Value kv = linear(latent, p + ".kv_b_proj", heads * (c.qkNopeHeadDim + c.vHeadDim),
+                    c.kvLoraRank, false);
+  // DeepSeek scales the softmax by mscale(factor, mscale_all_dim)^2 on top of
+  // 1/sqrt(qk head dim) when YaRN is on.
+  double scale = 1.0 / std::sqrt(static_cast<double>(qHead));
+  const RopeScaling &s = c.ropeScaling;
+  if (s.kind == RopeScalingKind::Yarn && s.mscaleAllDim != 0.0 && s.factor > 1.0) {
+    double m = 0.1 * s.mscaleAllDim * std::log(s.factor) + 1.0;
+    scale *= m * m;
+  }
+  auto attn = b.create<mlir::moe::MLAttentionOp>(
+      loc, acts(heads * c.vHeadDim), q, kv, split.getResult(1), positions,
+      b.getI64IntegerAttr(heads), b.getF64FloatAttr(scale),
+      rope(c.qkRopeHeadDim, /*interleaved=*/true));
+  return linear(attn, p + ".o_proj", h, heads * c.vHeadDim, c.oBias);
+}
+
+Value ModelImporter::moeBlock(Value x, const std::string &layer) {
+  int64_t h = c.hiddenSize, e = c.numExperts, inter = c.moeIntermediateSize;
+  bool mixtral = c.modelType == "mixtral";
+  std::string p = layer + (mixtral ? ".block_sparse_moe" : ".mlp");
+  Value gate = weight(p + ".gate.weight", {e, h});
+  Value bias = c.scoreCorrectionBias
+                   ? weight(p + ".gate.e_score_correction_bias", {e})
+                   : Value();
+  Type computeType = c.routerInF32 ? f32 : act;
+  auto routing = mlir::moe::RoutingAttr::get(
+      &ctx,
+      c.scoring == Scoring::Sigmoid ? mlir::moe::ScoringFunc::sigmoid
+                                    : mlir::moe::ScoringFunc::softmax,
+      c.expertsPerToken, mlir::moe::TopKInput::scores, c.normTopK,
+      F(c.routedScalingFactor), c.numGroups, c.topkGroups,
+      c.groupScoring == GroupScoring::Max ? mlir::moe::GroupScore::max
+                                          : mlir::moe::GroupScore::top2_sum,
+      computeType);
+  int64_t k = c.expertsPerToken;
+  auto router = b.create<mlir::moe::RouterOp>(
+      loc, acts(k, computeType), acts(k, i32), x, gate, bias, routing);
+  StringRef w1 = mixtral ? "w1" : "gate_proj", w3 = mixtral ? "w3" : "up_proj",
+            w2 = mixtral ? "w2" : "down_proj";
+  Value gates = expertWeight(formatv("{0}.experts.{{e}.{1}.weight", p, w1), {e, inter, h});
+  Value ups = expertWeight(formatv("{0}.experts.{{e}.{1}.weight", p, w3), {e, inter, h});
+  Value downs = expertWeight(formatv("{0}.experts.{{e}.{1}.weight", p, w2), {e, h, inter});
+  Value routed = b.create<mlir::moe::ExpertsOp>(
+      loc, x.getType(), x, router.getWeights(), router.getExperts(), gates, ups,
+      downs, activation());
+  if (c.numSharedExperts == 0)
+    return routed;
+  bool qwen2 = c.modelType == "qwen2_moe";
+  Value shared = mlp(x, p + (qwen2 ? ".shared_expert" : ".shared_experts"),
+                     c.sharedExpertIntermediateSize);
+  if (c.sharedExpertGate) {
+    Value logit = linear(x, p + ".shared_expert_gate", 1, h, false);
+    shared = b.create<mlir::moe::SigmoidGateOp>(loc, shared.getType(), shared, logit);
+  }
+  return b.create<mlir::moe::AddOp>(loc, routed, shared);
+}
+
+OwningOpRef<ModuleOp> ModelImporter::run() {
+  OwningOpRef<ModuleOp> module = ModuleOp::create(loc);
+  ModuleOp m = *module;
+  m->setAttr("moe.model_type", b.getStringAttr(c.modelType));
+  m->setAttr("moe.source", b.getStringAttr(c.path));
+  m->setAttr("moe.vocab_size", b.getI64IntegerAttr(c.vocabSize));
+  m->setAttr("moe.eos_token_ids", b.getDenseI64ArrayAttr(c.eosTokenIds));
+  m->setAttr("moe.max_position_embeddings",
+             b.getI64IntegerAttr(c.maxPositionEmbeddings));
+
+  auto ids = RankedTensorType::get({ShapedType::kDynamic}, i32);
+  auto logitsType = acts(c.vocabSize, f32);
+  b.setInsertionPointToEnd(m.getBody());
+  auto func = b.create<func::FuncOp>(
+      loc, "forward", b.getFunctionType({ids, ids}, {logitsType}));
+  func.setArgAttr(0, "moe.name", b.getStringAttr("tokens"));
+  func.setArgAttr(1, "moe.name", b.getStringAttr("positions"));
+  Block *body = func.addEntryBlock();
+  b.setInsertionPointToEnd(body);
+  Value tokens = body->getArgument(0);
+  positions = body->getArgument(1);
+
+  int64_t h = c.hiddenSize;
+  Value table = weight("model.embed_tokens.weight", {c.vocabSize, h});
+  Value hidden = b.create<mlir::moe::EmbeddingOp>(loc, acts(h), table, tokens);
+  for (int64_t i = 0; i < c.numLayers; ++i) {
+    std::string p = formatv("model.layers.{0}", i).str();
+    loc = NameLoc::get(b.getStringAttr(p));
+    Value n = rmsNorm(hidden, p + ".input_layernorm", h);
+    Value a = c.isMLA() ? latentAttention(n, p + ".self_attn")
+                        : attention(n, p + ".self_attn");
+    hidden = b.create<mlir::moe::AddOp>(loc, hidden, a);
+    n = rmsNorm(hidden, p + ".post_attention_layernorm", h);
+    Value ffn = c.moeLayers[i] ? moeBlock(n, p)
+                               : mlp(n, p + ".mlp", c.intermediateSize);
+    hidden = b.create<mlir::moe::AddOp>(loc, hidden, ffn);
+  }
+  loc = b.getUnknownLoc();
+  hidden = rmsNorm(hidden, "model.norm", h);
+  Value head = c.tieWordEmbeddings ? table
+                                   : weight("lm_head.weight", {c.vocabSize, h});
+  Value logits =
+      b.create<mlir::moe::LinearOp>(loc, logitsType, hidden, head, Value());
+  b.create<func::ReturnOp>(loc, logits);
+  return module;
+}
+
+} // namespace
+
+namespace moe::hf {
+llvm::Expected<OwningOpRef<ModuleOp>>
+importModel(const ModelConfig &config, MLIRContext &context) {
+  if (!config.unsupportedFeature.empty())
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "%s: not supported yet: %s",
+                                   config.path.c_str(),
+                                   config.unsupportedFeature.c_str());
+  context.loadDialect<mlir::moe::MoEDialect, func::FuncDialect>();
+  OwningOpRef<ModuleOp> module = ModelImporter(config, context).run();
+  if (failed(verify(*module)))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "%s: the imported IR does not verify",
+                                   config.path.c_str());
+  return std::move(module);
+}
+} // namespace moe::hf

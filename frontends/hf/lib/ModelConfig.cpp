@@ -1,0 +1,552 @@
+//===- ModelConfig.cpp - parse and validate config.json --------*- C++ -*-===//
+#include "moe/Frontend/HF/ModelConfig.h"
+
+#include "llvm/ADT/StringSwitch.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+
+using namespace llvm;
+using namespace moe::hf;
+
+namespace {
+
+const char *jsonKind(const json::Value &v) {
+  switch (v.kind()) {
+  case json::Value::Null: return "null";
+  case json::Value::Boolean: return "a boolean";
+  case json::Value::Number: return "a number";
+  case json::Value::String: return "a string";
+  case json::Value::Array: return "an array";
+  case json::Value::Object: return "an object";
+  }
+  return "a value";
+}
+
+/// Typed access to the fields of one JSON object; every failure is an error
+/// naming the file and the (dotted) field.
+class Fields {
+public:
+  Fields(const json::Object &object, StringRef path, std::string prefix = "")
+      : objectPtr(&object), path(path), prefix(std::move(prefix)) {}
+
+  Error fail(StringRef field, const Twine &message) const {
+    return createStringError(inconvertibleErrorCode(), "%s: field '%s': %s",
+                             path.str().c_str(), (prefix + field).str().c_str(),
+                             message.str().c_str());
+  }
+
+  bool has(StringRef field) const {
+    const json::Value *v = object().get(field);
+    return v && v->kind() != json::Value::Null;
+  }
+
+  /// A required integer (floats with an integral value, like 1e4, accepted).
+  Expected<int64_t> integer(StringRef field) const {
+    const json::Value *v = object().get(field);
+    if (!v)
+      return fail(field, "missing (required)");
+    if (std::optional<int64_t> i = v->getAsInteger())
+      return *i;
+    if (std::optional<double> d = v->getAsNumber())
+      if (*d == static_cast<double>(static_cast<int64_t>(*d)))
+        return static_cast<int64_t>(*d);
+    return fail(field, Twine("expected an integer but got ") + jsonKind(*v));
+  }
+  Expected<int64_t> positive(StringRef field) const {
+    Expected<int64_t> i = integer(field);
+    if (i && *i <= 0)
+      return fail(field, formatv("expected a value > 0 but got {0}", *i));
+    return i;
+  }
+  Expected<int64_t> positiveOr(StringRef field, int64_t fallback) const {
+    return has(field) ? positive(field) : Expected<int64_t>(fallback);
+  }
+  Expected<int64_t> nonNegativeOr(StringRef field, int64_t fallback) const {
+    if (!has(field))
+      return fallback;
+    Expected<int64_t> i = integer(field);
+    if (i && *i < 0)
+      return fail(field, formatv("expected a value >= 0 but got {0}", *i));
+    return i;
+  }
+  Expected<double> number(StringRef field, double fallback) const {
+    if (!has(field))
+      return fallback;
+    const json::Value *v = object().get(field);
+    if (std::optional<double> d = v->getAsNumber())
+      return *d;
+    return fail(field, Twine("expected a number but got ") + jsonKind(*v));
+  }
+  Expected<double> positiveNumber(StringRef field, double fallback) const {
+    Expected<double> d = number(field, fallback);
+    if (d && !(*d > 0))
+      return fail(field, formatv("expected a value > 0 but got {0}", *d));
+    return d;
+  }
+  Expected<bool> boolean(StringRef field, bool fallback) const {
+    if (!has(field))
+      return fallback;
+    const json::Value *v = object().get(field);
+    if (std::optional<bool> b = v->getAsBoolean())
+      return *b;
+    return fail(field, Twine("expected true or false but got ") + jsonKind(*v));
+  }
+  Expected<std::string> string(StringRef field, StringRef fallback) const {
+    if (!has(field))
+      return fallback.str();
+    const json::Value *v = object().get(field);
+    if (std::optional<StringRef> s = v->getAsString())
+      return s->str();
+    return fail(field, Twine("expected a string but got ") + jsonKind(*v));
+  }
+  /// An optional nested object (null or absent: std::nullopt).
+  Expected<std::optional<Fields>> nested(StringRef field) const {
+    if (!has(field))
+      return std::nullopt;
+    const json::Value *v = object().get(field);
+    if (const json::Object *o = v->getAsObject())
+      return std::optional<Fields>(Fields(*o, path, (prefix + field + ".").str()));
+    return fail(field, Twine("expected an object but got ") + jsonKind(*v));
+  }
+  /// An integer or a list of integers (eos_token_id).
+  Expected<std::vector<int64_t>> integers(StringRef field) const {
+    std::vector<int64_t> out;
+    if (!has(field))
+      return out;
+    const json::Value *v = object().get(field);
+    if (std::optional<int64_t> i = v->getAsInteger())
+      return std::vector<int64_t>{*i};
+    if (const json::Array *a = v->getAsArray()) {
+      for (const json::Value &e : *a) {
+        std::optional<int64_t> i = e.getAsInteger();
+        if (!i)
+          return fail(field, Twine("expected a list of integers but found ") +
+                                 jsonKind(e));
+        out.push_back(*i);
+      }
+      return out;
+    }
+    return fail(field, Twine("expected an integer or a list of integers but got ") +
+                           jsonKind(*v));
+  }
+
+private:
+  const json::Object *objectPtr;
+  const json::Object &object() const { return *objectPtr; }
+  StringRef path;
+  std::string prefix;
+};
+
+/// Assigns `expected` to `out` or returns its error from the enclosing
+/// function: keeps the field-by-field parsing below readable.
+#define MOE_ASSIGN(out, expected)                                              \
+  do {                                                                         \
+    auto _value = (expected);                                                  \
+    if (!_value)                                                               \
+      return _value.takeError();                                               \
+    out = std::move(*_value);                                                  \
+  } while (false)
+
+Error parseRopeScaling(const Fields &f, ModelConfig &c) {
+  std::optional<Fields> rs;
+  MOE_ASSIGN(rs, f.nested("rope_scaling"));
+  if (!rs)
+    return Error::success();
+  std::string type;
+  // Transformers accepts both spellings; `rope_type` wins when both are set.
+  MOE_ASSIGN(type, rs->string("type", ""));
+  MOE_ASSIGN(type, rs->string("rope_type", type));
+  RopeScaling &s = c.ropeScaling;
+  std::optional<RopeScalingKind> kind =
+      StringSwitch<std::optional<RopeScalingKind>>(type)
+          .Case("default", RopeScalingKind::None)
+          .Case("linear", RopeScalingKind::Linear)
+          .Case("dynamic", RopeScalingKind::Dynamic)
+          .Case("llama3", RopeScalingKind::Llama3)
+          .Case("yarn", RopeScalingKind::Yarn)
+          .Cases("longrope", "su", RopeScalingKind::LongRope)
+          .Default(std::nullopt);
+  if (!kind)
+    return rs->fail("rope_type", "unknown rope scaling type '" + type +
+                                     "' (expected default, linear, dynamic, "
+                                     "llama3, yarn or longrope)");
+  s.kind = *kind;
+  if (s.kind == RopeScalingKind::LongRope) {
+    c.unsupportedFeature = "longrope rotary scaling";
+    return Error::success();
+  }
+  MOE_ASSIGN(s.factor, rs->positiveNumber("factor", 1.0));
+  MOE_ASSIGN(s.originalMaxPosition,
+             rs->positiveOr("original_max_position_embeddings",
+                            c.maxPositionEmbeddings));
+  MOE_ASSIGN(s.lowFreqFactor, rs->positiveNumber("low_freq_factor", 1.0));
+  MOE_ASSIGN(s.highFreqFactor, rs->positiveNumber("high_freq_factor", 4.0));
+  MOE_ASSIGN(s.betaFast, rs->positiveNumber("beta_fast", 32.0));
+  MOE_ASSIGN(s.betaSlow, rs->positiveNumber("beta_slow", 1.0));
+  MOE_ASSIGN(s.mscale, rs->number("mscale", 1.0));
+  MOE_ASSIGN(s.mscaleAllDim, rs->number("mscale_all_dim", 0.0));
+  if (s.kind == RopeScalingKind::Llama3 && !(s.highFreqFactor > s.lowFreqFactor))
+    return rs->fail("high_freq_factor",
+                    formatv("expected > low_freq_factor ({0}) but got {1}",
+                            s.lowFreqFactor, s.highFreqFactor));
+  return Error::success();
+}
+
+/// Fields shared by the Llama-style families.
+Error parseDecoderCommon(const Fields &f, ModelConfig &c) {
+  MOE_ASSIGN(c.vocabSize, f.positive("vocab_size"));
+  MOE_ASSIGN(c.hiddenSize, f.positive("hidden_size"));
+  MOE_ASSIGN(c.numLayers, f.positive("num_hidden_layers"));
+  MOE_ASSIGN(c.numHeads, f.positive("num_attention_heads"));
+  MOE_ASSIGN(c.numKVHeads, f.positiveOr("num_key_value_heads", c.numHeads));
+  MOE_ASSIGN(c.maxPositionEmbeddings, f.positiveOr("max_position_embeddings", 2048));
+  MOE_ASSIGN(c.normEps, f.positiveNumber("rms_norm_eps", 1e-6));
+  MOE_ASSIGN(c.ropeTheta, f.positiveNumber("rope_theta", 10000.0));
+  MOE_ASSIGN(c.tieWordEmbeddings, f.boolean("tie_word_embeddings", false));
+  MOE_ASSIGN(c.dtype, f.string("torch_dtype", "float32"));
+  MOE_ASSIGN(c.eosTokenIds, f.integers("eos_token_id"));
+  MOE_ASSIGN(c.hiddenAct, f.string("hidden_act", "silu"));
+  if (c.hiddenAct != "silu" && c.hiddenAct != "gelu" && c.hiddenAct != "relu" &&
+      c.hiddenAct != "gelu_pytorch_tanh")
+    return f.fail("hidden_act", "expected silu, gelu, gelu_pytorch_tanh or relu "
+                                "but got '" + c.hiddenAct + "'");
+  if (f.has("bos_token_id")) {
+    int64_t bos;
+    MOE_ASSIGN(bos, f.integer("bos_token_id"));
+    c.bosTokenId = bos;
+  }
+  if (!c.isMLA()) {
+    if (f.has("head_dim")) {
+      MOE_ASSIGN(c.headDim, f.positive("head_dim"));
+    } else {
+      if (c.hiddenSize % c.numHeads != 0)
+        return f.fail("hidden_size",
+                      formatv("expected a multiple of num_attention_heads ({0}) "
+                              "but got {1}",
+                              c.numHeads, c.hiddenSize));
+      c.headDim = c.hiddenSize / c.numHeads;
+    }
+  }
+  if (c.numHeads % c.numKVHeads != 0)
+    return f.fail("num_key_value_heads",
+                  formatv("expected a divisor of num_attention_heads ({0}) but "
+                          "got {1}",
+                          c.numHeads, c.numKVHeads));
+  if (c.dtype != "float32" && c.dtype != "bfloat16" && c.dtype != "float16")
+    return f.fail("torch_dtype", "expected float32, bfloat16 or float16 but got '" +
+                                     c.dtype + "'");
+  return parseRopeScaling(f, c);
+}
+
+Error parseExperts(const Fields &f, ModelConfig &c, StringRef expertsField) {
+  MOE_ASSIGN(c.numExperts, f.positive(expertsField));
+  MOE_ASSIGN(c.expertsPerToken, f.positive("num_experts_per_tok"));
+  if (c.expertsPerToken > c.numExperts)
+    return f.fail("num_experts_per_tok",
+                  formatv("expected at most {0} ({1}) but got {2}", c.numExperts,
+                          expertsField, c.expertsPerToken));
+  return Error::success();
+}
+
+Error parseMixtral(const Fields &f, ModelConfig &c) {
+  MOE_ASSIGN(c.intermediateSize, f.positive("intermediate_size"));
+  if (Error e = parseExperts(f, c, "num_local_experts"))
+    return e;
+  c.moeIntermediateSize = c.intermediateSize;
+  c.normTopK = true; // softmax over the top-k logits
+  c.moeLayers.assign(c.numLayers, true);
+  if (f.has("sliding_window")) {
+    int64_t w;
+    MOE_ASSIGN(w, f.positive("sliding_window"));
+    c.slidingWindow = w;
+  }
+  return Error::success();
+}
+
+/// Qwen2-MoE and Qwen3-MoE: sparse every `decoder_sparse_step` layers except
+/// `mlp_only_layers`.
+Error parseQwenMoE(const Fields &f, ModelConfig &c, bool qwen3) {
+  MOE_ASSIGN(c.intermediateSize, f.positive("intermediate_size"));
+  if (Error e = parseExperts(f, c, "num_experts"))
+    return e;
+  MOE_ASSIGN(c.moeIntermediateSize, f.positive("moe_intermediate_size"));
+  MOE_ASSIGN(c.normTopK, f.boolean("norm_topk_prob", false));
+  int64_t step;
+  MOE_ASSIGN(step, f.positiveOr("decoder_sparse_step", 1));
+  std::vector<int64_t> mlpOnly;
+  MOE_ASSIGN(mlpOnly, f.integers("mlp_only_layers"));
+  c.moeLayers.assign(c.numLayers, false);
+  for (int64_t i = 0; i < c.numLayers; ++i)
+    c.moeLayers[i] = (i + 1) % step == 0 &&
+                     llvm::find(mlpOnly, i) == mlpOnly.end();
+  if (qwen3) {
+    c.qkNorm = QKNorm::PerHead;
+    MOE_ASSIGN(c.qkvBias, f.boolean("attention_bias", false));
+    c.oBias = c.qkvBias;
+  } else {
+    c.qkvBias = true; // Qwen2 attention: biased q/k/v, unbiased o
+    MOE_ASSIGN(c.sharedExpertIntermediateSize,
+               f.positive("shared_expert_intermediate_size"));
+    c.numSharedExperts = 1;
+    c.sharedExpertGate = true;
+  }
+  bool useSliding;
+  MOE_ASSIGN(useSliding, f.boolean("use_sliding_window", false));
+  if (useSliding)
+    c.unsupportedFeature = "sliding-window attention on some layers "
+                           "(use_sliding_window)";
+  return Error::success();
+}
+
+Error parseOlmoe(const Fields &f, ModelConfig &c) {
+  MOE_ASSIGN(c.intermediateSize, f.positive("intermediate_size"));
+  if (Error e = parseExperts(f, c, "num_experts"))
+    return e;
+  c.moeIntermediateSize = c.intermediateSize;
+  MOE_ASSIGN(c.normTopK, f.boolean("norm_topk_prob", false));
+  MOE_ASSIGN(c.qkvBias, f.boolean("attention_bias", false));
+  c.oBias = c.qkvBias;
+  c.qkNorm = QKNorm::Full;
+  c.moeLayers.assign(c.numLayers, true);
+  if (f.has("clip_qkv"))
+    c.unsupportedFeature = "clip_qkv";
+  return Error::success();
+}
+
+Error parseDeepSeek(const Fields &f, ModelConfig &c, bool v3) {
+  MOE_ASSIGN(c.kvLoraRank, f.positive("kv_lora_rank"));
+  MOE_ASSIGN(c.qLoraRank, f.nonNegativeOr("q_lora_rank", 0));
+  MOE_ASSIGN(c.qkNopeHeadDim, f.positive("qk_nope_head_dim"));
+  MOE_ASSIGN(c.qkRopeHeadDim, f.positive("qk_rope_head_dim"));
+  MOE_ASSIGN(c.vHeadDim, f.positive("v_head_dim"));
+  if (Error e = parseDecoderCommon(f, c))
+    return e;
+  c.headDim = c.qkNopeHeadDim + c.qkRopeHeadDim;
+  MOE_ASSIGN(c.qkvBias, f.boolean("attention_bias", false));
+  c.oBias = c.qkvBias;
+  MOE_ASSIGN(c.intermediateSize, f.positive("intermediate_size"));
+  if (Error e = parseExperts(f, c, "n_routed_experts"))
+    return e;
+  MOE_ASSIGN(c.moeIntermediateSize, f.positive("moe_intermediate_size"));
+  MOE_ASSIGN(c.numSharedExperts, f.nonNegativeOr("n_shared_experts", 0));
+  c.sharedExpertIntermediateSize = c.numSharedExperts * c.moeIntermediateSize;
+  MOE_ASSIGN(c.normTopK, f.boolean("norm_topk_prob", false));
+  MOE_ASSIGN(c.routedScalingFactor, f.positiveNumber("routed_scaling_factor", 1.0));
+  int64_t firstDense, freq;
+  MOE_ASSIGN(firstDense, f.nonNegativeOr("first_k_dense_replace", 0));
+  MOE_ASSIGN(freq, f.positiveOr("moe_layer_freq", 1));
+  c.moeLayers.assign(c.numLayers, false);
+  for (int64_t i = 0; i < c.numLayers; ++i)
+    c.moeLayers[i] = i >= firstDense && i % freq == 0;
+  std::string scoring, method;
+  MOE_ASSIGN(scoring, f.string("scoring_func", v3 ? "sigmoid" : "softmax"));
+  MOE_ASSIGN(method, f.string("topk_method", v3 ? "noaux_tc" : "greedy"));
+  if (scoring == "softmax")
+    c.scoring = Scoring::Softmax;
+  else if (scoring == "sigmoid")
+    c.scoring = Scoring::Sigmoid;
+  else
+    return f.fail("scoring_func",
+                  "expected softmax or sigmoid but got '" + scoring + "'");
+  MOE_ASSIGN(c.numGroups, f.positiveOr("n_group", 1));
+  MOE_ASSIGN(c.topkGroups, f.positiveOr("topk_group", 1));
+  if (method == "greedy") {
+    c.numGroups = c.topkGroups = 1;
+  } else if (method == "group_limited_greedy") {
+    c.groupScoring = GroupScoring::Max;
+  } else if (method == "noaux_tc") {
+    c.groupScoring = GroupScoring::Top2Sum;
+    c.scoreCorrectionBias = true;
+  } else {
+    return f.fail("topk_method", "expected greedy, group_limited_greedy or "
+                                 "noaux_tc but got '" + method + "'");
+  }
+  if (c.topkGroups > c.numGroups)
+    return f.fail("topk_group", formatv("expected at most n_group ({0}) but got {1}",
+                                        c.numGroups, c.topkGroups));
+  if (c.numExperts % c.numGroups != 0)
+    return f.fail("n_group", formatv("expected a divisor of n_routed_experts "
+                                     "({0}) but got {1}",
+                                     c.numExperts, c.numGroups));
+  if (c.topkGroups * (c.numExperts / c.numGroups) < c.expertsPerToken)
+    return f.fail("topk_group",
+                  formatv("expected the {0} kept groups of {1} experts to hold "
+                          "num_experts_per_tok = {2}",
+                          c.topkGroups, c.numExperts / c.numGroups,
+                          c.expertsPerToken));
+  c.routerInF32 = true;
+  MOE_ASSIGN(c.numMTPLayers, f.nonNegativeOr("num_nextn_predict_layers", 0));
+  return Error::success();
+}
+
+Error parseLlama(const Fields &f, ModelConfig &c) {
+  MOE_ASSIGN(c.intermediateSize, f.positive("intermediate_size"));
+  MOE_ASSIGN(c.qkvBias, f.boolean("attention_bias", false));
+  c.oBias = c.qkvBias;
+  MOE_ASSIGN(c.mlpBias, f.boolean("mlp_bias", false));
+  c.moeLayers.assign(c.numLayers, false);
+  return Error::success();
+}
+
+// Families parsed and counted, not yet imported.
+
+Error parsePhimoe(const Fields &f, ModelConfig &c) {
+  c.unsupportedFeature = "sparsemixer routing (phimoe)";
+  c.norm = NormKind::LayerNorm;
+  MOE_ASSIGN(c.qkvBias, f.boolean("attention_bias", false));
+  c.oBias = c.qkvBias;
+  MOE_ASSIGN(c.intermediateSize, f.positive("intermediate_size"));
+  c.moeIntermediateSize = c.intermediateSize;
+  c.moeLayers.assign(c.numLayers, true);
+  return parseExperts(f, c, "num_local_experts");
+}
+
+Error parseGptOss(const Fields &f, ModelConfig &c) {
+  c.unsupportedFeature = "attention sinks and clamped SwiGLU experts (gpt_oss)";
+  c.qkvBias = c.oBias = true;
+  MOE_ASSIGN(c.intermediateSize, f.positive("intermediate_size"));
+  c.moeIntermediateSize = c.intermediateSize;
+  c.moeLayers.assign(c.numLayers, true);
+  return parseExperts(f, c, "num_local_experts");
+}
+
+Error parseGranite(const Fields &f, ModelConfig &c) {
+  c.unsupportedFeature = "fused expert tensors and embedding/residual/logit "
+                         "multipliers (granitemoe)";
+  MOE_ASSIGN(c.intermediateSize, f.positive("intermediate_size"));
+  c.moeIntermediateSize = c.intermediateSize;
+  c.moeLayers.assign(c.numLayers, true);
+  return parseExperts(f, c, "num_local_experts");
+}
+
+/// DBRX nests its sizes in attn_config and ffn_config.
+Error parseDbrx(const Fields &f, ModelConfig &c) {
+  c.unsupportedFeature = "fused Wqkv and fused expert tensors (dbrx)";
+  c.norm = NormKind::LayerNorm;
+  MOE_ASSIGN(c.vocabSize, f.positive("vocab_size"));
+  MOE_ASSIGN(c.hiddenSize, f.positive("d_model"));
+  MOE_ASSIGN(c.numLayers, f.positive("n_layers"));
+  MOE_ASSIGN(c.numHeads, f.positive("n_heads"));
+  MOE_ASSIGN(c.maxPositionEmbeddings, f.positiveOr("max_seq_len", 2048));
+  MOE_ASSIGN(c.tieWordEmbeddings, f.boolean("tie_word_embeddings", false));
+  MOE_ASSIGN(c.dtype, f.string("torch_dtype", "float32"));
+  if (c.hiddenSize % c.numHeads != 0)
+    return f.fail("d_model", formatv("expected a multiple of n_heads ({0}) but "
+                                     "got {1}", c.numHeads, c.hiddenSize));
+  c.headDim = c.hiddenSize / c.numHeads;
+  std::optional<Fields> attn, ffn;
+  MOE_ASSIGN(attn, f.nested("attn_config"));
+  MOE_ASSIGN(ffn, f.nested("ffn_config"));
+  if (!attn)
+    return f.fail("attn_config", "missing (required)");
+  if (!ffn)
+    return f.fail("ffn_config", "missing (required)");
+  MOE_ASSIGN(c.numKVHeads, attn->positiveOr("kv_n_heads", c.numHeads));
+  MOE_ASSIGN(c.ropeTheta, attn->positiveNumber("rope_theta", 10000.0));
+  MOE_ASSIGN(c.intermediateSize, ffn->positive("ffn_hidden_size"));
+  c.moeIntermediateSize = c.intermediateSize;
+  MOE_ASSIGN(c.numExperts, ffn->positive("moe_num_experts"));
+  MOE_ASSIGN(c.expertsPerToken, ffn->positive("moe_top_k"));
+  if (c.expertsPerToken > c.numExperts)
+    return ffn->fail("moe_top_k", formatv("expected at most {0} (moe_num_experts) "
+                                          "but got {1}",
+                                          c.numExperts, c.expertsPerToken));
+  c.moeLayers.assign(c.numLayers, true);
+  return Error::success();
+}
+
+/// Switch Transformers is an encoder-decoder; numLayers counts the encoder.
+Error parseSwitch(const Fields &f, ModelConfig &c) {
+  c.unsupportedFeature = "encoder-decoder models (switch_transformers)";
+  MOE_ASSIGN(c.vocabSize, f.positive("vocab_size"));
+  MOE_ASSIGN(c.hiddenSize, f.positive("d_model"));
+  MOE_ASSIGN(c.numLayers, f.positive("num_layers"));
+  MOE_ASSIGN(c.numHeads, f.positive("num_heads"));
+  c.numKVHeads = c.numHeads;
+  MOE_ASSIGN(c.headDim, f.positive("d_kv"));
+  MOE_ASSIGN(c.intermediateSize, f.positive("d_ff"));
+  c.moeIntermediateSize = c.intermediateSize;
+  MOE_ASSIGN(c.numExperts, f.positive("num_experts"));
+  c.expertsPerToken = 1;
+  MOE_ASSIGN(c.tieWordEmbeddings, f.boolean("tie_word_embeddings", true));
+  MOE_ASSIGN(c.dtype, f.string("torch_dtype", "float32"));
+  c.moeLayers.assign(c.numLayers, false);
+  return Error::success();
+}
+
+} // namespace
+
+int64_t ModelConfig::numMoELayers() const {
+  return llvm::count(moeLayers, true);
+}
+
+Expected<ModelConfig> moe::hf::parseModelConfig(StringRef text, StringRef path) {
+  Expected<json::Value> parsed = json::parse(text);
+  if (!parsed)
+    return createStringError(inconvertibleErrorCode(), "%s: malformed JSON: %s",
+                             path.str().c_str(),
+                             toString(parsed.takeError()).c_str());
+  const json::Object *object = parsed->getAsObject();
+  if (!object)
+    return createStringError(inconvertibleErrorCode(),
+                             "%s: expected a JSON object at the top level but "
+                             "got %s",
+                             path.str().c_str(), jsonKind(*parsed));
+  Fields f(*object, path);
+  ModelConfig c;
+  c.path = path.str();
+  if (!f.has("model_type"))
+    return f.fail("model_type", "missing (required)");
+  MOE_ASSIGN(c.modelType, f.string("model_type", ""));
+
+  StringRef type = c.modelType;
+  bool llamaLike = type == "mixtral" || type == "qwen2_moe" ||
+                   type == "qwen3_moe" || type == "olmoe" || type == "llama" ||
+                   type == "phimoe" || type == "gpt_oss" || type == "granitemoe";
+  if (llamaLike)
+    if (Error e = parseDecoderCommon(f, c))
+      return std::move(e);
+
+  Error e = Error::success();
+  if (type == "mixtral")
+    e = parseMixtral(f, c);
+  else if (type == "qwen2_moe" || type == "qwen3_moe")
+    e = parseQwenMoE(f, c, type == "qwen3_moe");
+  else if (type == "olmoe")
+    e = parseOlmoe(f, c);
+  else if (type == "deepseek_v2" || type == "deepseek_v3")
+    e = parseDeepSeek(f, c, type == "deepseek_v3");
+  else if (type == "llama")
+    e = parseLlama(f, c);
+  else if (type == "phimoe")
+    e = parsePhimoe(f, c);
+  else if (type == "gpt_oss")
+    e = parseGptOss(f, c);
+  else if (type == "granitemoe")
+    e = parseGranite(f, c);
+  else if (type == "dbrx")
+    e = parseDbrx(f, c);
+  else if (type == "switch_transformers")
+    e = parseSwitch(f, c);
+  else
+    return f.fail("model_type",
+                  "unknown model_type '" + c.modelType +
+                      "' (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, "
+                      "deepseek_v2, deepseek_v3, llama; parsed only: phimoe, "
+                      "gpt_oss, granitemoe, dbrx, switch_transformers)");
+  if (e)
+    return std::move(e);
+  if (c.isMoE() && c.moeIntermediateSize <= 0)
+    return f.fail("moe_intermediate_size", "expected a value > 0");
+  return c;
+}
+
+Expected<ModelConfig> moe::hf::loadModelConfig(StringRef path) {
+  ErrorOr<std::unique_ptr<MemoryBuffer>> buffer = MemoryBuffer::getFile(path);
+  if (!buffer)
+    return createStringError(buffer.getError(), "%s: cannot read: %s",
+                             path.str().c_str(),
+                             buffer.getError().message().c_str());
+  return parseModelConfig((*buffer)->getBuffer(), path);
+}
