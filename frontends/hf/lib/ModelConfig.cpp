@@ -204,7 +204,9 @@ Error parseDecoderCommon(const Fields &f, ModelConfig &c) {
   MOE_ASSIGN(c.normEps, f.positiveNumber("rms_norm_eps", 1e-6));
   MOE_ASSIGN(c.ropeTheta, f.positiveNumber("rope_theta", 10000.0));
   MOE_ASSIGN(c.tieWordEmbeddings, f.boolean("tie_word_embeddings", false));
+  // transformers >= 4.56 writes `dtype`; older checkpoints `torch_dtype`.
   MOE_ASSIGN(c.dtype, f.string("torch_dtype", "float32"));
+  MOE_ASSIGN(c.dtype, f.string("dtype", c.dtype));
   MOE_ASSIGN(c.eosTokenIds, f.integers("eos_token_id"));
   MOE_ASSIGN(c.hiddenAct, f.string("hidden_act", "silu"));
   if (c.hiddenAct != "silu" && c.hiddenAct != "gelu" && c.hiddenAct != "relu" &&
@@ -483,10 +485,19 @@ int64_t ModelConfig::numMoELayers() const {
 
 Expected<ModelConfig> moe::hf::parseModelConfig(StringRef text, StringRef path) {
   Expected<json::Value> parsed = json::parse(text);
-  if (!parsed)
-    return createStringError(inconvertibleErrorCode(), "%s: malformed JSON: %s",
-                             path.str().c_str(),
-                             toString(parsed.takeError()).c_str());
+  if (!parsed) {
+    // llvm::json reports "[LINE:COLUMN, byte=N]: message"; say it the way
+    // compilers do: "FILE:LINE:COLUMN: malformed JSON: message".
+    std::string raw = toString(parsed.takeError());
+    StringRef rest(raw), position;
+    if (rest.consume_front("[")) {
+      std::tie(position, rest) = rest.split(", byte=");
+      rest = rest.split("]: ").second;
+    }
+    return createStringError(inconvertibleErrorCode(), "%s:%s: malformed JSON: %s",
+                             path.str().c_str(), position.str().c_str(),
+                             rest.str().c_str());
+  }
   const json::Object *object = parsed->getAsObject();
   if (!object)
     return createStringError(inconvertibleErrorCode(),
