@@ -1,0 +1,64 @@
+// Element types and non-owning views of tensors (weights are mmapped; their
+// views point into the mapping).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace moert {
+
+enum class DType : uint8_t { F32, BF16, F16, I32, I64 };
+
+/// Bytes per element.
+size_t dtypeSize(DType t);
+/// "F32", "BF16", ... as safetensors spells them.
+const char *dtypeName(DType t);
+/// Parses safetensors / plan spellings ("F32", "BF16", "F16", "I32", "I64",
+/// and the lowercase "f32", "bf16", "f16", "float32", "bfloat16", "float16").
+/// Returns false for anything else.
+bool parseDType(std::string_view name, DType &out);
+
+inline float bf16ToFloat(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+/// Round to nearest even, as torch does.
+inline uint16_t floatToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu))
+    return static_cast<uint16_t>((bits >> 16) | 0x40); // quiet NaN
+  uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+float f16ToFloat(uint16_t v);
+uint16_t floatToF16(float f);
+/// Rounds an f32 value through bf16 and back (models computed in bf16).
+inline float roundBf16(float f) { return bf16ToFloat(floatToBf16(f)); }
+
+/// A read-only view of a tensor's bytes with its element type and shape.
+struct TensorView {
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const void *data = nullptr;
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape)
+      n *= d;
+    return n;
+  }
+  size_t bytes() const { return static_cast<size_t>(numel()) * dtypeSize(dtype); }
+  /// Element i as float (any float dtype).
+  float at(int64_t i) const;
+};
+
+/// Formats a shape as [a, b, c].
+std::string shapeString(const std::vector<int64_t> &shape);
+
+} // namespace moert

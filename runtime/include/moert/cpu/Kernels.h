@@ -1,0 +1,151 @@
+// CPU kernels: the math of every `moe` dialect op, on f32 activations with
+// weights in F32, BF16 or F16 (widened to f32 as they are read; accumulation
+// in f32). Row-major everywhere; a linear weight is the checkpoint's
+// [out, in]. Multi-threaded through moert::parallelFor. The exact math of
+// each kernel is the description of the matching op in
+// dialects/include/moe/Dialect/MoE/IR/MoEOps.td and the #moe.routing /
+// #moe.rope attributes in MoEBase.td.
+#pragma once
+
+#include "moert/Tensor.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace moert::cpu {
+
+/// A 2-D weight matrix [rows, cols] (rows = out features) of any float dtype,
+/// with a row stride in elements (== cols unless it is a slice).
+struct Matrix {
+  DType dtype = DType::F32;
+  const void *data = nullptr;
+  int64_t rows = 0, cols = 0, rowStride = 0;
+  static Matrix of(const TensorView &view); ///< a [rows, cols] view
+  /// Rows [begin, begin + count) of this matrix.
+  Matrix sliceRows(int64_t begin, int64_t count) const;
+};
+
+/// y[T, w.rows] = x[T, w.cols] * w^T (+ bias[w.rows]); `ldx`/`ldy` are the row
+/// strides of x and y (0: dense). The GEMM everything else is built on.
+void linear(const float *x, int64_t tokens, const Matrix &w, const TensorView *bias,
+            float *y, int64_t ldx = 0, int64_t ldy = 0);
+
+/// Row lookup: out[t] = table[tokens[t]] (ids already checked against rows).
+void embedding(const Matrix &table, const int32_t *tokens, int64_t count, float *out);
+
+/// RMSNorm in groups of weight.numel() along each row of width `width`:
+/// g / sqrt(mean(g^2) + eps) * weight.
+void rmsNorm(const float *x, int64_t tokens, int64_t width, const TensorView &weight,
+             double eps, float *out);
+/// LayerNorm over each row (biased variance); bias may be null.
+void layerNorm(const float *x, int64_t tokens, int64_t width, const TensorView &weight,
+               const TensorView *bias, double eps, float *out);
+
+/// Elementwise out = a + b over n values (out may alias a or b).
+void add(const float *a, const float *b, int64_t n, float *out);
+/// out[t, :] = x[t, :] * sigmoid(gate[t]).
+void sigmoidGate(const float *x, const float *gate, int64_t tokens, int64_t width, float *out);
+
+/// Rotary embedding parameters (#moe.rope) and their cos/sin tables.
+struct RopeParams {
+  enum class Kind { Default, Linear, Dynamic, Llama3, Yarn } kind = Kind::Default;
+  double theta = 10000.0;
+  int64_t rotaryDim = 0;
+  bool interleaved = false;
+  double factor = 1.0;
+  int64_t originalMaxPosition = 0;
+  double lowFreqFactor = 1.0, highFreqFactor = 4.0;
+  double betaFast = 32.0, betaSlow = 1.0, mscale = 1.0, mscaleAllDim = 0.0;
+};
+/// Precomputed cos/sin for positions [0, maxPositions), as transformers
+/// computes them (inv_freq in f32, the attention scaling of yarn folded in).
+class RopeTable {
+public:
+  RopeTable(const RopeParams &params, int64_t maxPositions);
+  /// Rotates, in place, the first rotaryDim values of every head (of width
+  /// headDim) of each row of x [tokens, width].
+  void apply(float *x, int64_t tokens, int64_t width, int64_t headDim,
+             const int32_t *positions, int64_t ldx = 0) const;
+  const RopeParams &params() const { return p; }
+
+private:
+  RopeParams p;
+  int64_t maxPositions;
+  std::vector<float> cosTable, sinTable; // [maxPositions, rotaryDim / 2]
+};
+
+/// Where each token of a batch goes: its sequence (a KV-cache slot) and its
+/// position in that sequence. Tokens of one sequence are contiguous and in
+/// increasing position order.
+struct TokenLayout {
+  const int32_t *sequence = nullptr; ///< cache slot per token
+  const int32_t *position = nullptr; ///< position per token
+  int64_t tokens = 0;
+};
+
+/// A KV cache for one attention op: per slot, up to maxSeqLen rows of
+/// key and value (f32).
+struct KVCache {
+  int64_t slots = 0, maxSeqLen = 0, keyWidth = 0, valueWidth = 0;
+  std::vector<float> keys, values; // [slots, maxSeqLen, width]
+  void allocate(int64_t slots, int64_t maxSeqLen, int64_t keyWidth, int64_t valueWidth);
+  float *key(int64_t slot, int64_t pos) { return keys.data() + (slot * maxSeqLen + pos) * keyWidth; }
+  float *value(int64_t slot, int64_t pos) { return values.data() + (slot * maxSeqLen + pos) * valueWidth; }
+};
+
+/// Causal GQA attention with a cache: writes k/v of the batch's tokens into
+/// the cache at (sequence, position), then each token attends to positions
+/// <= its own of its sequence (and > pos - slidingWindow when > 0).
+/// q [T, heads*dq], k [T, kvHeads*dq], v [T, kvHeads*dv] -> out [T, heads*dv].
+void attention(const float *q, const float *k, const float *v, const TokenLayout &layout,
+               int64_t heads, int64_t kvHeads, int64_t dq, int64_t dv, double scale,
+               int64_t slidingWindow, KVCache &cache, float *out);
+
+/// DeepSeek MLA core (moe.mla_attention): q [T, H*(n+r)], kv [T, H*(n+v)],
+/// keyRope [T, r]; rope (interleaved per the table) on q's rotary part and
+/// keyRope; per head key = [kv_h[:n], rope(keyRope)], value = kv_h[n:].
+/// The cache holds per-head keys (n+r) and values (v).
+void mlaAttention(const float *q, const float *kv, const float *keyRope,
+                  const TokenLayout &layout, int64_t heads, int64_t nope, int64_t rope,
+                  int64_t vdim, double scale, const RopeTable &table, KVCache &cache,
+                  float *out);
+
+enum class Activation { Silu, Gelu, GeluTanh, Relu };
+
+/// Gated MLP: down(act(x gate^T) * (x up^T)); `scratch` >= 2 * T * I floats.
+void mlp(const float *x, int64_t tokens, const Matrix &gate, const Matrix &up,
+         const Matrix &down, Activation act, float *scratch, float *out);
+
+/// #moe.routing parameters.
+struct RoutingParams {
+  bool sigmoid = false;        ///< scoring: sigmoid instead of softmax
+  int64_t topK = 1;
+  bool topkOnLogits = false;
+  bool normalize = false;
+  double scalingFactor = 1.0;
+  int64_t numGroups = 1, topkGroups = 1;
+  bool groupScoreMax = false;  ///< group score = max instead of top-2 sum
+  bool computeBf16 = false;    ///< logits and weights rounded to bf16
+};
+
+/// From router logits [T, E] (already computed by `linear`, f32) and an
+/// optional correction bias [E], selects top-k experts per token:
+/// weights [T, k], experts [T, k], in descending order of the selection key
+/// (ties: lower expert index first).
+void route(const float *logits, int64_t tokens, int64_t numExperts,
+           const TensorView *correctionBias, const RoutingParams &params,
+           float *weights, int32_t *experts);
+
+/// Routed experts: out[t] = sum_j weights[t,j] * mlp_{experts[t,j]}(x[t]),
+/// computed per expert over the tokens routed to it (gather, two GEMMs,
+/// activation, weighted scatter-add), never token by token. gate/up/down
+/// hold one Matrix per expert.
+void experts(const float *x, int64_t tokens, int64_t hidden, const float *weights,
+             const int32_t *experts, int64_t k, const std::vector<Matrix> &gate,
+             const std::vector<Matrix> &up, const std::vector<Matrix> &down,
+             Activation act, float *out);
+
+/// Index of the largest value (lowest index on ties).
+int64_t argmax(const float *x, int64_t n);
+
+} // namespace moert::cpu

@@ -1,0 +1,84 @@
+#include "moert/Tensor.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+
+namespace moert {
+
+size_t dtypeSize(DType t) {
+  switch (t) {
+  case DType::F32: return 4;
+  case DType::BF16: return 2;
+  case DType::F16: return 2;
+  case DType::I32: return 4;
+  case DType::I64: return 8;
+  }
+  return 0;
+}
+
+const char *dtypeName(DType t) {
+  switch (t) {
+  case DType::F32: return "F32";
+  case DType::BF16: return "BF16";
+  case DType::F16: return "F16";
+  case DType::I32: return "I32";
+  case DType::I64: return "I64";
+  }
+  return "?";
+}
+
+bool parseDType(std::string_view name, DType &out) {
+  struct Spelling { std::string_view name; DType type; };
+  static const Spelling spellings[] = {
+      {"F32", DType::F32},     {"f32", DType::F32},       {"float32", DType::F32},
+      {"BF16", DType::BF16},   {"bf16", DType::BF16},     {"bfloat16", DType::BF16},
+      {"F16", DType::F16},     {"f16", DType::F16},       {"float16", DType::F16},
+      {"I32", DType::I32},     {"i32", DType::I32},       {"I64", DType::I64},
+      {"i64", DType::I64}};
+  for (const Spelling &s : spellings)
+    if (s.name == name) {
+      out = s.type;
+      return true;
+    }
+  return false;
+}
+
+float f16ToFloat(uint16_t h) {
+  uint32_t sign = (h >> 15) & 1, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  float value;
+  if (exponent == 0)
+    value = std::ldexp(static_cast<float>(mantissa), -24);
+  else if (exponent == 31)
+    value = mantissa ? NAN : INFINITY;
+  else
+    value = std::ldexp(static_cast<float>(mantissa | 0x400), static_cast<int>(exponent) - 25);
+  return sign ? -value : value;
+}
+
+uint16_t floatToF16(float f) {
+  // Through the hardware conversion the compiler provides (_Float16 on x86-64
+  // with GCC 12 is IEEE binary16, round to nearest even).
+  _Float16 h = static_cast<_Float16>(f);
+  uint16_t bits;
+  std::memcpy(&bits, &h, sizeof bits);
+  return bits;
+}
+
+float TensorView::at(int64_t i) const {
+  switch (dtype) {
+  case DType::F32: return static_cast<const float *>(data)[i];
+  case DType::BF16: return bf16ToFloat(static_cast<const uint16_t *>(data)[i]);
+  case DType::F16: return f16ToFloat(static_cast<const uint16_t *>(data)[i]);
+  case DType::I32: return static_cast<float>(static_cast<const int32_t *>(data)[i]);
+  case DType::I64: return static_cast<float>(static_cast<const int64_t *>(data)[i]);
+  }
+  return 0;
+}
+
+std::string shapeString(const std::vector<int64_t> &shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+} // namespace moert

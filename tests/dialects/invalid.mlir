@@ -1,0 +1,635 @@
+// RUN: moe-opt --split-input-file --verify-diagnostics %s
+
+// One case per verifier message of lib/MoE/IR/MoEOps.cpp and of the
+// #moe.rope / #moe.routing attribute verifiers in lib/MoE/IR/MoEDialect.cpp.
+// Attribute verifier errors are reported where the attribute is parsed.
+
+//===----------------------------------------------------------------------===//
+// moe.weight, moe.expert_weight
+//===----------------------------------------------------------------------===//
+
+func.func @weight_empty_name() {
+  // expected-error@+1 {{'moe.weight' op expected a non-empty checkpoint tensor name}}
+  %0 = moe.weight "" : tensor<4x4xf32>
+  return
+}
+
+// -----
+
+func.func @weight_dynamic_shape() {
+  // expected-error@+1 {{'moe.weight' op expected a static shape for weight 'model.norm.weight' but got 'tensor<?xf32>'}}
+  %0 = moe.weight "model.norm.weight" : tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @weight_zero_dim() {
+  // expected-error@+1 {{'moe.weight' op expected every dimension of weight 'model.norm.weight' to be > 0 but got 'tensor<0x4xf32>'}}
+  %0 = moe.weight "model.norm.weight" : tensor<0x4xf32>
+  return
+}
+
+// -----
+
+func.func @weight_placeholder() {
+  // expected-error@+1 {{'moe.weight' op expected a plain tensor name; '{e}' belongs to moe.expert_weight but got 'model.layers.0.experts.{e}.w1.weight'}}
+  %0 = moe.weight "model.layers.0.experts.{e}.w1.weight" : tensor<4x4xf32>
+  return
+}
+
+// -----
+
+func.func @expert_weight_no_placeholder() {
+  // expected-error@+1 {{'moe.expert_weight' op expected exactly one '{e}' placeholder in 'model.layers.0.experts.0.w1.weight'}}
+  %0 = moe.expert_weight "model.layers.0.experts.0.w1.weight" : tensor<2x4x4xf32>
+  return
+}
+
+// -----
+
+func.func @expert_weight_two_placeholders() {
+  // expected-error@+1 {{'moe.expert_weight' op expected exactly one '{e}' placeholder in 'model.layers.{e}.experts.{e}.w1.weight'}}
+  %0 = moe.expert_weight "model.layers.{e}.experts.{e}.w1.weight" : tensor<2x4x4xf32>
+  return
+}
+
+// -----
+
+// verifyStaticWeight is shared: the expert stack must be static too.
+func.func @expert_weight_dynamic_shape() {
+  // expected-error@+1 {{'moe.expert_weight' op expected a static shape for weight 'model.layers.0.experts.{e}.w1.weight' but got 'tensor<?x4x4xf32>'}}
+  %0 = moe.expert_weight "model.layers.0.experts.{e}.w1.weight" : tensor<?x4x4xf32>
+  return
+}
+
+//===----------------------------------------------------------------------===//
+// moe.embedding
+//===----------------------------------------------------------------------===//
+
+// -----
+
+func.func @embedding_width(%table: tensor<100x64xbf16>, %tokens: tensor<?xi32>) {
+  // expected-error@+1 {{'moe.embedding' op expected result width 64 (the table's) but got 32}}
+  %0 = moe.embedding %table[%tokens] : tensor<100x64xbf16>, tensor<?xi32> -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @embedding_rows(%table: tensor<100x64xbf16>, %tokens: tensor<5xi32>) {
+  // expected-error@+1 {{'moe.embedding' op expected one row per token (5) but got 6}}
+  %0 = moe.embedding %table[%tokens] : tensor<100x64xbf16>, tensor<5xi32> -> tensor<6x64xbf16>
+  return
+}
+
+//===----------------------------------------------------------------------===//
+// moe.rms_norm, moe.layer_norm
+//===----------------------------------------------------------------------===//
+
+// -----
+
+func.func @rms_norm_width(%x: tensor<?x64xbf16>, %w: tensor<48xbf16>) {
+  // expected-error@+1 {{'moe.rms_norm' op expected the weight size 48 to divide the input width 64}}
+  %0 = moe.rms_norm %x, %w eps = 1.0e-05 : tensor<?x64xbf16>, tensor<48xbf16>
+  return
+}
+
+// -----
+
+func.func @rms_norm_epsilon(%x: tensor<?x64xbf16>, %w: tensor<64xbf16>) {
+  // expected-error@+1 {{'moe.rms_norm' op expected epsilon > 0 but got 0.000000e+00}}
+  %0 = moe.rms_norm %x, %w eps = 0.0 : tensor<?x64xbf16>, tensor<64xbf16>
+  return
+}
+
+// -----
+
+func.func @layer_norm_width(%x: tensor<?x64xf32>, %w: tensor<32xf32>) {
+  // expected-error@+1 {{'moe.layer_norm' op expected a weight of the input width 64 but got 32}}
+  %0 = moe.layer_norm %x, %w eps = 1.0e-05 : tensor<?x64xf32>, tensor<32xf32>
+  return
+}
+
+// -----
+
+func.func @layer_norm_bias(%x: tensor<?x64xf32>, %w: tensor<64xf32>, %b: tensor<64xbf16>) {
+  // expected-error@+1 {{'moe.layer_norm' op expected the bias type 'tensor<64xf32>' but got 'tensor<64xbf16>'}}
+  %0 = moe.layer_norm %x, %w, %b eps = 1.0e-05 : tensor<?x64xf32>, tensor<64xf32>, tensor<64xbf16>
+  return
+}
+
+// -----
+
+// The epsilon check through moe.layer_norm.
+func.func @layer_norm_epsilon(%x: tensor<?x64xf32>, %w: tensor<64xf32>) {
+  // expected-error@+1 {{'moe.layer_norm' op expected epsilon > 0 but got -1.000000e+00}}
+  %0 = moe.layer_norm %x, %w eps = -1.0 : tensor<?x64xf32>, tensor<64xf32>
+  return
+}
+
+//===----------------------------------------------------------------------===//
+// moe.linear
+//===----------------------------------------------------------------------===//
+
+// -----
+
+func.func @linear_input_width(%x: tensor<?x32xbf16>, %w: tensor<16x64xbf16>) {
+  // expected-error@+1 {{'moe.linear' op expected input width 64 (weight dim 1) but got 32}}
+  %0 = moe.linear %x, %w : tensor<?x32xbf16>, tensor<16x64xbf16> -> tensor<?x16xbf16>
+  return
+}
+
+// -----
+
+func.func @linear_result_width(%x: tensor<?x64xbf16>, %w: tensor<16x64xbf16>) {
+  // expected-error@+1 {{'moe.linear' op expected result width 16 (weight dim 0) but got 32}}
+  %0 = moe.linear %x, %w : tensor<?x64xbf16>, tensor<16x64xbf16> -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @linear_rows(%x: tensor<4x64xbf16>, %w: tensor<16x64xbf16>) {
+  // expected-error@+1 {{'moe.linear' op expected 4 result rows (one per input row) but got 5}}
+  %0 = moe.linear %x, %w : tensor<4x64xbf16>, tensor<16x64xbf16> -> tensor<5x16xbf16>
+  return
+}
+
+// -----
+
+func.func @linear_bias(%x: tensor<?x64xbf16>, %w: tensor<16x64xbf16>, %b: tensor<64xbf16>) {
+  // expected-error@+1 {{'moe.linear' op expected a bias of size 16 but got 64}}
+  %0 = moe.linear %x, %w, %b : tensor<?x64xbf16>, tensor<16x64xbf16>, tensor<64xbf16> -> tensor<?x16xbf16>
+  return
+}
+
+//===----------------------------------------------------------------------===//
+// moe.split
+//===----------------------------------------------------------------------===//
+
+// -----
+
+// The custom syntax cannot spell zero results; the generic one can.
+func.func @split_no_result(%x: tensor<?x4xf32>) {
+  // expected-error@+1 {{'moe.split' op expected at least one result}}
+  "moe.split"(%x) : (tensor<?x4xf32>) -> ()
+  return
+}
+
+// -----
+
+func.func @split_dynamic_width(%x: tensor<?x96xbf16>) {
+  // expected-error@+1 {{'moe.split' op expected static result widths}}
+  %0:2 = moe.split %x : tensor<?x96xbf16> -> tensor<?x64xbf16>, tensor<?x?xbf16>
+  return
+}
+
+// -----
+
+func.func @split_rows(%x: tensor<4x96xbf16>) {
+  // expected-error@+1 {{'moe.split' op expected every result to keep the 4 input rows}}
+  %0:2 = moe.split %x : tensor<4x96xbf16> -> tensor<4x64xbf16>, tensor<3x32xbf16>
+  return
+}
+
+// -----
+
+func.func @split_widths(%x: tensor<?x96xbf16>) {
+  // expected-error@+1 {{'moe.split' op expected result widths to add up to 96 but they add up to 80}}
+  %0:2 = moe.split %x : tensor<?x96xbf16> -> tensor<?x64xbf16>, tensor<?x16xbf16>
+  return
+}
+
+//===----------------------------------------------------------------------===//
+// moe.sigmoid_gate
+//===----------------------------------------------------------------------===//
+
+// -----
+
+func.func @sigmoid_gate_width(%x: tensor<?x64xbf16>, %g: tensor<?x2xbf16>) {
+  // expected-error@+1 {{'moe.sigmoid_gate' op expected a [T, 1] gate but got width 2}}
+  %0 = moe.sigmoid_gate %x, %g : tensor<?x64xbf16>, tensor<?x2xbf16>
+  return
+}
+
+// -----
+
+func.func @sigmoid_gate_rows(%x: tensor<4x64xbf16>, %g: tensor<3x1xbf16>) {
+  // expected-error@+1 {{'moe.sigmoid_gate' op expected one gate per input row}}
+  %0 = moe.sigmoid_gate %x, %g : tensor<4x64xbf16>, tensor<3x1xbf16>
+  return
+}
+
+//===----------------------------------------------------------------------===//
+// moe.rope
+//===----------------------------------------------------------------------===//
+
+// -----
+
+func.func @rope_head_dim(%x: tensor<?x64xbf16>, %p: tensor<?xi32>) {
+  // expected-error@+1 {{'moe.rope' op expected head_dim > 0 but got 0}}
+  %0 = moe.rope %x, %p head_dim = 0 <kind = default, theta = 1.0e4, rotary_dim = 32> : tensor<?x64xbf16>, tensor<?xi32>
+  return
+}
+
+// -----
+
+func.func @rope_head_dim_divides(%x: tensor<?x64xbf16>, %p: tensor<?xi32>) {
+  // expected-error@+1 {{'moe.rope' op expected head_dim 48 to divide the input width 64}}
+  %0 = moe.rope %x, %p head_dim = 48 <kind = default, theta = 1.0e4, rotary_dim = 32> : tensor<?x64xbf16>, tensor<?xi32>
+  return
+}
+
+// -----
+
+func.func @rope_rotary_dim(%x: tensor<?x64xbf16>, %p: tensor<?xi32>) {
+  // expected-error@+1 {{'moe.rope' op expected rotary_dim <= head_dim 32 but got 64}}
+  %0 = moe.rope %x, %p head_dim = 32 <kind = default, theta = 1.0e4, rotary_dim = 64> : tensor<?x64xbf16>, tensor<?xi32>
+  return
+}
+
+// -----
+
+func.func @rope_positions(%x: tensor<4x64xbf16>, %p: tensor<3xi32>) {
+  // expected-error@+1 {{'moe.rope' op expected one position per token}}
+  %0 = moe.rope %x, %p head_dim = 32 <kind = default, theta = 1.0e4, rotary_dim = 32> : tensor<4x64xbf16>, tensor<3xi32>
+  return
+}
+
+//===----------------------------------------------------------------------===//
+// moe.attention
+//===----------------------------------------------------------------------===//
+
+// -----
+
+func.func @attention_kv_heads(%q: tensor<?x128xbf16>, %k: tensor<?x96xbf16>, %v: tensor<?x96xbf16>) {
+  // expected-error@+1 {{'moe.attention' op expected num_kv_heads to divide num_heads but got 3 and 4}}
+  %0 = moe.attention %q, %k, %v heads = 4 kv_heads = 3 scale = 0.125 : tensor<?x128xbf16>, tensor<?x96xbf16>, tensor<?x96xbf16> -> tensor<?x128xbf16>
+  return
+}
+
+// -----
+
+func.func @attention_dynamic_width(%q: tensor<?x?xbf16>, %k: tensor<?x64xbf16>, %v: tensor<?x64xbf16>) {
+  // expected-error@+1 {{'moe.attention' op expected a static query width}}
+  %0 = moe.attention %q, %k, %v heads = 4 kv_heads = 2 scale = 0.125 : tensor<?x?xbf16>, tensor<?x64xbf16>, tensor<?x64xbf16> -> tensor<?x128xbf16>
+  return
+}
+
+// -----
+
+func.func @attention_head_multiple(%q: tensor<?x128xbf16>, %k: tensor<?x64xbf16>, %v: tensor<?x63xbf16>) {
+  // expected-error@+1 {{'moe.attention' op expected the value width 63 to be a multiple of 2 heads}}
+  %0 = moe.attention %q, %k, %v heads = 4 kv_heads = 2 scale = 0.125 : tensor<?x128xbf16>, tensor<?x64xbf16>, tensor<?x63xbf16> -> tensor<?x128xbf16>
+  return
+}
+
+// -----
+
+func.func @attention_qk_head_dim(%q: tensor<?x128xbf16>, %k: tensor<?x32xbf16>, %v: tensor<?x64xbf16>) {
+  // expected-error@+1 {{'moe.attention' op expected query and key head dims to match but got 32 and 16}}
+  %0 = moe.attention %q, %k, %v heads = 4 kv_heads = 2 scale = 0.125 : tensor<?x128xbf16>, tensor<?x32xbf16>, tensor<?x64xbf16> -> tensor<?x128xbf16>
+  return
+}
+
+// -----
+
+func.func @attention_result_width(%q: tensor<?x128xbf16>, %k: tensor<?x64xbf16>, %v: tensor<?x32xbf16>) {
+  // expected-error@+1 {{'moe.attention' op expected result width 64 (heads x value head dim) but got 128}}
+  %0 = moe.attention %q, %k, %v heads = 4 kv_heads = 2 scale = 0.125 : tensor<?x128xbf16>, tensor<?x64xbf16>, tensor<?x32xbf16> -> tensor<?x128xbf16>
+  return
+}
+
+// -----
+
+func.func @attention_scale(%q: tensor<?x128xbf16>, %k: tensor<?x64xbf16>, %v: tensor<?x64xbf16>) {
+  // expected-error@+1 {{'moe.attention' op expected scale > 0}}
+  %0 = moe.attention %q, %k, %v heads = 4 kv_heads = 2 scale = 0.0 : tensor<?x128xbf16>, tensor<?x64xbf16>, tensor<?x64xbf16> -> tensor<?x128xbf16>
+  return
+}
+
+// -----
+
+func.func @attention_sliding_window(%q: tensor<?x128xbf16>, %k: tensor<?x64xbf16>, %v: tensor<?x64xbf16>) {
+  // expected-error@+1 {{'moe.attention' op expected sliding_window > 0 but got 0}}
+  %0 = moe.attention %q, %k, %v heads = 4 kv_heads = 2 scale = 0.125 {sliding_window = 0 : i64} : tensor<?x128xbf16>, tensor<?x64xbf16>, tensor<?x64xbf16> -> tensor<?x128xbf16>
+  return
+}
+
+//===----------------------------------------------------------------------===//
+// moe.mla_attention
+//===----------------------------------------------------------------------===//
+
+// -----
+
+func.func @mla_heads(%q: tensor<?x48xbf16>, %kv: tensor<?x80xbf16>, %kr: tensor<?x8xbf16>, %p: tensor<?xi32>) {
+  // expected-error@+1 {{'moe.mla_attention' op expected num_heads > 0 but got 0}}
+  %0 = moe.mla_attention %q, %kv, %kr, %p heads = 0 scale = 0.25 <kind = default, theta = 1.0e4, rotary_dim = 8, interleaved = true> : tensor<?x48xbf16>, tensor<?x80xbf16>, tensor<?x8xbf16>, tensor<?xi32> -> tensor<?x48xbf16>
+  return
+}
+
+// -----
+
+// headWidth through moe.mla_attention.
+func.func @mla_kv_multiple(%q: tensor<?x48xbf16>, %kv: tensor<?x81xbf16>, %kr: tensor<?x8xbf16>, %p: tensor<?xi32>) {
+  // expected-error@+1 {{'moe.mla_attention' op expected the kv width 81 to be a multiple of 2 heads}}
+  %0 = moe.mla_attention %q, %kv, %kr, %p heads = 2 scale = 0.25 <kind = default, theta = 1.0e4, rotary_dim = 8, interleaved = true> : tensor<?x48xbf16>, tensor<?x81xbf16>, tensor<?x8xbf16>, tensor<?xi32> -> tensor<?x48xbf16>
+  return
+}
+
+// -----
+
+func.func @mla_rotary_dim(%q: tensor<?x48xbf16>, %kv: tensor<?x80xbf16>, %kr: tensor<?x8xbf16>, %p: tensor<?xi32>) {
+  // expected-error@+1 {{'moe.mla_attention' op expected rotary_dim 8 (the key_rope width) but got 16}}
+  %0 = moe.mla_attention %q, %kv, %kr, %p heads = 2 scale = 0.25 <kind = default, theta = 1.0e4, rotary_dim = 16, interleaved = true> : tensor<?x48xbf16>, tensor<?x80xbf16>, tensor<?x8xbf16>, tensor<?xi32> -> tensor<?x48xbf16>
+  return
+}
+
+// -----
+
+func.func @mla_query_head_dim(%q: tensor<?x16xbf16>, %kv: tensor<?x80xbf16>, %kr: tensor<?x8xbf16>, %p: tensor<?xi32>) {
+  // expected-error@+1 {{'moe.mla_attention' op expected a query head dim 8 larger than the rotary dim 8}}
+  %0 = moe.mla_attention %q, %kv, %kr, %p heads = 2 scale = 0.25 <kind = default, theta = 1.0e4, rotary_dim = 8, interleaved = true> : tensor<?x16xbf16>, tensor<?x80xbf16>, tensor<?x8xbf16>, tensor<?xi32> -> tensor<?x48xbf16>
+  return
+}
+
+// -----
+
+func.func @mla_kv_head_dim(%q: tensor<?x48xbf16>, %kv: tensor<?x32xbf16>, %kr: tensor<?x8xbf16>, %p: tensor<?xi32>) {
+  // expected-error@+1 {{'moe.mla_attention' op expected a kv head dim 16 larger than the nope dim 16}}
+  %0 = moe.mla_attention %q, %kv, %kr, %p heads = 2 scale = 0.25 <kind = default, theta = 1.0e4, rotary_dim = 8, interleaved = true> : tensor<?x48xbf16>, tensor<?x32xbf16>, tensor<?x8xbf16>, tensor<?xi32> -> tensor<?x48xbf16>
+  return
+}
+
+// -----
+
+func.func @mla_result_width(%q: tensor<?x48xbf16>, %kv: tensor<?x80xbf16>, %kr: tensor<?x8xbf16>, %p: tensor<?xi32>) {
+  // expected-error@+1 {{'moe.mla_attention' op expected result width 48 but got 32}}
+  %0 = moe.mla_attention %q, %kv, %kr, %p heads = 2 scale = 0.25 <kind = default, theta = 1.0e4, rotary_dim = 8, interleaved = true> : tensor<?x48xbf16>, tensor<?x80xbf16>, tensor<?x8xbf16>, tensor<?xi32> -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @mla_scale(%q: tensor<?x48xbf16>, %kv: tensor<?x80xbf16>, %kr: tensor<?x8xbf16>, %p: tensor<?xi32>) {
+  // expected-error@+1 {{'moe.mla_attention' op expected scale > 0}}
+  %0 = moe.mla_attention %q, %kv, %kr, %p heads = 2 scale = -0.25 <kind = default, theta = 1.0e4, rotary_dim = 8, interleaved = true> : tensor<?x48xbf16>, tensor<?x80xbf16>, tensor<?x8xbf16>, tensor<?xi32> -> tensor<?x48xbf16>
+  return
+}
+
+//===----------------------------------------------------------------------===//
+// moe.mlp
+//===----------------------------------------------------------------------===//
+
+// -----
+
+func.func @mlp_gate_up(%x: tensor<?x64xbf16>, %g: tensor<128x64xbf16>, %u: tensor<96x64xbf16>, %d: tensor<64x128xbf16>) {
+  // expected-error@+1 {{'moe.mlp' op expected gate and up weights of the same shape}}
+  %0 = moe.mlp silu %x, %g, %u, %d : tensor<?x64xbf16>, tensor<128x64xbf16>, tensor<96x64xbf16>, tensor<64x128xbf16>
+  return
+}
+
+// -----
+
+func.func @mlp_gate_width(%x: tensor<?x64xbf16>, %g: tensor<128x32xbf16>, %u: tensor<128x32xbf16>, %d: tensor<64x128xbf16>) {
+  // expected-error@+1 {{'moe.mlp' op expected gate/up weights [128, 64] but got [128, 32]}}
+  %0 = moe.mlp silu %x, %g, %u, %d : tensor<?x64xbf16>, tensor<128x32xbf16>, tensor<128x32xbf16>, tensor<64x128xbf16>
+  return
+}
+
+// -----
+
+func.func @mlp_down(%x: tensor<?x64xbf16>, %g: tensor<128x64xbf16>, %u: tensor<128x64xbf16>, %d: tensor<128x64xbf16>) {
+  // expected-error@+1 {{'moe.mlp' op expected a down weight [64, 128] but got [128, 64]}}
+  %0 = moe.mlp silu %x, %g, %u, %d : tensor<?x64xbf16>, tensor<128x64xbf16>, tensor<128x64xbf16>, tensor<128x64xbf16>
+  return
+}
+
+//===----------------------------------------------------------------------===//
+// moe.router
+//===----------------------------------------------------------------------===//
+
+// -----
+
+func.func @router_gate_width(%x: tensor<?x64xbf16>, %g: tensor<8x32xbf16>) {
+  // expected-error@+1 {{'moe.router' op expected a gate weight of width 64 but got 32}}
+  %w, %e = moe.router %x, %g <scoring = softmax, top_k = 2, compute_type = f32> : tensor<?x64xbf16>, tensor<8x32xbf16> -> tensor<?x2xf32>, tensor<?x2xi32>
+  return
+}
+
+// -----
+
+func.func @router_top_k(%x: tensor<?x64xbf16>, %g: tensor<8x64xbf16>) {
+  // expected-error@+1 {{'moe.router' op expected top_k <= 8 experts but got 9}}
+  %w, %e = moe.router %x, %g <scoring = softmax, top_k = 9, compute_type = f32> : tensor<?x64xbf16>, tensor<8x64xbf16> -> tensor<?x9xf32>, tensor<?x9xi32>
+  return
+}
+
+// -----
+
+func.func @router_result_widths(%x: tensor<?x64xbf16>, %g: tensor<8x64xbf16>) {
+  // expected-error@+1 {{'moe.router' op expected [T, 2] weights and experts but got widths 2 and 3}}
+  %w, %e = moe.router %x, %g <scoring = softmax, top_k = 2, compute_type = f32> : tensor<?x64xbf16>, tensor<8x64xbf16> -> tensor<?x2xf32>, tensor<?x3xi32>
+  return
+}
+
+// -----
+
+func.func @router_compute_type(%x: tensor<?x64xbf16>, %g: tensor<8x64xbf16>) {
+  // expected-error@+1 {{'moe.router' op expected weights in the compute type 'f32'}}
+  %w, %e = moe.router %x, %g <scoring = softmax, top_k = 2, compute_type = f32> : tensor<?x64xbf16>, tensor<8x64xbf16> -> tensor<?x2xbf16>, tensor<?x2xi32>
+  return
+}
+
+// -----
+
+func.func @router_num_groups(%x: tensor<?x64xbf16>, %g: tensor<8x64xbf16>) {
+  // expected-error@+1 {{'moe.router' op expected num_groups 3 to divide the 8 experts}}
+  %w, %e = moe.router %x, %g <scoring = sigmoid, top_k = 2, num_groups = 3, topk_groups = 1, compute_type = f32> : tensor<?x64xbf16>, tensor<8x64xbf16> -> tensor<?x2xf32>, tensor<?x2xi32>
+  return
+}
+
+// -----
+
+func.func @router_kept_groups(%x: tensor<?x64xbf16>, %g: tensor<16x64xbf16>) {
+  // expected-error@+1 {{'moe.router' op expected the 1 kept groups of 4 experts to hold top_k = 6}}
+  %w, %e = moe.router %x, %g <scoring = sigmoid, top_k = 6, num_groups = 4, topk_groups = 1, compute_type = f32> : tensor<?x64xbf16>, tensor<16x64xbf16> -> tensor<?x6xf32>, tensor<?x6xi32>
+  return
+}
+
+// -----
+
+func.func @router_top2_sum(%x: tensor<?x64xbf16>, %g: tensor<8x64xbf16>) {
+  // expected-error@+1 {{'moe.router' op expected at least 2 experts per group for top2_sum}}
+  %w, %e = moe.router %x, %g <scoring = sigmoid, top_k = 2, num_groups = 8, topk_groups = 4, group_score = top2_sum, compute_type = f32> : tensor<?x64xbf16>, tensor<8x64xbf16> -> tensor<?x2xf32>, tensor<?x2xi32>
+  return
+}
+
+// -----
+
+func.func @router_bias(%x: tensor<?x64xbf16>, %g: tensor<8x64xbf16>, %b: tensor<16xf32>) {
+  // expected-error@+1 {{'moe.router' op expected a correction bias of 8 values but got 16}}
+  %w, %e = moe.router %x, %g bias %b <scoring = sigmoid, top_k = 2, compute_type = f32> : tensor<?x64xbf16>, tensor<8x64xbf16>, tensor<16xf32> -> tensor<?x2xf32>, tensor<?x2xi32>
+  return
+}
+
+//===----------------------------------------------------------------------===//
+// moe.experts
+//===----------------------------------------------------------------------===//
+
+// -----
+
+func.func @experts_stack_sizes(%x: tensor<?x64xbf16>, %w: tensor<?x2xf32>, %e: tensor<?x2xi32>, %g: tensor<8x128x64xbf16>, %u: tensor<8x128x64xbf16>, %d: tensor<4x64x128xbf16>) {
+  // expected-error@+1 {{'moe.experts' op expected the same number of experts in every stack but got 8, 8 and 4}}
+  %0 = moe.experts silu %x, %w, %e, %g, %u, %d : tensor<?x64xbf16>, tensor<?x2xf32>, tensor<?x2xi32>, tensor<8x128x64xbf16>, tensor<8x128x64xbf16>, tensor<4x64x128xbf16>
+  return
+}
+
+// -----
+
+func.func @experts_routing_widths(%x: tensor<?x64xbf16>, %w: tensor<?x2xf32>, %e: tensor<?x3xi32>, %g: tensor<8x128x64xbf16>, %u: tensor<8x128x64xbf16>, %d: tensor<8x64x128xbf16>) {
+  // expected-error@+1 {{'moe.experts' op expected weights and experts of the same width}}
+  %0 = moe.experts silu %x, %w, %e, %g, %u, %d : tensor<?x64xbf16>, tensor<?x2xf32>, tensor<?x3xi32>, tensor<8x128x64xbf16>, tensor<8x128x64xbf16>, tensor<8x64x128xbf16>
+  return
+}
+
+// -----
+
+func.func @experts_routing_rows(%x: tensor<4x64xbf16>, %w: tensor<4x2xf32>, %e: tensor<5x2xi32>, %g: tensor<8x128x64xbf16>, %u: tensor<8x128x64xbf16>, %d: tensor<8x64x128xbf16>) {
+  // expected-error@+1 {{'moe.experts' op expected one routing row per token}}
+  %0 = moe.experts silu %x, %w, %e, %g, %u, %d : tensor<4x64xbf16>, tensor<4x2xf32>, tensor<5x2xi32>, tensor<8x128x64xbf16>, tensor<8x128x64xbf16>, tensor<8x64x128xbf16>
+  return
+}
+
+// -----
+
+func.func @experts_too_many_selected(%x: tensor<?x64xbf16>, %w: tensor<?x4xf32>, %e: tensor<?x4xi32>, %g: tensor<2x128x64xbf16>, %u: tensor<2x128x64xbf16>, %d: tensor<2x64x128xbf16>) {
+  // expected-error@+1 {{'moe.experts' op expected at most 2 selected experts per token but got 4}}
+  %0 = moe.experts silu %x, %w, %e, %g, %u, %d : tensor<?x64xbf16>, tensor<?x4xf32>, tensor<?x4xi32>, tensor<2x128x64xbf16>, tensor<2x128x64xbf16>, tensor<2x64x128xbf16>
+  return
+}
+
+// -----
+
+// verifyMLPShapes through moe.experts (per-expert slices).
+func.func @experts_down(%x: tensor<?x64xbf16>, %w: tensor<?x2xf32>, %e: tensor<?x2xi32>, %g: tensor<8x128x64xbf16>, %u: tensor<8x128x64xbf16>, %d: tensor<8x128x64xbf16>) {
+  // expected-error@+1 {{'moe.experts' op expected a down weight [64, 128] but got [128, 64]}}
+  %0 = moe.experts silu %x, %w, %e, %g, %u, %d : tensor<?x64xbf16>, tensor<?x2xf32>, tensor<?x2xi32>, tensor<8x128x64xbf16>, tensor<8x128x64xbf16>, tensor<8x128x64xbf16>
+  return
+}
+
+//===----------------------------------------------------------------------===//
+// #moe.rope (RopeAttr::verify)
+//===----------------------------------------------------------------------===//
+
+// -----
+
+func.func @rope_theta(%x: tensor<?x64xbf16>, %p: tensor<?xi32>) {
+  // expected-error@+1 {{expected rope theta > 0 but got 0.000000e+00}}
+  %0 = moe.rope %x, %p head_dim = 32 <kind = default, theta = 0.0, rotary_dim = 32> : tensor<?x64xbf16>, tensor<?xi32>
+  return
+}
+
+// -----
+
+func.func @rope_odd_rotary_dim(%x: tensor<?x64xbf16>, %p: tensor<?xi32>) {
+  // expected-error@+1 {{expected an even rotary_dim > 0 but got 31}}
+  %0 = moe.rope %x, %p head_dim = 32 <kind = default, theta = 1.0e4, rotary_dim = 31> : tensor<?x64xbf16>, tensor<?xi32>
+  return
+}
+
+// -----
+
+func.func @rope_factor(%x: tensor<?x64xbf16>, %p: tensor<?xi32>) {
+  // expected-error@+1 {{expected rope factor > 0 but got 0.000000e+00}}
+  %0 = moe.rope %x, %p head_dim = 32 <kind = linear, theta = 1.0e4, rotary_dim = 32, factor = 0.0> : tensor<?x64xbf16>, tensor<?xi32>
+  return
+}
+
+// -----
+
+func.func @rope_original_max_position(%x: tensor<?x64xbf16>, %p: tensor<?xi32>) {
+  // expected-error@+1 {{expected original_max_position > 0 for dynamic scaling but got 0}}
+  %0 = moe.rope %x, %p head_dim = 32 <kind = dynamic, theta = 1.0e4, rotary_dim = 32, factor = 2.0> : tensor<?x64xbf16>, tensor<?xi32>
+  return
+}
+
+// -----
+
+func.func @rope_llama3_freq_factors(%x: tensor<?x64xbf16>, %p: tensor<?xi32>) {
+  // expected-error@+1 {{expected high_freq_factor > low_freq_factor but got 1.000000e+00 <= 4.000000e+00}}
+  %0 = moe.rope %x, %p head_dim = 32 <kind = llama3, theta = 5.0e5, rotary_dim = 32, factor = 8.0, original_max_position = 8192, low_freq_factor = 4.0, high_freq_factor = 1.0> : tensor<?x64xbf16>, tensor<?xi32>
+  return
+}
+
+// -----
+
+func.func @rope_yarn_betas(%x: tensor<?x64xbf16>, %p: tensor<?xi32>) {
+  // expected-error@+1 {{expected beta_fast > beta_slow but got 1.000000e+00 <= 3.200000e+01}}
+  %0 = moe.rope %x, %p head_dim = 32 <kind = yarn, theta = 1.0e4, rotary_dim = 32, factor = 40.0, original_max_position = 4096, beta_fast = 1.0, beta_slow = 32.0> : tensor<?x64xbf16>, tensor<?xi32>
+  return
+}
+
+//===----------------------------------------------------------------------===//
+// #moe.routing (RoutingAttr::verify)
+//===----------------------------------------------------------------------===//
+
+// -----
+
+func.func @routing_top_k(%x: tensor<?x64xbf16>, %g: tensor<8x64xbf16>) {
+  // expected-error@+1 {{expected top_k > 0 but got 0}}
+  %w, %e = moe.router %x, %g <scoring = softmax, top_k = 0, compute_type = f32> : tensor<?x64xbf16>, tensor<8x64xbf16> -> tensor<?x0xf32>, tensor<?x0xi32>
+  return
+}
+
+// -----
+
+func.func @routing_scaling_factor(%x: tensor<?x64xbf16>, %g: tensor<8x64xbf16>) {
+  // expected-error@+1 {{expected scaling_factor > 0 but got -1.000000e+00}}
+  %w, %e = moe.router %x, %g <scoring = softmax, top_k = 2, scaling_factor = -1.0, compute_type = f32> : tensor<?x64xbf16>, tensor<8x64xbf16> -> tensor<?x2xf32>, tensor<?x2xi32>
+  return
+}
+
+// -----
+
+func.func @routing_groups(%x: tensor<?x64xbf16>, %g: tensor<8x64xbf16>) {
+  // expected-error@+1 {{expected 0 < topk_groups <= num_groups but got 5 of 4}}
+  %w, %e = moe.router %x, %g <scoring = sigmoid, top_k = 2, num_groups = 4, topk_groups = 5, compute_type = f32> : tensor<?x64xbf16>, tensor<8x64xbf16> -> tensor<?x2xf32>, tensor<?x2xi32>
+  return
+}
+
+// -----
+
+func.func @routing_topk_on_logits(%x: tensor<?x64xbf16>, %g: tensor<8x64xbf16>) {
+  // expected-error@+1 {{expected softmax scoring with topk_on = logits}}
+  %w, %e = moe.router %x, %g <scoring = sigmoid, top_k = 2, topk_on = logits, compute_type = f32> : tensor<?x64xbf16>, tensor<8x64xbf16> -> tensor<?x2xf32>, tensor<?x2xi32>
+  return
+}
+
+// -----
+
+func.func @routing_compute_type(%x: tensor<?x64xbf16>, %g: tensor<8x64xbf16>) {
+  // expected-error@+1 {{expected a float compute_type but got 'i32'}}
+  %w, %e = moe.router %x, %g <scoring = softmax, top_k = 2, compute_type = i32> : tensor<?x64xbf16>, tensor<8x64xbf16> -> tensor<?x2xf32>, tensor<?x2xi32>
+  return
+}
+
+// -----
+
+// Standalone attributes are verified where they are written too.
+func.func @standalone_rope_attr() attributes {
+  // expected-error@+1 {{expected an even rotary_dim > 0 but got 0}}
+  test.rope = #moe.rope<kind = default, theta = 1.0e4, rotary_dim = 0>} {
+  return
+}
+
+// -----
+
+// Not a verifier: the custom parser of boolean parameters.
+func.func @rope_interleaved_not_bool(%x: tensor<?x64xbf16>, %p: tensor<?xi32>) {
+  // expected-error@+2 {{expected 'true' or 'false'}}
+  // expected-error@+1 {{failed to parse MoE_RopeAttr parameter 'interleaved' which is to be a `bool`}}
+  %0 = moe.rope %x, %p head_dim = 32 <kind = default, theta = 1.0e4, rotary_dim = 32, interleaved = 1> : tensor<?x64xbf16>, tensor<?xi32>
+  return
+}
