@@ -633,3 +633,27 @@ func.func @rope_interleaved_not_bool(%x: tensor<?x64xbf16>, %p: tensor<?xi32>) {
   %0 = moe.rope %x, %p head_dim = 32 <kind = default, theta = 1.0e4, rotary_dim = 32, interleaved = 1> : tensor<?x64xbf16>, tensor<?xi32>
   return
 }
+
+// -----
+
+func.func @router_dynamic_gate(%x: tensor<?x64xbf16>, %g: tensor<?x64xbf16>) {
+  // expected-error@+1 {{'moe.router' op expected a static gate weight shape but got 'tensor<?x64xbf16>'}}
+  %w, %e = moe.router %x, %g <scoring = softmax, top_k = 2, compute_type = f32> : tensor<?x64xbf16>, tensor<?x64xbf16> -> tensor<?x2xf32>, tensor<?x2xi32>
+  return
+}
+
+// -----
+
+func.func @sigmoid_gate_dynamic_width(%x: tensor<?x64xbf16>, %g: tensor<?x?xbf16>) {
+  // expected-error@+1 {{'moe.sigmoid_gate' op expected a [T, 1] gate but got width ?}}
+  %0 = moe.sigmoid_gate %x, %g : tensor<?x64xbf16>, tensor<?x?xbf16>
+  return
+}
+
+// -----
+
+func.func @mla_dynamic_key_rope(%q: tensor<?x48xbf16>, %kv: tensor<?x80xbf16>, %kr: tensor<?x?xbf16>, %p: tensor<?xi32>) {
+  // expected-error@+1 {{'moe.mla_attention' op expected a static key_rope width}}
+  %0 = moe.mla_attention %q, %kv, %kr, %p heads = 4 scale = 0.25 <kind = default, theta = 1.0e4, rotary_dim = 8, interleaved = true> : tensor<?x48xbf16>, tensor<?x80xbf16>, tensor<?x?xbf16>, tensor<?xi32> -> tensor<?x48xbf16>
+  return
+}

@@ -11,7 +11,7 @@
 using mlir::DialectRegistry;
 using mlir::MLIRContext;
 using mlir::Operation;
-namespace md = mlir::moe;
+namespace md = moe;
 
 namespace {
 

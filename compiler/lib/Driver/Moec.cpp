@@ -8,6 +8,10 @@
 #include "moe/Dialect/MoE/IR/MoEDialect.h"
 #include "moe/Frontend/HF/Importer.h"
 #include "moe/InitAll.h"
+#include "moe/Pipelines.h"
+#include "moe/Target/PlanWriter.h"
+
+#include "mlir/Pass/PassManager.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/Support/CommandLine.h"
@@ -39,6 +43,34 @@ cl::opt<bool> inspectJson(
              "experts_per_token, vocab_size, hidden_size, params: {total, "
              "active, ...}) instead of text"),
     cl::sub(inspectCommand));
+
+cl::SubCommand compileCommand(
+    "compile", "Compile a Hugging Face config.json into a plan that moert runs");
+cl::opt<std::string> compileConfig(cl::Positional, cl::Required,
+                                   cl::desc("<config.json>"),
+                                   cl::sub(compileCommand));
+cl::opt<std::string> compileOutput(
+    "o", cl::desc("Write the plan (or, with --compile-to, the IR) to <file>"),
+    cl::value_desc("file"), cl::sub(compileCommand));
+cl::opt<std::string> compileTo(
+    "compile-to",
+    cl::desc("Stop after this phase and print its IR: import, workload, "
+             "buffers (default: plan, which writes the plan file)"),
+    cl::value_desc("phase"), cl::init("plan"), cl::sub(compileCommand));
+cl::opt<int64_t> maxBatchTokens(
+    "max-batch-tokens",
+    cl::desc("Most tokens processed in one step; prompts longer than this are "
+             "prefilled in chunks (default 512)"),
+    cl::init(512), cl::sub(compileCommand));
+cl::opt<int64_t> maxSeqLen(
+    "max-seq-len",
+    cl::desc("Longest sequence, prompt plus generated tokens; sizes the KV "
+             "cache (default 2048, at most the model's max_position_embeddings)"),
+    cl::init(2048), cl::sub(compileCommand));
+cl::opt<int64_t> maxSequences(
+    "max-sequences",
+    cl::desc("Most sequences decoded together (KV-cache slots, default 8)"),
+    cl::init(8), cl::sub(compileCommand));
 
 cl::opt<std::string> importConfig(cl::Positional, cl::Required,
                                   cl::desc("<config.json>"),
@@ -160,6 +192,54 @@ int runImport() {
   return kExitOk;
 }
 
+int runCompile() {
+  std::optional<Phase> last = parsePhase(compileTo);
+  if (!last)
+    return fail(createStringError(inconvertibleErrorCode(),
+                                  "--compile-to: unknown phase '%s' (expected "
+                                  "one of: %s)",
+                                  compileTo.c_str(), phaseNames()));
+  if (*last == Phase::Plan && compileOutput.empty())
+    return fail(createStringError(inconvertibleErrorCode(),
+                                  "-o: expected the plan's output path"));
+  Expected<hf::ModelConfig> config = hf::loadModelConfig(compileConfig);
+  if (!config)
+    return fail(config.takeError());
+  mlir::DialectRegistry registry;
+  registerAllDialects(registry);
+  mlir::MLIRContext context(registry);
+  auto module = hf::importModel(*config, context);
+  if (!module)
+    return fail(module.takeError());
+
+  mlir::PassManager pm(&context);
+  WorkloadOptions workload{maxBatchTokens, maxSeqLen, maxSequences};
+  // A long prompt is prefilled in chunks of max-batch-tokens, so only the
+  // sequence length is bounded by the model.
+  buildPipeline(pm, workload, *last);
+  if (mlir::failed(pm.run(**module)))
+    return kExitBadInput; // the pass printed a diagnostic naming the option
+
+  if (*last != Phase::Plan) {
+    std::string path = compileOutput.empty() ? "-" : compileOutput.getValue();
+    std::error_code ec;
+    ToolOutputFile out(path, ec, llvm::sys::fs::OF_None);
+    if (ec)
+      return fail(createStringError(ec, "%s: cannot write: %s", path.c_str(),
+                                    ec.message().c_str()));
+    (**module)->print(out.os());
+    out.os() << "\n";
+    out.keep();
+    return kExitOk;
+  }
+  Expected<json::Value> plan = buildPlan(**module);
+  if (!plan)
+    return fail(plan.takeError(), kExitFailure);
+  if (Error e = writePlanFile(*plan, compileOutput))
+    return fail(std::move(e));
+  return kExitOk;
+}
+
 } // namespace
 
 int moe::moecMain(int argc, char **argv) {
@@ -168,13 +248,16 @@ int moe::moecMain(int argc, char **argv) {
       argc, argv,
       "moec: the MoE model compiler\n\n"
       "  moec inspect CONFIG [--json]   summary and exact parameter counts\n"
-      "  moec import CONFIG [-o FILE]   the model as moe-dialect IR\n\n"
+      "  moec import CONFIG [-o FILE]   the model as moe-dialect IR\n"
+      "  moec compile CONFIG -o PLAN    a plan for moert (see moec compile --help)\n\n"
       "Bad input (a missing, mistyped or inconsistent config field) is "
       "reported as 'FILE: field 'NAME': ...' with exit code 2.\n");
   if (inspectCommand)
     return runInspect();
   if (importCommand)
     return runImport();
-  errs() << "moec: expected a command (inspect, import); see moec --help\n";
+  if (compileCommand)
+    return runCompile();
+  errs() << "moec: expected a command (inspect, import, compile); see moec --help\n";
   return kExitBadInput;
 }

@@ -46,27 +46,27 @@ private:
                                  element ? element : act);
   }
   Value weight(const std::string &name, ArrayRef<int64_t> shape) {
-    return b.create<mlir::moe::WeightOp>(loc, RankedTensorType::get(shape, act), name);
+    return b.create<moe::WeightOp>(loc, RankedTensorType::get(shape, act), name);
   }
   Value expertWeight(const std::string &name, ArrayRef<int64_t> shape) {
-    return b.create<mlir::moe::ExpertWeightOp>(loc, RankedTensorType::get(shape, act),
+    return b.create<moe::ExpertWeightOp>(loc, RankedTensorType::get(shape, act),
                                          name);
   }
   Value linear(Value x, const std::string &prefix, int64_t out, int64_t in,
                bool bias, Type resultElement = nullptr) {
     Value w = weight(prefix + ".weight", {out, in});
     Value bv = bias ? weight(prefix + ".bias", {out}) : Value();
-    return b.create<mlir::moe::LinearOp>(loc, acts(out, resultElement), x, w, bv);
+    return b.create<moe::LinearOp>(loc, acts(out, resultElement), x, w, bv);
   }
   Value rmsNorm(Value x, const std::string &prefix, int64_t size) {
     Value w = weight(prefix + ".weight", {size});
-    return b.create<mlir::moe::RMSNormOp>(loc, x.getType(), x, w,
+    return b.create<moe::RMSNormOp>(loc, x.getType(), x, w,
                                     b.getF64FloatAttr(c.normEps));
   }
   Value mlp(Value x, const std::string &prefix, int64_t inter);
 
-  mlir::moe::RopeAttr rope(int64_t rotaryDim, bool interleaved);
-  mlir::moe::Activation activation();
+  moe::RopeAttr rope(int64_t rotaryDim, bool interleaved);
+  moe::Activation activation();
   Value attention(Value x, const std::string &prefix);
   Value latentAttention(Value x, const std::string &prefix);
   Value moeBlock(Value x, const std::string &prefix);
@@ -79,34 +79,34 @@ private:
   Value positions;
 };
 
-mlir::moe::Activation ModelImporter::activation() {
+moe::Activation ModelImporter::activation() {
   if (c.hiddenAct == "gelu")
-    return mlir::moe::Activation::gelu;
+    return moe::Activation::gelu;
   if (c.hiddenAct == "gelu_pytorch_tanh")
-    return mlir::moe::Activation::gelu_tanh;
+    return moe::Activation::gelu_tanh;
   if (c.hiddenAct == "relu")
-    return mlir::moe::Activation::relu;
-  return mlir::moe::Activation::silu;
+    return moe::Activation::relu;
+  return moe::Activation::silu;
 }
 
-mlir::moe::RopeAttr ModelImporter::rope(int64_t rotaryDim, bool interleaved) {
+moe::RopeAttr ModelImporter::rope(int64_t rotaryDim, bool interleaved) {
   const RopeScaling &s = c.ropeScaling;
-  mlir::moe::RopeKind kind = mlir::moe::RopeKind::plain;
+  moe::RopeKind kind = moe::RopeKind::plain;
   switch (s.kind) {
-  case RopeScalingKind::None: kind = mlir::moe::RopeKind::plain; break;
-  case RopeScalingKind::Linear: kind = mlir::moe::RopeKind::linear; break;
-  case RopeScalingKind::Dynamic: kind = mlir::moe::RopeKind::dynamic; break;
-  case RopeScalingKind::Llama3: kind = mlir::moe::RopeKind::llama3; break;
-  case RopeScalingKind::Yarn: kind = mlir::moe::RopeKind::yarn; break;
+  case RopeScalingKind::None: kind = moe::RopeKind::plain; break;
+  case RopeScalingKind::Linear: kind = moe::RopeKind::linear; break;
+  case RopeScalingKind::Dynamic: kind = moe::RopeKind::dynamic; break;
+  case RopeScalingKind::Llama3: kind = moe::RopeKind::llama3; break;
+  case RopeScalingKind::Yarn: kind = moe::RopeKind::yarn; break;
   case RopeScalingKind::LongRope: llvm_unreachable("rejected before import");
   }
-  if (kind == mlir::moe::RopeKind::plain)
-    return mlir::moe::RopeAttr::get(&ctx, kind, F(c.ropeTheta), rotaryDim,
+  if (kind == moe::RopeKind::plain)
+    return moe::RopeAttr::get(&ctx, kind, F(c.ropeTheta), rotaryDim,
                               interleaved, F(1.0), 0, F(1.0), F(4.0), F(32.0),
                               F(1.0), F(1.0), F(0.0));
   // Transformers ignores `mscale` unless `mscale_all_dim` is set too.
   double mscale = s.mscaleAllDim != 0.0 ? s.mscale : 1.0;
-  return mlir::moe::RopeAttr::get(&ctx, kind, F(c.ropeTheta), rotaryDim, interleaved,
+  return moe::RopeAttr::get(&ctx, kind, F(c.ropeTheta), rotaryDim, interleaved,
                             F(s.factor), s.originalMaxPosition,
                             F(s.lowFreqFactor), F(s.highFreqFactor),
                             F(s.betaFast), F(s.betaSlow), F(mscale),
@@ -118,7 +118,7 @@ Value ModelImporter::mlp(Value x, const std::string &prefix, int64_t inter) {
   Value gate = weight(prefix + ".gate_proj.weight", {inter, h});
   Value up = weight(prefix + ".up_proj.weight", {inter, h});
   Value down = weight(prefix + ".down_proj.weight", {h, inter});
-  return b.create<mlir::moe::MLPOp>(loc, x.getType(), x, gate, up, down,
+  return b.create<moe::MLPOp>(loc, x.getType(), x, gate, up, down,
                               activation());
 }
 
@@ -135,12 +135,12 @@ Value ModelImporter::attention(Value x, const std::string &p) {
     qs = rmsNorm(qs, p + ".q_norm", q);
     ks = rmsNorm(ks, p + ".k_norm", kv);
   }
-  mlir::moe::RopeAttr r = rope(c.headDim, /*interleaved=*/false);
+  moe::RopeAttr r = rope(c.headDim, /*interleaved=*/false);
   auto headDim = b.getI64IntegerAttr(c.headDim);
-  qs = b.create<mlir::moe::RopeOp>(loc, qs.getType(), qs, positions, headDim, r);
-  ks = b.create<mlir::moe::RopeOp>(loc, ks.getType(), ks, positions, headDim, r);
+  qs = b.create<moe::RopeOp>(loc, qs.getType(), qs, positions, headDim, r);
+  ks = b.create<moe::RopeOp>(loc, ks.getType(), ks, positions, headDim, r);
   double scale = 1.0 / std::sqrt(static_cast<double>(c.headDim));
-  auto attn = b.create<mlir::moe::AttentionOp>(
+  auto attn = b.create<moe::AttentionOp>(
       loc, acts(q), qs, ks, vs, b.getI64IntegerAttr(c.numHeads),
       b.getI64IntegerAttr(c.numKVHeads), b.getF64FloatAttr(scale),
       c.slidingWindow ? b.getI64IntegerAttr(*c.slidingWindow) : IntegerAttr());
@@ -160,7 +160,7 @@ Value ModelImporter::latentAttention(Value x, const std::string &p) {
   }
   Value kva = linear(x, p + ".kv_a_proj_with_mqa", c.kvLoraRank + c.qkRopeHeadDim,
                      h, c.qkvBias);
-  auto split = b.create<mlir::moe::SplitOp>(
+  auto split = b.create<moe::SplitOp>(
       loc, TypeRange{acts(c.kvLoraRank), acts(c.qkRopeHeadDim)}, kva);
   Value latent = rmsNorm(split.getResult(0), p + ".kv_a_layernorm", c.kvLoraRank);
   Value kv = linear(latent, p + ".kv_b_proj", heads * (c.qkNopeHeadDim + c.vHeadDim),
@@ -173,7 +173,7 @@ Value ModelImporter::latentAttention(Value x, const std::string &p) {
     double m = 0.1 * s.mscaleAllDim * std::log(s.factor) + 1.0;
     scale *= m * m;
   }
-  auto attn = b.create<mlir::moe::MLAttentionOp>(
+  auto attn = b.create<moe::MLAttentionOp>(
       loc, acts(heads * c.vHeadDim), q, kv, split.getResult(1), positions,
       b.getI64IntegerAttr(heads), b.getF64FloatAttr(scale),
       rope(c.qkRopeHeadDim, /*interleaved=*/true));
@@ -189,24 +189,24 @@ Value ModelImporter::moeBlock(Value x, const std::string &layer) {
                    ? weight(p + ".gate.e_score_correction_bias", {e})
                    : Value();
   Type computeType = c.routerInF32 ? f32 : act;
-  auto routing = mlir::moe::RoutingAttr::get(
+  auto routing = moe::RoutingAttr::get(
       &ctx,
-      c.scoring == Scoring::Sigmoid ? mlir::moe::ScoringFunc::sigmoid
-                                    : mlir::moe::ScoringFunc::softmax,
-      c.expertsPerToken, mlir::moe::TopKInput::scores, c.normTopK,
+      c.scoring == Scoring::Sigmoid ? moe::ScoringFunc::sigmoid
+                                    : moe::ScoringFunc::softmax,
+      c.expertsPerToken, moe::TopKInput::scores, c.normTopK,
       F(c.routedScalingFactor), c.numGroups, c.topkGroups,
-      c.groupScoring == GroupScoring::Max ? mlir::moe::GroupScore::max
-                                          : mlir::moe::GroupScore::top2_sum,
+      c.groupScoring == GroupScoring::Max ? moe::GroupScore::max
+                                          : moe::GroupScore::top2_sum,
       computeType);
   int64_t k = c.expertsPerToken;
-  auto router = b.create<mlir::moe::RouterOp>(
+  auto router = b.create<moe::RouterOp>(
       loc, acts(k, computeType), acts(k, i32), x, gate, bias, routing);
   StringRef w1 = mixtral ? "w1" : "gate_proj", w3 = mixtral ? "w3" : "up_proj",
             w2 = mixtral ? "w2" : "down_proj";
   Value gates = expertWeight(formatv("{0}.experts.{{e}.{1}.weight", p, w1), {e, inter, h});
   Value ups = expertWeight(formatv("{0}.experts.{{e}.{1}.weight", p, w3), {e, inter, h});
   Value downs = expertWeight(formatv("{0}.experts.{{e}.{1}.weight", p, w2), {e, h, inter});
-  Value routed = b.create<mlir::moe::ExpertsOp>(
+  Value routed = b.create<moe::ExpertsOp>(
       loc, x.getType(), x, router.getWeights(), router.getExperts(), gates, ups,
       downs, activation());
   if (c.numSharedExperts == 0)
@@ -216,13 +216,15 @@ Value ModelImporter::moeBlock(Value x, const std::string &layer) {
                      c.sharedExpertIntermediateSize);
   if (c.sharedExpertGate) {
     Value logit = linear(x, p + ".shared_expert_gate", 1, h, false);
-    shared = b.create<mlir::moe::SigmoidGateOp>(loc, shared.getType(), shared, logit);
+    shared = b.create<moe::SigmoidGateOp>(loc, shared.getType(), shared, logit);
   }
-  return b.create<mlir::moe::AddOp>(loc, routed, shared);
+  return b.create<moe::AddOp>(loc, routed, shared);
 }
 
 OwningOpRef<ModuleOp> ModelImporter::run() {
-  OwningOpRef<ModuleOp> module = ModuleOp::create(loc);
+  // Diagnostics about the whole model point at its config.json.
+  OwningOpRef<ModuleOp> module =
+      ModuleOp::create(FileLineColLoc::get(&ctx, c.path, 0, 0));
   ModuleOp m = *module;
   m->setAttr("moe.model_type", b.getStringAttr(c.modelType));
   m->setAttr("moe.source", b.getStringAttr(c.path));
@@ -245,25 +247,25 @@ OwningOpRef<ModuleOp> ModelImporter::run() {
 
   int64_t h = c.hiddenSize;
   Value table = weight("model.embed_tokens.weight", {c.vocabSize, h});
-  Value hidden = b.create<mlir::moe::EmbeddingOp>(loc, acts(h), table, tokens);
+  Value hidden = b.create<moe::EmbeddingOp>(loc, acts(h), table, tokens);
   for (int64_t i = 0; i < c.numLayers; ++i) {
     std::string p = formatv("model.layers.{0}", i).str();
     loc = NameLoc::get(b.getStringAttr(p));
     Value n = rmsNorm(hidden, p + ".input_layernorm", h);
     Value a = c.isMLA() ? latentAttention(n, p + ".self_attn")
                         : attention(n, p + ".self_attn");
-    hidden = b.create<mlir::moe::AddOp>(loc, hidden, a);
+    hidden = b.create<moe::AddOp>(loc, hidden, a);
     n = rmsNorm(hidden, p + ".post_attention_layernorm", h);
     Value ffn = c.moeLayers[i] ? moeBlock(n, p)
                                : mlp(n, p + ".mlp", c.intermediateSize);
-    hidden = b.create<mlir::moe::AddOp>(loc, hidden, ffn);
+    hidden = b.create<moe::AddOp>(loc, hidden, ffn);
   }
   loc = b.getUnknownLoc();
   hidden = rmsNorm(hidden, "model.norm", h);
   Value head = c.tieWordEmbeddings ? table
                                    : weight("lm_head.weight", {c.vocabSize, h});
   Value logits =
-      b.create<mlir::moe::LinearOp>(loc, logitsType, hidden, head, Value());
+      b.create<moe::LinearOp>(loc, logitsType, hidden, head, Value());
   b.create<func::ReturnOp>(loc, logits);
   return module;
 }
@@ -278,7 +280,7 @@ importModel(const ModelConfig &config, MLIRContext &context) {
                                    "%s: not supported yet: %s",
                                    config.path.c_str(),
                                    config.unsupportedFeature.c_str());
-  context.loadDialect<mlir::moe::MoEDialect, func::FuncDialect>();
+  context.loadDialect<moe::MoEDialect, func::FuncDialect>();
   OwningOpRef<ModuleOp> module = ModelImporter(config, context).run();
   if (failed(verify(*module)))
     return llvm::createStringError(llvm::inconvertibleErrorCode(),

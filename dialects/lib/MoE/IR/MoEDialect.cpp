@@ -5,7 +5,7 @@
 #include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
-using namespace mlir::moe;
+using namespace moe;
 
 #include "moe/Dialect/MoE/IR/MoEDialect.cpp.inc"
 #include "moe/Dialect/MoE/IR/MoEEnums.cpp.inc"

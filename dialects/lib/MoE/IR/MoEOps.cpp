@@ -9,13 +9,17 @@
 #include "llvm/ADT/StringExtras.h"
 
 using namespace mlir;
-using namespace mlir::moe;
+using namespace moe;
 
 namespace {
 int64_t dim(Value v, unsigned i) {
   return cast<RankedTensorType>(v.getType()).getDimSize(i);
 }
 bool known(int64_t size) { return !ShapedType::isDynamic(size); }
+/// A size for messages: "?" when dynamic.
+std::string sz(int64_t size) {
+  return known(size) ? std::to_string(size) : std::string("?");
+}
 /// True when both sizes are static and differ.
 bool mismatch(int64_t a, int64_t b) { return known(a) && known(b) && a != b; }
 
@@ -193,7 +197,7 @@ void SigmoidGateOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
 LogicalResult SigmoidGateOp::verify() {
   if (dim(getGate(), 1) != 1)
     return emitOpError("expected a [T, 1] gate but got width ")
-           << dim(getGate(), 1);
+           << sz(dim(getGate(), 1));
   if (mismatch(dim(getGate(), 0), dim(getInput(), 0)))
     return emitOpError("expected one gate per input row");
   return success();
@@ -274,6 +278,8 @@ LogicalResult MLAttentionOp::verify() {
   if (failed(qDim) || failed(kvDim))
     return failure();
   int64_t ropeDim = getRopeHeadDim();
+  if (!known(ropeDim))
+    return emitOpError("expected a static key_rope width");
   if (ropeDim != getRope().getRotaryDim())
     return emitOpError("expected rotary_dim ")
            << ropeDim << " (the key_rope width) but got "
@@ -309,10 +315,10 @@ static LogicalResult verifyMLPShapes(Operation *op, int64_t hidden,
     return op->emitOpError("expected gate/up weights [")
            << inter << ", " << hidden << "] but got [" << gate[0] << ", "
            << gate[1] << "]";
-  if (down[0] != hidden || down[1] != inter)
+  if (mismatch(down[0], hidden) || mismatch(down[1], inter))
     return op->emitOpError("expected a down weight [")
-           << hidden << ", " << inter << "] but got [" << down[0] << ", "
-           << down[1] << "]";
+           << sz(hidden) << ", " << sz(inter) << "] but got [" << sz(down[0])
+           << ", " << sz(down[1]) << "]";
   return success();
 }
 
@@ -332,6 +338,9 @@ void RouterOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
 }
 LogicalResult RouterOp::verify() {
   RoutingAttr routing = getRouting();
+  if (!getGateWeight().getType().hasStaticShape())
+    return emitOpError("expected a static gate weight shape but got ")
+           << getGateWeight().getType();
   int64_t numExperts = getNumExperts(), k = routing.getTopK();
   if (mismatch(dim(getInput(), 1), dim(getGateWeight(), 1)))
     return emitOpError("expected a gate weight of width ")
@@ -360,7 +369,7 @@ LogicalResult RouterOp::verify() {
   if (Value bias = getCorrectionBias()) {
     if (dim(bias, 0) != numExperts)
       return emitOpError("expected a correction bias of ")
-             << numExperts << " values but got " << dim(bias, 0);
+             << numExperts << " values but got " << sz(dim(bias, 0));
   }
   return success();
 }

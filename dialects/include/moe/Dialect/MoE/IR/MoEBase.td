@@ -16,7 +16,7 @@ include "mlir/IR/EnumAttr.td"
 
 def MoE_Dialect : Dialect {
   let name = "moe";
-  let cppNamespace = "::mlir::moe";
+  let cppNamespace = "::moe";
   let summary = "Mixture-of-Experts transformer models, weights by checkpoint name";
   let description = [{
     Ops at the granularity of a transformer block's parts (norm, linear, RoPE,
@@ -42,7 +42,7 @@ def MoE_ScoringFunc : I32EnumAttr<"ScoringFunc",
     "how router logits become expert scores",
     [MoE_ScoringSoftmax, MoE_ScoringSigmoid]> {
   let genSpecializedAttr = 0;
-  let cppNamespace = "::mlir::moe";
+  let cppNamespace = "::moe";
 }
 def MoE_ScoringFuncAttr : EnumAttr<MoE_Dialect, MoE_ScoringFunc, "scoring">;
 
@@ -52,7 +52,7 @@ def MoE_TopKInput : I32EnumAttr<"TopKInput",
     "whether top-k selects on the scores (post-softmax) or on the raw logits (pre-softmax)",
     [MoE_TopKAfterScoring, MoE_TopKOnLogits]> {
   let genSpecializedAttr = 0;
-  let cppNamespace = "::mlir::moe";
+  let cppNamespace = "::moe";
 }
 def MoE_TopKInputAttr : EnumAttr<MoE_Dialect, MoE_TopKInput, "topk_on">;
 
@@ -62,7 +62,7 @@ def MoE_GroupScore : I32EnumAttr<"GroupScore",
     "how a group of experts is scored for group-limited selection",
     [MoE_GroupScoreTop2Sum, MoE_GroupScoreMax]> {
   let genSpecializedAttr = 0;
-  let cppNamespace = "::mlir::moe";
+  let cppNamespace = "::moe";
 }
 def MoE_GroupScoreAttr : EnumAttr<MoE_Dialect, MoE_GroupScore, "group_score">;
 
@@ -73,7 +73,7 @@ def MoE_ActRelu : I32EnumAttrCase<"relu", 3>;
 def MoE_Activation : I32EnumAttr<"Activation",
     "the activation of a gated MLP: act(x W_gate^T) * (x W_up^T)",
     [MoE_ActSilu, MoE_ActGelu, MoE_ActGeluTanh, MoE_ActRelu]> {
-  let cppNamespace = "::mlir::moe";
+  let cppNamespace = "::moe";
 }
 
 def MoE_RopeDefault : I32EnumAttrCase<"plain", 0, "default">;
@@ -84,7 +84,7 @@ def MoE_RopeYarn : I32EnumAttrCase<"yarn", 4>;
 def MoE_RopeKind : I32EnumAttr<"RopeKind", "rotary embedding frequency scaling",
     [MoE_RopeDefault, MoE_RopeLinear, MoE_RopeDynamic, MoE_RopeLlama3, MoE_RopeYarn]> {
   let genSpecializedAttr = 0;
-  let cppNamespace = "::mlir::moe";
+  let cppNamespace = "::moe";
 }
 def MoE_RopeKindAttr : EnumAttr<MoE_Dialect, MoE_RopeKind, "rope_kind">;
 
@@ -142,7 +142,7 @@ def MoE_RopeAttr : AttrDef<MoE_Dialect, "Rope"> {
     (the "rotate_half" layout), true rotates (x[2i], x[2i+1]).
   }];
   let parameters = (ins
-    "::mlir::moe::RopeKind":$kind,
+    "::moe::RopeKind":$kind,
     MoE_F64Param<"base of the inverse frequencies">:$theta,
     "int64_t":$rotary_dim,
     MoE_BoolParam<"pairs (2i, 2i+1) instead of (i, i + R/2)">:$interleaved,
@@ -191,14 +191,14 @@ def MoE_RoutingAttr : AttrDef<MoE_Dialect, "Routing"> {
     top-k logits" is `scoring = softmax, normalize = true`.
   }];
   let parameters = (ins
-    "::mlir::moe::ScoringFunc":$scoring,
+    "::moe::ScoringFunc":$scoring,
     "int64_t":$top_k,
-    DefaultValuedParameter<"::mlir::moe::TopKInput", "::mlir::moe::TopKInput::scores">:$topk_on,
+    DefaultValuedParameter<"::moe::TopKInput", "::moe::TopKInput::scores">:$topk_on,
     MoE_BoolParam<"renormalise the selected weights to sum to one">:$normalize,
     MoE_F64DefaultParam<"1.0", "routed scaling factor">:$scaling_factor,
     DefaultValuedParameter<"int64_t", "1">:$num_groups,
     DefaultValuedParameter<"int64_t", "1">:$topk_groups,
-    DefaultValuedParameter<"::mlir::moe::GroupScore", "::mlir::moe::GroupScore::top2_sum">:$group_score,
+    DefaultValuedParameter<"::moe::GroupScore", "::moe::GroupScore::top2_sum">:$group_score,
     "::mlir::Type":$compute_type
   );
   let assemblyFormat = "`<` struct(params) `>`";

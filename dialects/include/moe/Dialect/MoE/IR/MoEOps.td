@@ -202,8 +202,10 @@ def MoE_RopeOp : MoE_NamedResultOp<"rope", [AllTypesMatch<["input", "result"]>]>
     `positions[t] * inv_freq[i]` (see `#moe.rope` for the frequencies and the
     pairing), the rest pass unchanged.
 
+    In IR the attribute is written without its `#moe.rope` prefix (the op
+    knows its kind), as printed:
     ```mlir
-    %q_rot = moe.rope %q, %positions head_dim = 128 #moe.rope<kind = default, theta = 1.000000e+06, rotary_dim = 128> : tensor<?x4096xbf16>, tensor<?xi32>
+    %q_rot = moe.rope %q, %positions head_dim = 128 <kind = default, theta = 1.000000e+06, rotary_dim = 128> : tensor<?x4096xbf16>, tensor<?xi32>
     ```
   }];
   let arguments = (ins MoE_Activations:$input, MoE_TokenIds:$positions,
@@ -254,7 +256,7 @@ def MoE_MLAttentionOp : MoE_NamedResultOp<"mla_attention"> {
     `num_heads`; n, r and v follow from the operand widths.
 
     ```mlir
-    %a = moe.mla_attention %q, %kv, %k_rope, %positions heads = 128 scale = 0.1352 #moe.rope<...> : ...
+    %a = moe.mla_attention %q, %kv, %k_rope, %positions heads = 128 scale = 0.1352 <kind = yarn, theta = 1.000000e+04, rotary_dim = 64, interleaved = true, factor = 4.000000e+01, original_max_position = 4096, mscale_all_dim = 1.000000e+00> : ...
     ```
   }];
   let arguments = (ins MoE_Activations:$query, MoE_Activations:$kv, MoE_Activations:$key_rope,
@@ -313,7 +315,7 @@ def MoE_RouterOp : MoE_Op<"router", [Pure,
     [T, k] (i32), in descending order of the selection key.
 
     ```mlir
-    %weights, %experts = moe.router %n, %gate #moe.routing<scoring = softmax, top_k = 2, normalize = true, compute_type = f32> : tensor<?x4096xbf16>, tensor<8x4096xbf16> -> tensor<?x2xf32>, tensor<?x2xi32>
+    %weights, %experts = moe.router %n, %gate <scoring = softmax, top_k = 2, normalize = true, compute_type = f32> : tensor<?x4096xbf16>, tensor<8x4096xbf16> -> tensor<?x2xf32>, tensor<?x2xi32>
     ```
   }];
   let arguments = (ins MoE_Activations:$input, MoE_Matrix:$gate_weight,

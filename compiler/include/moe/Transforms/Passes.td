@@ -1,0 +1,42 @@
+//===- Passes.td - passes of the moe compiler ---------------*- tablegen -*-===//
+#ifndef MOE_TRANSFORMS_PASSES_TD
+#define MOE_TRANSFORMS_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def MoESpecializeWorkload : Pass<"moe-specialize-workload", "mlir::ModuleOp"> {
+  let summary = "fix the workload the plan is compiled for";
+  let description = [{
+    Records `moe.workload = {max_batch_tokens, max_seq_len, max_sequences}`
+    on the module: the most tokens one step processes, the longest sequence
+    (prompt + generated) and the most sequences in flight. Every buffer and
+    KV-cache size of the plan follows from these. Fails when max_seq_len
+    exceeds the model's `moe.max_position_embeddings`.
+  }];
+  let options = [
+    Option<"maxBatchTokens", "max-batch-tokens", "int64_t", "512",
+           "most tokens processed in one step (prefill chunk)">,
+    Option<"maxSeqLen", "max-seq-len", "int64_t", "2048",
+           "longest sequence, prompt plus generated tokens">,
+    Option<"maxSequences", "max-sequences", "int64_t", "8",
+           "most sequences in flight (KV-cache slots)">,
+  ];
+}
+
+def MoEAssignBuffers : Pass<"moe-assign-buffers", "mlir::ModuleOp"> {
+  let summary = "assign every activation to a reusable buffer by liveness";
+  let description = [{
+    Walks `@forward` in order and gives each activation value a buffer id
+    (`moe.buffers` on its defining op, one id per result; `moe.arg_buffers`
+    on the function for its arguments). A buffer is freed after the last use
+    of its value and reused by a later value of the same element type whose
+    row width fits; ops that may write their result over a dying operand of
+    the same width (add, sigmoid_gate, rope, rms_norm) reuse that operand's
+    buffer. The module gets `moe.buffer_widths` / `moe.buffer_types`: per
+    buffer, the row width and element type; its size in bytes is
+    max_batch_tokens x width x element size. Attention ops get a KV-cache id
+    (`moe.kv_cache`).
+  }];
+}
+
+#endif // MOE_TRANSFORMS_PASSES_TD

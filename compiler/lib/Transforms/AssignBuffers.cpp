@@ -1,0 +1,171 @@
+//===- AssignBuffers.cpp - activation buffers by liveness --------*- C++ -*-===//
+//
+// Activations are [T, width] with T <= max_batch_tokens, so a buffer is a row
+// width and an element type. A linear scan over the single block of @forward
+// frees a buffer after its value's last use and hands it to the next value
+// that fits, so the plan's activation memory is the peak of live values, not
+// their sum.
+//
+//===----------------------------------------------------------------------===//
+#include "moe/Dialect/MoE/IR/MoEOps.h"
+#include "moe/Transforms/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+
+#include <map>
+
+namespace moe {
+#define GEN_PASS_DEF_MOEASSIGNBUFFERS
+#include "moe/Transforms/Passes.h.inc"
+} // namespace moe
+
+using namespace mlir;
+
+namespace {
+
+/// Ops whose kernels may write the result over one operand of the same width
+/// (they read each element before writing it).
+bool mayWriteOverOperand(Operation *op) {
+  return isa<moe::AddOp, moe::SigmoidGateOp, moe::RopeOp, moe::RMSNormOp>(op);
+}
+
+struct Buffer {
+  int64_t width;
+  Type element;
+};
+
+class Assigner {
+public:
+  explicit Assigner(func::FuncOp func) : func(func) {}
+
+  void run() {
+    // Last use of each value, by op index.
+    Block &body = func.getBody().front();
+    DenseMap<Operation *, int64_t> index;
+    int64_t i = 0;
+    for (Operation &op : body)
+      index[&op] = i++;
+    for (Operation &op : body)
+      for (Value operand : op.getOperands())
+        lastUse[operand] = std::max(lastUse.lookup(operand), index[&op]);
+
+    Builder b(func.getContext());
+    SmallVector<int64_t> argBuffers;
+    for (BlockArgument arg : body.getArguments())
+      argBuffers.push_back(allocate(arg));
+    func->setAttr("moe.arg_buffers", b.getDenseI64ArrayAttr(argBuffers));
+
+    int64_t caches = 0;
+    for (Operation &op : body) {
+      if (isa<moe::WeightOp, moe::ExpertWeightOp>(op))
+        continue;
+      if (isa<moe::AttentionOp, moe::MLAttentionOp>(op))
+        op.setAttr("moe.kv_cache", b.getI64IntegerAttr(caches++));
+      int64_t at = index[&op];
+      std::optional<int64_t> reused;
+      if (mayWriteOverOperand(&op) && op.getNumResults() == 1) {
+        for (Value operand : op.getOperands()) {
+          auto found = bufferOf.find(operand);
+          if (found != bufferOf.end() && lastUse[operand] == at &&
+              operand.getType() == op.getResult(0).getType() &&
+              !isFree(found->second)) {
+            reused = found->second;
+            break;
+          }
+        }
+      }
+      SmallVector<int64_t> ids;
+      for (Value result : op.getResults()) {
+        if (!isa<RankedTensorType>(result.getType()))
+          continue;
+        int64_t id = reused && ids.empty() ? *reused : allocate(result);
+        bufferOf[result] = id;
+        ids.push_back(id);
+      }
+      if (!ids.empty())
+        op.setAttr("moe.buffers", b.getDenseI64ArrayAttr(ids));
+      // Operands whose life ends here give their buffers back (the reused
+      // one now belongs to the result).
+      for (Value operand : op.getOperands()) {
+        auto found = bufferOf.find(operand);
+        if (found == bufferOf.end() || lastUse[operand] != at)
+          continue;
+        if (reused && found->second == *reused)
+          continue;
+        release(found->second);
+      }
+      // A result nobody reads is dead right away (but keep the return value).
+      for (Value result : op.getResults())
+        if (bufferOf.count(result) && result.use_empty())
+          release(bufferOf[result]);
+    }
+
+    SmallVector<int64_t> widths;
+    SmallVector<Attribute> types;
+    for (const Buffer &buffer : buffers) {
+      widths.push_back(buffer.width);
+      types.push_back(TypeAttr::get(buffer.element));
+    }
+    auto module = func->getParentOfType<ModuleOp>();
+    module->setAttr("moe.buffer_widths", b.getDenseI64ArrayAttr(widths));
+    module->setAttr("moe.buffer_types", b.getArrayAttr(types));
+  }
+
+private:
+  static int64_t widthOf(Value v) {
+    auto type = cast<RankedTensorType>(v.getType());
+    return type.getRank() == 1 ? 1 : type.getDimSize(1);
+  }
+
+  bool isFree(int64_t id) const {
+    return llvm::any_of(freeList, [&](int64_t f) { return f == id; });
+  }
+
+  /// The smallest free buffer of the value's element type that is wide
+  /// enough, else a new one.
+  int64_t allocate(Value v) {
+    int64_t width = widthOf(v);
+    Type element = cast<RankedTensorType>(v.getType()).getElementType();
+    int64_t best = -1;
+    for (int64_t id : freeList) {
+      const Buffer &buffer = buffers[id];
+      if (buffer.element != element || buffer.width < width)
+        continue;
+      if (best < 0 || buffer.width < buffers[best].width)
+        best = id;
+    }
+    if (best >= 0) {
+      llvm::erase(freeList, best);
+    } else {
+      best = static_cast<int64_t>(buffers.size());
+      buffers.push_back({width, element});
+    }
+    bufferOf[v] = best;
+    return best;
+  }
+
+  void release(int64_t id) {
+    if (!isFree(id))
+      freeList.push_back(id);
+  }
+
+  func::FuncOp func;
+  DenseMap<Value, int64_t> lastUse;
+  DenseMap<Value, int64_t> bufferOf;
+  std::vector<Buffer> buffers;
+  std::vector<int64_t> freeList;
+};
+
+struct AssignBuffers : moe::impl::MoEAssignBuffersBase<AssignBuffers> {
+  void runOnOperation() override {
+    auto forward = getOperation().lookupSymbol<func::FuncOp>("forward");
+    if (!forward || forward.getBody().getBlocks().size() != 1) {
+      getOperation().emitError("expected a single-block func.func @forward");
+      return signalPassFailure();
+    }
+    Assigner(forward).run();
+  }
+};
+
+} // namespace

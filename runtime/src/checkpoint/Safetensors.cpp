@@ -1,0 +1,462 @@
+// Safetensors checkpoints through mmap. The file is never read as a whole:
+// only the JSON header is parsed (straight out of the mapping), and tensor
+// views point into the mapping, so only the pages of tensors that are used
+// become resident. Every field of the header is checked up front, because a
+// bad offset found later would be a crash (or silent garbage) inside a kernel
+// rather than a message naming the file and the tensor.
+#include "moert/Checkpoint.h"
+
+#include "moert/Error.h"
+
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <system_error>
+
+namespace moert {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+/// The reference implementation's cap: a larger header is not a checkpoint
+/// but an attempt to make the JSON parser allocate without bound.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+std::string errnoText(int error) { return std::generic_category().message(error); }
+
+/// Closes a descriptor on every path out of mapFile (the mapping outlives it).
+struct FdCloser {
+  int fd;
+  ~FdCloser() { ::close(fd); }
+};
+
+/// Maps `path` read-only into `mapping` / `bytes`; the caller owns the
+/// mapping (SafetensorsFile's destructor unmaps it, also when validation
+/// throws later).
+void mapFile(const std::string &path, void *&mapping, size_t &bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    inputError("{}: cannot open: {}", path, errnoText(errno));
+  FdCloser closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0)
+    inputError("{}: cannot stat: {}", path, errnoText(errno));
+  if (!S_ISREG(st.st_mode))
+    inputError("{}: not a regular file", path);
+  // Checked before mmap, which rejects an empty file with a cryptic EINVAL.
+  if (st.st_size < 8)
+    inputError("{}: {} bytes is too short for a safetensors file (the header length "
+               "alone takes 8)",
+               path, st.st_size);
+  void *p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+  if (p == MAP_FAILED)
+    inputError("{}: cannot mmap: {}", path, errnoText(errno));
+  mapping = p;
+  bytes = static_cast<size_t>(st.st_size);
+}
+
+/// The 8-byte little-endian header length, assembled bytewise so that the
+/// host's byte order does not matter.
+uint64_t readHeaderLength(const unsigned char *bytes) {
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i)
+    n |= static_cast<uint64_t>(bytes[i]) << (8 * i);
+  return n;
+}
+
+/// nlohmann's messages start with "[json.exception.parse_error.101] "; the
+/// user needs only the part after it.
+std::string jsonMessage(const json::exception &e) {
+  std::string text = e.what();
+  size_t end = text.find("] ");
+  return end == std::string::npos ? text : text.substr(end + 2);
+}
+
+json parseJsonObject(const std::string &path, const char *begin, const char *end,
+                     const char *what) {
+  json value;
+  try {
+    value = json::parse(begin, end);
+  } catch (const json::parse_error &e) {
+    inputError("{}: {} is not valid JSON: {}", path, what, jsonMessage(e));
+  }
+  if (!value.is_object())
+    inputError("{}: {} is a JSON {}, expected an object", path, what, value.type_name());
+  return value;
+}
+
+/// A header entry as parsed; SafetensorsFile::Entry is private, so open()
+/// copies these into it.
+struct EntryInfo {
+  DType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin, end;
+};
+
+const json &field(const std::string &path, const std::string &name, const json &entry,
+                  const char *key) {
+  auto it = entry.find(key);
+  if (it == entry.end())
+    inputError("{}: tensor '{}': entry has no \"{}\"", path, name, key);
+  return *it;
+}
+
+/// Only the five safetensors spellings the runtime supports; parseDType's
+/// lowercase plan spellings are not valid in a safetensors header.
+DType parseEntryDType(const std::string &path, const std::string &name, const json &value) {
+  if (!value.is_string())
+    inputError("{}: tensor '{}': \"dtype\" is a JSON {}, expected a string", path, name,
+               value.type_name());
+  const std::string &text = value.get_ref<const std::string &>();
+  DType dtype;
+  if (!parseDType(text, dtype) || text != dtypeName(dtype))
+    inputError("{}: tensor '{}': unsupported dtype '{}' (expected F32, BF16, F16, I32 or I64)",
+               path, name, text);
+  return dtype;
+}
+
+std::vector<int64_t> parseShape(const std::string &path, const std::string &name,
+                                const json &value) {
+  if (!value.is_array())
+    inputError("{}: tensor '{}': \"shape\" is a JSON {}, expected an array of integers", path,
+               name, value.type_name());
+  std::vector<int64_t> shape;
+  for (const json &dim : value) {
+    // nlohmann stores non-negative integers as unsigned, negative ones as
+    // signed: a signed integer here is always negative.
+    if (dim.is_number_unsigned() &&
+        dim.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      shape.push_back(static_cast<int64_t>(dim.get<uint64_t>()));
+      continue;
+    }
+    if (dim.is_number_integer() && !dim.is_number_unsigned())
+      inputError("{}: tensor '{}': negative dimension {} in \"shape\" {}", path, name,
+                 dim.get<int64_t>(), value.dump());
+    inputError("{}: tensor '{}': \"shape\" {} holds {}, expected non-negative integers", path,
+               name, value.dump(), dim.dump());
+  }
+  return shape;
+}
+
+void parseOffsets(const std::string &path, const std::string &name, const json &value,
+                  EntryInfo &entry) {
+  bool ok = value.is_array() && value.size() == 2 && value[0].is_number_unsigned() &&
+            value[1].is_number_unsigned();
+  if (!ok)
+    inputError("{}: tensor '{}': \"data_offsets\" is {}, expected [begin, end] with "
+               "non-negative integers",
+               path, name, value.dump());
+  entry.begin = value[0].get<uint64_t>();
+  entry.end = value[1].get<uint64_t>();
+  if (entry.begin > entry.end)
+    inputError("{}: tensor '{}': data_offsets [{}, {}] end before they begin", path, name,
+               entry.begin, entry.end);
+}
+
+/// Checks that the entry's bytes lie inside the data section, that their
+/// count is what dtype and shape need, and that the elements are aligned in
+/// memory (kernels read them through typed pointers).
+void checkExtent(const std::string &path, const std::string &name, const EntryInfo &entry,
+                 uint64_t dataBytes, uint64_t dataFileOffset) {
+  if (entry.end > dataBytes)
+    inputError("{}: tensor '{}': data_offsets [{}, {}] run past the end of the {} data bytes "
+               "(truncated file?)",
+               path, name, entry.begin, entry.end, dataBytes);
+  const size_t elementBytes = dtypeSize(entry.dtype);
+  uint64_t needed = elementBytes;
+  bool overflow = false;
+  for (int64_t dim : entry.shape)
+    overflow |= __builtin_mul_overflow(needed, static_cast<uint64_t>(dim), &needed);
+  const uint64_t held = entry.end - entry.begin;
+  if (overflow || held != needed)
+    inputError("{}: tensor '{}': data_offsets [{}, {}] hold {} bytes but {} {} needs {}", path,
+               name, entry.begin, entry.end, held, dtypeName(entry.dtype),
+               shapeString(entry.shape),
+               overflow ? std::string("more than 2^64") : std::to_string(needed));
+  if ((dataFileOffset + entry.begin) % elementBytes != 0)
+    inputError("{}: tensor '{}': data at file offset {} is not aligned to its {}-byte {} "
+               "elements",
+               path, name, dataFileOffset + entry.begin, elementBytes, dtypeName(entry.dtype));
+}
+
+EntryInfo parseEntry(const std::string &path, const std::string &name, const json &value,
+                     uint64_t dataBytes, uint64_t dataFileOffset) {
+  if (!value.is_object())
+    inputError("{}: tensor '{}': entry is a JSON {}, expected an object with dtype, shape "
+               "and data_offsets",
+               path, name, value.type_name());
+  EntryInfo entry;
+  entry.dtype = parseEntryDType(path, name, field(path, name, value, "dtype"));
+  entry.shape = parseShape(path, name, field(path, name, value, "shape"));
+  parseOffsets(path, name, field(path, name, value, "data_offsets"), entry);
+  checkExtent(path, name, entry, dataBytes, dataFileOffset);
+  return entry;
+}
+
+/// The spec makes __metadata__ a string-to-string map.
+void checkMetadata(const std::string &path, const json &value) {
+  if (!value.is_object())
+    inputError("{}: \"__metadata__\" is a JSON {}, expected an object", path, value.type_name());
+  for (auto it = value.begin(); it != value.end(); ++it)
+    if (!it.value().is_string())
+      inputError("{}: \"__metadata__\" key '{}' is a JSON {}, expected a string", path, it.key(),
+                 it.value().type_name());
+}
+
+/// Two tensors sharing bytes would alias each other's weights. Empty tensors
+/// own no bytes and cannot overlap anything.
+void checkNoOverlap(const std::string &path, const std::map<std::string, EntryInfo> &entries) {
+  struct Span { uint64_t begin, end; const std::string *name; };
+  std::vector<Span> spans;
+  for (const auto &[name, entry] : entries)
+    if (entry.begin != entry.end)
+      spans.push_back({entry.begin, entry.end, &name});
+  std::sort(spans.begin(), spans.end(), [](const Span &a, const Span &b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  for (size_t i = 1; i < spans.size(); ++i)
+    if (spans[i].begin < spans[i - 1].end)
+      inputError("{}: tensors '{}' (data_offsets [{}, {}]) and '{}' (data_offsets [{}, {}]) "
+                 "overlap",
+                 path, *spans[i - 1].name, spans[i - 1].begin, spans[i - 1].end, *spans[i].name,
+                 spans[i].begin, spans[i].end);
+}
+
+template <typename Map> std::vector<std::string> sortedKeys(const Map &map) {
+  std::vector<std::string> keys;
+  keys.reserve(map.size());
+  for (const auto &item : map)
+    keys.push_back(item.first);
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// SafetensorsFile
+//===----------------------------------------------------------------------===//
+
+std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string &path) {
+  // Owned from the start so that the mapping is released when a check throws.
+  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
+  file->path_ = path;
+  mapFile(path, file->mapping, file->mappedBytes);
+  const char *bytes = static_cast<const char *>(file->mapping);
+
+  const uint64_t headerBytes = readHeaderLength(reinterpret_cast<const unsigned char *>(bytes));
+  if (headerBytes > file->mappedBytes - 8)
+    inputError("{}: header length {} exceeds the {} bytes after it (truncated file?)", path,
+               headerBytes, file->mappedBytes - 8);
+  if (headerBytes > kMaxHeaderBytes)
+    inputError("{}: header length {} exceeds the limit of {} bytes", path, headerBytes,
+               kMaxHeaderBytes);
+  json header = parseJsonObject(path, bytes + 8, bytes + 8 + headerBytes, "header");
+
+  const uint64_t dataFileOffset = 8 + headerBytes;
+  const uint64_t dataBytes = file->mappedBytes - dataFileOffset;
+  std::map<std::string, EntryInfo> parsed;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__")
+      checkMetadata(path, it.value());
+    else
+      parsed.emplace(it.key(), parseEntry(path, it.key(), it.value(), dataBytes, dataFileOffset));
+  }
+  checkNoOverlap(path, parsed);
+
+  file->dataStart = bytes + dataFileOffset;
+  for (auto &[name, e] : parsed)
+    file->entries.emplace(name, Entry{e.dtype, std::move(e.shape), static_cast<size_t>(e.begin),
+                                      static_cast<size_t>(e.end)});
+  return file;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (mapping)
+    ::munmap(mapping, mappedBytes);
+}
+
+TensorView SafetensorsFile::tensor(const std::string &name) const {
+  auto it = entries.find(name);
+  if (it == entries.end())
+    inputError("{}: missing tensor '{}'", path_, name);
+  TensorView view;
+  view.dtype = it->second.dtype;
+  view.shape = it->second.shape;
+  view.data = dataStart + it->second.begin;
+  return view;
+}
+
+std::vector<std::string> SafetensorsFile::names() const { return sortedKeys(entries); }
+
+//===----------------------------------------------------------------------===//
+// Checkpoint
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// What Checkpoint::open fills in (its members are private, so the helpers
+/// below build this and open() moves it in).
+struct Opened {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::unordered_map<std::string, size_t> fileIndex;
+};
+
+Opened openSingle(const std::string &path) {
+  Opened opened;
+  opened.files.push_back(SafetensorsFile::open(path));
+  for (const std::string &name : opened.files[0]->names())
+    opened.fileIndex.emplace(name, 0);
+  return opened;
+}
+
+json readIndex(const std::string &indexPath) {
+  std::ifstream in(indexPath, std::ios::binary);
+  if (!in)
+    inputError("{}: cannot open: {}", indexPath, errnoText(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  const std::string content = text.str();
+  return parseJsonObject(indexPath, content.data(), content.data() + content.size(), "index");
+}
+
+/// A shard named by the index must be a plain file name next to the index,
+/// so that an index cannot make the runtime open arbitrary paths.
+std::string shardPath(const std::string &indexPath, const std::string &tensor,
+                      const json &shard) {
+  if (!shard.is_string())
+    inputError("{}: weight_map entry for tensor '{}' is a JSON {}, expected a file name",
+               indexPath, tensor, shard.type_name());
+  const std::string &name = shard.get_ref<const std::string &>();
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+    inputError("{}: weight_map puts tensor '{}' in '{}', which is not a file name in the "
+               "checkpoint directory",
+               indexPath, tensor, name);
+  return (fs::path(indexPath).parent_path() / name).string();
+}
+
+/// Opens every distinct shard of the index once and checks that each tensor
+/// really is in the shard the index names. Tensors a shard holds but the
+/// index does not list are not part of the checkpoint (as in transformers).
+Opened openSharded(const std::string &indexPath) {
+  json index = readIndex(indexPath);
+  auto weightMap = index.find("weight_map");
+  if (weightMap == index.end() || !weightMap->is_object())
+    inputError("{}: expected a \"weight_map\" object mapping tensor names to shard files",
+               indexPath);
+  if (weightMap->empty())
+    inputError("{}: \"weight_map\" is empty", indexPath);
+
+  Opened opened;
+  std::unordered_map<std::string, size_t> shardIndex; // shard path -> files[i]
+  for (auto it = weightMap->begin(); it != weightMap->end(); ++it) {
+    const std::string &tensor = it.key();
+    const std::string shard = shardPath(indexPath, tensor, it.value());
+    auto known = shardIndex.find(shard);
+    if (known == shardIndex.end()) {
+      std::error_code ec;
+      if (!fs::exists(shard, ec))
+        inputError("{}: weight_map puts tensor '{}' in shard {}, which does not exist",
+                   indexPath, tensor, shard);
+      opened.files.push_back(SafetensorsFile::open(shard));
+      known = shardIndex.emplace(shard, opened.files.size() - 1).first;
+    }
+    if (!opened.files[known->second]->has(tensor))
+      inputError("{}: weight_map puts tensor '{}' in shard {}, which does not hold it",
+                 indexPath, tensor, shard);
+    opened.fileIndex.emplace(tensor, known->second);
+  }
+  return opened;
+}
+
+/// A directory without an index: its model.safetensors, else its only
+/// *.safetensors file.
+std::string findSingleFile(const std::string &dir) {
+  const fs::path preferred = fs::path(dir) / "model.safetensors";
+  std::error_code ec;
+  if (fs::exists(preferred, ec))
+    return preferred.string();
+  std::vector<std::string> found;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().extension() == ".safetensors" && it->is_regular_file(ec))
+      found.push_back(it->path().filename().string());
+  if (ec)
+    inputError("{}: cannot list directory: {}", dir, ec.message());
+  if (found.empty())
+    inputError("{}: no model.safetensors.index.json, model.safetensors or other *.safetensors "
+               "file in the directory",
+               dir);
+  if (found.size() > 1) {
+    std::sort(found.begin(), found.end());
+    inputError("{}: {} *.safetensors files ({}) but no model.safetensors.index.json to say "
+               "which tensor is where",
+               dir, found.size(), fmt::format("{}", fmt::join(found, ", ")));
+  }
+  return (fs::path(dir) / found[0]).string();
+}
+
+bool endsWith(const std::string &text, const std::string &suffix) {
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+} // namespace
+
+std::unique_ptr<Checkpoint> Checkpoint::open(const std::string &path) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (!fs::exists(status))
+    inputError("{}: no such checkpoint (expected a directory or a .safetensors file)", path);
+
+  Opened opened;
+  if (fs::is_directory(status)) {
+    const fs::path index = fs::path(path) / "model.safetensors.index.json";
+    opened = fs::exists(index, ec) ? openSharded(index.string()) : openSingle(findSingleFile(path));
+  } else {
+    // An index may also be named directly; anything else is read as one file.
+    opened = endsWith(path, ".index.json") ? openSharded(path) : openSingle(path);
+  }
+  auto checkpoint = std::make_unique<Checkpoint>();
+  checkpoint->path_ = path;
+  checkpoint->files = std::move(opened.files);
+  checkpoint->fileIndex = std::move(opened.fileIndex);
+  return checkpoint;
+}
+
+bool Checkpoint::has(const std::string &name) const { return fileIndex.count(name) != 0; }
+
+const std::string &Checkpoint::fileOf(const std::string &name) const {
+  auto it = fileIndex.find(name);
+  if (it == fileIndex.end())
+    inputError("{}: missing tensor '{}'", path_, name);
+  return files[it->second]->path();
+}
+
+TensorView Checkpoint::tensor(const std::string &name, const std::vector<int64_t> &shape) const {
+  const std::string &file = fileOf(name);
+  TensorView view = files[fileIndex.at(name)]->tensor(name);
+  if (view.shape != shape)
+    inputError("{}: tensor '{}': expected shape {} but found {}", file, name, shapeString(shape),
+               shapeString(view.shape));
+  if (view.dtype != DType::F32 && view.dtype != DType::BF16 && view.dtype != DType::F16)
+    inputError("{}: tensor '{}': dtype {} is not a float type (expected F32, BF16 or F16)", file,
+               name, dtypeName(view.dtype));
+  return view;
+}
+
+std::vector<std::string> Checkpoint::names() const { return sortedKeys(fileIndex); }
+
+} // namespace moert
