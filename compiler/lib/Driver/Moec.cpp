@@ -11,6 +11,7 @@
 #include "moe/Pipelines.h"
 #include "moe/Target/PlanWriter.h"
 
+#include "mlir/IR/Diagnostics.h"
 #include "mlir/Pass/PassManager.h"
 
 #include "mlir/IR/MLIRContext.h"
@@ -65,8 +66,9 @@ cl::opt<int64_t> maxBatchTokens(
 cl::opt<int64_t> maxSeqLen(
     "max-seq-len",
     cl::desc("Longest sequence, prompt plus generated tokens; sizes the KV "
-             "cache (default 2048, at most the model's max_position_embeddings)"),
-    cl::init(2048), cl::sub(compileCommand));
+             "cache (at most the model's max_position_embeddings; default: "
+             "that, capped at 4096)"),
+    cl::init(0), cl::sub(compileCommand));
 cl::opt<int64_t> maxSequences(
     "max-sequences",
     cl::desc("Most sequences decoded together (KV-cache slots, default 8)"),
@@ -212,8 +214,18 @@ int runCompile() {
   if (!module)
     return fail(module.takeError());
 
+  // Pass diagnostics become one "moec: error: FILE: message" line.
+  mlir::ScopedDiagnosticHandler diagnostics(&context, [](mlir::Diagnostic &d) {
+    std::string where;
+    if (auto file = mlir::dyn_cast<mlir::FileLineColLoc>(d.getLocation()))
+      where = file.getFilename().str() + ": ";
+    WithColor::error(errs(), "moec") << where << d.str() << "\n";
+    return mlir::success();
+  });
   mlir::PassManager pm(&context);
-  WorkloadOptions workload{maxBatchTokens, maxSeqLen, maxSequences};
+  int64_t seqLen = maxSeqLen ? int64_t(maxSeqLen)
+                             : std::min<int64_t>(config->maxPositionEmbeddings, 4096);
+  WorkloadOptions workload{maxBatchTokens, seqLen, maxSequences};
   // A long prompt is prefilled in chunks of max-batch-tokens, so only the
   // sequence length is bounded by the model.
   buildPipeline(pm, workload, *last);

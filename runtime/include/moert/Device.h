@@ -1,0 +1,43 @@
+// The device interface: what the executor asks of a backend. The CPU driver
+// implements it now; the CUDA driver implements the same interface, so the
+// executor (batching, chunking, sampling) is shared.
+#pragma once
+
+#include "moert/Checkpoint.h"
+#include "moert/Plan.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace moert {
+
+/// One step's tokens: ids, positions, and KV-cache slots (sequences),
+/// contiguous per sequence.
+struct Batch {
+  std::vector<int32_t> tokens, positions, slots;
+  /// Rows whose logits the caller wants, in order; the device writes them
+  /// as consecutive rows of `logits`.
+  std::vector<int64_t> logitRows;
+  int64_t size() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+class Device {
+public:
+  virtual ~Device() = default;
+  virtual std::string name() const = 0;
+  /// Binds the rank's weights from the checkpoint (checking every name,
+  /// shape and dtype against the plan) and allocates buffers and caches.
+  virtual void prepare(const Plan &plan, int64_t rank, const Checkpoint &weights) = 0;
+  /// Runs every step of the rank over the batch; logits of batch.logitRows
+  /// go to `logits` ([logitRows.size(), vocab], f32).
+  virtual void forward(const Batch &batch, std::vector<float> &logits) = 0;
+  /// Bytes of weights bound and of buffers/caches allocated.
+  virtual int64_t weightBytes() const = 0;
+  virtual int64_t workspaceBytes() const = 0;
+};
+
+/// The CPU driver.
+std::unique_ptr<Device> createCpuDevice();
+
+} // namespace moert

@@ -1,0 +1,161 @@
+// moert run PLAN --weights DIR --tokens 1,2,3 [--tokens ...] [options]
+#include "moert/Cli.h"
+#include "moert/Checkpoint.h"
+#include "moert/Error.h"
+#include "moert/Executor.h"
+#include "moert/Npy.h"
+#include "moert/Parallel.h"
+#include "moert/Version.h"
+
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+
+#include <charconv>
+#include <cstring>
+#include <thread>
+
+namespace moert {
+namespace {
+
+const char *kUsage = R"(usage: moert run PLAN --weights DIR --tokens IDS [--tokens IDS ...] [options]
+       moert --version
+
+Runs a plan written by `moec compile` on the CPU and prints, per prompt, the
+generated token ids (comma-separated, one line per prompt).
+
+  PLAN                  the plan file
+  --weights DIR         Hugging Face checkpoint: DIR/model.safetensors, or the
+                        shards of DIR/model.safetensors.index.json (F32/BF16/F16)
+  --tokens 1,2,3        one prompt as comma-separated token ids; repeat for a batch
+  --max-new-tokens N    tokens to generate per prompt (default 16); stops early at
+                        the model's EOS token unless --ignore-eos
+  --ignore-eos          always generate --max-new-tokens tokens
+  --logits-out F.npy    write the logits of every prompt position, all prompts in
+                        order, as float32 [prompt tokens, vocab]
+  --temperature T       sample with temperature T (default 0: greedy)
+  --top-k K             sample among the K most likely tokens (default: all)
+  --top-p P             sample within the smallest set of probability >= P (default 1)
+  --seed S              seed of the sampler (default 0); same seed, same tokens
+  --threads N           worker threads (default: all cores)
+
+Exit codes: 0 ok, 1 internal failure, 2 bad input (plan, checkpoint, option, prompt).
+)";
+
+int64_t parseInt(const std::string &option, const char *text) {
+  int64_t value;
+  const char *end = text + std::strlen(text);
+  auto [ptr, ec] = std::from_chars(text, end, value);
+  if (ec != std::errc() || ptr != end)
+    inputError("{}: expected an integer but got '{}'", option, text);
+  return value;
+}
+
+double parseDouble(const std::string &option, const char *text) {
+  char *end;
+  double value = std::strtod(text, &end);
+  if (end == text || *end)
+    inputError("{}: expected a number but got '{}'", option, text);
+  return value;
+}
+
+std::vector<int32_t> parseTokens(const char *text) {
+  std::vector<int32_t> ids;
+  std::string list(text);
+  if (list.empty())
+    return ids;
+  size_t at = 0;
+  for (;;) {
+    size_t comma = list.find(',', at);
+    std::string item = list.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    int64_t id = parseInt("--tokens", item.c_str());
+    if (id < INT32_MIN || id > INT32_MAX)
+      inputError("--tokens: token id {} out of range", id);
+    ids.push_back(static_cast<int32_t>(id));
+    if (comma == std::string::npos)
+      break;
+    at = comma + 1;
+  }
+  return ids;
+}
+
+int run(int argc, char **argv) {
+  std::string planPath, weightsPath, logitsOut;
+  std::vector<std::vector<int32_t>> prompts;
+  GenerateOptions options;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int i = 2; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&]() -> const char * {
+      if (i + 1 >= argc)
+        inputError("{}: expected a value", arg);
+      return argv[++i];
+    };
+    if (arg == "--weights") weightsPath = value();
+    else if (arg == "--tokens") prompts.push_back(parseTokens(value()));
+    else if (arg == "--max-new-tokens") options.maxNewTokens = parseInt(arg, value());
+    else if (arg == "--ignore-eos") options.stopAtEos = false;
+    else if (arg == "--logits-out") logitsOut = value();
+    else if (arg == "--temperature") options.sampling.temperature = parseDouble(arg, value());
+    else if (arg == "--top-k") options.sampling.topK = parseInt(arg, value());
+    else if (arg == "--top-p") options.sampling.topP = parseDouble(arg, value());
+    else if (arg == "--seed") options.sampling.seed = static_cast<uint64_t>(parseInt(arg, value()));
+    else if (arg == "--threads") threads = static_cast<int>(parseInt(arg, value()));
+    else if (!arg.empty() && arg[0] == '-') inputError("unknown option '{}' (see moert --help)", arg);
+    else if (planPath.empty()) planPath = arg;
+    else inputError("unexpected argument '{}'", arg);
+  }
+  if (planPath.empty())
+    inputError("expected a plan (moert run PLAN --weights DIR --tokens IDS)");
+  if (weightsPath.empty())
+    inputError("--weights: expected the checkpoint directory");
+  if (threads < 1)
+    inputError("--threads: expected a value >= 1");
+  if (options.sampling.temperature < 0 || options.sampling.topK < 0 ||
+      !(options.sampling.topP > 0 && options.sampling.topP <= 1))
+    inputError("expected --temperature >= 0, --top-k >= 0 and 0 < --top-p <= 1");
+  options.keepPromptLogits = !logitsOut.empty();
+  setNumThreads(threads);
+
+  Plan plan = Plan::load(planPath);
+  if (plan.worldSize != 1)
+    inputError("{}: a plan for {} ranks needs {} processes (mpirun -np {})", planPath,
+               plan.worldSize, plan.worldSize, plan.worldSize);
+  std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(weightsPath);
+  std::unique_ptr<Device> device = createCpuDevice();
+  device->prepare(plan, 0, *checkpoint);
+  Executor executor(plan, *device);
+  GenerateResult result = executor.generate(prompts, options);
+  for (const std::vector<int32_t> &ids : result.generated)
+    fmt::print("{}\n", fmt::join(ids, ","));
+  if (!logitsOut.empty()) {
+    int64_t rows = static_cast<int64_t>(result.promptLogits.size()) / plan.vocabSize;
+    writeNpy(logitsOut, {rows, plan.vocabSize}, result.promptLogits);
+  }
+  return 0;
+}
+
+} // namespace
+
+int moertMain(int argc, char **argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "help")) {
+    fmt::print("{}", kUsage);
+    return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version")) {
+    fmt::print("moert {}\n", version());
+    return 0;
+  }
+  try {
+    if (std::strcmp(argv[1], "run") != 0)
+      inputError("unknown command '{}' (expected run; see moert --help)", argv[1]);
+    return run(argc, argv);
+  } catch (const InputError &e) {
+    fmt::print(stderr, "moert: error: {}\n", e.what());
+    return 2;
+  } catch (const std::exception &e) {
+    fmt::print(stderr, "moert: internal error: {}\n", e.what());
+    return 1;
+  }
+}
+
+} // namespace moert

@@ -1,0 +1,103 @@
+#include "moert/Npy.h"
+#include "moert/Error.h"
+#include "moert/Tensor.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+namespace moert {
+
+void writeNpy(const std::string &path, const std::vector<int64_t> &shape,
+              const std::vector<float> &values) {
+  std::string dims;
+  for (int64_t d : shape)
+    dims += std::to_string(d) + ", ";
+  if (shape.size() > 1)
+    dims.erase(dims.size() - 1); // "(3, 4)" but "(3,)"
+  else if (shape.size() == 1)
+    dims.pop_back();
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + dims + "), }";
+  // Magic (6) + version (2) + length (2) + header + '\n', padded to 64 bytes.
+  size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header += '\n';
+
+  std::string temp = path + ".tmp-XXXXXX";
+  int fd = mkstemp(temp.data());
+  if (fd < 0)
+    inputError("{}: cannot create a temporary file beside it", path);
+  std::string prefix = "\x93NUMPY";
+  prefix += '\x01';
+  prefix += '\x00';
+  uint16_t length = static_cast<uint16_t>(header.size());
+  prefix += static_cast<char>(length & 0xff);
+  prefix += static_cast<char>(length >> 8);
+  prefix += header;
+  auto writeAll = [&](const void *data, size_t bytes) {
+    const char *p = static_cast<const char *>(data);
+    while (bytes > 0) {
+      ssize_t n = ::write(fd, p, bytes);
+      if (n <= 0)
+        return false;
+      p += n;
+      bytes -= static_cast<size_t>(n);
+    }
+    return true;
+  };
+  bool ok = writeAll(prefix.data(), prefix.size()) &&
+            writeAll(values.data(), values.size() * sizeof(float)) && ::fsync(fd) == 0;
+  ::close(fd);
+  if (!ok || std::rename(temp.c_str(), path.c_str()) != 0) {
+    std::remove(temp.c_str());
+    inputError("{}: cannot write", path);
+  }
+}
+
+std::vector<float> readNpy(const std::string &path, std::vector<int64_t> &shape) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    inputError("{}: cannot read", path);
+  char magic[10];
+  if (!in.read(magic, 10) || std::string(magic, 6) != "\x93NUMPY")
+    inputError("{}: not a .npy file", path);
+  size_t headerLength;
+  if (magic[6] == 1) {
+    headerLength = static_cast<uint8_t>(magic[8]) | (static_cast<uint8_t>(magic[9]) << 8);
+  } else {
+    char more[2];
+    in.read(more, 2);
+    headerLength = static_cast<uint8_t>(magic[8]) | (static_cast<uint8_t>(magic[9]) << 8) |
+                   (static_cast<uint8_t>(more[0]) << 16) | (static_cast<uint8_t>(more[1]) << 24);
+  }
+  std::string header(headerLength, '\0');
+  in.read(header.data(), headerLength);
+  if (header.find("'<f4'") == std::string::npos || header.find("'fortran_order': False") == std::string::npos)
+    inputError("{}: expected a little-endian float32 C-order array", path);
+  size_t open = header.find("'shape': (");
+  size_t close = header.find(')', open);
+  if (open == std::string::npos || close == std::string::npos)
+    inputError("{}: no shape in the header", path);
+  shape.clear();
+  std::string dims = header.substr(open + 10, close - open - 10);
+  int64_t count = 1;
+  for (size_t at = 0; at < dims.size();) {
+    size_t comma = dims.find(',', at);
+    std::string d = dims.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    if (d.find_first_of("0123456789") != std::string::npos) {
+      shape.push_back(std::stoll(d));
+      count *= shape.back();
+    }
+    if (comma == std::string::npos)
+      break;
+    at = comma + 1;
+  }
+  std::vector<float> values(count);
+  if (!in.read(reinterpret_cast<char *>(values.data()), count * sizeof(float)))
+    inputError("{}: truncated data", path);
+  return values;
+}
+
+} // namespace moert

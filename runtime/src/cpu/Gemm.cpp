@@ -1,0 +1,444 @@
+// The matrix products under `linear`: a packed, register-blocked AVX-512 GEMM
+// for many tokens, a weight-streaming GEMV for a few, and a portable scalar
+// version of both for CPUs without AVX-512 (the library is built without any
+// -march flag; the AVX-512 functions carry a target attribute and are only
+// called after a runtime CPU check).
+//
+// GEMM (y = x w^T, x [T, K] f32, w [N, K] any float dtype), BLIS-style:
+//   for each chunk of kNC output columns, for each kKC-deep slice of K:
+//     pack the weights' slice, widened to f32 and transposed, into panels of
+//     kNR columns ([k][kNR], L2-resident);
+//     for each block of <= kMaxMR tokens: pack x's slice ([k][mr], L1) and
+//       run the micro-kernel over every panel: an mr x kNR tile of y held in
+//       registers (2 zmm per token), one broadcast of x and two panel loads
+//       per k feeding 2*mr FMAs.
+// Widening bf16 to f32 once per packed element and then using f32 FMAs beats
+// the bf16 dot instruction, which runs at half rate on Zen 4.
+//
+// GEMV (tokens <= kGemvMaxTokens): every weight row is read once, widened on
+// the fly and dotted with all tokens' x rows held in registers; decode is
+// bound by reading the weights, so nothing is packed.
+#include "Gemm.h"
+
+#include "moert/Error.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <new>
+#include <utility>
+
+#define MOERT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+
+namespace moert::cpu::gemm {
+namespace {
+
+constexpr int kNV = 2;                  // zmm vectors per tile row
+constexpr int kNR = 16 * kNV;           // tile width (output columns)
+static_assert(kNR == kColumnBlock, "threads split on tile boundaries");
+constexpr int kMaxMR = 14;              // tile height (tokens): 28 accumulators of 32 zmm
+constexpr int64_t kKC = 256;            // K slice: x's packed block (14 KiB) stays in L1
+constexpr int64_t kNC = 512;            // column chunk: packed weights (512 KiB) stay in L2
+constexpr int64_t kGemvMaxTokens = 8;   // up to here the GEMV's x rows fit in registers
+
+/// A reusable 64-byte aligned scratch buffer, one per thread (pool threads
+/// live as long as the process, so it is allocated once).
+class Scratch {
+public:
+  ~Scratch() { std::free(ptr); }
+  float *get(size_t count) {
+    if (count > size) {
+      std::free(ptr);
+      size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
+      ptr = static_cast<float *>(std::aligned_alloc(64, bytes));
+      if (!ptr)
+        throw std::bad_alloc();
+      size = count;
+    }
+    return ptr;
+  }
+
+private:
+  float *ptr = nullptr;
+  size_t size = 0;
+};
+
+thread_local Scratch packedWeights, packedTokens, widenedRow;
+
+const char *rowAddress(const Matrix &w, int64_t row, int64_t col) {
+  return static_cast<const char *>(w.data) +
+         (row * w.rowStride + col) * static_cast<int64_t>(dtypeSize(w.dtype));
+}
+
+/// Splits `total` into `parts` near-equal pieces, each a multiple of `unit`
+/// (but the last): the size of all pieces but the last.
+int64_t balancedStep(int64_t total, int64_t maxStep, int64_t unit) {
+  int64_t parts = (total + maxStep - 1) / maxStep;
+  int64_t step = (total + parts - 1) / parts;
+  return (step + unit - 1) / unit * unit;
+}
+
+//===----------------------------------------------------------------------===//
+// Portable scalar versions
+//===----------------------------------------------------------------------===//
+
+void widenScalar(DType dtype, const void *src, int64_t n, float *out) {
+  const auto *h = static_cast<const uint16_t *>(src);
+  switch (dtype) {
+  case DType::F32:
+    std::copy_n(static_cast<const float *>(src), n, out);
+    return;
+  case DType::BF16:
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = bf16ToFloat(h[i]);
+    return;
+  case DType::F16:
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = f16ToFloat(h[i]);
+    return;
+  default:
+    runtimeError("linear: weights must be F32, BF16 or F16, got {}", dtypeName(dtype));
+  }
+}
+
+void columnsScalar(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
+                   const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+  int64_t K = w.cols;
+  float *row = widenedRow.get(static_cast<size_t>(K));
+  for (int64_t n = n0; n < n1; ++n) {
+    widenScalar(w.dtype, rowAddress(w, n, 0), K, row);
+    for (int64_t t = 0; t < tokens; ++t) {
+      const float *xt = x + t * ldx;
+      // Eight partial sums: independent chains the compiler can overlap.
+      float s[8] = {};
+      int64_t k = 0;
+      for (; k + 8 <= K; k += 8)
+        for (int j = 0; j < 8; ++j)
+          s[j] += xt[k + j] * row[k + j];
+      for (; k < K; ++k)
+        s[0] += xt[k] * row[k];
+      float sum = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+      y[t * ldy + n] = sum + (bias ? bias[n] : 0.0f);
+    }
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// AVX-512: loads that widen to f32
+//===----------------------------------------------------------------------===//
+
+/// 16 consecutive elements at p (masked: the others read as zero).
+template <DType D>
+MOERT_AVX512 inline __m512 load16(const void *p, __mmask16 mask) {
+  if constexpr (D == DType::F32) {
+    return _mm512_maskz_loadu_ps(mask, p);
+  } else {
+    __m256i h = _mm256_maskz_loadu_epi16(mask, p);
+    if constexpr (D == DType::BF16)
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    else
+      return _mm512_cvtph_ps(h);
+  }
+}
+
+template <DType D>
+MOERT_AVX512 inline __m512 load16(const void *p) {
+  if constexpr (D == DType::F32) {
+    return _mm512_loadu_ps(p);
+  } else {
+    __m256i h = _mm256_loadu_si256(static_cast<const __m256i *>(p));
+    if constexpr (D == DType::BF16)
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    else
+      return _mm512_cvtph_ps(h);
+  }
+}
+
+inline __mmask16 firstLanes(int64_t count) {
+  return count >= 16 ? __mmask16(0xffff) : count <= 0 ? __mmask16(0) : __mmask16((1u << count) - 1);
+}
+
+template <DType D>
+MOERT_AVX512 void widenAvx512(const void *src, int64_t n, float *out) {
+  constexpr int64_t size = D == DType::F32 ? 4 : 2;
+  const char *p = static_cast<const char *>(src);
+  for (int64_t i = 0; i < n; i += 16) {
+    __mmask16 m = firstLanes(n - i);
+    _mm512_mask_storeu_ps(out + i, m, load16<D>(p + i * size, m));
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// AVX-512 GEMM
+//===----------------------------------------------------------------------===//
+
+/// In-register transpose of a 16x16 f32 block: r[i] lane j <-> r[j] lane i.
+MOERT_AVX512 inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // Now r[4i + j], 128-bit lane L, holds column 4L + j of rows 4i..4i+3.
+  for (int i = 0; i < 4; ++i) {
+    __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  // Gather the four lanes L of r[j], r[4+j], r[8+j], r[12+j] into column 4L+j.
+  for (int j = 0; j < 4; ++j) {
+    __m512 u0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);      // L0 L2 | L0 L2
+    __m512 u1 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xdd);      // L1 L3 | L1 L3
+    __m512 v0 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+    __m512 v1 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xdd);
+    t[j] = _mm512_shuffle_f32x4(u0, v0, 0x88);
+    t[4 + j] = _mm512_shuffle_f32x4(u1, v1, 0x88);
+    t[8 + j] = _mm512_shuffle_f32x4(u0, v0, 0xdd);
+    t[12 + j] = _mm512_shuffle_f32x4(u1, v1, 0xdd);
+  }
+  for (int i = 0; i < 16; ++i)
+    r[i] = t[i];
+}
+
+/// Packs weight rows [n0, n0 + nc) x columns [k0, k0 + kc), widened to f32,
+/// into panels of kNR rows laid out [k][kNR] (rows past nc are zero), so the
+/// micro-kernel reads one k's kNR weights as kNV aligned vectors.
+template <DType D>
+MOERT_AVX512 void packWeights(const Matrix &w, int64_t n0, int64_t nc, int64_t k0, int64_t kc,
+                              float *out) {
+  for (int64_t jp = 0; jp < nc; jp += kNR) {
+    float *panel = out + jp * kc;
+    for (int half = 0; half < kNV; ++half) {
+      int64_t first = jp + 16 * half;
+      int64_t valid = std::clamp<int64_t>(nc - first, 0, 16);
+      for (int64_t kk = 0; kk < kc; kk += 16) {
+        int64_t depth = std::min<int64_t>(16, kc - kk);
+        __mmask16 mask = firstLanes(depth);
+        __m512 r[16];
+        for (int i = 0; i < 16; ++i)
+          r[i] = i < valid ? load16<D>(rowAddress(w, n0 + first + i, k0 + kk), mask)
+                           : _mm512_setzero_ps();
+        transpose16(r);
+        for (int64_t j = 0; j < depth; ++j)
+          _mm512_store_ps(panel + (kk + j) * kNR + 16 * half, r[j]);
+      }
+    }
+  }
+}
+
+/// Packs x rows [0, mr) x columns [0, kc) as [k][mr]: the kernel broadcasts
+/// one k's mr values from consecutive addresses.
+void packTokens(const float *x, int64_t ldx, int mr, int64_t kc, float *out) {
+  for (int r = 0; r < mr; ++r) {
+    const float *row = x + r * ldx;
+    for (int64_t k = 0; k < kc; ++k)
+      out[k * mr + r] = row[k];
+  }
+}
+
+/// c[MR, nvalid] (row stride ldc) = a-panel x b-panel over kc, plus c when
+/// `accumulate` (later K slices), plus bias (the last K slice) when not null.
+template <int MR>
+MOERT_AVX512 void microKernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
+                              int64_t nvalid, bool accumulate, const float *bias) {
+  // The tile's rows of y are read only at the end; start fetching them now.
+  if (accumulate)
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < kNV; ++v)
+        _mm_prefetch(reinterpret_cast<const char *>(c + r * ldc + 16 * v), _MM_HINT_T0);
+  __m512 acc[MR][kNV];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < kNV; ++v)
+      acc[r][v] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < kc; ++k) {
+    __m512 bv[kNV];
+    for (int v = 0; v < kNV; ++v)
+      bv[v] = _mm512_load_ps(b + k * kNR + 16 * v);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      __m512 av = _mm512_set1_ps(a[k * MR + r]);
+      for (int v = 0; v < kNV; ++v)
+        acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+    }
+  }
+  __mmask16 mask[kNV];
+  for (int v = 0; v < kNV; ++v)
+    mask[v] = firstLanes(nvalid - 16 * v);
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < kNV; ++v) {
+      float *p = c + r * ldc + 16 * v;
+      __m512 value = acc[r][v];
+      if (accumulate)
+        value = _mm512_add_ps(value, _mm512_maskz_loadu_ps(mask[v], p));
+      if (bias)
+        value = _mm512_add_ps(value, _mm512_maskz_loadu_ps(mask[v], bias + 16 * v));
+      _mm512_mask_storeu_ps(p, mask[v], value);
+    }
+}
+
+using MicroKernel = void (*)(int64_t, const float *, const float *, float *, int64_t, int64_t,
+                             bool, const float *);
+
+template <size_t... MR>
+constexpr auto microKernelTable(std::index_sequence<MR...>) {
+  return std::array<MicroKernel, sizeof...(MR)>{{microKernel<static_cast<int>(MR) + 1>...}};
+}
+const auto kMicroKernels = microKernelTable(std::make_index_sequence<kMaxMR>());
+
+template <DType D>
+MOERT_AVX512 void gemm(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
+                       const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+  const int64_t K = w.cols;
+  // Balanced blocks: a 128-token expert becomes 8x13 + 2x12 tokens rather
+  // than 9x14 + 2, whose thin tail tile runs far below peak.
+  const int64_t tokenBlocks = (tokens + kMaxMR - 1) / kMaxMR;
+  const int64_t kStep = balancedStep(K, kKC, 16);
+  const int64_t nStep = balancedStep(n1 - n0, kNC, kNR);
+  float *weights = packedWeights.get(static_cast<size_t>(kStep * nStep));
+  float *panelX = packedTokens.get(static_cast<size_t>(kStep * kMaxMR));
+  for (int64_t jc = n0; jc < n1; jc += nStep) {
+    int64_t nc = std::min(nStep, n1 - jc);
+    for (int64_t pc = 0; pc < K; pc += kStep) {
+      int64_t kc = std::min(kStep, K - pc);
+      packWeights<D>(w, jc, nc, pc, kc, weights);
+      const float *lastBias = pc + kc == K && bias ? bias + jc : nullptr;
+      for (int64_t blk = 0; blk < tokenBlocks; ++blk) {
+        int64_t t0 = tokens * blk / tokenBlocks, t1 = tokens * (blk + 1) / tokenBlocks;
+        int mr = static_cast<int>(t1 - t0);
+        packTokens(x + t0 * ldx + pc, ldx, mr, kc, panelX);
+        MicroKernel kernel = kMicroKernels[mr - 1];
+        for (int64_t jp = 0; jp < nc; jp += kNR)
+          kernel(kc, panelX, weights + jp * kc, y + t0 * ldy + jc + jp, ldy,
+                 std::min<int64_t>(kNR, nc - jp), pc > 0, lastBias ? lastBias + jp : nullptr);
+      }
+    }
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// AVX-512 GEMV
+//===----------------------------------------------------------------------===//
+
+/// y[:, n0..n0+R) for T tokens: R weight rows streamed once, each widened
+/// vector dotted with all T x vectors (held in registers).
+template <DType D, int T, int R>
+MOERT_AVX512 void gemvRows(const float *x, int64_t ldx, const Matrix &w, const float *bias,
+                           int64_t n0, float *y, int64_t ldy) {
+  const int64_t K = w.cols;
+  constexpr int64_t size = D == DType::F32 ? 4 : 2;
+  const char *rows[R];
+  for (int r = 0; r < R; ++r)
+    rows[r] = rowAddress(w, n0 + r, 0);
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      acc[r][t] = _mm512_setzero_ps();
+  // The full 16-column steps, then one masked step for K's tail.
+  const int64_t full = K / 16 * 16;
+  for (int64_t k = 0; k < full; k += 16) {
+    __m512 xv[T];
+    for (int t = 0; t < T; ++t)
+      xv[t] = _mm512_loadu_ps(x + t * ldx + k);
+    for (int r = 0; r < R; ++r) {
+      __m512 wv = load16<D>(rows[r] + k * size);
+      for (int t = 0; t < T; ++t)
+        acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+    }
+  }
+  if (full < K) {
+    __mmask16 mask = firstLanes(K - full);
+    __m512 xv[T];
+    for (int t = 0; t < T; ++t)
+      xv[t] = _mm512_maskz_loadu_ps(mask, x + t * ldx + full);
+    for (int r = 0; r < R; ++r) {
+      __m512 wv = load16<D>(rows[r] + full * size, mask);
+      for (int t = 0; t < T; ++t)
+        acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      y[t * ldy + n0 + r] = _mm512_reduce_add_ps(acc[r][t]) + (bias ? bias[n0 + r] : 0.0f);
+}
+
+template <DType D, int T>
+MOERT_AVX512 void gemv(const float *x, int64_t ldx, const Matrix &w, const float *bias,
+                       int64_t n0, int64_t n1, float *y, int64_t ldy) {
+  // As many rows at once as keep R*T accumulators + T x vectors in 32 zmm.
+  constexpr int R = T == 1 ? 8 : T == 2 ? 6 : T == 3 ? 5 : T == 4 ? 4 : T <= 7 ? 3 : 2;
+  int64_t n = n0;
+  for (; n + R <= n1; n += R)
+    gemvRows<D, T, R>(x, ldx, w, bias, n, y, ldy);
+  for (; n < n1; ++n)
+    gemvRows<D, T, 1>(x, ldx, w, bias, n, y, ldy);
+}
+
+template <DType D>
+void columnsAvx512(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
+                   const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+  switch (tokens) {
+  case 1: return gemv<D, 1>(x, ldx, w, bias, n0, n1, y, ldy);
+  case 2: return gemv<D, 2>(x, ldx, w, bias, n0, n1, y, ldy);
+  case 3: return gemv<D, 3>(x, ldx, w, bias, n0, n1, y, ldy);
+  case 4: return gemv<D, 4>(x, ldx, w, bias, n0, n1, y, ldy);
+  case 5: return gemv<D, 5>(x, ldx, w, bias, n0, n1, y, ldy);
+  case 6: return gemv<D, 6>(x, ldx, w, bias, n0, n1, y, ldy);
+  case 7: return gemv<D, 7>(x, ldx, w, bias, n0, n1, y, ldy);
+  case 8: return gemv<D, 8>(x, ldx, w, bias, n0, n1, y, ldy);
+  default: return gemm<D>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
+  }
+}
+static_assert(kGemvMaxTokens == 8, "columnsAvx512 dispatches 1..8 tokens to the GEMV");
+
+} // namespace
+
+bool haveAvx512() {
+  static const bool have = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+  }();
+  return have;
+}
+
+void columns(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
+             int64_t n0, int64_t n1, float *y, int64_t ldy) {
+  if (tokens <= 0 || n1 <= n0)
+    return;
+  if (w.cols == 0) { // an empty sum
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t n = n0; n < n1; ++n)
+        y[t * ldy + n] = bias ? bias[n] : 0.0f;
+    return;
+  }
+  if (!haveAvx512())
+    return columnsScalar(x, ldx, tokens, w, bias, n0, n1, y, ldy);
+  switch (w.dtype) {
+  case DType::F32: return columnsAvx512<DType::F32>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
+  case DType::BF16: return columnsAvx512<DType::BF16>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
+  case DType::F16: return columnsAvx512<DType::F16>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
+  default:
+    runtimeError("linear: weights must be F32, BF16 or F16, got {}", dtypeName(w.dtype));
+  }
+}
+
+void widen(DType dtype, const void *src, int64_t n, float *out) {
+  if (!haveAvx512())
+    return widenScalar(dtype, src, n, out);
+  switch (dtype) {
+  case DType::F32: return widenAvx512<DType::F32>(src, n, out);
+  case DType::BF16: return widenAvx512<DType::BF16>(src, n, out);
+  case DType::F16: return widenAvx512<DType::F16>(src, n, out);
+  default: return widenScalar(dtype, src, n, out);
+  }
+}
+
+} // namespace moert::cpu::gemm

@@ -1,0 +1,325 @@
+// Linear maps and what is built on them: embedding lookup, elementwise adds
+// and gates, the gated MLP, the routed experts, argmax. The matrix products
+// themselves live in Gemm.cpp; this file splits them between threads and
+// fuses the MLP's gate and up projections with its activation.
+#include "Gemm.h"
+
+#include "moert/Error.h"
+#include "moert/Parallel.h"
+#include "moert/cpu/Kernels.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#define MOERT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+
+namespace moert::cpu {
+namespace {
+
+/// Below this many multiply-adds a thread's share of work is not worth a
+/// hand-off to the pool.
+constexpr int64_t kMinWorkPerThread = 1 << 17;
+
+bool isFloat(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
+/// Reusable per-thread scratch: experts' gathered rows and intermediates
+/// (megabytes per call in prefill; fresh allocations would page-fault).
+float *scratch(std::vector<float> &buffer, int64_t count) {
+  if (buffer.size() < static_cast<size_t>(count))
+    buffer.resize(static_cast<size_t>(count));
+  return buffer.data();
+}
+
+/// Runs body(n0, n1) over the output columns [0, n) split between threads
+/// on GEMM tile boundaries; `macsPerColumn` sizes the smallest share.
+void forColumns(int64_t n, int64_t macsPerColumn,
+                const std::function<void(int64_t, int64_t)> &body) {
+  const int64_t block = gemm::kColumnBlock;
+  int64_t blocks = (n + block - 1) / block;
+  int64_t grain = std::max<int64_t>(1, kMinWorkPerThread / std::max<int64_t>(1, macsPerColumn * block));
+  parallelFor(blocks, [&](int64_t b0, int64_t b1) { body(b0 * block, std::min(n, b1 * block)); },
+              grain);
+}
+
+/// y = x w^T + bias over threads: by output columns, or by tokens when the
+/// matrix is too narrow to give every thread a tile (e.g. a router).
+void linearF32Bias(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
+                   float *y, int64_t ldy) {
+  if (tokens <= 0 || w.rows <= 0)
+    return;
+  int64_t threads = numThreads();
+  if (w.rows < threads * gemm::kColumnBlock && tokens >= 32 * threads) {
+    parallelFor(tokens, [&](int64_t t0, int64_t t1) {
+      gemm::columns(x + t0 * ldx, ldx, t1 - t0, w, bias, 0, w.rows, y + t0 * ldy, ldy);
+    }, 16);
+    return;
+  }
+  forColumns(w.rows, tokens * w.cols, [&](int64_t n0, int64_t n1) {
+    gemm::columns(x, ldx, tokens, w, bias, n0, n1, y, ldy);
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// Activations
+//===----------------------------------------------------------------------===//
+
+float activate(Activation act, float g) {
+  switch (act) {
+  case Activation::Silu: return g / (1.0f + std::exp(-g));
+  case Activation::Gelu: return 0.5f * g * (1.0f + std::erf(g * 0.70710678118654752f));
+  case Activation::GeluTanh: {
+    float inner = 0.79788456080286536f * (g + 0.044715f * g * g * g);
+    return 0.5f * g * (1.0f + std::tanh(inner));
+  }
+  case Activation::Relu: return g > 0.0f ? g : 0.0f;
+  }
+  return g;
+}
+
+void gatedProductScalar(Activation act, float *g, const float *u, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    g[i] = activate(act, g[i]) * u[i];
+}
+
+/// e^x to about 2 ulp: 2^round(x log2 e) (by scalef, which also gives inf
+/// and 0 past f32's range) times a degree-6 polynomial of the remainder.
+MOERT_AVX512 inline __m512 exp512(__m512 x) {
+  x = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+/// g = act(g) * u over n values; exact gelu's erf stays scalar.
+MOERT_AVX512 void gatedProductAvx512(Activation act, float *g, const float *u, int64_t n) {
+  if (act == Activation::Gelu)
+    return gatedProductScalar(act, g, u, n);
+  const __m512 one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f);
+  for (int64_t i = 0; i < n; i += 16) {
+    __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1);
+    __m512 v = _mm512_maskz_loadu_ps(m, g + i), a;
+    switch (act) {
+    case Activation::Silu: // v / (1 + e^-v)
+      a = _mm512_div_ps(v, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), v))));
+      break;
+    case Activation::GeluTanh: { // tanh(s) = 1 - 2 / (1 + e^2s), exact at both infinities
+      __m512 v3 = _mm512_mul_ps(_mm512_mul_ps(v, v), v);
+      __m512 s = _mm512_mul_ps(_mm512_set1_ps(2 * 0.79788456080286536f),
+                               _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), v3, v));
+      __m512 tanh = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(one, exp512(s))));
+      a = _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(one, tanh));
+      break;
+    }
+    default: a = _mm512_max_ps(v, _mm512_setzero_ps()); break;
+    }
+    _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(a, _mm512_maskz_loadu_ps(m, u + i)));
+  }
+}
+
+void gatedProduct(Activation act, float *g, const float *u, int64_t n) {
+  if (gemm::haveAvx512())
+    gatedProductAvx512(act, g, u, n);
+  else
+    gatedProductScalar(act, g, u, n);
+}
+
+/// g[T, I] = act(x gate^T) * (x up^T) in one pass over threads: each takes
+/// a range of the I columns, computes gate and up for it, and applies the
+/// activation while those columns are still in cache. u is scratch [T, I].
+void gatedUp(const float *x, int64_t tokens, const Matrix &gate, const Matrix &up,
+             Activation act, float *g, float *u) {
+  const int64_t I = gate.rows, H = gate.cols;
+  if (up.rows != I || up.cols != H)
+    runtimeError("mlp: gate [{}, {}] and up [{}, {}] differ", I, H, up.rows, up.cols);
+  forColumns(I, 2 * tokens * H, [&](int64_t n0, int64_t n1) {
+    gemm::columns(x, H, tokens, gate, nullptr, n0, n1, g, I);
+    gemm::columns(x, H, tokens, up, nullptr, n0, n1, u, I);
+    for (int64_t t = 0; t < tokens; ++t)
+      gatedProduct(act, g + t * I + n0, u + t * I + n0, n1 - n0);
+  });
+}
+
+/// The down projection of an MLP: [T, I] -> [T, down.rows].
+void downProjection(const float *h, int64_t tokens, int64_t I, const Matrix &down, float *out) {
+  if (down.cols != I)
+    runtimeError("mlp: down [{}, {}] does not take {} features", down.rows, down.cols, I);
+  linearF32Bias(h, I, tokens, down, nullptr, out, down.rows);
+}
+
+} // namespace
+
+Matrix Matrix::of(const TensorView &view) {
+  if (view.shape.size() != 2)
+    runtimeError("a weight matrix must be 2-D, got {}", shapeString(view.shape));
+  if (!isFloat(view.dtype))
+    runtimeError("a weight matrix must be F32, BF16 or F16, got {}", dtypeName(view.dtype));
+  Matrix m;
+  m.dtype = view.dtype;
+  m.data = view.data;
+  m.rows = view.shape[0];
+  m.cols = view.shape[1];
+  m.rowStride = view.shape[1];
+  return m;
+}
+
+Matrix Matrix::sliceRows(int64_t begin, int64_t count) const {
+  if (begin < 0 || count < 0 || begin + count > rows)
+    runtimeError("rows [{}, {}) of a {}-row matrix", begin, begin + count, rows);
+  Matrix m = *this;
+  m.data = static_cast<const char *>(data) +
+           begin * rowStride * static_cast<int64_t>(dtypeSize(dtype));
+  m.rows = count;
+  return m;
+}
+
+void linear(const float *x, int64_t tokens, const Matrix &w, const TensorView *bias, float *y,
+            int64_t ldx, int64_t ldy) {
+  ldx = ldx ? ldx : w.cols;
+  ldy = ldy ? ldy : w.rows;
+  const float *biasF32 = nullptr;
+  std::vector<float> widened;
+  if (bias) {
+    if (bias->numel() != w.rows)
+      runtimeError("linear: bias of {} values for {} outputs", bias->numel(), w.rows);
+    if (bias->dtype == DType::F32) {
+      biasF32 = static_cast<const float *>(bias->data);
+    } else {
+      widened.resize(static_cast<size_t>(w.rows));
+      gemm::widen(bias->dtype, bias->data, w.rows, widened.data());
+      biasF32 = widened.data();
+    }
+  }
+  linearF32Bias(x, ldx, tokens, w, biasF32, y, ldy);
+}
+
+void embedding(const Matrix &table, const int32_t *tokens, int64_t count, float *out) {
+  const int64_t width = table.cols, size = static_cast<int64_t>(dtypeSize(table.dtype));
+  parallelFor(count, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      gemm::widen(table.dtype,
+                  static_cast<const char *>(table.data) + tokens[t] * table.rowStride * size,
+                  width, out + t * width);
+  }, std::max<int64_t>(1, kMinWorkPerThread / std::max<int64_t>(1, width)));
+}
+
+void add(const float *a, const float *b, int64_t n, float *out) {
+  parallelFor(n, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      out[i] = a[i] + b[i];
+  }, kMinWorkPerThread);
+}
+
+void sigmoidGate(const float *x, const float *gate, int64_t tokens, int64_t width, float *out) {
+  parallelFor(tokens, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float s = 1.0f / (1.0f + std::exp(-gate[t]));
+      for (int64_t i = 0; i < width; ++i)
+        out[t * width + i] = x[t * width + i] * s;
+    }
+  }, std::max<int64_t>(1, kMinWorkPerThread / std::max<int64_t>(1, width)));
+}
+
+void mlp(const float *x, int64_t tokens, const Matrix &gate, const Matrix &up, const Matrix &down,
+         Activation act, float *scratch, float *out) {
+  if (tokens <= 0)
+    return;
+  const int64_t I = gate.rows;
+  float *g = scratch, *u = scratch + tokens * I;
+  gatedUp(x, tokens, gate, up, act, g, u);
+  downProjection(g, tokens, I, down, out);
+}
+
+void experts(const float *x, int64_t tokens, int64_t hidden, const float *weights,
+             const int32_t *experts, int64_t k, const std::vector<Matrix> &gate,
+             const std::vector<Matrix> &up, const std::vector<Matrix> &down, Activation act,
+             float *out) {
+  if (tokens <= 0)
+    return;
+  const int64_t E = static_cast<int64_t>(gate.size());
+  if (up.size() != gate.size() || down.size() != gate.size())
+    runtimeError("experts: {} gate, {} up and {} down matrices", gate.size(), up.size(),
+                 down.size());
+  int64_t maxI = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    if (gate[e].cols != hidden || down[e].rows != hidden)
+      runtimeError("experts: expert {} does not map {} features to {}", e, hidden, hidden);
+    maxI = std::max(maxI, gate[e].rows);
+  }
+
+  // Counting sort of the (token, slot) pairs p = t * k + j by expert; within
+  // an expert they stay in token order.
+  const int64_t pairs = tokens * k;
+  std::vector<int64_t> start(static_cast<size_t>(E) + 1, 0), order(static_cast<size_t>(pairs));
+  for (int64_t p = 0; p < pairs; ++p) {
+    if (experts[p] < 0 || experts[p] >= E)
+      runtimeError("experts: token {} routed to expert {} of {}", p / k, experts[p], E);
+    ++start[experts[p] + 1];
+  }
+  int64_t maxCount = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    maxCount = std::max(maxCount, start[e + 1]);
+    start[e + 1] += start[e];
+  }
+  {
+    std::vector<int64_t> next(start.begin(), start.end() - 1);
+    for (int64_t p = 0; p < pairs; ++p)
+      order[next[experts[p]]++] = p;
+  }
+
+  // Gather every pair's input row in expert order (before `out` is written:
+  // it may alias x), so each expert's tokens are one dense matrix.
+  thread_local std::vector<float> gatheredBuf, gateBuf, upBuf, downBuf;
+  float *gathered = scratch(gatheredBuf, pairs * hidden);
+  parallelFor(pairs, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      std::copy_n(x + order[i] / k * hidden, hidden, gathered + i * hidden);
+  }, std::max<int64_t>(1, kMinWorkPerThread / std::max<int64_t>(1, hidden)));
+  std::fill_n(out, tokens * hidden, 0.0f);
+
+  float *g = scratch(gateBuf, maxCount * maxI), *u = scratch(upBuf, maxCount * maxI);
+  float *d = scratch(downBuf, maxCount * hidden);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t first = start[e], count = start[e + 1] - first;
+    if (count == 0)
+      continue;
+    gatedUp(gathered + first * hidden, count, gate[e], up[e], act, g, u);
+    downProjection(g, count, gate[e].rows, down[e], d);
+    // Weighted scatter-add, split by columns: a token may (in theory) appear
+    // twice in one expert's rows, so rows cannot be split between threads.
+    parallelFor(hidden, [&](int64_t c0, int64_t c1) {
+      for (int64_t i = 0; i < count; ++i) {
+        int64_t p = order[first + i];
+        float w = weights[p];
+        float *dst = out + p / k * hidden;
+        const float *src = d + i * hidden;
+        for (int64_t c = c0; c < c1; ++c)
+          dst[c] += w * src[c];
+      }
+    }, std::max<int64_t>(64, kMinWorkPerThread / count));
+  }
+}
+
+int64_t argmax(const float *x, int64_t n) {
+  if (n <= 0)
+    runtimeError("argmax of an empty vector");
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[best])
+      best = i;
+  return best;
+}
+
+} // namespace moert::cpu

@@ -1,0 +1,241 @@
+// Rotary position embeddings: the cos/sin tables of every #moe.rope kind,
+// computed the way transformers 4.57 computes them (modeling_rope_utils.py
+// and the models' RotaryEmbedding.forward), and their application.
+//
+// transformers computes inv_freq as a float32 tensor from Python-double
+// parameters; every step below is one float32 operation in the same order,
+// with the Python scalars rounded to float32 where torch rounds them. Two
+// things cannot be bit-exact: torch's vectorised powf and cosf/sinf (SLEEF,
+// within 1 ulp) are replaced by correctly rounded results (computed in double,
+// rounded once), so about 1% of inv_freq entries and 5% of cos/sin entries
+// differ from torch's in the last bit.
+#include "moert/Error.h"
+#include "moert/Parallel.h"
+#include "moert/cpu/Kernels.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace moert::cpu {
+namespace {
+
+using Kind = RopeParams::Kind;
+
+constexpr double kPi = 3.14159265358979323846;
+
+/// torch's f32 `base ** exponent`, rounded once.
+float powF32(float base, float exponent) {
+  return static_cast<float>(std::pow(static_cast<double>(base), static_cast<double>(exponent)));
+}
+
+/// `1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))` (the default
+/// inverse frequencies; `1.0 / t` is torch's f32 reciprocal).
+std::vector<float> defaultInvFreq(float base, int64_t dim) {
+  std::vector<float> inv(dim / 2);
+  for (int64_t i = 0; i < dim / 2; ++i)
+    inv[i] = 1.0f / powF32(base, static_cast<float>(2 * i) / static_cast<float>(dim));
+  return inv;
+}
+
+/// _compute_dynamic_ntk_parameters for a sequence length `seqLen` >
+/// `maxPosition`. In the forward pass transformers passes seq_len as an int64
+/// tensor, so the rescaled base is an f32 tensor: factor * L, / max, -
+/// (factor - 1) are f32 operations, the power (a double exponent) is rounded
+/// once, and the product with the Python base is f32.
+std::vector<float> dynamicInvFreq(const RopeParams &p, int64_t seqLen) {
+  const int64_t dim = p.rotaryDim;
+  float ratio = static_cast<float>(p.factor) * static_cast<float>(seqLen);
+  ratio = ratio / static_cast<float>(p.originalMaxPosition);
+  ratio = ratio - static_cast<float>(p.factor - 1.0);
+  float grown = static_cast<float>(std::pow(static_cast<double>(ratio),
+                                            static_cast<double>(dim) / static_cast<double>(dim - 2)));
+  float base = static_cast<float>(p.theta) * grown;
+  return defaultInvFreq(base, dim);
+}
+
+/// The inverse frequencies at construction time (seq_len = None) for the
+/// length-independent kinds, in f32 as transformers computes them.
+std::vector<float> staticInvFreq(const RopeParams &p) {
+  const int64_t dim = p.rotaryDim, half = dim / 2;
+  const float base = static_cast<float>(p.theta);
+  std::vector<float> inv = defaultInvFreq(base, dim);
+  switch (p.kind) {
+  case Kind::Default:
+    break;
+  case Kind::Linear: {
+    // `inv_freq /= factor` (an f32 division, not positions / factor).
+    const float factor = static_cast<float>(p.factor);
+    for (float &f : inv)
+      f = f / factor;
+    break;
+  }
+  case Kind::Dynamic: {
+    // At construction seq_len defaults to max_position_embeddings and the
+    // Python-double formula leaves the base (all but) unchanged; evaluate it
+    // literally so a factor that does not cancel exactly still matches.
+    const double m = static_cast<double>(p.originalMaxPosition);
+    const double grown = std::pow((p.factor * m / m) - (p.factor - 1.0),
+                                  static_cast<double>(dim) / static_cast<double>(dim - 2));
+    inv = defaultInvFreq(static_cast<float>(p.theta * grown), dim);
+    break;
+  }
+  case Kind::Llama3: {
+    const float factor = static_cast<float>(p.factor);
+    const double old = static_cast<double>(p.originalMaxPosition);
+    const float lowWavelen = static_cast<float>(old / p.lowFreqFactor);
+    const float highWavelen = static_cast<float>(old / p.highFreqFactor);
+    const float twoPi = static_cast<float>(2 * kPi);
+    const float oldF = static_cast<float>(old), lowF = static_cast<float>(p.lowFreqFactor);
+    const float span = static_cast<float>(p.highFreqFactor - p.lowFreqFactor);
+    for (int64_t i = 0; i < half; ++i) {
+      const float f = inv[i];
+      // `2 * math.pi / inv_freq` is torch's reciprocal(inv_freq) * 2pi.
+      const float wavelen = (1.0f / f) * twoPi;
+      const float scaled = wavelen > lowWavelen ? f / factor : f;
+      const float smooth = ((1.0f / wavelen) * oldF - lowF) / span;
+      const float smoothed = (1.0f - smooth) * scaled / factor + smooth * scaled;
+      const bool medium = !(wavelen < highWavelen) && !(wavelen > lowWavelen);
+      inv[i] = medium ? smoothed : scaled;
+    }
+    break;
+  }
+  case Kind::Yarn: {
+    const float factor = static_cast<float>(p.factor);
+    // find_correction_range in Python doubles, truncated (transformers'
+    // default `truncate = True`) to integers.
+    auto correctionDim = [&](double rotations) {
+      return (static_cast<double>(dim) *
+              std::log(static_cast<double>(p.originalMaxPosition) / (rotations * 2 * kPi))) /
+             (2 * std::log(p.theta));
+    };
+    double low = std::max(std::floor(correctionDim(p.betaFast)), 0.0);
+    double high = std::min(std::ceil(correctionDim(p.betaSlow)), static_cast<double>(dim - 1));
+    if (low == high)
+      high += 0.001; // transformers' guard against a zero-width ramp
+    const float lowF = static_cast<float>(low), width = static_cast<float>(high - low);
+    for (int64_t i = 0; i < half; ++i) {
+      const float posFreq = powF32(base, static_cast<float>(2 * i) / static_cast<float>(dim));
+      const float extrapolation = 1.0f / posFreq;
+      const float interpolation = 1.0f / (factor * posFreq);
+      const float ramp = std::clamp((static_cast<float>(i) - lowF) / width, 0.0f, 1.0f);
+      const float extrapolationFactor = 1.0f - ramp;
+      inv[i] = interpolation * (1.0f - extrapolationFactor) + extrapolation * extrapolationFactor;
+    }
+    break;
+  }
+  }
+  return inv;
+}
+
+/// The factor cos and sin are multiplied by (yarn's attention_factor; 1
+/// otherwise). As in transformers, `mscale` only counts together with a
+/// non-zero `mscale_all_dim`; otherwise it is get_mscale(factor).
+double attentionFactor(const RopeParams &p) {
+  if (p.kind != Kind::Yarn)
+    return 1.0;
+  auto getMscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+  if (p.mscale != 0.0 && p.mscaleAllDim != 0.0)
+    return getMscale(p.factor, p.mscale) / getMscale(p.factor, p.mscaleAllDim);
+  return getMscale(p.factor, 1.0);
+}
+
+void checkParams(const RopeParams &p, int64_t maxPositions) {
+  if (p.rotaryDim <= 0 || p.rotaryDim % 2 != 0)
+    inputError("rope: rotary_dim must be positive and even, got {}", p.rotaryDim);
+  if (!(p.theta > 0))
+    inputError("rope: theta must be positive, got {}", p.theta);
+  if (maxPositions < 0)
+    inputError("rope: negative table size {}", maxPositions);
+  if (p.kind != Kind::Default && !(p.factor > 0))
+    inputError("rope: factor must be positive, got {}", p.factor);
+  bool needsOriginal = p.kind == Kind::Dynamic || p.kind == Kind::Llama3 || p.kind == Kind::Yarn;
+  if (needsOriginal && p.originalMaxPosition <= 0)
+    inputError("rope: this scaling kind needs original_max_position > 0");
+  if (p.kind == Kind::Dynamic && p.rotaryDim <= 2)
+    inputError("rope: dynamic scaling needs rotary_dim > 2");
+  if (p.kind == Kind::Llama3 && !(p.highFreqFactor > p.lowFreqFactor))
+    inputError("rope: llama3 needs high_freq_factor > low_freq_factor");
+}
+
+} // namespace
+
+RopeTable::RopeTable(const RopeParams &params, int64_t maxPositions)
+    : p(params), maxPositions(maxPositions) {
+  checkParams(p, maxPositions);
+  const int64_t half = p.rotaryDim / 2;
+  const std::vector<float> inv = staticInvFreq(p);
+  // cos/sin are f32 tensors multiplied by the Python-double attention factor
+  // (an f32 multiply; exact when it is 1).
+  const float scaling = static_cast<float>(attentionFactor(p));
+  cosTable.resize(static_cast<size_t>(maxPositions * half));
+  sinTable.resize(cosTable.size());
+  parallelFor(maxPositions, [&](int64_t begin, int64_t end) {
+    for (int64_t pos = begin; pos < end; ++pos) {
+      // Dynamic NTK: transformers rescales the base from the longest sequence
+      // of the forward call (max(position_ids) + 1). A fixed table cannot know
+      // the call, so position `pos` uses the length pos + 1: this equals
+      // transformers for every position within original_max_position and for
+      // token-by-token decoding beyond it (where each key is rotated in the
+      // step that produced it); a prefill longer than original_max_position
+      // differs (there transformers uses the full length for all positions).
+      std::vector<float> grown;
+      const float *freq = inv.data();
+      if (p.kind == Kind::Dynamic && pos + 1 > p.originalMaxPosition) {
+        grown = dynamicInvFreq(p, pos + 1);
+        freq = grown.data();
+      }
+      const float position = static_cast<float>(pos);
+      for (int64_t i = 0; i < half; ++i) {
+        // freqs = inv_freq @ position_ids: one f32 product.
+        const double angle = static_cast<double>(freq[i] * position);
+        cosTable[pos * half + i] = static_cast<float>(std::cos(angle)) * scaling;
+        sinTable[pos * half + i] = static_cast<float>(std::sin(angle)) * scaling;
+      }
+    }
+  }, 64);
+}
+
+void RopeTable::apply(float *x, int64_t tokens, int64_t width, int64_t headDim,
+                      const int32_t *positions, int64_t ldx) const {
+  const int64_t rotary = p.rotaryDim, half = rotary / 2;
+  if (headDim <= 0 || width % headDim != 0)
+    inputError("rope: width {} is not a multiple of head_dim {}", width, headDim);
+  if (rotary > headDim)
+    inputError("rope: rotary_dim {} exceeds head_dim {}", rotary, headDim);
+  if (ldx == 0)
+    ldx = width;
+  for (int64_t t = 0; t < tokens; ++t)
+    if (positions[t] < 0 || positions[t] >= maxPositions)
+      inputError("rope: position {} outside the table [0, {})", positions[t], maxPositions);
+  const int64_t heads = width / headDim;
+  parallelFor(tokens, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float *c = cosTable.data() + positions[t] * half;
+      const float *s = sinTable.data() + positions[t] * half;
+      for (int64_t h = 0; h < heads; ++h) {
+        float *v = x + t * ldx + h * headDim;
+        // transformers: x * cos + rotate_half(x) * sin, every product and sum
+        // rounded to f32 (no fused multiply-add).
+        if (p.interleaved) {
+          // Pairs (2i, 2i+1), kept in place. transformers' DeepSeek-V3
+          // (apply_rotary_pos_emb_interleave) also de-interleaves the result
+          // to (evens, odds); q and k get the same permutation, so every q.k
+          // product, the only use of the result, is the same.
+          for (int64_t i = 0; i < half; ++i) {
+            const float a = v[2 * i], b = v[2 * i + 1];
+            v[2 * i] = a * c[i] - b * s[i];
+            v[2 * i + 1] = b * c[i] + a * s[i];
+          }
+        } else {
+          for (int64_t i = 0; i < half; ++i) {
+            const float a = v[i], b = v[i + half];
+            v[i] = a * c[i] - b * s[i];
+            v[i + half] = b * c[i] + a * s[i];
+          }
+        }
+      }
+    }
+  }, 16);
+}
+
+} // namespace moert::cpu
