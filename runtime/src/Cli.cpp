@@ -123,6 +123,7 @@ int run(int argc, char **argv) {
   std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(weightsPath);
   std::unique_ptr<Device> device = createCpuDevice();
   device->prepare(plan, 0, *checkpoint);
+  checkNoUnexpectedTensors(plan, *checkpoint);
   Executor executor(plan, *device);
   GenerateResult result = executor.generate(prompts, options);
   for (const std::vector<int32_t> &ids : result.generated)

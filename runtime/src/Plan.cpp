@@ -1,11 +1,13 @@
 // Loading and validating a plan. Nothing in the file is trusted: the checks
 // here are what make the executor's indexing safe.
 #include "moert/Plan.h"
+#include "moert/Checkpoint.h"
 #include "moert/Error.h"
 
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <unordered_set>
 #include <sstream>
 
 namespace moert {
@@ -400,6 +402,16 @@ Plan Plan::load(const std::string &path) {
   plan.vocabSize = model.integer("vocab_size", 1);
   plan.maxPositionEmbeddings = model.integer("max_position_embeddings", 1);
   plan.eosTokenIds = model.integers("eos_token_ids");
+  if (model.has("unused_tensor_prefixes")) {
+    const json &prefixes = model.get("unused_tensor_prefixes");
+    if (!prefixes.is_array())
+      model.fail("unused_tensor_prefixes", "expected an array of strings");
+    for (const json &p : prefixes) {
+      if (!p.is_string() || p.get<std::string>().empty())
+        model.fail("unused_tensor_prefixes", "expected non-empty strings");
+      plan.unusedTensorPrefixes.push_back(p.get<std::string>());
+    }
+  }
   Reader workload = r.child("workload");
   plan.maxBatchTokens = workload.integer("max_batch_tokens", 1);
   plan.maxSeqLen = workload.integer("max_seq_len", 1);
@@ -498,6 +510,31 @@ Plan Plan::load(const std::string &path) {
     plan.ranks.push_back(std::move(rank));
   }
   return plan;
+}
+
+void checkNoUnexpectedTensors(const Plan &plan, const Checkpoint &checkpoint) {
+  std::unordered_set<std::string> known;
+  for (const PlanWeight &w : plan.weights) {
+    if (w.experts == 0)
+      known.insert(w.name);
+    for (int64_t e = 0; e < w.experts; ++e)
+      known.insert(w.expertName(e));
+  }
+  for (const std::string &name : checkpoint.names()) {
+    if (known.count(name))
+      continue;
+    bool unused = false;
+    for (const std::string &prefix : plan.unusedTensorPrefixes)
+      unused |= name.rfind(prefix, 0) == 0;
+    // Older checkpoints store RoPE's inverse frequencies, a derived buffer.
+    const std::string suffix = ".rotary_emb.inv_freq";
+    unused |= name.size() > suffix.size() &&
+              name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    if (!unused)
+      inputError("{}: unexpected tensor '{}': the plan's model has no such weight (a checkpoint "
+                 "of another model?)",
+                 checkpoint.fileOf(name), name);
+  }
 }
 
 } // namespace moert

@@ -232,6 +232,13 @@ OwningOpRef<ModuleOp> ModelImporter::run() {
   m->setAttr("moe.eos_token_ids", b.getDenseI64ArrayAttr(c.eosTokenIds));
   m->setAttr("moe.max_position_embeddings",
              b.getI64IntegerAttr(c.maxPositionEmbeddings));
+  // Checkpoint tensors the model does not use at inference (DeepSeek-V3's
+  // multi-token-prediction layers): the runtime accepts and skips them.
+  SmallVector<Attribute> ignored;
+  for (int64_t i = 0; i < c.numMTPLayers; ++i)
+    ignored.push_back(b.getStringAttr(formatv("model.layers.{0}.", c.numLayers + i).str()));
+  if (!ignored.empty())
+    m->setAttr("moe.unused_tensor_prefixes", b.getArrayAttr(ignored));
 
   auto ids = RankedTensorType::get({ShapedType::kDynamic}, i32);
   auto logitsType = acts(c.vocabSize, f32);

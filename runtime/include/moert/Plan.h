@@ -68,6 +68,9 @@ struct Plan {
   std::string modelType;
   int64_t vocabSize = 0, maxPositionEmbeddings = 0;
   std::vector<int64_t> eosTokenIds;
+  /// Checkpoint tensors under these prefixes are not part of the model
+  /// (e.g. multi-token-prediction layers) and are skipped.
+  std::vector<std::string> unusedTensorPrefixes;
   int64_t maxBatchTokens = 0, maxSeqLen = 0, maxSequences = 0;
   int64_t worldSize = 1;
   std::vector<PlanWeight> weights;
@@ -76,5 +79,10 @@ struct Plan {
   /// Reads and validates `path`; InputError naming the plan and the field.
   static Plan load(const std::string &path);
 };
+
+class Checkpoint;
+/// InputError naming the file and the tensor when the checkpoint holds a
+/// tensor that is neither a weight of the plan nor under an unused prefix.
+void checkNoUnexpectedTensors(const Plan &plan, const Checkpoint &checkpoint);
 
 } // namespace moert

@@ -26,9 +26,14 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <new>
 #include <utility>
+
+// GCC 12's intrinsic headers start vectors as `__Y = __Y`, which
+// -Wmaybe-uninitialized reports once inlined into a target function.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #define MOERT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 
@@ -400,14 +405,20 @@ static_assert(kGemvMaxTokens == 8, "columnsAvx512 dispatches 1..8 tokens to the 
 
 } // namespace
 
+namespace {
+std::atomic<bool> avx512Enabled{true};
+} // namespace
+
 bool haveAvx512() {
-  static const bool have = [] {
+  static const bool cpuHas = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
   }();
-  return have;
+  return cpuHas && avx512Enabled.load(std::memory_order_relaxed);
 }
+
+void setAvx512Enabled(bool enabled) { avx512Enabled.store(enabled); }
 
 void columns(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
              int64_t n0, int64_t n1, float *y, int64_t ldy) {

@@ -12,8 +12,12 @@ namespace moert::cpu::gemm {
 /// width of the GEMM micro-kernel's tile), so no two threads share a tile.
 constexpr int64_t kColumnBlock = 32;
 
-/// Whether the AVX-512 kernels can run on this CPU (checked once).
+/// Whether the AVX-512 kernels run: the CPU has them (checked once) and
+/// they are not switched off.
 bool haveAvx512();
+/// Switches the AVX-512 kernels off (false) or back on where the CPU has
+/// them, so tests can check the portable path on any machine.
+void setAvx512Enabled(bool enabled);
 
 /// y[t, n] = x[t, :] . w[n, :] (+ bias[n]) for every token t and the output
 /// columns n in [n0, n1), on the calling thread only. x has row stride ldx,

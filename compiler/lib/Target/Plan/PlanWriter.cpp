@@ -224,6 +224,10 @@ llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
     auto a = module->getAttrOfType<IntegerAttr>(key);
     return a ? a.getInt() : int64_t(0);
   };
+  Array unused;
+  if (auto prefixes = module->getAttrOfType<ArrayAttr>("moe.unused_tensor_prefixes"))
+    for (Attribute prefix : prefixes)
+      unused.push_back(cast<StringAttr>(prefix).getValue());
   Array eos;
   if (auto ids = module->getAttrOfType<DenseI64ArrayAttr>("moe.eos_token_ids"))
     for (int64_t id : ids.asArrayRef())
@@ -250,7 +254,8 @@ llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
                        {"source", str("moe.source")},
                        {"vocab_size", integer("moe.vocab_size")},
                        {"max_position_embeddings", integer("moe.max_position_embeddings")},
-                       {"eos_token_ids", std::move(eos)}}},
+                       {"eos_token_ids", std::move(eos)},
+                       {"unused_tensor_prefixes", std::move(unused)}}},
       {"workload", Object{{"max_batch_tokens", maxTokens},
                           {"max_seq_len", maxSeqLen},
                           {"max_sequences", maxSequences}}},
