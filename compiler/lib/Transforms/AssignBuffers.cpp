@@ -122,18 +122,20 @@ private:
     return llvm::any_of(freeList, [&](int64_t f) { return f == id; });
   }
 
-  /// The smallest free buffer of the value's element type that is wide
-  /// enough, else a new one.
+  /// A free buffer of exactly the value's row width and element type, else
+  /// a new one. Exact widths keep a buffer's width the row stride of every
+  /// value it holds, which the plan's consumers rely on; the layers of a
+  /// model repeat the same widths, so little is lost.
   int64_t allocate(Value v) {
     int64_t width = widthOf(v);
     Type element = cast<RankedTensorType>(v.getType()).getElementType();
     int64_t best = -1;
     for (int64_t id : freeList) {
       const Buffer &buffer = buffers[id];
-      if (buffer.element != element || buffer.width < width)
-        continue;
-      if (best < 0 || buffer.width < buffers[best].width)
+      if (buffer.element == element && buffer.width == width) {
         best = id;
+        break;
+      }
     }
     if (best >= 0) {
       llvm::erase(freeList, best);

@@ -47,41 +47,58 @@ void checkLayout(const TokenLayout &layout, const KVCache &cache, const char *op
 /// product times scale (transformers multiplies after the matmul); softmax
 /// subtracts the max, and the probabilities are normalised before the value
 /// sum, as softmax followed by a matmul does.
+///
+/// A work item is one token and a run of query heads that share a kv head,
+/// so each cached key and value row is read once for all of them; the run is
+/// shortened only when there would be fewer items than threads. Each head's
+/// arithmetic is the same whatever the run, so results never depend on the
+/// batch or the thread count.
 void attendCached(const float *q, int64_t ldq, const TokenLayout &layout, int64_t heads,
                   int64_t kvHeads, int64_t dq, int64_t dv, double scale, int64_t window,
                   const KVCache &cache, float *out) {
   const int64_t group = heads / kvHeads;
   const int64_t kw = cache.keyWidth, vw = cache.valueWidth;
   const float scaleF = static_cast<float>(scale);
-  parallelFor(layout.tokens * heads, [&](int64_t begin, int64_t end) {
-    std::vector<float> probs;
+  int64_t run = group;
+  while (run % 2 == 0 && layout.tokens * (heads / run) < numThreads())
+    run /= 2;
+  const int64_t runsPerToken = heads / run;
+  parallelFor(layout.tokens * runsPerToken, [&](int64_t begin, int64_t end) {
+    std::vector<float> probs; // [run, n]
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / heads, h = item % heads, g = h / group;
+      const int64_t t = item / runsPerToken, h0 = (item % runsPerToken) * run, g = h0 / group;
       const int64_t slot = layout.sequence[t], pos = layout.position[t];
       const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
       const int64_t n = pos - first + 1;
-      const float *qh = q + t * ldq + h * dq;
       const float *keys = cache.keys.data() + (slot * cache.maxSeqLen + first) * kw + g * dq;
       const float *values = cache.values.data() + (slot * cache.maxSeqLen + first) * vw + g * dv;
-      probs.resize(static_cast<size_t>(n));
-      float max = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) {
-        probs[j] = dot(qh, keys + j * kw, dq) * scaleF;
-        max = std::max(max, probs[j]);
+      probs.resize(static_cast<size_t>(run * n));
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t r = 0; r < run; ++r)
+          probs[r * n + j] = dot(q + t * ldq + (h0 + r) * dq, keys + j * kw, dq) * scaleF;
+      for (int64_t r = 0; r < run; ++r) {
+        float *p = probs.data() + r * n;
+        float max = -INFINITY;
+        for (int64_t j = 0; j < n; ++j)
+          max = std::max(max, p[j]);
+        double sum = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          p[j] = std::exp(p[j] - max);
+          sum += p[j];
+        }
+        const float total = static_cast<float>(sum);
+        for (int64_t j = 0; j < n; ++j)
+          p[j] = p[j] / total;
+        std::fill_n(out + t * heads * dv + (h0 + r) * dv, dv, 0.0f);
       }
-      double sum = 0;
       for (int64_t j = 0; j < n; ++j) {
-        probs[j] = std::exp(probs[j] - max);
-        sum += probs[j];
-      }
-      const float total = static_cast<float>(sum);
-      float *o = out + t * heads * dv + h * dv;
-      std::fill(o, o + dv, 0.0f);
-      for (int64_t j = 0; j < n; ++j) {
-        const float p = probs[j] / total;
         const float *v = values + j * vw;
-        for (int64_t d = 0; d < dv; ++d)
-          o[d] += p * v[d];
+        for (int64_t r = 0; r < run; ++r) {
+          const float p = probs[r * n + j];
+          float *o = out + t * heads * dv + (h0 + r) * dv;
+          for (int64_t d = 0; d < dv; ++d)
+            o[d] += p * v[d];
+        }
       }
     }
   });

@@ -44,6 +44,7 @@ constexpr int kNV = 2;                  // zmm vectors per tile row
 constexpr int kNR = 16 * kNV;           // tile width (output columns)
 static_assert(kNR == kColumnBlock, "threads split on tile boundaries");
 constexpr int kMaxMR = 14;              // tile height (tokens): 28 accumulators of 32 zmm
+static_assert(kMaxMR <= 16, "x is packed 16 tokens wide");
 constexpr int64_t kKC = 256;            // K slice: x's packed block (14 KiB) stays in L1
 constexpr int64_t kNC = 512;            // column chunk: packed weights (512 KiB) stay in L2
 constexpr int64_t kGemvMaxTokens = 8;   // up to here the GEMV's x rows fit in registers
@@ -236,13 +237,18 @@ MOERT_AVX512 void packWeights(const Matrix &w, int64_t n0, int64_t nc, int64_t k
   }
 }
 
-/// Packs x rows [0, mr) x columns [0, kc) as [k][mr]: the kernel broadcasts
-/// one k's mr values from consecutive addresses.
-void packTokens(const float *x, int64_t ldx, int mr, int64_t kc, float *out) {
-  for (int r = 0; r < mr; ++r) {
-    const float *row = x + r * ldx;
-    for (int64_t k = 0; k < kc; ++k)
-      out[k * mr + r] = row[k];
+/// Packs x rows [0, mr) x columns [0, kc) as [k][16] (rows past mr are
+/// zero): the kernel broadcasts one k's values from one cache line.
+MOERT_AVX512 void packTokens(const float *x, int64_t ldx, int mr, int64_t kc, float *out) {
+  for (int64_t kk = 0; kk < kc; kk += 16) {
+    int64_t depth = std::min<int64_t>(16, kc - kk);
+    __mmask16 mask = firstLanes(depth);
+    __m512 r[16];
+    for (int i = 0; i < 16; ++i)
+      r[i] = i < mr ? _mm512_maskz_loadu_ps(mask, x + i * ldx + kk) : _mm512_setzero_ps();
+    transpose16(r);
+    for (int64_t j = 0; j < depth; ++j)
+      _mm512_store_ps(out + (kk + j) * 16, r[j]);
   }
 }
 
@@ -268,7 +274,7 @@ MOERT_AVX512 void microKernel(int64_t kc, const float *a, const float *b, float 
       bv[v] = _mm512_load_ps(b + k * kNR + 16 * v);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
-      __m512 av = _mm512_set1_ps(a[k * MR + r]);
+      __m512 av = _mm512_set1_ps(a[k * 16 + r]);
       for (int v = 0; v < kNV; ++v)
         acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
     }
@@ -308,7 +314,7 @@ MOERT_AVX512 void gemm(const float *x, int64_t ldx, int64_t tokens, const Matrix
   const int64_t kStep = balancedStep(K, kKC, 16);
   const int64_t nStep = balancedStep(n1 - n0, kNC, kNR);
   float *weights = packedWeights.get(static_cast<size_t>(kStep * nStep));
-  float *panelX = packedTokens.get(static_cast<size_t>(kStep * kMaxMR));
+  float *panelX = packedTokens.get(static_cast<size_t>(kStep * 16));
   for (int64_t jc = n0; jc < n1; jc += nStep) {
     int64_t nc = std::min(nStep, n1 - jc);
     for (int64_t pc = 0; pc < K; pc += kStep) {

@@ -29,8 +29,8 @@ def MoEAssignBuffers : Pass<"moe-assign-buffers", "mlir::ModuleOp"> {
     Walks `@forward` in order and gives each activation value a buffer id
     (`moe.buffers` on its defining op, one id per result; `moe.arg_buffers`
     on the function for its arguments). A buffer is freed after the last use
-    of its value and reused by a later value of the same element type whose
-    row width fits; ops that may write their result over a dying operand of
+    of its value and reused by a later value of the same element type and
+    row width (so a buffer's width is the row stride of every value in it); ops that may write their result over a dying operand of
     the same width (add, sigmoid_gate, rope, rms_norm) reuse that operand's
     buffer. The module gets `moe.buffer_widths` / `moe.buffer_types`: per
     buffer, the row width and element type; its size in bytes is
