@@ -51,6 +51,9 @@ def main():
     parser.add_argument("--compile-args", default="")
     parser.add_argument("--tokens-only", action="store_true")
     parser.add_argument("--threads", default="2")
+    parser.add_argument("--reference", choices=["logits", "f32compute"], default="logits",
+                        help="compare with the reference's own logits, or (bf16 fixtures) "
+                             "with the same weights computed in float32")
     args = parser.parse_args()
 
     reference = json.load(open(os.path.join(args.fixture, "reference.json")))
@@ -80,7 +83,8 @@ def main():
             name = r["logits_file"].split("_")[0]
             tokens = [int(t) for t in line.split(",")] if line else []
             want = r["greedy"][: args.max_new_tokens]
-            shape, ref = read_npy(os.path.join(args.fixture, r["logits_file"]))
+            key = "logits_file" if args.reference == "logits" else "logits_f32compute_file"
+            shape, ref = read_npy(os.path.join(args.fixture, r[key]))
             n = shape[0] * shape[1]
             diff = max(abs(got[row * vocab + i] - ref[i]) for i in range(n))
             row += shape[0]

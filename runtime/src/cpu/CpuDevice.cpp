@@ -34,13 +34,22 @@ public:
       if (!used[i])
         continue;
       const PlanWeight &pw = plan.weights[i];
+      // The plan's dtype is part of its memory figures: a checkpoint in
+      // another dtype is another model file.
+      auto checked = [&](const std::string &name, const std::vector<int64_t> &shape) {
+        TensorView v = ckpt.tensor(name, shape);
+        if (v.dtype != pw.dtype)
+          inputError("{}: tensor '{}': expected dtype {} (the plan's) but found {}",
+                     ckpt.fileOf(name), name, dtypeName(pw.dtype), dtypeName(v.dtype));
+        return v;
+      };
       if (pw.experts == 0) {
-        weights[i].view = ckpt.tensor(pw.name, pw.shape);
+        weights[i].view = checked(pw.name, pw.shape);
         boundBytes += weights[i].view.bytes();
         continue;
       }
       for (int64_t e = 0; e < pw.experts; ++e) {
-        TensorView v = ckpt.tensor(pw.expertName(e), pw.tensorShape());
+        TensorView v = checked(pw.expertName(e), pw.tensorShape());
         boundBytes += v.bytes();
         weights[i].experts.push_back(cpu::Matrix::of(v));
       }

@@ -32,8 +32,10 @@
 #include <utility>
 
 // GCC 12's intrinsic headers start vectors as `__Y = __Y`, which
-// -Wmaybe-uninitialized reports once inlined into a target function.
+// -Wmaybe-uninitialized / -Wuninitialized report once inlined into a
+// target function.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 #define MOERT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 
@@ -47,7 +49,7 @@ constexpr int kMaxMR = 14;              // tile height (tokens): 28 accumulators
 static_assert(kMaxMR <= 16, "x is packed 16 tokens wide");
 constexpr int64_t kKC = 256;            // K slice: x's packed block (14 KiB) stays in L1
 constexpr int64_t kNC = 512;            // column chunk: packed weights (512 KiB) stay in L2
-constexpr int64_t kGemvMaxTokens = 8;   // up to here the GEMV's x rows fit in registers
+constexpr int64_t kGemvMaxTokens = 16;   // up to here the GEMV beats packing the weights
 
 /// A reusable 64-byte aligned scratch buffer, one per thread (pool threads
 /// live as long as the process, so it is allocated once).
@@ -77,6 +79,9 @@ const char *rowAddress(const Matrix &w, int64_t row, int64_t col) {
   return static_cast<const char *>(w.data) +
          (row * w.rowStride + col) * static_cast<int64_t>(dtypeSize(w.dtype));
 }
+
+template <DType D>
+constexpr int64_t kElementSize = D == DType::F32 ? 4 : 2;
 
 /// Splits `total` into `parts` near-equal pieces, each a multiple of `unit`
 /// (but the last): the size of all pieces but the last.
@@ -217,22 +222,38 @@ MOERT_AVX512 inline void transpose16(__m512 r[16]) {
 template <DType D>
 MOERT_AVX512 void packWeights(const Matrix &w, int64_t n0, int64_t nc, int64_t k0, int64_t kc,
                               float *out) {
-  for (int64_t jp = 0; jp < nc; jp += kNR) {
-    float *panel = out + jp * kc;
-    for (int half = 0; half < kNV; ++half) {
-      int64_t first = jp + 16 * half;
-      int64_t valid = std::clamp<int64_t>(nc - first, 0, 16);
-      for (int64_t kk = 0; kk < kc; kk += 16) {
-        int64_t depth = std::min<int64_t>(16, kc - kk);
-        __mmask16 mask = firstLanes(depth);
-        __m512 r[16];
-        for (int i = 0; i < 16; ++i)
-          r[i] = i < valid ? load16<D>(rowAddress(w, n0 + first + i, k0 + kk), mask)
-                           : _mm512_setzero_ps();
-        transpose16(r);
-        for (int64_t j = 0; j < depth; ++j)
-          _mm512_store_ps(panel + (kk + j) * kNR + 16 * half, r[j]);
+  constexpr int64_t size = kElementSize<D>;
+  const int64_t rowBytes = w.rowStride * size;
+  const char *base = static_cast<const char *>(w.data) + (n0 * w.rowStride + k0) * size;
+  const int64_t tiles = (kc + 15) / 16;
+  // Rows are read 16 at a time, kc * size bytes each: streams too short for
+  // the hardware prefetcher, and with few tokens the packing would wait on
+  // memory. So while one group of 16 rows is packed, its tiles also
+  // prefetch the next group's lines (+1 for a segment not line-aligned).
+  const int64_t linesPerRow = (kc * size + 63) / 64 + 1;
+  for (int64_t first = 0; first < nc; first += 16) {
+    const int64_t valid = std::min<int64_t>(16, nc - first);
+    const char *src = base + first * rowBytes;
+    float *dst = out + first / kNR * kNR * kc + first % kNR;
+    const int64_t nextRows = std::clamp<int64_t>(nc - first - 16, 0, 16);
+    const int64_t perTile = (nextRows * linesPerRow + tiles - 1) / tiles;
+    int64_t prefetchRow = 0, prefetchLine = 0;
+    for (int64_t kk = 0; kk < kc; kk += 16) {
+      for (int64_t p = 0; p < perTile && prefetchRow < nextRows; ++p) {
+        _mm_prefetch(src + (16 + prefetchRow) * rowBytes + prefetchLine * 64, _MM_HINT_T0);
+        if (++prefetchLine == linesPerRow) {
+          prefetchLine = 0;
+          ++prefetchRow;
+        }
       }
+      const int64_t depth = std::min<int64_t>(16, kc - kk);
+      const __mmask16 mask = firstLanes(depth);
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = i < valid ? load16<D>(src + i * rowBytes + kk * size, mask) : _mm512_setzero_ps();
+      transpose16(r);
+      for (int64_t j = 0; j < depth; ++j)
+        _mm512_store_ps(dst + (kk + j) * kNR, r[j]);
     }
   }
 }
@@ -338,76 +359,144 @@ MOERT_AVX512 void gemm(const float *x, int64_t ldx, int64_t tokens, const Matrix
 // AVX-512 GEMV
 //===----------------------------------------------------------------------===//
 
-/// y[:, n0..n0+R) for T tokens: R weight rows streamed once, each widened
-/// vector dotted with all T x vectors (held in registers).
-template <DType D, int T, int R>
-MOERT_AVX512 void gemvRows(const float *x, int64_t ldx, const Matrix &w, const float *bias,
-                           int64_t n0, float *y, int64_t ldy) {
-  const int64_t K = w.cols;
-  constexpr int64_t size = D == DType::F32 ? 4 : 2;
-  const char *rows[R];
-  for (int r = 0; r < R; ++r)
-    rows[r] = rowAddress(w, n0 + r, 0);
-  __m512 acc[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t)
-      acc[r][t] = _mm512_setzero_ps();
-  // The full 16-column steps, then one masked step for K's tail.
-  const int64_t full = K / 16 * 16;
-  for (int64_t k = 0; k < full; k += 16) {
-    __m512 xv[T];
-    for (int t = 0; t < T; ++t)
-      xv[t] = _mm512_loadu_ps(x + t * ldx + k);
-    for (int r = 0; r < R; ++r) {
-      __m512 wv = load16<D>(rows[r] + k * size);
-      for (int t = 0; t < T; ++t)
-        acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
-    }
+/// x for the GEMV, [ceil(K/16) steps][T][16] and zero past K: each step of
+/// a token group is one stream of aligned vectors. (x's own rows are often
+/// 4 KiB apart, and eight such streams thrash one L1 set.)
+MOERT_AVX512 void packGemvTokens(const float *x, int64_t ldx, int64_t tokens, int64_t K,
+                                 float *out) {
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 mask = firstLanes(K - k);
+    for (int64_t t = 0; t < tokens; ++t, out += 16)
+      _mm512_store_ps(out, _mm512_maskz_loadu_ps(mask, x + t * ldx + k));
   }
-  if (full < K) {
-    __mmask16 mask = firstLanes(K - full);
-    __m512 xv[T];
-    for (int t = 0; t < T; ++t)
-      xv[t] = _mm512_maskz_loadu_ps(mask, x + t * ldx + full);
-    for (int r = 0; r < R; ++r) {
-      __m512 wv = load16<D>(rows[r] + full * size, mask);
-      for (int t = 0; t < T; ++t)
-        acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t)
-      y[t * ldy + n0 + r] = _mm512_reduce_add_ps(acc[r][t]) + (bias ? bias[n0 + r] : 0.0f);
 }
 
-template <DType D, int T>
-MOERT_AVX512 void gemv(const float *x, int64_t ldx, const Matrix &w, const float *bias,
-                       int64_t n0, int64_t n1, float *y, int64_t ldy) {
-  // As many rows at once as keep R*T accumulators + T x vectors in 32 zmm.
-  constexpr int R = T == 1 ? 8 : T == 2 ? 6 : T == 3 ? 5 : T == 4 ? 4 : T <= 7 ? 3 : 2;
-  int64_t n = n0;
-  for (; n + R <= n1; n += R)
-    gemvRows<D, T, R>(x, ldx, w, bias, n, y, ldy);
-  for (; n < n1; ++n)
-    gemvRows<D, T, 1>(x, ldx, w, bias, n, y, ldy);
+/// One 16-wide step of K: TG token vectors times R widened weight rows.
+template <DType D, int TG, int R, bool Masked>
+MOERT_AVX512 inline __attribute__((always_inline)) void gemvStep(__m512 (&acc)[R][TG],
+                                                                 const float *x, const char *w,
+                                                                 int64_t rowBytes,
+                                                                 __mmask16 mask) {
+  __m512 xv[TG];
+  for (int t = 0; t < TG; ++t)
+    xv[t] = _mm512_load_ps(x + 16 * t);
+  for (int r = 0; r < R; ++r) {
+    __m512 wv = Masked ? load16<D>(w + r * rowBytes, mask) : load16<D>(w + r * rowBytes);
+    for (int t = 0; t < TG; ++t)
+      acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+  }
+}
+
+/// y[t, r] (+ bias[r]) for TG tokens and the R weight rows at w: each
+/// widened weight vector feeds all TG tokens' x vectors (in registers). With
+/// `prefetch`, also fetches the next R rows (short rows defeat the hardware
+/// prefetcher).
+template <DType D, int TG, int R>
+MOERT_AVX512 void gemvTile(const float *x, int64_t xStep, const char *w, int64_t rowBytes,
+                           int64_t K, bool prefetch, const float *bias, float *y, int64_t ldy) {
+  constexpr int64_t size = kElementSize<D>;
+  __m512 acc[R][TG];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TG; ++t)
+      acc[r][t] = _mm512_setzero_ps();
+  const int64_t full = K / 16;
+  int64_t s = 0;
+  for (; s + 2 <= full; s += 2) {
+    if (prefetch) // two steps read 32 * size bytes of each row
+      for (int r = 0; r < R; ++r)
+        for (int64_t line = 0; line < 32 * size; line += 64)
+          _mm_prefetch(w + (R + r) * rowBytes + s * 16 * size + line, _MM_HINT_T0);
+    gemvStep<D, TG, R, false>(acc, x + s * xStep, w + s * 16 * size, rowBytes, 0);
+    gemvStep<D, TG, R, false>(acc, x + (s + 1) * xStep, w + (s + 1) * 16 * size, rowBytes, 0);
+  }
+  for (; s < full; ++s)
+    gemvStep<D, TG, R, false>(acc, x + s * xStep, w + s * 16 * size, rowBytes, 0);
+  if (full * 16 < K)
+    gemvStep<D, TG, R, true>(acc, x + full * xStep, w + full * 16 * size, rowBytes,
+                             firstLanes(K - full * 16));
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TG; ++t)
+      y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]) + (bias ? bias[r] : 0.0f);
+}
+
+using GemvTile = void (*)(const float *, int64_t, const char *, int64_t, int64_t, bool,
+                          const float *, float *, int64_t);
+
+/// The tile for TG tokens x R rows, among the shapes the GEMV uses.
+template <DType D>
+GemvTile gemvTileFor(int tokens, int rows) {
+  switch (rows * 16 + tokens) {
+  case 8 * 16 + 1: return gemvTile<D, 1, 8>;
+  case 6 * 16 + 2: return gemvTile<D, 2, 6>;
+  case 5 * 16 + 3: return gemvTile<D, 3, 5>;
+  case 4 * 16 + 4: return gemvTile<D, 4, 4>;
+  case 3 * 16 + 5: return gemvTile<D, 5, 3>;
+  case 3 * 16 + 6: return gemvTile<D, 6, 3>;
+  case 3 * 16 + 7: return gemvTile<D, 7, 3>;
+  case 2 * 16 + 1: return gemvTile<D, 1, 2>;
+  case 2 * 16 + 2: return gemvTile<D, 2, 2>;
+  case 2 * 16 + 3: return gemvTile<D, 3, 2>;
+  case 2 * 16 + 4: return gemvTile<D, 4, 2>;
+  case 2 * 16 + 5: return gemvTile<D, 5, 2>;
+  case 2 * 16 + 6: return gemvTile<D, 6, 2>;
+  case 2 * 16 + 7: return gemvTile<D, 7, 2>;
+  case 2 * 16 + 8: return gemvTile<D, 8, 2>;
+  case 1 * 16 + 1: return gemvTile<D, 1, 1>;
+  case 1 * 16 + 2: return gemvTile<D, 2, 1>;
+  case 1 * 16 + 3: return gemvTile<D, 3, 1>;
+  case 1 * 16 + 4: return gemvTile<D, 4, 1>;
+  case 1 * 16 + 5: return gemvTile<D, 5, 1>;
+  case 1 * 16 + 6: return gemvTile<D, 6, 1>;
+  case 1 * 16 + 7: return gemvTile<D, 7, 1>;
+  case 1 * 16 + 8: return gemvTile<D, 8, 1>;
+  }
+  return nullptr;
+}
+
+/// Few tokens: every weight row is read from memory once, widened on the
+/// fly, and dotted with all tokens' x, 8 tokens at a time (the rows stay in
+/// L1 for the later groups of 8).
+template <DType D>
+MOERT_AVX512 void gemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
+                       const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+  constexpr int64_t size = kElementSize<D>;
+  const int64_t K = w.cols, rowBytes = w.rowStride * size, xStep = tokens * 16;
+  float *packed = packedTokens.get(static_cast<size_t>((K + 15) / 16 * xStep));
+  packGemvTokens(x, ldx, tokens, K, packed);
+  // Rows per tile: as many as keep R x TG accumulators and TG x vectors in
+  // the 32 zmm registers.
+  const int rows = tokens == 1 ? 8 : tokens == 2 ? 6 : tokens == 3 ? 5 : tokens == 4 ? 4
+                 : tokens < 8 ? 3 : 2;
+  const int64_t groupTokens = std::min<int64_t>(tokens, 8);
+  GemvTile main = gemvTileFor<D>(static_cast<int>(groupTokens), rows);
+  GemvTile tail = gemvTileFor<D>(static_cast<int>(tokens % 8), rows);
+  GemvTile single = gemvTileFor<D>(static_cast<int>(groupTokens), 1);
+  GemvTile singleTail = gemvTileFor<D>(static_cast<int>(tokens % 8), 1);
+  const char *base = static_cast<const char *>(w.data);
+  for (int64_t n = n0; n < n1;) {
+    const bool full = n + rows <= n1;
+    const int64_t count = full ? rows : 1;
+    const char *rowsAt = base + n * rowBytes;
+    const float *b = bias ? bias + n : nullptr;
+    int64_t t = 0;
+    for (; t + 8 <= tokens || (t == 0 && tokens < 8); t += groupTokens)
+      (full ? main : single)(packed + t * 16, xStep, rowsAt, rowBytes, K, t == 0 && full, b,
+                             y + t * ldy + n, ldy);
+    if (t < tokens)
+      (full ? tail : singleTail)(packed + t * 16, xStep, rowsAt, rowBytes, K, false, b,
+                                 y + t * ldy + n, ldy);
+    n += count;
+  }
 }
 
 template <DType D>
 void columnsAvx512(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
                    const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
-  switch (tokens) {
-  case 1: return gemv<D, 1>(x, ldx, w, bias, n0, n1, y, ldy);
-  case 2: return gemv<D, 2>(x, ldx, w, bias, n0, n1, y, ldy);
-  case 3: return gemv<D, 3>(x, ldx, w, bias, n0, n1, y, ldy);
-  case 4: return gemv<D, 4>(x, ldx, w, bias, n0, n1, y, ldy);
-  case 5: return gemv<D, 5>(x, ldx, w, bias, n0, n1, y, ldy);
-  case 6: return gemv<D, 6>(x, ldx, w, bias, n0, n1, y, ldy);
-  case 7: return gemv<D, 7>(x, ldx, w, bias, n0, n1, y, ldy);
-  case 8: return gemv<D, 8>(x, ldx, w, bias, n0, n1, y, ldy);
-  default: return gemm<D>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
-  }
+  if (tokens <= kGemvMaxTokens)
+    gemv<D>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
+  else
+    gemm<D>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
 }
-static_assert(kGemvMaxTokens == 8, "columnsAvx512 dispatches 1..8 tokens to the GEMV");
 
 } // namespace
 

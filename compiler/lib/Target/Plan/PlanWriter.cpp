@@ -63,7 +63,10 @@ Object routingJson(moe::RoutingAttr r) {
                 {"num_groups", r.getNumGroups()},
                 {"topk_groups", r.getTopkGroups()},
                 {"group_score", moe::stringifyGroupScore(r.getGroupScore())},
-                {"compute_type", dtypeName(r.getComputeType())}};
+                // Plans of format 1 compute every activation in f32, the
+                // router's included, whatever the model's dtype (the IR keeps
+                // the reference's compute_type for a later bf16 plan).
+                {"compute_type", "F32"}};
 }
 
 /// The op-specific attributes of a step.

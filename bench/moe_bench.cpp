@@ -1,0 +1,321 @@
+// moe-bench: the CPU runtime's speed on a generated model, printed beside the
+// machine's measured limits and the peers' figures.
+//
+//   moe-bench weights PLAN DIR [--dtype bf16|f32] [--seed S]
+//       writes DIR/model.safetensors with random weights for PLAN's model
+//   moe-bench run PLAN DIR [--threads N]
+//       prefill of 512 and 128 tokens (last position's logits only, as
+//       llama.cpp measures), decode of 128 tokens, peak RSS
+//   moe-bench machine [--threads N]
+//       measured fp32 FMA peak and STREAM triad bandwidth
+//   moe-bench routing [--tokens T] [--threads N]
+//       router GEMM + softmax + top-2 + renormalise + per-expert positions +
+//       gather into expert order, at Mixtral-8x7B's sizes (hidden 4096,
+//       8 experts, bf16 activations), in tokens/s
+#include "moert/Checkpoint.h"
+#include "moert/Device.h"
+#include "moert/Error.h"
+#include "moert/Parallel.h"
+#include "moert/Plan.h"
+#include "moert/SafetensorsWriter.h"
+#include "moert/cpu/Kernels.h"
+
+#include <fmt/core.h>
+
+#include <immintrin.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <thread>
+
+using namespace moert;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double peakRssMiB() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss / 1024.0;
+}
+
+const char *option(int argc, char **argv, const char *name, const char *fallback) {
+  for (int i = 0; i + 1 < argc; ++i)
+    if (!std::strcmp(argv[i], name))
+      return argv[i + 1];
+  return fallback;
+}
+
+// ---------------------------------------------------------------- weights
+
+int makeWeights(int argc, char **argv) {
+  Plan plan = Plan::load(argv[2]);
+  std::string dir = argv[3];
+  std::string dtypeName = option(argc, argv, "--dtype", "bf16");
+  DType dtype = dtypeName == "f32" ? DType::F32 : DType::BF16;
+  uint64_t seed = std::stoull(option(argc, argv, "--seed", "1"));
+  std::vector<TensorToWrite> tensors;
+  for (const PlanWeight &w : plan.weights) {
+    int64_t count = std::max<int64_t>(1, w.experts);
+    for (int64_t e = 0; e < count; ++e) {
+      std::string name = w.experts ? w.expertName(e) : w.name;
+      std::vector<int64_t> shape = w.tensorShape();
+      // Norm weights are 1 (as initialised), matrices ~ U(-a, a) with the
+      // 1/sqrt(fan_in) scale of a trained layer, so activations stay O(1).
+      bool isNorm = shape.size() == 1;
+      double scale = isNorm ? 0 : std::sqrt(3.0 / shape.back());
+      uint64_t tensorSeed = seed * 1000003 + tensors.size();
+      tensors.push_back({name, dtype, shape, [=](char *out) {
+        std::mt19937_64 rng(tensorSeed);
+        std::uniform_real_distribution<float> uniform(-scale, scale);
+        int64_t n = 1;
+        for (int64_t d : shape)
+          n *= d;
+        for (int64_t i = 0; i < n; ++i) {
+          float v = isNorm ? 1.0f : uniform(rng);
+          if (dtype == DType::BF16) {
+            uint16_t b = floatToBf16(v);
+            std::memcpy(out + 2 * i, &b, 2);
+          } else {
+            std::memcpy(out + 4 * i, &v, 4);
+          }
+        }
+      }});
+    }
+  }
+  writeSafetensors(dir + "/model.safetensors", tensors);
+  fmt::print("wrote {} tensors to {}/model.safetensors ({})\n", tensors.size(), dir, dtypeName);
+  return 0;
+}
+
+// ---------------------------------------------------------------- machine
+
+__attribute__((target("avx512f"))) double fmaLoop(int64_t iterations) {
+  // 12 independent accumulators hide the FMA latency (4 cycles x 2 ports).
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i)
+    acc[i] = _mm512_set1_ps(0.001f * i);
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iterations; ++it)
+    for (int i = 0; i < 12; ++i)
+      acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  float sum = 0;
+  for (int i = 0; i < 12; ++i)
+    sum += _mm512_reduce_add_ps(acc[i]);
+  return sum;
+}
+
+struct MachineFigures { double flops, triad; };
+
+MachineFigures measureMachine(int threads) {
+  setNumThreads(threads);
+  MachineFigures m{0, 0};
+  if (__builtin_cpu_supports("avx512f")) {
+    const int64_t iterations = 20'000'000;
+    double best = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+      auto t0 = Clock::now();
+      parallelFor(threads, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          volatile double sink = fmaLoop(iterations);
+          (void)sink;
+        }
+      });
+      double s = seconds(t0, Clock::now());
+      best = std::max(best, threads * iterations * 12.0 * 16 * 2 / s);
+    }
+    m.flops = best;
+  }
+  // STREAM triad a = b + s*c over arrays far larger than the caches.
+  const int64_t n = 32 << 20;
+  std::vector<float> a(n, 1), b(n, 2), c(n, 3);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = Clock::now();
+    parallelFor(n, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i)
+        a[i] = b[i] + 3.0f * c[i];
+    });
+    best = std::max(best, 3.0 * n * 4 / seconds(t0, Clock::now()));
+  }
+  m.triad = best;
+  return m;
+}
+
+int machine(int argc, char **argv) {
+  int threads = std::atoi(option(argc, argv, "--threads", "2"));
+  MachineFigures m = measureMachine(threads);
+  fmt::print("machine ({} threads): fp32 FMA peak {:.0f} GFLOP/s, STREAM triad {:.1f} GB/s\n",
+             threads, m.flops / 1e9, m.triad / 1e9);
+  return 0;
+}
+
+// ---------------------------------------------------------------- model
+
+/// Active parameters per token: what one token's forward reads.
+double activeParams(const Plan &plan, const PlanRank &rank) {
+  double n = 0;
+  for (const PlanStep &s : rank.steps)
+    for (size_t i = 0; i < s.weights.size(); ++i) {
+      const PlanWeight &w = plan.weights[s.weights[i]];
+      TensorView v{w.dtype, w.shape, nullptr};
+      double numel = static_cast<double>(v.numel());
+      if (s.op == OpKind::Experts)
+        numel = numel / w.experts * s.routing.topK;
+      if (s.op == OpKind::Embedding)
+        numel = w.shape[1]; // one row
+      n += numel;
+    }
+  return n;
+}
+
+int runModel(int argc, char **argv) {
+  Plan plan = Plan::load(argv[2]);
+  std::string dir = argv[3];
+  int threads = std::atoi(option(argc, argv, "--threads", "2"));
+  setNumThreads(threads);
+  auto checkpoint = Checkpoint::open(dir);
+  auto device = createCpuDevice();
+  device->prepare(plan, 0, *checkpoint);
+  const PlanRank &rank = plan.ranks[0];
+  int64_t k = 2;
+  for (const PlanStep &s : rank.steps)
+    if (s.op == OpKind::Router)
+      k = s.routing.topK;
+  (void)k;
+  std::vector<float> logits;
+  std::mt19937 rng(7);
+  auto prompt = [&](int64_t n) {
+    Batch b;
+    for (int64_t i = 0; i < n; ++i) {
+      b.tokens.push_back(static_cast<int32_t>(rng() % plan.vocabSize));
+      b.positions.push_back(static_cast<int32_t>(i));
+      b.slots.push_back(0);
+    }
+    b.logitRows = {n - 1};
+    return b;
+  };
+  std::string dtype = dtypeName(plan.weights[0].dtype);
+  fmt::print("model: {} ({} weights, {:.0f} M parameters, {:.0f} M active per token), "
+             "dtype {}, {} threads\n",
+             plan.modelType, plan.weights.size(), device->weightBytes() / 1e6 / (dtype == "BF16" ? 2 : 4),
+             activeParams(plan, rank) / 1e6, dtype, threads);
+  device->forward(prompt(16), logits); // warm-up: page in the weights
+  for (int64_t n : {512, 128}) {
+    if (n > plan.maxBatchTokens)
+      continue;
+    double best = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      Batch b = prompt(n);
+      auto t0 = Clock::now();
+      device->forward(b, logits);
+      best = std::min(best, seconds(t0, Clock::now()));
+    }
+    fmt::print("prefill {:4} tokens: {:7.1f} tok/s\n", n, n / best);
+  }
+  // Decode 128 tokens after a 16-token prompt, one token per step.
+  device->forward(prompt(16), logits);
+  const int64_t steps = 128;
+  auto t0 = Clock::now();
+  int32_t token = 1;
+  for (int64_t i = 0; i < steps; ++i) {
+    Batch b;
+    b.tokens = {token};
+    b.positions = {static_cast<int32_t>(16 + i)};
+    b.slots = {0};
+    b.logitRows = {0};
+    device->forward(b, logits);
+    token = static_cast<int32_t>(cpu::argmax(logits.data(), plan.vocabSize));
+  }
+  double s = seconds(t0, Clock::now());
+  double activeBytes = activeParams(plan, rank) * (dtype == "BF16" ? 2 : 4);
+  fmt::print("decode  {:4} tokens: {:7.1f} tok/s ({:.1f} GB/s of active weights)\n", steps,
+             steps / s, activeBytes * steps / s / 1e9);
+  fmt::print("peak RSS: {:.0f} MiB (weights {:.0f} MiB mapped, buffers + KV cache {:.0f} MiB)\n",
+             peakRssMiB(), device->weightBytes() / 1048576.0,
+             device->workspaceBytes() / 1048576.0);
+  return 0;
+}
+
+// ---------------------------------------------------------------- routing
+
+/// Router + dispatch at Mixtral-8x7B's sizes: logits from bf16 activations
+/// and a bf16 gate, softmax, top-2, renormalise, per-expert positions by a
+/// prefix sum, and the bf16 rows gathered into expert order.
+int routing(int argc, char **argv) {
+  const int64_t hidden = 4096, experts = 8, k = 2;
+  int64_t tokens = std::atoll(option(argc, argv, "--tokens", "8192"));
+  int threads = std::atoi(option(argc, argv, "--threads", "2"));
+  setNumThreads(threads);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<uint16_t> x(tokens * hidden), gate(experts * hidden);
+  for (auto &v : x) v = floatToBf16(u(rng));
+  for (auto &v : gate) v = floatToBf16(u(rng) * 0.02f);
+  std::vector<float> logits(tokens * experts), weights(tokens * k);
+  std::vector<int32_t> chosen(tokens * k), position(tokens * k);
+  std::vector<uint16_t> dispatched(tokens * k * hidden);
+  cpu::RoutingParams params;
+  params.topK = k;
+  params.normalize = true;
+  TensorView gateView{DType::BF16, {experts, hidden}, gate.data()};
+  cpu::Matrix gateMatrix = cpu::Matrix::of(gateView);
+  std::vector<float> xf(tokens * hidden);
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = Clock::now();
+    // Widen the activations once (the router GEMM reads f32 rows).
+    parallelFor(tokens, [&](int64_t b, int64_t e) {
+      for (int64_t i = b * hidden; i < e * hidden; ++i)
+        xf[i] = bf16ToFloat(x[i]);
+    });
+    cpu::linear(xf.data(), tokens, gateMatrix, nullptr, logits.data());
+    cpu::route(logits.data(), tokens, experts, nullptr, params, weights.data(), chosen.data());
+    // Per-expert positions: counting sort of the (token, slot) pairs.
+    std::vector<int64_t> offset(experts + 1, 0);
+    for (int64_t i = 0; i < tokens * k; ++i)
+      ++offset[chosen[i] + 1];
+    for (int64_t e = 0; e < experts; ++e)
+      offset[e + 1] += offset[e];
+    for (int64_t i = 0; i < tokens * k; ++i)
+      position[i] = static_cast<int32_t>(offset[chosen[i]]++);
+    parallelFor(tokens * k, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        std::memcpy(&dispatched[position[i] * hidden], &x[(i / k) * hidden], hidden * 2);
+    });
+    best = std::min(best, seconds(t0, Clock::now()));
+  }
+  fmt::print("routing + dispatch (hidden {}, {} experts, top-{}, bf16, {} tokens, {} threads): "
+             "{:.2f} M tokens/s\n",
+             hidden, experts, k, tokens, threads, tokens / best / 1e6);
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  try {
+    if (argc >= 4 && !std::strcmp(argv[1], "weights"))
+      return makeWeights(argc, argv);
+    if (argc >= 4 && !std::strcmp(argv[1], "run"))
+      return runModel(argc, argv);
+    if (argc >= 2 && !std::strcmp(argv[1], "machine"))
+      return machine(argc, argv);
+    if (argc >= 2 && !std::strcmp(argv[1], "routing"))
+      return routing(argc, argv);
+  } catch (const std::exception &e) {
+    fmt::print(stderr, "moe-bench: error: {}\n", e.what());
+    return 2;
+  }
+  fmt::print(stderr, "usage: moe-bench weights PLAN DIR [--dtype bf16|f32] | run PLAN DIR | "
+                     "machine | routing  (see bench/README.md)\n");
+  return 2;
+}
