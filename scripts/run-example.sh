@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Sets up, builds, and runs the main job on the bundled tiny Mixtral:
-# summary and parameter counts, then the model's moe-dialect IR.
+# Sets up, builds, and runs the main job: compile the bundled tiny Mixtral
+# (tests/fixtures/models/mixtral, random weights made with transformers) into
+# a plan and run it on the CPU, printing the greedy continuation of two prompts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+build=${BUILD_DIR:-build}
 model=tests/fixtures/models/mixtral
-bin=${BUILD_DIR:-build}/tools
-"$bin/moec/moec" inspect "$model/config.json"
-"$bin/moec/moec" import "$model/config.json" -o "${BUILD_DIR:-build}/mixtral.mlir"
-echo "IR written to ${BUILD_DIR:-build}/mixtral.mlir; first layer:"
-sed -n '3,30p' "${BUILD_DIR:-build}/mixtral.mlir"
+"$build/tools/moec/moec" inspect "$model/config.json"
+"$build/tools/moec/moec" compile "$model/config.json" -o "$build/mixtral.plan" --max-seq-len 64
+echo "plan: $build/mixtral.plan"
+echo "continuations (16 tokens each) of prompts [248,211,22,115,32] and [223,169,226,137,218,21,35,17,71]:"
+"$build/tools/moert/moert" run "$build/mixtral.plan" --weights "$model" \
+  --tokens 248,211,22,115,32 --tokens 223,169,226,137,218,21,35,17,71 --max-new-tokens 16
