@@ -46,8 +46,8 @@ struct ThreadCount {
 // Norms
 //===----------------------------------------------------------------------===//
 
-std::vector<double> refRmsNorm(const std::vector<float> &x, int64_t width, const std::vector<float> &w,
-                               double eps) {
+/// Each group of w.size() values: g / sqrt(mean(g^2) + eps) * w.
+std::vector<double> refRmsNorm(const std::vector<float> &x, const std::vector<float> &w, double eps) {
   const int64_t group = static_cast<int64_t>(w.size());
   std::vector<double> out(x.size());
   for (size_t g0 = 0; g0 < x.size(); g0 += group) {
@@ -58,7 +58,6 @@ std::vector<double> refRmsNorm(const std::vector<float> &x, int64_t width, const
     for (int64_t i = 0; i < group; ++i)
       out[g0 + i] = x[g0 + i] * r * w[i];
   }
-  (void)width;
   return out;
 }
 
@@ -68,7 +67,7 @@ TEST(NormTest, RmsNormMatchesDoubleReference) {
   auto w = randomVector(width, 2, 0.5, 1.5);
   std::vector<float> out(x.size());
   rmsNorm(x.data(), tokens, width, f32View(w), 1e-6, out.data());
-  auto ref = refRmsNorm(x, width, w, 1e-6);
+  auto ref = refRmsNorm(x, w, 1e-6);
   for (size_t i = 0; i < out.size(); ++i)
     EXPECT_NEAR(out[i], ref[i], 2e-6 * std::abs(ref[i]) + 1e-7) << i;
   // In place gives the same values.
@@ -94,7 +93,7 @@ TEST(NormTest, RmsNormPerHeadGroupsWithBf16Weight) {
   weight.data = wbf.data();
   std::vector<float> out(x.size());
   rmsNorm(x.data(), tokens, width, weight, 1e-5, out.data());
-  auto ref = refRmsNorm(x, width, widened, 1e-5);
+  auto ref = refRmsNorm(x, widened, 1e-5);
   for (size_t i = 0; i < out.size(); ++i)
     EXPECT_NEAR(out[i], ref[i], 2e-6 * std::abs(ref[i]) + 1e-7) << i;
 }
@@ -183,8 +182,7 @@ std::vector<float> ropeRow(const RopeTable &table, int32_t pos) {
   const int64_t r = table.params().rotaryDim;
   std::vector<float> x(r, 0.0f);
   std::fill(x.begin(), x.begin() + r / 2, 1.0f);
-  RopeParams p = table.params();
-  EXPECT_FALSE(p.interleaved);
+  EXPECT_FALSE(table.params().interleaved);
   table.apply(x.data(), 1, r, r, &pos);
   return x; // [cos(R/2), sin(R/2)]
 }

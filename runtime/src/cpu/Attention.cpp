@@ -29,6 +29,15 @@ inline float dot(const float *a, const float *b, int64_t n) {
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
 }
 
+/// Successive cache rows of one head are a whole cache row apart (often a
+/// page or more), out of reach of the hardware stride prefetchers: without
+/// this, a long decode waits on one cache miss after another.
+constexpr int64_t kPrefetchRows = 8;
+inline void prefetchRow(const float *row, int64_t n) {
+  for (int64_t i = 0; i < n; i += 64 / sizeof(float))
+    __builtin_prefetch(row + i);
+}
+
 /// Every token's slot and position must address a cache row.
 void checkLayout(const TokenLayout &layout, const KVCache &cache, const char *op) {
   for (int64_t t = 0; t < layout.tokens; ++t) {
@@ -73,9 +82,12 @@ void attendCached(const float *q, int64_t ldq, const TokenLayout &layout, int64_
       const float *keys = cache.keys.data() + (slot * cache.maxSeqLen + first) * kw + g * dq;
       const float *values = cache.values.data() + (slot * cache.maxSeqLen + first) * vw + g * dv;
       probs.resize(static_cast<size_t>(run * n));
-      for (int64_t j = 0; j < n; ++j)
+      for (int64_t j = 0; j < n; ++j) {
+        if (j + kPrefetchRows < n)
+          prefetchRow(keys + (j + kPrefetchRows) * kw, dq);
         for (int64_t r = 0; r < run; ++r)
           probs[r * n + j] = dot(q + t * ldq + (h0 + r) * dq, keys + j * kw, dq) * scaleF;
+      }
       for (int64_t r = 0; r < run; ++r) {
         float *p = probs.data() + r * n;
         float max = -INFINITY;
@@ -92,6 +104,8 @@ void attendCached(const float *q, int64_t ldq, const TokenLayout &layout, int64_
         std::fill_n(out + t * heads * dv + (h0 + r) * dv, dv, 0.0f);
       }
       for (int64_t j = 0; j < n; ++j) {
+        if (j + kPrefetchRows < n)
+          prefetchRow(values + (j + kPrefetchRows) * vw, dv);
         const float *v = values + j * vw;
         for (int64_t r = 0; r < run; ++r) {
           const float p = probs[r * n + j];

@@ -6,6 +6,22 @@
 
 #include <cstdint>
 
+#if defined(__x86_64__) || defined(__i386__)
+#define MOERT_X86 1
+/// For functions using AVX-512 intrinsics: the build has no -march flag, so
+/// they are compiled for AVX-512 one by one and only called when
+/// haveAvx512() says the CPU has it.
+#define MOERT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+#endif
+
+// GCC 12's intrinsic headers start vectors as `__Y = __Y`, which
+// -Wmaybe-uninitialized / -Wuninitialized report once inlined into a
+// target function (only the kernels and their tests include this header).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
 namespace moert::cpu::gemm {
 
 /// Work is split between threads in blocks of this many output columns (the

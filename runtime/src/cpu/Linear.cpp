@@ -8,14 +8,14 @@
 #include "moert/Parallel.h"
 #include "moert/cpu/Kernels.h"
 
+#ifdef MOERT_X86
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
 #include <functional>
 #include <vector>
-
-#define MOERT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 
 namespace moert::cpu {
 namespace {
@@ -85,6 +85,7 @@ void gatedProductScalar(Activation act, float *g, const float *u, int64_t n) {
     g[i] = activate(act, g[i]) * u[i];
 }
 
+#ifdef MOERT_X86
 /// e^x to about 2 ulp: 2^round(x log2 e) (by scalef, which also gives inf
 /// and 0 past f32's range) times a degree-6 polynomial of the remainder.
 MOERT_AVX512 inline __m512 exp512(__m512 x) {
@@ -129,11 +130,14 @@ MOERT_AVX512 void gatedProductAvx512(Activation act, float *g, const float *u, i
   }
 }
 
+#endif // MOERT_X86
+
 void gatedProduct(Activation act, float *g, const float *u, int64_t n) {
+#ifdef MOERT_X86
   if (gemm::haveAvx512())
-    gatedProductAvx512(act, g, u, n);
-  else
-    gatedProductScalar(act, g, u, n);
+    return gatedProductAvx512(act, g, u, n);
+#endif
+  gatedProductScalar(act, g, u, n);
 }
 
 /// g[T, I] = act(x gate^T) * (x up^T) in one pass over threads: each takes
