@@ -1,0 +1,385 @@
+// Fused routing + dispatch on bf16 activations (moert/cpu/Dispatch.h).
+//
+// Memory traffic is the cost: per token the bf16 row is read (H*2 bytes)
+// and written k times. Pass 1 reads each row once for the router logits
+// (vdpbf16ps against the bf16 gate, which stays in L1/L2), pass 2 reads it
+// again to copy it, in reverse token order so that the rows pass 1 read last
+// are still in L2/L3, and writes the copies with non-temporal stores when
+// they would not fit in the caches anyway (no read-for-ownership, no
+// eviction of the rows still to be read).
+#include "moert/cpu/Dispatch.h"
+
+#include "moert/Error.h"
+#include "moert/Parallel.h"
+#include "moert/Tensor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <unistd.h>
+#define MOERT_DISPATCH_X86 1
+#define MOERT_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define MOERT_AVX512BW_TARGET __attribute__((target("avx512f,avx512bw")))
+// GCC 12's intrinsic headers start vectors as `__Y = __Y`, which
+// -Wmaybe-uninitialized reports once inlined into a target function.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#endif
+
+namespace moert::cpu {
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Router logits
+//===----------------------------------------------------------------------===//
+
+/// Portable: out[r * ldo + e] = x[r] . gate[e] for r < rowsCount, e < E,
+/// f32 products (exact for bf16) accumulated in f32 in 8 interleaved lanes.
+void dotsScalar(const uint16_t *x, int64_t rowsCount, int64_t hidden, const uint16_t *gate,
+                int64_t E, float *out, int64_t ldo) {
+  for (int64_t r = 0; r < rowsCount; ++r) {
+    const uint16_t *xr = x + r * hidden;
+    for (int64_t e = 0; e < E; ++e) {
+      const uint16_t *g = gate + e * hidden;
+      float lane[8] = {};
+      int64_t i = 0;
+      for (; i + 8 <= hidden; i += 8)
+        for (int l = 0; l < 8; ++l)
+          lane[l] += bf16ToFloat(xr[i + l]) * bf16ToFloat(g[i + l]);
+      for (; i < hidden; ++i)
+        lane[0] += bf16ToFloat(xr[i]) * bf16ToFloat(g[i]);
+      out[r * ldo + e] = ((lane[0] + lane[4]) + (lane[1] + lane[5])) +
+                         ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+    }
+  }
+}
+
+#if MOERT_DISPATCH_X86
+bool haveBf16Kernels() {
+  static const bool have = __builtin_cpu_supports("avx512f") &&
+                           __builtin_cpu_supports("avx512bw") &&
+                           __builtin_cpu_supports("avx512bf16");
+  return have;
+}
+
+/// R token rows against NE gate rows: R*NE accumulators of 16 f32 lanes,
+/// each 32-bf16 step loads R x vectors and NE gate vectors for R*NE
+/// vdpbf16ps. out[r * ldo + e].
+template <int R, int NE>
+MOERT_BF16_TARGET void dotsBf16(const uint16_t *x, int64_t hidden, const uint16_t *gate,
+                                float *out, int64_t ldo) {
+  __m512 acc[R][NE];
+  for (int r = 0; r < R; ++r)
+    for (int e = 0; e < NE; ++e)
+      acc[r][e] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= hidden; i += 32) {
+    __m512bh xv[R];
+    for (int r = 0; r < R; ++r)
+      xv[r] = (__m512bh)_mm512_loadu_si512(x + r * hidden + i);
+    for (int e = 0; e < NE; ++e) {
+      const __m512bh g = (__m512bh)_mm512_loadu_si512(gate + e * hidden + i);
+      for (int r = 0; r < R; ++r)
+        acc[r][e] = _mm512_dpbf16_ps(acc[r][e], xv[r], g);
+    }
+  }
+  if (i < hidden) {
+    const __mmask32 m = static_cast<__mmask32>((1ull << (hidden - i)) - 1);
+    __m512bh xv[R];
+    for (int r = 0; r < R; ++r)
+      xv[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, x + r * hidden + i);
+    for (int e = 0; e < NE; ++e) {
+      const __m512bh g = (__m512bh)_mm512_maskz_loadu_epi16(m, gate + e * hidden + i);
+      for (int r = 0; r < R; ++r)
+        acc[r][e] = _mm512_dpbf16_ps(acc[r][e], xv[r], g);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int e = 0; e < NE; ++e)
+      out[r * ldo + e] = _mm512_reduce_add_ps(acc[r][e]);
+}
+
+template <int R>
+MOERT_BF16_TARGET void dotsBf16Block(const uint16_t *x, int64_t hidden, const uint16_t *gate,
+                                     int64_t ne, float *out, int64_t ldo) {
+  switch (ne) {
+  case 8: return dotsBf16<R, 8>(x, hidden, gate, out, ldo);
+  case 7: return dotsBf16<R, 7>(x, hidden, gate, out, ldo);
+  case 6: return dotsBf16<R, 6>(x, hidden, gate, out, ldo);
+  case 5: return dotsBf16<R, 5>(x, hidden, gate, out, ldo);
+  case 4: return dotsBf16<R, 4>(x, hidden, gate, out, ldo);
+  case 3: return dotsBf16<R, 3>(x, hidden, gate, out, ldo);
+  case 2: return dotsBf16<R, 2>(x, hidden, gate, out, ldo);
+  default: return dotsBf16<R, 1>(x, hidden, gate, out, ldo);
+  }
+}
+
+/// Tokens per register tile of the logits kernel (3 x 8 accumulators).
+constexpr int kTileTokens = 3;
+
+MOERT_BF16_TARGET void dotsAvx512(const uint16_t *x, int64_t rowsCount, int64_t hidden,
+                                  const uint16_t *gate, int64_t E, float *out, int64_t ldo) {
+  int64_t r = 0;
+  for (; r + kTileTokens <= rowsCount; r += kTileTokens)
+    for (int64_t e = 0; e < E; e += 8)
+      dotsBf16Block<kTileTokens>(x + r * hidden, hidden, gate + e * hidden,
+                                 std::min<int64_t>(8, E - e), out + r * ldo + e, ldo);
+  for (; r < rowsCount; ++r)
+    for (int64_t e = 0; e < E; e += 8)
+      dotsBf16Block<1>(x + r * hidden, hidden, gate + e * hidden, std::min<int64_t>(8, E - e),
+                       out + r * ldo + e, ldo);
+}
+#endif
+
+//===----------------------------------------------------------------------===//
+// Selection and weights
+//===----------------------------------------------------------------------===//
+
+float selectionKey(float v) {
+  return std::isnan(v) ? -std::numeric_limits<float>::infinity() : v;
+}
+
+/// Top-k of one token's logits (descending, lower index first on ties, NaN
+/// last) and their renormalised softmax weights.
+void selectTopK(const float *logit, int64_t E, int64_t k, float *w, int32_t *chosen) {
+  if (k == 2) {
+    int32_t a = 0, b = -1;
+    float ka = selectionKey(logit[0]), kb = -std::numeric_limits<float>::infinity();
+    for (int32_t e = 1; e < E; ++e) {
+      const float v = selectionKey(logit[e]);
+      if (v > ka) {
+        b = a;
+        kb = ka;
+        a = e;
+        ka = v;
+      } else if (b < 0 || v > kb) {
+        b = e;
+        kb = v;
+      }
+    }
+    chosen[0] = a;
+    chosen[1] = b;
+  } else {
+    float key[64];
+    std::vector<float> bigKey;
+    float *keys = key;
+    if (k > 64) {
+      bigKey.resize(k);
+      keys = bigKey.data();
+    }
+    int64_t n = 0;
+    for (int32_t e = 0; e < E; ++e) {
+      const float v = selectionKey(logit[e]);
+      if (n == k && !(v > keys[k - 1]))
+        continue;
+      int64_t pos = n < k ? n++ : k - 1;
+      while (pos > 0 && v > keys[pos - 1]) {
+        keys[pos] = keys[pos - 1];
+        chosen[pos] = chosen[pos - 1];
+        --pos;
+      }
+      keys[pos] = v;
+      chosen[pos] = e;
+    }
+  }
+  // softmax(l)_j / sum_chosen softmax(l)_i: the denominator of the softmax
+  // cancels, and the top logit is the maximum the softmax subtracts.
+  const float top = logit[chosen[0]];
+  double e[64], sum = 0;
+  std::vector<double> bigE;
+  double *ex = e;
+  if (k > 64) {
+    bigE.resize(k);
+    ex = bigE.data();
+  }
+  ex[0] = 1.0;
+  sum = 1.0;
+  for (int64_t j = 1; j < k; ++j) {
+    ex[j] = std::exp(static_cast<double>(logit[chosen[j]] - top));
+    sum += ex[j];
+  }
+  for (int64_t j = 0; j < k; ++j)
+    w[j] = static_cast<float>(ex[j] / sum);
+}
+
+//===----------------------------------------------------------------------===//
+// Row copies
+//===----------------------------------------------------------------------===//
+
+#if MOERT_DISPATCH_X86
+/// Copies n bytes; with `stream`, every whole 64-byte line of dst is written
+/// with a non-temporal store (the partial lines at either end normally).
+/// Optionally prefetches `next` (the next row to copy), one line per line.
+MOERT_AVX512BW_TARGET void copyBytesAvx512(uint8_t *dst, const uint8_t *src, int64_t n,
+                                           bool stream, const uint8_t *next) {
+  int64_t i = 0;
+  const int64_t head = std::min<int64_t>(n, (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63);
+  if (head) {
+    const __mmask64 m = (1ull << head) - 1;
+    _mm512_mask_storeu_epi8(dst, m, _mm512_maskz_loadu_epi8(m, src));
+    i = head;
+  }
+  if (stream) {
+    for (; i + 256 <= n; i += 256) {
+      if (next) {
+        _mm_prefetch(reinterpret_cast<const char *>(next + i), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char *>(next + i + 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char *>(next + i + 128), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char *>(next + i + 192), _MM_HINT_T0);
+      }
+      const __m512i a = _mm512_loadu_si512(src + i), b = _mm512_loadu_si512(src + i + 64);
+      const __m512i c = _mm512_loadu_si512(src + i + 128), d = _mm512_loadu_si512(src + i + 192);
+      _mm512_stream_si512(reinterpret_cast<__m512i *>(dst + i), a);
+      _mm512_stream_si512(reinterpret_cast<__m512i *>(dst + i + 64), b);
+      _mm512_stream_si512(reinterpret_cast<__m512i *>(dst + i + 128), c);
+      _mm512_stream_si512(reinterpret_cast<__m512i *>(dst + i + 192), d);
+    }
+    for (; i + 64 <= n; i += 64)
+      _mm512_stream_si512(reinterpret_cast<__m512i *>(dst + i), _mm512_loadu_si512(src + i));
+  } else {
+    for (; i + 256 <= n; i += 256) {
+      if (next) {
+        _mm_prefetch(reinterpret_cast<const char *>(next + i), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char *>(next + i + 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char *>(next + i + 128), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char *>(next + i + 192), _MM_HINT_T0);
+      }
+      const __m512i a = _mm512_loadu_si512(src + i), b = _mm512_loadu_si512(src + i + 64);
+      const __m512i c = _mm512_loadu_si512(src + i + 128), d = _mm512_loadu_si512(src + i + 192);
+      _mm512_storeu_si512(dst + i, a);
+      _mm512_storeu_si512(dst + i + 64, b);
+      _mm512_storeu_si512(dst + i + 128, c);
+      _mm512_storeu_si512(dst + i + 192, d);
+    }
+    for (; i + 64 <= n; i += 64)
+      _mm512_storeu_si512(dst + i, _mm512_loadu_si512(src + i));
+  }
+  if (i < n) {
+    const __mmask64 m = (1ull << (n - i)) - 1;
+    _mm512_mask_storeu_epi8(dst + i, m, _mm512_maskz_loadu_epi8(m, src + i));
+  }
+}
+#endif
+
+/// Bytes of output beyond which the copies bypass the caches: half the
+/// last-level cache (what is left holds the rows pass 2 re-reads).
+int64_t streamingThreshold() {
+  static const int64_t bytes = [] {
+    long l3 = -1;
+#if defined(_SC_LEVEL3_CACHE_SIZE)
+    l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+    if (l3 <= 0)
+      l3 = 32l << 20;
+    return static_cast<int64_t>(l3) / 2;
+  }();
+  return bytes;
+}
+
+} // namespace
+
+void routeAndDispatchBf16(const uint16_t *x, int64_t tokens, int64_t hidden,
+                          const uint16_t *gate, int64_t E, int64_t k, float *weights,
+                          int32_t *expertIds, int32_t *rows, int64_t *expertOffsets,
+                          uint16_t *dispatched, float *logits, DispatchKernel kernel) {
+  if (E <= 0 || k <= 0 || k > E)
+    inputError("routeAndDispatchBf16: top_k {} must lie in [1, {}]", k, E);
+  if (hidden <= 0 || tokens < 0)
+    inputError("routeAndDispatchBf16: bad shape [{}, {}]", tokens, hidden);
+  if (tokens * k > std::numeric_limits<int32_t>::max())
+    inputError("routeAndDispatchBf16: {} rows exceed the int32 row indices", tokens * k);
+#if MOERT_DISPATCH_X86
+  const bool vector = kernel == DispatchKernel::Auto && haveBf16Kernels();
+#else
+  const bool vector = false;
+  (void)kernel;
+#endif
+  const int64_t rowBytes = hidden * 2;
+  bool stream = tokens * k * rowBytes > streamingThreshold();
+  if (const char *env = std::getenv("MOERT_DISPATCH_STREAM")) stream = env[0] == '1'; // TEMP
+
+  // Contiguous token chunks, one per thread (parallelFor hands index c to
+  // the same thread in both passes, so pass 2 finds its rows in its L2).
+  const int64_t minChunk = 16;
+  const int64_t chunks =
+      std::max<int64_t>(1, std::min<int64_t>(numThreads(), tokens / minChunk));
+  auto chunkBegin = [&](int64_t c) { return tokens * c / chunks; };
+  std::vector<int64_t> counts(chunks * E, 0), start(chunks * E);
+
+  // Pass 1: logits, top-k, weights, per-chunk per-expert counts.
+  parallelFor(chunks, [&](int64_t c0, int64_t c1) {
+    constexpr int64_t kBlock = 24; // tokens per logits block (a multiple of 3)
+    std::vector<float> local(logits ? 0 : kBlock * E);
+    for (int64_t c = c0; c < c1; ++c) {
+      int64_t *count = counts.data() + c * E;
+      for (int64_t t0 = chunkBegin(c), end = chunkBegin(c + 1); t0 < end; t0 += kBlock) {
+        const int64_t n = std::min(kBlock, end - t0);
+        float *l = logits ? logits + t0 * E : local.data();
+#if MOERT_DISPATCH_X86
+        if (vector)
+          dotsAvx512(x + t0 * hidden, n, hidden, gate, E, l, E);
+        else
+#endif
+          dotsScalar(x + t0 * hidden, n, hidden, gate, E, l, E);
+        for (int64_t t = 0; t < n; ++t) {
+          int32_t *chosen = expertIds + (t0 + t) * k;
+          selectTopK(l + t * E, E, k, weights + (t0 + t) * k, chosen);
+          for (int64_t j = 0; j < k; ++j)
+            ++count[chosen[j]];
+        }
+      }
+    }
+  }, 1);
+
+  // Rows in expert order: expert-major, then chunk (token order) minor.
+  int64_t row = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    expertOffsets[e] = row;
+    for (int64_t c = 0; c < chunks; ++c) {
+      start[c * E + e] = row;
+      row += counts[c * E + e];
+    }
+  }
+  expertOffsets[E] = row;
+
+  // Pass 2: each chunk's rows to their positions, last token first (the
+  // rows read last in pass 1 are the ones still cached).
+  parallelFor(chunks, [&](int64_t c0, int64_t c1) {
+    std::vector<int64_t> cursor(E);
+    for (int64_t c = c0; c < c1; ++c) {
+      for (int64_t e = 0; e < E; ++e)
+        cursor[e] = start[c * E + e] + counts[c * E + e];
+      const int64_t begin = chunkBegin(c);
+      for (int64_t t = chunkBegin(c + 1) - 1; t >= begin; --t) {
+        const uint8_t *src = reinterpret_cast<const uint8_t *>(x + t * hidden);
+        const uint8_t *next = t > begin ? src - rowBytes : nullptr;
+        for (int64_t j = k - 1; j >= 0; --j) {
+          const int64_t r = --cursor[expertIds[t * k + j]];
+          rows[t * k + j] = static_cast<int32_t>(r);
+          uint8_t *dst = reinterpret_cast<uint8_t *>(dispatched + r * hidden);
+#if MOERT_DISPATCH_X86
+          if (vector) {
+            copyBytesAvx512(dst, src, rowBytes, stream, j == k - 1 ? next : nullptr);
+            continue;
+          }
+#endif
+          std::memcpy(dst, src, rowBytes);
+        }
+      }
+    }
+#if MOERT_DISPATCH_X86
+    if (vector && stream)
+      _mm_sfence();
+#endif
+  }, 1);
+}
+
+} // namespace moert::cpu
