@@ -417,6 +417,10 @@ Plan Plan::load(const std::string &path) {
   plan.maxSeqLen = workload.integer("max_seq_len", 1);
   plan.maxSequences = workload.integer("max_sequences", 1);
   plan.worldSize = r.integer("world_size", 1);
+  if (plan.worldSize > 1)
+    r.fail("world_size", fmt::format("a plan for {} ranks: this moert runs single-rank plans "
+                                      "(partitioned execution is not supported yet)",
+                                      plan.worldSize));
 
   const json &weights = r.array("weights");
   for (size_t i = 0; i < weights.size(); ++i) {

@@ -9,7 +9,10 @@
 #include "moe/Frontend/HF/Importer.h"
 #include "moe/InitAll.h"
 #include "moe/Pipelines.h"
+#include "moe/Analysis/Planner.h"
+#include "moe/Target/Distribution.h"
 #include "moe/Target/PlanWriter.h"
+#include "moe/Transforms/Passes.h"
 
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/Pass/PassManager.h"
@@ -20,6 +23,7 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/WithColor.h"
 
@@ -73,6 +77,50 @@ cl::opt<int64_t> maxSequences(
     "max-sequences",
     cl::desc("Most sequences decoded together (KV-cache slots, default 8)"),
     cl::init(8), cl::sub(compileCommand));
+
+// Distribution (the sharding planner).
+cl::OptionCategory distribution("Distribution (any of these runs the sharding planner)");
+cl::opt<int64_t> worldSize("world-size", cl::desc("Number of ranks (devices) to plan for"),
+                           cl::init(0), cl::sub(compileCommand), cl::cat(distribution));
+cl::opt<std::string> gpu("gpu",
+                         cl::desc("Device kind of a built-in machine: h100, h200, a100, "
+                                  "b200 or cpu (figures and sources: compiler/machines/)"),
+                         cl::sub(compileCommand), cl::cat(distribution));
+cl::opt<std::string> clusterFile(
+    "cluster", cl::desc("A cluster description (JSON, see compiler/machines/README.md)"),
+    cl::value_desc("file"), cl::sub(compileCommand), cl::cat(distribution));
+cl::opt<int64_t> fixedDp("dp", cl::desc("Fix the data-parallel degree"), cl::init(0),
+                         cl::sub(compileCommand), cl::cat(distribution));
+cl::opt<int64_t> fixedPp("pp", cl::desc("Fix the pipeline-parallel degree"), cl::init(0),
+                         cl::sub(compileCommand), cl::cat(distribution));
+cl::opt<int64_t> fixedTp("tp", cl::desc("Fix the tensor-parallel degree (divides the heads)"),
+                         cl::init(0), cl::sub(compileCommand), cl::cat(distribution));
+cl::opt<int64_t> fixedEp("ep", cl::desc("Fix the expert-parallel degree (divides the experts)"),
+                         cl::init(0), cl::sub(compileCommand), cl::cat(distribution));
+cl::opt<int64_t> fixedEtp("etp",
+                          cl::desc("Fix the expert tensor-parallel degree (divides the "
+                                   "expert width)"),
+                          cl::init(0), cl::sub(compileCommand), cl::cat(distribution));
+cl::opt<int64_t> vocabPadTo(
+    "vocab-pad-to",
+    cl::desc("Pad the vocabulary to a multiple of this x tp (default 64); the padding "
+             "never reaches logits or checkpoints"),
+    cl::init(64), cl::sub(compileCommand), cl::cat(distribution));
+cl::opt<bool> explain("explain",
+                      cl::desc("Print the chosen layout, the best alternatives with "
+                               "per-rank memory and time, and why the rest were rejected"),
+                      cl::sub(compileCommand), cl::cat(distribution));
+cl::opt<bool> printJson("json",
+                        cl::desc("Print the layout as one JSON object (world_size, degrees, "
+                                 "vocab, ranks with their memory and weight slices)"),
+                        cl::sub(compileCommand), cl::cat(distribution));
+
+cl::SubCommand planInfoCommand("plan-info", "Describe an existing plan's distribution");
+cl::opt<std::string> planInfoPath(cl::Positional, cl::Required, cl::desc("<plan>"),
+                                  cl::sub(planInfoCommand));
+cl::opt<bool> planInfoJson("json",
+                           cl::desc("Print one JSON object (world_size, degrees, vocab, ranks)"),
+                           cl::sub(planInfoCommand));
 
 cl::opt<std::string> importConfig(cl::Positional, cl::Required,
                                   cl::desc("<config.json>"),
@@ -201,9 +249,6 @@ int runCompile() {
                                   "--compile-to: unknown phase '%s' (expected "
                                   "one of: %s)",
                                   compileTo.c_str(), phaseNames()));
-  if (*last == Phase::Plan && compileOutput.empty())
-    return fail(createStringError(inconvertibleErrorCode(),
-                                  "-o: expected the plan's output path"));
   Expected<hf::ModelConfig> config = hf::loadModelConfig(compileConfig);
   if (!config)
     return fail(config.takeError());
@@ -226,6 +271,57 @@ int runCompile() {
   int64_t seqLen = maxSeqLen ? int64_t(maxSeqLen)
                              : std::min<int64_t>(config->maxPositionEmbeddings, 4096);
   WorkloadOptions workload{maxBatchTokens, seqLen, maxSequences};
+
+  // The sharding planner runs when any distribution option is given.
+  bool distributed = worldSize || !gpu.empty() || !clusterFile.empty() || fixedDp ||
+                     fixedPp || fixedTp || fixedEp || fixedEtp || explain || printJson;
+  std::optional<sharding::ModelInfo> model;
+  std::optional<sharding::PlanResult> planned;
+  if (distributed) {
+    auto info = sharding::ModelInfo::build(*config);
+    if (!info)
+      return fail(info.takeError());
+    Expected<sharding::Cluster> cluster =
+        !clusterFile.empty() ? sharding::loadClusterFile(clusterFile)
+                             : sharding::makeCluster(gpu.empty() ? "cpu" : gpu.getValue(),
+                                                     worldSize ? worldSize : 1);
+    if (cluster && !clusterFile.empty() && worldSize)
+      cluster = sharding::withWorldSize(*cluster, worldSize);
+    if (!cluster)
+      return fail(cluster.takeError());
+    sharding::Workload w{maxBatchTokens, seqLen, maxSequences};
+    sharding::PlanOptions options;
+    options.vocabPadTo = vocabPadTo;
+    sharding::FixedDegrees fixed;
+    auto set = [](std::optional<int64_t> &slot, int64_t v) {
+      if (v)
+        slot = v;
+    };
+    set(fixed.dp, fixedDp);
+    set(fixed.pp, fixedPp);
+    set(fixed.tp, fixedTp);
+    set(fixed.ep, fixedEp);
+    set(fixed.etp, fixedEtp);
+    auto result = sharding::planSharding(*info, *cluster, w, options, fixed);
+    if (!result)
+      return fail(result.takeError());
+    if (explain)
+      outs() << sharding::explainPlan(*info, *cluster, w, *result);
+    model = std::move(*info);
+    planned = std::move(*result);
+    const sharding::ShardingLayout &layout = planned->chosen().layout;
+    MoEPlanShardingOptions annotate;
+    annotate.dp = layout.degrees.dp;
+    annotate.pp = layout.degrees.pp;
+    annotate.tp = layout.degrees.tp;
+    annotate.ep = layout.degrees.ep;
+    annotate.etp = layout.degrees.etp;
+    annotate.vocabPadTo = layout.vocabPadTo;
+    // The layout also lists the end (num layers); the pass takes the firsts.
+    std::vector<int64_t> firsts(layout.stageBegin.begin(), layout.stageBegin.end() - 1);
+    annotate.stageBegin = firsts;
+    pm.addPass(createMoEPlanSharding(annotate));
+  }
   // A long prompt is prefilled in chunks of max-batch-tokens, so only the
   // sequence length is bounded by the model.
   buildPipeline(pm, workload, *last);
@@ -244,11 +340,92 @@ int runCompile() {
     out.keep();
     return kExitOk;
   }
+  if (compileOutput.empty() && !explain && !printJson)
+    return fail(createStringError(inconvertibleErrorCode(),
+                                  "-o: expected the plan's output path"));
   Expected<json::Value> plan = buildPlan(**module);
   if (!plan)
     return fail(plan.takeError(), kExitFailure);
-  if (Error e = writePlanFile(*plan, compileOutput))
+  if (!planned) {
+    if (Error e = writePlanFile(*plan, compileOutput))
+      return fail(std::move(e));
+    return kExitOk;
+  }
+  const sharding::LayoutEstimate &chosen = planned->chosen();
+  if (printJson) {
+    // Streamed: a many-rank layout has too many slices for a JSON tree.
+    json::OStream J(outs());
+    J.object([&] {
+      writeDistribution(J, *model, chosen);
+      J.attribute("search", sharding::toJSON(*planned));
+    });
+    outs() << "\n";
+  }
+  if (compileOutput.empty())
+    return kExitOk; // --explain / --json alone write no plan
+  json::Object &root = *plan->getAsObject();
+  if (chosen.layout.degrees.world() == 1) {
+    mergeDistribution(root, distributionJson(*model, chosen));
+    if (Error e = writePlanFile(*plan, compileOutput))
+      return fail(std::move(e));
+    return kExitOk;
+  }
+  // Many ranks: their partitioned programs come with partitioned execution;
+  // the plan holds the layout and each rank's slices.
+  root.erase("ranks");
+  if (Error e = writePlanFile(root, compileOutput, [&](json::OStream &J) {
+        writeDistribution(J, *model, chosen);
+      }))
     return fail(std::move(e));
+  return kExitOk;
+}
+
+int runPlanInfo() {
+  auto buffer = MemoryBuffer::getFile(planInfoPath);
+  if (!buffer)
+    return fail(createStringError(buffer.getError(), "%s: cannot read: %s",
+                                  planInfoPath.c_str(), buffer.getError().message().c_str()));
+  Expected<json::Value> plan = json::parse((*buffer)->getBuffer());
+  if (!plan)
+    return fail(createStringError(inconvertibleErrorCode(), "%s: not a plan: %s",
+                                  planInfoPath.c_str(), toString(plan.takeError()).c_str()));
+  json::Object *root = plan->getAsObject();
+  if (!root || root->getString("format") != "moe-plan")
+    return fail(createStringError(inconvertibleErrorCode(),
+                                  "%s: not a plan (no \"format\": \"moe-plan\")",
+                                  planInfoPath.c_str()));
+  json::Object info;
+  for (StringRef key : {"world_size", "degrees", "vocab", "stage_begin"})
+    if (const json::Value *v = root->get(key))
+      info[key] = *v;
+  json::Array ranks;
+  if (const json::Array *all = root->getArray("ranks"))
+    for (const json::Value &r : *all) {
+      const json::Object *rank = r.getAsObject();
+      if (!rank)
+        continue;
+      json::Object entry;
+      for (StringRef key : {"rank", "coords", "memory", "weights", "weights_of_rank"})
+        if (const json::Value *v = rank->get(key))
+          entry[key] = *v;
+      ranks.push_back(std::move(entry));
+    }
+  info["ranks"] = std::move(ranks);
+  if (planInfoJson) {
+    outs() << formatv("{0:2}", json::Value(std::move(info))) << "\n";
+    return kExitOk;
+  }
+  const json::Object *degrees = info.getObject("degrees");
+  outs() << "plan        " << planInfoPath << "\n";
+  outs() << "world size  " << info.getInteger("world_size").value_or(1) << "\n";
+  if (degrees)
+    outs() << formatv("degrees     dp={0} pp={1} tp={2} ep={3} etp={4}\n",
+                      degrees->getInteger("dp").value_or(1), degrees->getInteger("pp").value_or(1),
+                      degrees->getInteger("tp").value_or(1), degrees->getInteger("ep").value_or(1),
+                      degrees->getInteger("etp").value_or(1));
+  if (const json::Object *vocab = info.getObject("vocab"))
+    outs() << formatv("vocab       {0} (padded {1})\n", vocab->getInteger("size").value_or(0),
+                      vocab->getInteger("padded").value_or(0));
   return kExitOk;
 }
 
@@ -261,7 +438,10 @@ int moe::moecMain(int argc, char **argv) {
       "moec: the MoE model compiler\n\n"
       "  moec inspect CONFIG [--json]   summary and exact parameter counts\n"
       "  moec import CONFIG [-o FILE]   the model as moe-dialect IR\n"
-      "  moec compile CONFIG -o PLAN    a plan for moert (see moec compile --help)\n\n"
+      "  moec compile CONFIG -o PLAN    a plan for moert (see moec compile --help)\n"
+      "  moec compile CONFIG --world-size N --gpu h100 [--explain] [--json] [-o PLAN]\n"
+      "                                 choose the sharding and say why\n"
+      "  moec plan-info PLAN [--json]   a plan's distribution\n\n"
       "Bad input (a missing, mistyped or inconsistent config field) is "
       "reported as 'FILE: field 'NAME': ...' with exit code 2.\n");
   if (inspectCommand)
@@ -270,6 +450,8 @@ int moe::moecMain(int argc, char **argv) {
     return runImport();
   if (compileCommand)
     return runCompile();
-  errs() << "moec: expected a command (inspect, import, compile); see moec --help\n";
+  if (planInfoCommand)
+    return runPlanInfo();
+  errs() << "moec: expected a command (inspect, import, compile, plan-info); see moec --help\n";
   return kExitBadInput;
 }

@@ -11,6 +11,7 @@
 #include "moe/Transforms/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Mesh/IR/MeshOps.h"
 #include "mlir/IR/Builders.h"
 
 #include <map>
@@ -58,7 +59,8 @@ public:
 
     int64_t caches = 0;
     for (Operation &op : body) {
-      if (isa<moe::WeightOp, moe::ExpertWeightOp>(op))
+      // Weights, and their sharding annotations, are not activations.
+      if (isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp>(op))
         continue;
       if (isa<moe::AttentionOp, moe::MLAttentionOp>(op))
         op.setAttr("moe.kv_cache", b.getI64IntegerAttr(caches++));

@@ -19,9 +19,20 @@ constexpr int kPlanFormatVersion = 1;
 /// buffers assigned). Fails when the module is not in that form.
 llvm::Expected<llvm::json::Value> buildPlan(mlir::ModuleOp module);
 
+/// Puts a distribution (Distribution.h) into a plan: world_size, degrees,
+/// vocab and stages at the top; with one rank, its coords/memory/weights join
+/// the runnable program of ranks[0]; with more, `ranks` is the distribution's
+/// (their partitioned programs come with partitioned execution).
+void mergeDistribution(llvm::json::Object &plan, llvm::json::Object distribution);
+
 /// Writes `plan` to `path` atomically: a temporary file beside it, fsync,
 /// rename. A failure leaves no file at `path` changed.
 llvm::Error writePlanFile(const llvm::json::Value &plan, llvm::StringRef path);
+
+/// The same for a plan whose last attributes are streamed by `more` (inside
+/// the top-level object): used for many-rank distributions. Written compact.
+llvm::Error writePlanFile(const llvm::json::Object &plan, llvm::StringRef path,
+                          llvm::function_ref<void(llvm::json::OStream &)> more);
 
 } // namespace moe
 

@@ -3,6 +3,7 @@
 #define MOE_TRANSFORMS_PASSES_H
 
 #include "mlir/IR/BuiltinOps.h"
+#include "mlir/Dialect/Mesh/IR/MeshDialect.h"
 #include "mlir/Pass/Pass.h"
 
 namespace moe {

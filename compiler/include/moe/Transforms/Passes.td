@@ -39,4 +39,34 @@ def MoEAssignBuffers : Pass<"moe-assign-buffers", "mlir::ModuleOp"> {
   }];
 }
 
+def MoEPlanSharding : Pass<"moe-plan-sharding", "mlir::ModuleOp"> {
+  let summary = "annotate every weight with its sharding on the device meshes";
+  let description = [{
+    Applies a layout (the degrees the planner chose, `moec compile
+    --explain` says why) to the module: adds the two meshes of Megatron-Core's
+    parallel folding over the same ranks, `@mesh` (PP x DP x TP) for
+    attention and dense parts and `@experts` (PP x EDP x EP x ETP) for routed
+    experts, and a `mesh.shard` after every weight: column-parallel weights
+    split dim 0 over TP (mesh axis 2), row-parallel ones dim 1, the embedding
+    and LM head split along the (padded) vocabulary over TP, routed expert
+    stacks split dim 0 over EP (`@experts` axis 2) and their intermediate dim
+    over ETP (axis 3); norms, routers and MLA's down-projections are
+    replicated (`[[]]`). The module gets `moe.sharding` with the degrees,
+    the padded vocabulary and the first layer of each pipeline stage. The
+    model's classification comes from the config.json named by `moe.source`.
+  }];
+  let dependentDialects = ["mlir::mesh::MeshDialect"];
+  let options = [
+    Option<"dp", "dp", "int64_t", "1", "data-parallel degree">,
+    Option<"pp", "pp", "int64_t", "1", "pipeline-parallel degree">,
+    Option<"tp", "tp", "int64_t", "1", "tensor-parallel degree">,
+    Option<"ep", "ep", "int64_t", "1", "expert-parallel degree">,
+    Option<"etp", "etp", "int64_t", "1", "expert tensor-parallel degree">,
+    Option<"vocabPadTo", "vocab-pad-to", "int64_t", "64",
+           "pad the vocabulary to a multiple of this x tp">,
+    ListOption<"stageBegin", "stage-begin", "int64_t",
+               "first layer of each pipeline stage (default: even split)">,
+  ];
+}
+
 #endif // MOE_TRANSFORMS_PASSES_TD

@@ -3,6 +3,7 @@
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Mesh/IR/MeshOps.h"
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -165,6 +166,12 @@ llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
       addWeight(w, w.getName(), w.getNumExperts());
       continue;
     }
+    if (auto shard = dyn_cast<mesh::ShardOp>(op)) {
+      // A sharding annotation names the same weight.
+      if (weightId.count(shard.getSrc()))
+        weightId[shard.getResult()] = weightId[shard.getSrc()];
+      continue;
+    }
     if (auto ret = dyn_cast<func::ReturnOp>(op)) {
       logitsBuffer = bufferOf.lookup(ret.getOperand(0));
       continue;
@@ -268,7 +275,45 @@ llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
       {"ranks", std::move(ranks)}});
 }
 
+void moe::mergeDistribution(Object &plan, Object distribution) {
+  for (StringRef key : {"world_size", "degrees", "vocab", "stage_begin"})
+    plan[key] = std::move(*distribution.get(key));
+  Array *ranks = distribution.getArray("ranks");
+  if (ranks->size() == 1) {
+    Object *program = (*plan.getArray("ranks"))[0].getAsObject();
+    Object *rank = (*ranks)[0].getAsObject();
+    (*program)["coords"] = std::move(*rank->get("coords"));
+    (*program)["planned_memory"] = std::move(*rank->get("memory"));
+    (*program)["weights"] = std::move(*rank->get("weights"));
+    return;
+  }
+  plan["ranks"] = std::move(*distribution.get("ranks"));
+}
+
+static llvm::Error writeAtomically(llvm::StringRef path,
+                                   llvm::function_ref<void(llvm::raw_ostream &)> write);
+
 llvm::Error moe::writePlanFile(const JsonValue &plan, llvm::StringRef path) {
+  return writeAtomically(path, [&](llvm::raw_ostream &os) {
+    os << llvm::formatv("{0:2}", plan) << "\n";
+  });
+}
+
+llvm::Error moe::writePlanFile(const Object &plan, llvm::StringRef path,
+                               llvm::function_ref<void(llvm::json::OStream &)> more) {
+  return writeAtomically(path, [&](llvm::raw_ostream &os) {
+    llvm::json::OStream J(os);
+    J.object([&] {
+      for (const auto &[key, value] : plan)
+        J.attribute(key, value);
+      more(J);
+    });
+    os << "\n";
+  });
+}
+
+static llvm::Error writeAtomically(llvm::StringRef path,
+                                   llvm::function_ref<void(llvm::raw_ostream &)> write) {
   llvm::SmallString<256> temp;
   int fd;
   llvm::SmallString<256> model(path);
@@ -278,7 +323,7 @@ llvm::Error moe::writePlanFile(const JsonValue &plan, llvm::StringRef path) {
                                    path, ec.message()));
   {
     llvm::raw_fd_ostream os(fd, /*shouldClose=*/false);
-    os << llvm::formatv("{0:2}", plan) << "\n";
+    write(os);
     os.flush();
     if (os.has_error() || ::fsync(fd) != 0) {
       ::close(fd);
