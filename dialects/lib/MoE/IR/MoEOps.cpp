@@ -139,7 +139,12 @@ LogicalResult LayerNormOp::verify() {
 void LinearOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
   // Named after the weight's module: `%q_proj = moe.linear %x, %...q_proj`.
   StringRef name = "proj";
-  if (auto weight = getWeight().getDefiningOp<WeightOp>()) {
+  Value source = getWeight();
+  // Look through a sharding annotation (mesh.shard) to the weight.
+  if (Operation *def = source.getDefiningOp();
+      def && def->getName().getStringRef() == "mesh.shard")
+    source = def->getOperand(0);
+  if (auto weight = source.getDefiningOp<WeightOp>()) {
     StringRef module = weight.getName();
     module.consume_back(".weight");
     name = module.rsplit('.').second.empty() ? module : module.rsplit('.').second;
