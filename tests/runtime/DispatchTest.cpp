@@ -164,6 +164,17 @@ TEST(DispatchTest, OddShapesAndAlignments) {
       }
 }
 
+TEST(DispatchTest, LargeBatchesStreamTheCopiesExactly) {
+  // Input + output above 16 MiB: the copies use non-temporal stores (whole
+  // lines; partial lines at the ends of rows when the output is misaligned).
+  const int64_t T = 720, H = 4096, E = 8;
+  auto x = randomBf16(T * H, 7, 1.0f), gate = randomBf16(E * H, 8, 0.02f);
+  for (size_t misalign : {size_t(0), size_t(3)}) {
+    SCOPED_TRACE(testing::Message() << "misalign " << misalign);
+    EXPECT_EQ(check({T, H, E, 2, 2, DispatchKernel::Auto, misalign}, x, gate), 0);
+  }
+}
+
 TEST(DispatchTest, TiesPickTheLowerExpertFirst) {
   // Gate rows 1, 2 and 4 are equal: their logits tie exactly.
   const int64_t T = 64, H = 256, E = 6;

@@ -16,8 +16,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <cstdlib>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -70,12 +70,64 @@ bool haveBf16Kernels() {
   return have;
 }
 
-/// R token rows against NE gate rows: R*NE accumulators of 16 f32 lanes,
-/// each 32-bf16 step loads R x vectors and NE gate vectors for R*NE
-/// vdpbf16ps. out[r * ldo + e].
+/// The gate re-laid for the kernel: experts in blocks of 8, and within a
+/// block, for each 32-wide slice of the hidden dimension, the block's rows
+/// one after another (one sequential stream instead of 8), zero-padded to a
+/// multiple of 32 columns. Block b holds experts [8b, min(8b + 8, E)).
+struct InterleavedGate {
+  std::vector<uint16_t> data;
+  int64_t paddedHidden = 0;
+  InterleavedGate(const uint16_t *gate, int64_t E, int64_t hidden)
+      : data(((E + 7) / 8) * 8 * ((hidden + 31) / 32 * 32), 0),
+        paddedHidden((hidden + 31) / 32 * 32) {
+    for (int64_t e0 = 0; e0 < E; e0 += 8) {
+      const int64_t ne = std::min<int64_t>(8, E - e0);
+      uint16_t *block = data.data() + e0 * paddedHidden;
+      for (int64_t i = 0; i < hidden; i += 32)
+        for (int64_t e = 0; e < ne; ++e)
+          std::memcpy(block + i * ne + e * 32, gate + (e0 + e) * hidden + i,
+                      std::min<int64_t>(32, hidden - i) * 2);
+    }
+  }
+  const uint16_t *block(int64_t e0) const { return data.data() + e0 * paddedHidden; }
+};
+
+/// Sums of 8 accumulators: lane e of the result = horizontal sum of a[e]
+/// (a transposing tree: 23 shuffles and adds instead of 8 reductions).
+MOERT_BF16_TARGET inline __m256 reduce8(const __m512 *a) {
+  __m512 b[4], c[2];
+  for (int i = 0; i < 4; ++i)
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  for (int i = 0; i < 2; ++i)
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  // c[0]'s 128-bit lanes hold 4 partial sums of a[0..3], c[1]'s of a[4..7].
+  const __m512 d = _mm512_add_ps(_mm512_unpacklo_ps(c[0], c[1]), _mm512_unpackhi_ps(c[0], c[1]));
+  const __m512 f = _mm512_add_ps(d, _mm512_permute_ps(d, 0x4E));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, f));
+}
+
+/// One 32-column step: acc[r][e] += x[r] . gate[e] (pairwise bf16 products).
+template <int R, int NE>
+MOERT_BF16_TARGET inline void dotStep(__m512 (&acc)[R][NE], const __m512bh *xv,
+                                      const uint16_t *g) {
+  for (int e = 0; e < NE; ++e) {
+    const __m512bh gv = (__m512bh)_mm512_loadu_si512(g + e * 32);
+    for (int r = 0; r < R; ++r)
+      acc[r][e] = _mm512_dpbf16_ps(acc[r][e], xv[r], gv);
+  }
+}
+
+/// R token rows (row stride `hidden`) against NE gate rows of an
+/// interleaved block: R*NE accumulators of 16 f32 lanes; each 32-bf16 step
+/// loads R x vectors and NE gate vectors for R*NE vdpbf16ps, and prefetches
+/// (into L2) the same columns of the R rows at `next` (null: none).
+/// out[r * ldo + e].
 template <int R, int NE>
 MOERT_BF16_TARGET void dotsBf16(const uint16_t *x, int64_t hidden, const uint16_t *gate,
-                                float *out, int64_t ldo) {
+                                const uint16_t *next, float *out, int64_t ldo) {
   __m512 acc[R][NE];
   for (int r = 0; r < R; ++r)
     for (int e = 0; e < NE; ++e)
@@ -85,57 +137,65 @@ MOERT_BF16_TARGET void dotsBf16(const uint16_t *x, int64_t hidden, const uint16_
     __m512bh xv[R];
     for (int r = 0; r < R; ++r)
       xv[r] = (__m512bh)_mm512_loadu_si512(x + r * hidden + i);
-    for (int e = 0; e < NE; ++e) {
-      const __m512bh g = (__m512bh)_mm512_loadu_si512(gate + e * hidden + i);
+    if (next)
       for (int r = 0; r < R; ++r)
-        acc[r][e] = _mm512_dpbf16_ps(acc[r][e], xv[r], g);
-    }
+        _mm_prefetch(reinterpret_cast<const char *>(next + r * hidden + i), _MM_HINT_T1);
+    dotStep<R, NE>(acc, xv, gate + i * NE);
   }
   if (i < hidden) {
     const __mmask32 m = static_cast<__mmask32>((1ull << (hidden - i)) - 1);
     __m512bh xv[R];
     for (int r = 0; r < R; ++r)
       xv[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, x + r * hidden + i);
-    for (int e = 0; e < NE; ++e) {
-      const __m512bh g = (__m512bh)_mm512_maskz_loadu_epi16(m, gate + e * hidden + i);
-      for (int r = 0; r < R; ++r)
-        acc[r][e] = _mm512_dpbf16_ps(acc[r][e], xv[r], g);
+    dotStep<R, NE>(acc, xv, gate + i * NE);
+  }
+  for (int r = 0; r < R; ++r) {
+    if constexpr (NE == 8) {
+      _mm256_storeu_ps(out + r * ldo, reduce8(acc[r]));
+    } else {
+      for (int e = 0; e < NE; ++e)
+        out[r * ldo + e] = _mm512_reduce_add_ps(acc[r][e]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int e = 0; e < NE; ++e)
-      out[r * ldo + e] = _mm512_reduce_add_ps(acc[r][e]);
 }
 
 template <int R>
 MOERT_BF16_TARGET void dotsBf16Block(const uint16_t *x, int64_t hidden, const uint16_t *gate,
-                                     int64_t ne, float *out, int64_t ldo) {
+                                     int64_t ne, const uint16_t *next, float *out,
+                                     int64_t ldo) {
   switch (ne) {
-  case 8: return dotsBf16<R, 8>(x, hidden, gate, out, ldo);
-  case 7: return dotsBf16<R, 7>(x, hidden, gate, out, ldo);
-  case 6: return dotsBf16<R, 6>(x, hidden, gate, out, ldo);
-  case 5: return dotsBf16<R, 5>(x, hidden, gate, out, ldo);
-  case 4: return dotsBf16<R, 4>(x, hidden, gate, out, ldo);
-  case 3: return dotsBf16<R, 3>(x, hidden, gate, out, ldo);
-  case 2: return dotsBf16<R, 2>(x, hidden, gate, out, ldo);
-  default: return dotsBf16<R, 1>(x, hidden, gate, out, ldo);
+  case 8: return dotsBf16<R, 8>(x, hidden, gate, next, out, ldo);
+  case 7: return dotsBf16<R, 7>(x, hidden, gate, next, out, ldo);
+  case 6: return dotsBf16<R, 6>(x, hidden, gate, next, out, ldo);
+  case 5: return dotsBf16<R, 5>(x, hidden, gate, next, out, ldo);
+  case 4: return dotsBf16<R, 4>(x, hidden, gate, next, out, ldo);
+  case 3: return dotsBf16<R, 3>(x, hidden, gate, next, out, ldo);
+  case 2: return dotsBf16<R, 2>(x, hidden, gate, next, out, ldo);
+  default: return dotsBf16<R, 1>(x, hidden, gate, next, out, ldo);
   }
 }
 
 /// Tokens per register tile of the logits kernel (3 x 8 accumulators).
 constexpr int kTileTokens = 3;
 
-MOERT_BF16_TARGET void dotsAvx512(const uint16_t *x, int64_t rowsCount, int64_t hidden,
-                                  const uint16_t *gate, int64_t E, float *out, int64_t ldo) {
-  int64_t r = 0;
-  for (; r + kTileTokens <= rowsCount; r += kTileTokens)
+/// Logits of rows [r0, r1) of x into out (row stride ldo); the rows
+/// before `limit` after each tile are prefetched while it computes.
+MOERT_BF16_TARGET void dotsAvx512(const uint16_t *x, int64_t r0, int64_t r1, int64_t limit,
+                                  int64_t hidden, const InterleavedGate &gate, int64_t E,
+                                  float *out, int64_t ldo) {
+  int64_t r = r0;
+  for (; r + kTileTokens <= r1; r += kTileTokens) {
+    const bool more = r + 2 * kTileTokens <= limit;
     for (int64_t e = 0; e < E; e += 8)
-      dotsBf16Block<kTileTokens>(x + r * hidden, hidden, gate + e * hidden,
-                                 std::min<int64_t>(8, E - e), out + r * ldo + e, ldo);
-  for (; r < rowsCount; ++r)
+      dotsBf16Block<kTileTokens>(x + r * hidden, hidden, gate.block(e),
+                                 std::min<int64_t>(8, E - e),
+                                 more && e == 0 ? x + (r + kTileTokens) * hidden : nullptr,
+                                 out + (r - r0) * ldo + e, ldo);
+  }
+  for (; r < r1; ++r)
     for (int64_t e = 0; e < E; e += 8)
-      dotsBf16Block<1>(x + r * hidden, hidden, gate + e * hidden, std::min<int64_t>(8, E - e),
-                       out + r * ldo + e, ldo);
+      dotsBf16Block<1>(x + r * hidden, hidden, gate.block(e), std::min<int64_t>(8, E - e),
+                       nullptr, out + (r - r0) * ldo + e, ldo);
 }
 #endif
 
@@ -193,7 +253,7 @@ void selectTopK(const float *logit, int64_t E, int64_t k, float *w, int32_t *cho
   // softmax(l)_j / sum_chosen softmax(l)_i: the denominator of the softmax
   // cancels, and the top logit is the maximum the softmax subtracts.
   const float top = logit[chosen[0]];
-  double e[64], sum = 0;
+  double e[64];
   std::vector<double> bigE;
   double *ex = e;
   if (k > 64) {
@@ -201,7 +261,7 @@ void selectTopK(const float *logit, int64_t E, int64_t k, float *w, int32_t *cho
     ex = bigE.data();
   }
   ex[0] = 1.0;
-  sum = 1.0;
+  double sum = 1.0;
   for (int64_t j = 1; j < k; ++j) {
     ex[j] = std::exp(static_cast<double>(logit[chosen[j]] - top));
     sum += ex[j];
@@ -230,10 +290,10 @@ MOERT_AVX512BW_TARGET void copyBytesAvx512(uint8_t *dst, const uint8_t *src, int
   if (stream) {
     for (; i + 256 <= n; i += 256) {
       if (next) {
-        _mm_prefetch(reinterpret_cast<const char *>(next + i), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char *>(next + i + 64), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char *>(next + i + 128), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char *>(next + i + 192), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char *>(next + i), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char *>(next + i + 64), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char *>(next + i + 128), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char *>(next + i + 192), _MM_HINT_T1);
       }
       const __m512i a = _mm512_loadu_si512(src + i), b = _mm512_loadu_si512(src + i + 64);
       const __m512i c = _mm512_loadu_si512(src + i + 128), d = _mm512_loadu_si512(src + i + 192);
@@ -247,10 +307,10 @@ MOERT_AVX512BW_TARGET void copyBytesAvx512(uint8_t *dst, const uint8_t *src, int
   } else {
     for (; i + 256 <= n; i += 256) {
       if (next) {
-        _mm_prefetch(reinterpret_cast<const char *>(next + i), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char *>(next + i + 64), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char *>(next + i + 128), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char *>(next + i + 192), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char *>(next + i), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char *>(next + i + 64), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char *>(next + i + 128), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char *>(next + i + 192), _MM_HINT_T1);
       }
       const __m512i a = _mm512_loadu_si512(src + i), b = _mm512_loadu_si512(src + i + 64);
       const __m512i c = _mm512_loadu_si512(src + i + 128), d = _mm512_loadu_si512(src + i + 192);
@@ -269,17 +329,21 @@ MOERT_AVX512BW_TARGET void copyBytesAvx512(uint8_t *dst, const uint8_t *src, int
 }
 #endif
 
-/// Bytes of output beyond which the copies bypass the caches: half the
-/// last-level cache (what is left holds the rows pass 2 re-reads).
+/// Bytes (input + output) beyond which the copies bypass the caches: half
+/// the last-level cache a core shares (taken as at most 32 MiB: virtual
+/// machines report whole-socket sums). Below, the dispatched rows stay
+/// cached for the expert GEMMs that read them next; above, they would be
+/// evicted anyway, and regular stores would also read every line (RFO) and
+/// push out the input rows pass 2 still has to read.
 int64_t streamingThreshold() {
   static const int64_t bytes = [] {
-    long l3 = -1;
+    int64_t l3 = 32ll << 20;
 #if defined(_SC_LEVEL3_CACHE_SIZE)
-    l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    const long reported = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (reported > 0)
+      l3 = std::min<int64_t>(l3, reported);
 #endif
-    if (l3 <= 0)
-      l3 = 32l << 20;
-    return static_cast<int64_t>(l3) / 2;
+    return l3 / 2;
   }();
   return bytes;
 }
@@ -303,8 +367,7 @@ void routeAndDispatchBf16(const uint16_t *x, int64_t tokens, int64_t hidden,
   (void)kernel;
 #endif
   const int64_t rowBytes = hidden * 2;
-  bool stream = tokens * k * rowBytes > streamingThreshold();
-  if (const char *env = std::getenv("MOERT_DISPATCH_STREAM")) stream = env[0] == '1'; // TEMP
+  const bool stream = tokens * (k + 1) * rowBytes > streamingThreshold();
 
   // Contiguous token chunks, one per thread (parallelFor hands index c to
   // the same thread in both passes, so pass 2 finds its rows in its L2).
@@ -312,20 +375,26 @@ void routeAndDispatchBf16(const uint16_t *x, int64_t tokens, int64_t hidden,
   const int64_t chunks =
       std::max<int64_t>(1, std::min<int64_t>(numThreads(), tokens / minChunk));
   auto chunkBegin = [&](int64_t c) { return tokens * c / chunks; };
-  std::vector<int64_t> counts(chunks * E, 0), start(chunks * E);
+  std::vector<int64_t> counts(chunks * E), start(chunks * E);
 
+#if MOERT_DISPATCH_X86
+  std::unique_ptr<InterleavedGate> interleaved;
+  if (vector)
+    interleaved = std::make_unique<InterleavedGate>(gate, E, hidden);
+#endif
   // Pass 1: logits, top-k, weights, per-chunk per-expert counts.
   parallelFor(chunks, [&](int64_t c0, int64_t c1) {
     constexpr int64_t kBlock = 24; // tokens per logits block (a multiple of 3)
     std::vector<float> local(logits ? 0 : kBlock * E);
+    std::vector<int64_t> count(E); // the chunk's counts (not shared lines)
     for (int64_t c = c0; c < c1; ++c) {
-      int64_t *count = counts.data() + c * E;
+      std::fill(count.begin(), count.end(), 0);
       for (int64_t t0 = chunkBegin(c), end = chunkBegin(c + 1); t0 < end; t0 += kBlock) {
         const int64_t n = std::min(kBlock, end - t0);
         float *l = logits ? logits + t0 * E : local.data();
 #if MOERT_DISPATCH_X86
         if (vector)
-          dotsAvx512(x + t0 * hidden, n, hidden, gate, E, l, E);
+          dotsAvx512(x, t0, t0 + n, end, hidden, *interleaved, E, l, E);
         else
 #endif
           dotsScalar(x + t0 * hidden, n, hidden, gate, E, l, E);
@@ -336,6 +405,7 @@ void routeAndDispatchBf16(const uint16_t *x, int64_t tokens, int64_t hidden,
             ++count[chosen[j]];
         }
       }
+      std::copy(count.begin(), count.end(), counts.begin() + c * E);
     }
   }, 1);
 

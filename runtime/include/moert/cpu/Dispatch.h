@@ -42,9 +42,10 @@ enum class DispatchKernel {
 /// the routing of each thread's token chunk and per-expert counts, a prefix
 /// sum (expert-major, chunk-minor) gives each chunk's first row per expert,
 /// pass 2 copies each chunk's rows (backwards, so the rows pass 1 read last
-/// are still cached) with non-temporal stores when the output exceeds the
-/// caches. The copy is exact at any alignment; a 64-byte-aligned
-/// `dispatched` with H a multiple of 32 lets every row stream whole lines.
+/// are still cached), with non-temporal stores when input + output exceed
+/// half the last-level cache. The copy is exact at any alignment; a
+/// 64-byte-aligned `dispatched` with H a multiple of 32 streams whole lines.
+/// x and dispatched must not overlap.
 void routeAndDispatchBf16(const uint16_t *x, int64_t tokens, int64_t hidden,
                           const uint16_t *gate, int64_t experts, int64_t k, float *weights,
                           int32_t *expertIds, int32_t *rows, int64_t *expertOffsets,
