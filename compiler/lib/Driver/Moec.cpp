@@ -106,6 +106,11 @@ cl::opt<int64_t> vocabPadTo(
     cl::desc("Pad the vocabulary to a multiple of this x tp (default 64); the padding "
              "never reaches logits or checkpoints"),
     cl::init(64), cl::sub(compileCommand), cl::cat(distribution));
+cl::opt<std::string> planDtype(
+    "dtype",
+    cl::desc("Weight dtype the planner counts: bf16, f16, f32 or fp8 (default: the "
+             "config's torch_dtype; DeepSeek-V3 publishes fp8 weights)"),
+    cl::sub(compileCommand), cl::cat(distribution));
 cl::opt<bool> explain("explain",
                       cl::desc("Print the chosen layout, the best alternatives with "
                                "per-rank memory and time, and why the rest were rejected"),
@@ -274,11 +279,20 @@ int runCompile() {
 
   // The sharding planner runs when any distribution option is given.
   bool distributed = worldSize || !gpu.empty() || !clusterFile.empty() || fixedDp ||
+                     !planDtype.empty() ||
                      fixedPp || fixedTp || fixedEp || fixedEtp || explain || printJson;
   std::optional<sharding::ModelInfo> model;
   std::optional<sharding::PlanResult> planned;
   if (distributed) {
-    auto info = sharding::ModelInfo::build(*config);
+    std::optional<sharding::DType> dtype;
+    if (!planDtype.empty()) {
+      dtype = sharding::parseDType(planDtype);
+      if (!dtype)
+        return fail(createStringError(inconvertibleErrorCode(),
+                                      "--dtype %s: expected bf16, f16, f32 or fp8",
+                                      planDtype.c_str()));
+    }
+    auto info = sharding::ModelInfo::build(*config, dtype);
     if (!info)
       return fail(info.takeError());
     Expected<sharding::Cluster> cluster =
