@@ -226,6 +226,19 @@ int runInspect() {
   return kExitOk;
 }
 
+/// Prints `module` to `path` ("-": standard output).
+int writeIR(mlir::ModuleOp module, StringRef path) {
+  std::error_code ec;
+  ToolOutputFile out(path, ec, llvm::sys::fs::OF_None);
+  if (ec)
+    return fail(createStringError(ec, "%s: cannot write: %s", path.str().c_str(),
+                                  ec.message().c_str()));
+  module->print(out.os());
+  out.os() << "\n";
+  out.keep();
+  return kExitOk;
+}
+
 int runImport() {
   Expected<hf::ModelConfig> config = hf::loadModelConfig(importConfig);
   if (!config)
@@ -236,15 +249,7 @@ int runImport() {
   auto module = hf::importModel(*config, context);
   if (!module)
     return fail(module.takeError());
-  std::error_code ec;
-  ToolOutputFile out(importOutput, ec, llvm::sys::fs::OF_None);
-  if (ec)
-    return fail(createStringError(ec, "%s: cannot write: %s",
-                                  importOutput.c_str(), ec.message().c_str()));
-  (**module)->print(out.os());
-  out.os() << "\n";
-  out.keep();
-  return kExitOk;
+  return writeIR(**module, importOutput);
 }
 
 int runCompile() {
@@ -342,18 +347,8 @@ int runCompile() {
   if (mlir::failed(pm.run(**module)))
     return kExitBadInput; // the pass printed a diagnostic naming the option
 
-  if (*last != Phase::Plan) {
-    std::string path = compileOutput.empty() ? "-" : compileOutput.getValue();
-    std::error_code ec;
-    ToolOutputFile out(path, ec, llvm::sys::fs::OF_None);
-    if (ec)
-      return fail(createStringError(ec, "%s: cannot write: %s", path.c_str(),
-                                    ec.message().c_str()));
-    (**module)->print(out.os());
-    out.os() << "\n";
-    out.keep();
-    return kExitOk;
-  }
+  if (*last != Phase::Plan)
+    return writeIR(**module, compileOutput.empty() ? "-" : compileOutput.getValue());
   if (compileOutput.empty() && !explain && !printJson)
     return fail(createStringError(inconvertibleErrorCode(),
                                   "-o: expected the plan's output path"));
