@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build ccache g++ python3 pkg-config
           llvm-19-dev libmlir-19-dev mlir-19-tools llvm-19-tools
-          libzstd-dev zlib1g-dev libfmt-dev libgtest-dev nlohmann-json3-dev
+          libzstd-dev zlib1g-dev libedit-dev libcurl4-openssl-dev libffi-dev libxml2-dev
+          libfmt-dev libgtest-dev nlohmann-json3-dev
           libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do
