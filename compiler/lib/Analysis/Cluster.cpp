@@ -34,6 +34,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "moe/Analysis/Cluster.h"
+#include "moe/Support/JsonFields.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -43,6 +44,7 @@
 
 using namespace llvm;
 using namespace moe::sharding;
+using moe::json_fields::Fields;
 
 int64_t moe::sharding::dtypeBytes(DType t) {
   switch (t) {
@@ -161,127 +163,15 @@ std::optional<Cluster> builtin(StringRef name) {
   return std::nullopt;
 }
 
-Error fail(StringRef path, StringRef field, const Twine &message) {
-  return createStringError(inconvertibleErrorCode(), "%s: field '%s': %s",
-                           path.str().c_str(), field.str().c_str(),
-                           message.str().c_str());
-}
-
-const char *kind(const json::Value &v) {
-  switch (v.kind()) {
-  case json::Value::Null:
-    return "null";
-  case json::Value::Boolean:
-    return "a boolean";
-  case json::Value::Number:
-    return "a number";
-  case json::Value::String:
-    return "a string";
-  case json::Value::Array:
-    return "an array";
-  case json::Value::Object:
-    return "an object";
-  }
-  return "a value";
-}
-
-/// Reads the fields of one JSON object, rejecting unknown ones.
-class Reader {
-public:
-  Reader(const json::Object &o, StringRef path, std::string prefix)
-      : o(&o), path(path), prefix(std::move(prefix)) {}
-
-  std::string field(StringRef key) const { return prefix + key.str(); }
-
-  Error checkKnown(ArrayRef<StringRef> known) const {
-    for (const auto &kv : *o)
-      if (!is_contained(known, StringRef(kv.first)))
-        return fail(path, field(kv.first),
-                    "unknown field; expected one of " + join(known, ", "));
-    return Error::success();
-  }
-
-  Expected<double> positive(StringRef key, bool allowZero = false) const {
-    const json::Value *v = o->get(key);
-    if (!v)
-      return fail(path, field(key), "missing (required)");
-    std::optional<double> d = v->getAsNumber();
-    if (!d)
-      return fail(path, field(key),
-                  Twine("expected a positive number but got ") + kind(*v));
-    if (!std::isfinite(*d) || (allowZero ? *d < 0 : *d <= 0))
-      return fail(path, field(key),
-                  formatv("expected a {0} number but got {1}",
-                          allowZero ? "non-negative" : "positive", *d));
-    return *d;
-  }
-
-  Expected<int64_t> positiveInt(StringRef key) const {
-    const json::Value *v = o->get(key);
-    if (!v)
-      return fail(path, field(key), "missing (required)");
-    std::optional<int64_t> i = v->getAsInteger();
-    if (!i) {
-      std::optional<double> d = v->getAsNumber();
-      if (d && *d == std::floor(*d) && *d > 0 && *d < 9.2e18)
-        i = int64_t(*d);
-      else
-        return fail(path, field(key),
-                    Twine("expected a positive integer but got ") +
-                        (d ? formatv("{0}", *d).str() : std::string(kind(*v))));
-    }
-    if (*i <= 0)
-      return fail(path, field(key),
-                  formatv("expected a positive integer but got {0}", *i));
-    return *i;
-  }
-
-  Expected<std::string> string(StringRef key, StringRef dflt) const {
-    const json::Value *v = o->get(key);
-    if (!v)
-      return dflt.str();
-    if (auto s = v->getAsString())
-      return s->str();
-    return fail(path, field(key),
-                Twine("expected a string but got ") + kind(*v));
-  }
-
-  Expected<Reader> object(StringRef key) const {
-    const json::Value *v = o->get(key);
-    if (!v)
-      return fail(path, field(key), "missing (required)");
-    const json::Object *sub = v->getAsObject();
-    if (!sub)
-      return fail(path, field(key),
-                  Twine("expected an object but got ") + kind(*v));
-    return Reader(*sub, path, field(key) + ".");
-  }
-
-  bool has(StringRef key) const { return o->get(key) != nullptr; }
-
-private:
-  const json::Object *o;
-  StringRef path;
-  std::string prefix;
-};
-
-#define MOE_ASSIGN(lhs, expr)                                                  \
-  do {                                                                         \
-    auto moeValue = (expr);                                                    \
-    if (!moeValue)                                                             \
-      return moeValue.takeError();                                             \
-    lhs = *moeValue;                                                           \
-  } while (false)
-
-Expected<Link> readLink(const Reader &parent, StringRef key) {
-  Expected<Reader> r = parent.object(key);
+Expected<Link> readLink(const Fields &parent, StringRef key) {
+  Expected<Fields> r = parent.object(key);
   if (!r)
     return r.takeError();
   if (Error e = r->checkKnown({"bandwidth_bytes_per_s", "latency_s"}))
     return std::move(e);
   Link l;
-  MOE_ASSIGN(l.bandwidth, r->positive("bandwidth_bytes_per_s"));
-  MOE_ASSIGN(l.latency, r->positive("latency_s", /*allowZero=*/true));
+  MOE_ASSIGN(l.bandwidth, r->finitePositive("bandwidth_bytes_per_s"));
+  MOE_ASSIGN(l.latency, r->finiteNonNegative("latency_s"));
   return l;
 }
 
@@ -333,26 +223,10 @@ Expected<Cluster> moe::sharding::withWorldSize(const Cluster &c,
 
 Expected<Cluster> moe::sharding::parseClusterJSON(StringRef text,
                                                   StringRef path) {
-  Expected<json::Value> parsed = json::parse(text);
-  if (!parsed) {
-    // llvm::json says "[LINE:COLUMN, byte=N]: message".
-    std::string raw = toString(parsed.takeError());
-    StringRef rest(raw), position;
-    if (rest.consume_front("[")) {
-      std::tie(position, rest) = rest.split(", byte=");
-      rest = rest.split("]: ").second;
-    }
-    return createStringError(inconvertibleErrorCode(),
-                             "%s:%s: malformed JSON: %s", path.str().c_str(),
-                             position.str().c_str(), rest.str().c_str());
-  }
-  const json::Object *top = parsed->getAsObject();
+  Expected<json::Object> top = moe::json_fields::parseObject(text, path);
   if (!top)
-    return createStringError(inconvertibleErrorCode(),
-                             "%s: expected a JSON object at the top level but "
-                             "got %s",
-                             path.str().c_str(), kind(*parsed));
-  Reader r(*top, path, "");
+    return top.takeError();
+  Fields r(*top, path, "", moe::json_fields::Nulls::AreValues);
   if (Error e = r.checkKnown({"format", "name", "description", "sources",
                               "nodes", "devices_per_node", "device",
                               "intra_node", "inter_node"}))
@@ -361,34 +235,35 @@ Expected<Cluster> moe::sharding::parseClusterJSON(StringRef text,
   std::string format;
   MOE_ASSIGN(format, r.string("format", "moe-cluster"));
   if (format != "moe-cluster")
-    return fail(path, "format",
+    return r.fail("format",
                 "expected \"moe-cluster\" but got \"" + format + "\"");
   MOE_ASSIGN(c.name, r.string("name", path));
   MOE_ASSIGN(c.description, r.string("description", ""));
-  MOE_ASSIGN(c.nodes, r.positiveInt("nodes"));
-  MOE_ASSIGN(c.devicesPerNode, r.positiveInt("devices_per_node"));
+  MOE_ASSIGN(c.nodes, r.positiveInteger("nodes"));
+  MOE_ASSIGN(c.devicesPerNode, r.positiveInteger("devices_per_node"));
   c.worldSize = c.nodes * c.devicesPerNode;
 
-  Expected<Reader> dev = r.object("device");
+  Expected<Fields> dev = r.object("device");
   if (!dev)
     return dev.takeError();
-  const Reader &d = *dev;
+  const Fields &d = *dev;
   if (Error e = d.checkKnown(
           {"memory_bytes", "memory_bandwidth_bytes_per_s", "peak_flops"}))
     return std::move(e);
-  MOE_ASSIGN(c.memoryBytes, d.positiveInt("memory_bytes"));
-  MOE_ASSIGN(c.memoryBandwidth, d.positive("memory_bandwidth_bytes_per_s"));
-  Expected<Reader> peaks = d.object("peak_flops");
+  MOE_ASSIGN(c.memoryBytes, d.positiveInteger("memory_bytes"));
+  MOE_ASSIGN(c.memoryBandwidth,
+             d.finitePositive("memory_bandwidth_bytes_per_s"));
+  Expected<Fields> peaks = d.object("peak_flops");
   if (!peaks)
     return peaks.takeError();
-  const Reader &p = *peaks;
+  const Fields &p = *peaks;
   if (Error e = p.checkKnown({"bf16", "fp8", "fp32"}))
     return std::move(e);
-  MOE_ASSIGN(c.peakBF16, p.positive("bf16"));
-  MOE_ASSIGN(c.peakFP32, p.positive("fp32"));
+  MOE_ASSIGN(c.peakBF16, p.finitePositive("bf16"));
+  MOE_ASSIGN(c.peakFP32, p.finitePositive("fp32"));
   c.peakFP8 = c.peakBF16;
   if (p.has("fp8"))
-    MOE_ASSIGN(c.peakFP8, p.positive("fp8"));
+    MOE_ASSIGN(c.peakFP8, p.finitePositive("fp8"));
   MOE_ASSIGN(c.intraNode, readLink(r, "intra_node"));
   MOE_ASSIGN(c.interNode, readLink(r, "inter_node"));
   return c;

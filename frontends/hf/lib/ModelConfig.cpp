@@ -1,5 +1,6 @@
 //===- ModelConfig.cpp - parse and validate config.json --------*- C++ -*-===//
 #include "moe/Frontend/HF/ModelConfig.h"
+#include "moe/Support/JsonFields.h"
 
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -8,145 +9,9 @@
 
 using namespace llvm;
 using namespace moe::hf;
+using moe::json_fields::Fields;
 
 namespace {
-
-const char *jsonKind(const json::Value &v) {
-  switch (v.kind()) {
-  case json::Value::Null: return "null";
-  case json::Value::Boolean: return "a boolean";
-  case json::Value::Number: return "a number";
-  case json::Value::String: return "a string";
-  case json::Value::Array: return "an array";
-  case json::Value::Object: return "an object";
-  }
-  return "a value";
-}
-
-/// Typed access to the fields of one JSON object; every failure is an error
-/// naming the file and the (dotted) field.
-class Fields {
-public:
-  Fields(const json::Object &object, StringRef path, std::string prefix = "")
-      : objectPtr(&object), path(path), prefix(std::move(prefix)) {}
-
-  Error fail(StringRef field, const Twine &message) const {
-    return createStringError(inconvertibleErrorCode(), "%s: field '%s': %s",
-                             path.str().c_str(), (prefix + field).str().c_str(),
-                             message.str().c_str());
-  }
-
-  bool has(StringRef field) const {
-    const json::Value *v = object().get(field);
-    return v && v->kind() != json::Value::Null;
-  }
-
-  /// A required integer (floats with an integral value, like 1e4, accepted).
-  Expected<int64_t> integer(StringRef field) const {
-    const json::Value *v = object().get(field);
-    if (!v)
-      return fail(field, "missing (required)");
-    if (std::optional<int64_t> i = v->getAsInteger())
-      return *i;
-    if (std::optional<double> d = v->getAsNumber())
-      if (*d == static_cast<double>(static_cast<int64_t>(*d)))
-        return static_cast<int64_t>(*d);
-    return fail(field, Twine("expected an integer but got ") + jsonKind(*v));
-  }
-  Expected<int64_t> positive(StringRef field) const {
-    Expected<int64_t> i = integer(field);
-    if (i && *i <= 0)
-      return fail(field, formatv("expected a value > 0 but got {0}", *i));
-    return i;
-  }
-  Expected<int64_t> positiveOr(StringRef field, int64_t fallback) const {
-    return has(field) ? positive(field) : Expected<int64_t>(fallback);
-  }
-  Expected<int64_t> nonNegativeOr(StringRef field, int64_t fallback) const {
-    if (!has(field))
-      return fallback;
-    Expected<int64_t> i = integer(field);
-    if (i && *i < 0)
-      return fail(field, formatv("expected a value >= 0 but got {0}", *i));
-    return i;
-  }
-  Expected<double> number(StringRef field, double fallback) const {
-    if (!has(field))
-      return fallback;
-    const json::Value *v = object().get(field);
-    if (std::optional<double> d = v->getAsNumber())
-      return *d;
-    return fail(field, Twine("expected a number but got ") + jsonKind(*v));
-  }
-  Expected<double> positiveNumber(StringRef field, double fallback) const {
-    Expected<double> d = number(field, fallback);
-    if (d && !(*d > 0))
-      return fail(field, formatv("expected a value > 0 but got {0}", *d));
-    return d;
-  }
-  Expected<bool> boolean(StringRef field, bool fallback) const {
-    if (!has(field))
-      return fallback;
-    const json::Value *v = object().get(field);
-    if (std::optional<bool> b = v->getAsBoolean())
-      return *b;
-    return fail(field, Twine("expected true or false but got ") + jsonKind(*v));
-  }
-  Expected<std::string> string(StringRef field, StringRef fallback) const {
-    if (!has(field))
-      return fallback.str();
-    const json::Value *v = object().get(field);
-    if (std::optional<StringRef> s = v->getAsString())
-      return s->str();
-    return fail(field, Twine("expected a string but got ") + jsonKind(*v));
-  }
-  /// An optional nested object (null or absent: std::nullopt).
-  Expected<std::optional<Fields>> nested(StringRef field) const {
-    if (!has(field))
-      return std::nullopt;
-    const json::Value *v = object().get(field);
-    if (const json::Object *o = v->getAsObject())
-      return std::optional<Fields>(Fields(*o, path, (prefix + field + ".").str()));
-    return fail(field, Twine("expected an object but got ") + jsonKind(*v));
-  }
-  /// An integer or a list of integers (eos_token_id).
-  Expected<std::vector<int64_t>> integers(StringRef field) const {
-    std::vector<int64_t> out;
-    if (!has(field))
-      return out;
-    const json::Value *v = object().get(field);
-    if (std::optional<int64_t> i = v->getAsInteger())
-      return std::vector<int64_t>{*i};
-    if (const json::Array *a = v->getAsArray()) {
-      for (const json::Value &e : *a) {
-        std::optional<int64_t> i = e.getAsInteger();
-        if (!i)
-          return fail(field, Twine("expected a list of integers but found ") +
-                                 jsonKind(e));
-        out.push_back(*i);
-      }
-      return out;
-    }
-    return fail(field, Twine("expected an integer or a list of integers but got ") +
-                           jsonKind(*v));
-  }
-
-private:
-  const json::Object *objectPtr;
-  const json::Object &object() const { return *objectPtr; }
-  StringRef path;
-  std::string prefix;
-};
-
-/// Assigns `expected` to `out` or returns its error from the enclosing
-/// function: keeps the field-by-field parsing below readable.
-#define MOE_ASSIGN(out, expected)                                              \
-  do {                                                                         \
-    auto _value = (expected);                                                  \
-    if (!_value)                                                               \
-      return _value.takeError();                                               \
-    out = std::move(*_value);                                                  \
-  } while (false)
 
 Error parseRopeScaling(const Fields &f, ModelConfig &c) {
   std::optional<Fields> rs;
@@ -484,26 +349,9 @@ int64_t ModelConfig::numMoELayers() const {
 }
 
 Expected<ModelConfig> moe::hf::parseModelConfig(StringRef text, StringRef path) {
-  Expected<json::Value> parsed = json::parse(text);
-  if (!parsed) {
-    // llvm::json reports "[LINE:COLUMN, byte=N]: message"; say it the way
-    // compilers do: "FILE:LINE:COLUMN: malformed JSON: message".
-    std::string raw = toString(parsed.takeError());
-    StringRef rest(raw), position;
-    if (rest.consume_front("[")) {
-      std::tie(position, rest) = rest.split(", byte=");
-      rest = rest.split("]: ").second;
-    }
-    return createStringError(inconvertibleErrorCode(), "%s:%s: malformed JSON: %s",
-                             path.str().c_str(), position.str().c_str(),
-                             rest.str().c_str());
-  }
-  const json::Object *object = parsed->getAsObject();
+  Expected<json::Object> object = moe::json_fields::parseObject(text, path);
   if (!object)
-    return createStringError(inconvertibleErrorCode(),
-                             "%s: expected a JSON object at the top level but "
-                             "got %s",
-                             path.str().c_str(), jsonKind(*parsed));
+    return object.takeError();
   Fields f(*object, path);
   ModelConfig c;
   c.path = path.str();

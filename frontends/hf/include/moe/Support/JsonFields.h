@@ -1,0 +1,300 @@
+//===- JsonFields.h - typed reads of JSON object fields --------*- C++ -*-===//
+//
+// The one reader behind config.json (frontends/hf) and --cluster files
+// (compiler). Every failure is a one-line error naming the file and the
+// dotted field: "FILE: field 'outer.inner': message".
+//
+//===----------------------------------------------------------------------===//
+#ifndef MOE_SUPPORT_JSONFIELDS_H
+#define MOE_SUPPORT_JSONFIELDS_H
+
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/StringRef.h"
+#include "llvm/ADT/Twine.h"
+#include "llvm/Support/Error.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace moe::json_fields {
+
+/// "a string", "an object", ...: the kind of a value, for error messages.
+inline const char *kindName(const llvm::json::Value &v) {
+  using llvm::json::Value;
+  switch (v.kind()) {
+  case Value::Null: return "null";
+  case Value::Boolean: return "a boolean";
+  case Value::Number: return "a number";
+  case Value::String: return "a string";
+  case Value::Array: return "an array";
+  case Value::Object: return "an object";
+  }
+  return "a value";
+}
+
+/// Parses `text` as a JSON object. Errors: "FILE:LINE:COLUMN: malformed JSON:
+/// message" and "FILE: expected a JSON object at the top level but got ...".
+inline llvm::Expected<llvm::json::Object> parseObject(llvm::StringRef text,
+                                                      llvm::StringRef path) {
+  llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(text);
+  if (!parsed) {
+    // llvm::json reports "[LINE:COLUMN, byte=N]: message"; say it the way
+    // compilers do: "FILE:LINE:COLUMN: malformed JSON: message".
+    std::string raw = llvm::toString(parsed.takeError());
+    llvm::StringRef rest(raw), position;
+    if (rest.consume_front("[")) {
+      std::tie(position, rest) = rest.split(", byte=");
+      rest = rest.split("]: ").second;
+    }
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(), "%s:%s: malformed JSON: %s",
+        path.str().c_str(), position.str().c_str(), rest.str().c_str());
+  }
+  llvm::json::Object *object = parsed->getAsObject();
+  if (!object)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "%s: expected a JSON object at the top "
+                                   "level but got %s",
+                                   path.str().c_str(), kindName(*parsed));
+  return std::move(*object);
+}
+
+/// How a field whose value is null reads: as if it were absent (config.json,
+/// where transformers writes null for unset fields), or as a value of the
+/// wrong kind (--cluster files).
+enum class Nulls { AreAbsent, AreValues };
+
+/// Typed access to the fields of one JSON object. Required reads fail on a
+/// missing field; reads with a fallback return it for an absent one.
+class Fields {
+public:
+  Fields(const llvm::json::Object &object, llvm::StringRef path,
+         std::string prefix = "", Nulls nulls = Nulls::AreAbsent)
+      : objectPtr(&object), path(path), prefix(std::move(prefix)),
+        nulls(nulls) {}
+
+  llvm::Error fail(llvm::StringRef field, const llvm::Twine &message) const {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "%s: field '%s': %s", path.str().c_str(),
+                                   (prefix + field).str().c_str(),
+                                   message.str().c_str());
+  }
+
+  /// Present (and, under Nulls::AreAbsent, not null).
+  bool has(llvm::StringRef field) const {
+    const llvm::json::Value *v = get(field);
+    return v &&
+           (nulls == Nulls::AreValues || v->kind() != llvm::json::Value::Null);
+  }
+
+  /// Fails on the first field not in `known`.
+  llvm::Error checkKnown(llvm::ArrayRef<llvm::StringRef> known) const {
+    for (const auto &kv : *objectPtr)
+      if (!llvm::is_contained(known, llvm::StringRef(kv.first)))
+        return fail(kv.first, "unknown field; expected one of " +
+                                  llvm::join(known, ", "));
+    return llvm::Error::success();
+  }
+
+  /// A required integer (floats with an integral value, like 1e4, accepted).
+  llvm::Expected<int64_t> integer(llvm::StringRef field) const {
+    const llvm::json::Value *v = get(field);
+    if (!v)
+      return fail(field, "missing (required)");
+    if (std::optional<int64_t> i = v->getAsInteger())
+      return *i;
+    if (std::optional<double> d = v->getAsNumber())
+      if (*d == static_cast<double>(static_cast<int64_t>(*d)))
+        return static_cast<int64_t>(*d);
+    return fail(field,
+                llvm::Twine("expected an integer but got ") + kindName(*v));
+  }
+  /// A required integer > 0 ("expected a value > 0 but got N").
+  llvm::Expected<int64_t> positive(llvm::StringRef field) const {
+    llvm::Expected<int64_t> i = integer(field);
+    if (i && *i <= 0)
+      return fail(field, llvm::formatv("expected a value > 0 but got {0}", *i));
+    return i;
+  }
+  llvm::Expected<int64_t> positiveOr(llvm::StringRef field,
+                                     int64_t fallback) const {
+    return has(field) ? positive(field) : llvm::Expected<int64_t>(fallback);
+  }
+  llvm::Expected<int64_t> nonNegativeOr(llvm::StringRef field,
+                                        int64_t fallback) const {
+    if (!has(field))
+      return fallback;
+    llvm::Expected<int64_t> i = integer(field);
+    if (i && *i < 0)
+      return fail(field,
+                  llvm::formatv("expected a value >= 0 but got {0}", *i));
+    return i;
+  }
+  /// A required integer > 0, every failure worded "expected a positive
+  /// integer but got ..." (integral floats below 2^63 accepted).
+  llvm::Expected<int64_t> positiveInteger(llvm::StringRef field) const {
+    const llvm::json::Value *v = get(field);
+    if (!v)
+      return fail(field, "missing (required)");
+    std::optional<int64_t> i = v->getAsInteger();
+    if (!i) {
+      std::optional<double> d = v->getAsNumber();
+      if (d && *d == std::floor(*d) && *d > 0 && *d < 9.2e18)
+        i = int64_t(*d);
+      else
+        return fail(field, llvm::Twine("expected a positive integer but got ") +
+                               (d ? llvm::formatv("{0}", *d).str()
+                                  : std::string(kindName(*v))));
+    }
+    if (*i <= 0)
+      return fail(field,
+                  llvm::formatv("expected a positive integer but got {0}", *i));
+    return *i;
+  }
+
+  llvm::Expected<double> number(llvm::StringRef field, double fallback) const {
+    return orFallback<double>(
+        field, fallback, "a number",
+        [](const llvm::json::Value &v) { return v.getAsNumber(); });
+  }
+  /// An optional number > 0 ("expected a value > 0 but got X").
+  llvm::Expected<double> positiveNumber(llvm::StringRef field,
+                                        double fallback) const {
+    llvm::Expected<double> d = number(field, fallback);
+    if (d && !(*d > 0))
+      return fail(field, llvm::formatv("expected a value > 0 but got {0}", *d));
+    return d;
+  }
+  /// A required finite number > 0 ("expected a positive number ...").
+  llvm::Expected<double> finitePositive(llvm::StringRef field) const {
+    return finite(field, /*allowZero=*/false);
+  }
+  /// A required finite number >= 0 ("expected a non-negative number ...").
+  llvm::Expected<double> finiteNonNegative(llvm::StringRef field) const {
+    return finite(field, /*allowZero=*/true);
+  }
+
+  llvm::Expected<bool> boolean(llvm::StringRef field, bool fallback) const {
+    return orFallback<bool>(
+        field, fallback, "true or false",
+        [](const llvm::json::Value &v) { return v.getAsBoolean(); });
+  }
+  llvm::Expected<std::string> string(llvm::StringRef field,
+                                     llvm::StringRef fallback) const {
+    return orFallback<std::string>(
+        field, fallback.str(), "a string",
+        [](const llvm::json::Value &v) { return v.getAsString(); });
+  }
+
+  /// A required nested object; its fields are named "field.inner".
+  llvm::Expected<Fields> object(llvm::StringRef field) const {
+    const llvm::json::Value *v = get(field);
+    if (!v)
+      return fail(field, "missing (required)");
+    return sub(field, *v);
+  }
+  /// An optional nested object (absent, or null under Nulls::AreAbsent:
+  /// std::nullopt).
+  llvm::Expected<std::optional<Fields>> nested(llvm::StringRef field) const {
+    if (!has(field))
+      return std::nullopt;
+    llvm::Expected<Fields> f = sub(field, *get(field));
+    if (!f)
+      return f.takeError();
+    return std::optional<Fields>(std::move(*f));
+  }
+
+  /// An integer or a list of integers (absent: empty).
+  llvm::Expected<std::vector<int64_t>> integers(llvm::StringRef field) const {
+    std::vector<int64_t> out;
+    if (!has(field))
+      return out;
+    const llvm::json::Value *v = get(field);
+    if (std::optional<int64_t> i = v->getAsInteger())
+      return std::vector<int64_t>{*i};
+    if (const llvm::json::Array *a = v->getAsArray()) {
+      for (const llvm::json::Value &e : *a) {
+        std::optional<int64_t> i = e.getAsInteger();
+        if (!i)
+          return fail(field,
+                      llvm::Twine("expected a list of integers but found ") +
+                          kindName(e));
+        out.push_back(*i);
+      }
+      return out;
+    }
+    return fail(field,
+                llvm::Twine("expected an integer or a list of integers but "
+                            "got ") +
+                    kindName(*v));
+  }
+
+private:
+  const llvm::json::Object *objectPtr;
+  llvm::StringRef path;
+  std::string prefix;
+  Nulls nulls;
+
+  const llvm::json::Value *get(llvm::StringRef field) const {
+    return objectPtr->get(field);
+  }
+
+  /// `fallback` when the field is absent, else what `read` makes of it
+  /// ("expected <what> but got ..." when it makes nothing).
+  template <typename T, typename Read>
+  llvm::Expected<T> orFallback(llvm::StringRef field, T fallback,
+                               const char *what, Read read) const {
+    if (!has(field))
+      return fallback;
+    const llvm::json::Value *v = get(field);
+    if (auto x = read(*v))
+      return T(*x);
+    return fail(field,
+                llvm::Twine("expected ") + what + " but got " + kindName(*v));
+  }
+
+  llvm::Expected<Fields> sub(llvm::StringRef field,
+                             const llvm::json::Value &v) const {
+    if (const llvm::json::Object *o = v.getAsObject())
+      return Fields(*o, path, (prefix + field + ".").str(), nulls);
+    return fail(field,
+                llvm::Twine("expected an object but got ") + kindName(v));
+  }
+
+  llvm::Expected<double> finite(llvm::StringRef field, bool allowZero) const {
+    const llvm::json::Value *v = get(field);
+    if (!v)
+      return fail(field, "missing (required)");
+    std::optional<double> d = v->getAsNumber();
+    if (!d)
+      return fail(field, llvm::Twine("expected a positive number but got ") +
+                             kindName(*v));
+    if (!std::isfinite(*d) || (allowZero ? *d < 0 : *d <= 0))
+      return fail(field,
+                  llvm::formatv("expected a {0} number but got {1}",
+                                allowZero ? "non-negative" : "positive", *d));
+    return *d;
+  }
+};
+
+} // namespace moe::json_fields
+
+/// Assigns the value of the Expected `expected` to `out`, or returns its
+/// error from the enclosing function: keeps field-by-field parsing readable.
+#define MOE_ASSIGN(out, expected)                                              \
+  do {                                                                         \
+    auto _value = (expected);                                                  \
+    if (!_value)                                                               \
+      return _value.takeError();                                               \
+    out = std::move(*_value);                                                  \
+  } while (false)
+
+#endif // MOE_SUPPORT_JSONFIELDS_H
