@@ -22,8 +22,9 @@
 //       (4.5 / 2.25 dense), FP32 75 TFLOPS, HBM3e 180 GB (1,440 GB per
 //       system) at 8 TB/s, NVLink 5 1.8 TB/s (bidirectional); DGX B200:
 //       8x ConnectX-7 400 Gb/s (50 GB/s per GPU).
-// cpu   this development box: 2 AMD EPYC cores, ~340 GFLOP/s fp32 (AVX2/
-//       AVX-512 FMA at ~2.6 GHz on 2 cores), ~25 GB/s DRAM, 24 GiB; a rank
+// cpu   this development box: 2 AMD EPYC cores, 228 GFLOP/s fp32 (AVX-512
+//       FMA, measured by `moe-bench machine`), 33 GB/s STREAM triad
+//       (measured), 24 GiB; a rank
 //       is a process and ranks talk through shared memory (~10 GB/s copies),
 //       so the intra- and inter-node links are the same.
 //
@@ -149,14 +150,15 @@ std::optional<Cluster> builtin(StringRef name) {
   if (name == "cpu") {
     Cluster c;
     c.name = "cpu";
-    c.description = "this development box: 2 cores, ~340 GFLOP/s fp32, "
-                    "~25 GB/s DRAM; one rank per process, shared-memory links";
+    c.description = "this development box: 2 cores, 228 GFLOP/s fp32, "
+                    "33 GB/s DRAM (measured by moe-bench machine); one rank per "
+                    "process, shared-memory links";
     c.nodes = 1;
     c.devicesPerNode = 1;
     c.worldSize = 1;
     c.memoryBytes = 24 * kGiB;
-    c.peakBF16 = c.peakFP8 = c.peakFP32 = 340e9; // computed in f32
-    c.memoryBandwidth = 25e9;
+    c.peakBF16 = c.peakFP8 = c.peakFP32 = 228e9; // computed in f32
+    c.memoryBandwidth = 33e9;
     c.intraNode = c.interNode = {10e9, 2e-6};
     return c;
   }
