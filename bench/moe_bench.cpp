@@ -222,6 +222,17 @@ int runModel(int argc, char **argv) {
     }
     fmt::print("prefill {:4} tokens: {:7.1f} tok/s\n", n, n / best);
   }
+  // Where prefill time goes (the 512-token runs above), by op kind.
+  {
+    std::string split;
+    double total = 0;
+    for (auto &[op, sec] : device->opSeconds())
+      total += sec;
+    for (auto &[op, sec] : device->opSeconds())
+      if (sec / total >= 0.01)
+        split += fmt::format(" {} {:.0f}%", op, 100 * sec / total);
+    fmt::print("  prefill time by op:{}\n", split);
+  }
   // Decode 128 tokens after a 16-token prompt, one token per step.
   device->forward(prompt(16), logits);
   const int64_t steps = 128;

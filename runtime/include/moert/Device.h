@@ -35,6 +35,8 @@ public:
   /// Bytes of weights bound and of buffers/caches allocated.
   virtual int64_t weightBytes() const = 0;
   virtual int64_t workspaceBytes() const = 0;
+  /// Seconds spent per op kind since prepare (for benchmarks; may be empty).
+  virtual std::vector<std::pair<std::string, double>> opSeconds() const { return {}; }
 };
 
 /// The CPU driver.

@@ -6,6 +6,8 @@
 #include "moert/cpu/Kernels.h"
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <map>
 
 namespace moert {
@@ -80,8 +82,20 @@ public:
     std::copy(batch.tokens.begin(), batch.tokens.end(), ints(rank->tokensBuffer));
     std::copy(batch.positions.begin(), batch.positions.end(), ints(rank->positionsBuffer));
     cpu::TokenLayout layout{batch.slots.data(), batch.positions.data(), T};
-    for (const PlanStep &s : rank->steps)
+    for (const PlanStep &s : rank->steps) {
+      auto start = std::chrono::steady_clock::now();
       run(s, T, layout, batch, logits);
+      seconds[static_cast<size_t>(s.op)] +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+  }
+
+  std::vector<std::pair<std::string, double>> opSeconds() const override {
+    std::vector<std::pair<std::string, double>> out;
+    for (size_t i = 0; i < seconds.size(); ++i)
+      if (seconds[i] > 0)
+        out.emplace_back(opName(static_cast<OpKind>(i)), seconds[i]);
+    return out;
   }
 
   int64_t weightBytes() const override { return boundBytes; }
@@ -213,6 +227,7 @@ private:
   std::vector<std::pair<cpu::RopeParams, std::unique_ptr<cpu::RopeTable>>> ropeTables;
   std::vector<float> scratch, gathered;
   int64_t boundBytes = 0, allocated = 0;
+  std::array<double, static_cast<size_t>(OpKind::Experts) + 1> seconds{};
 };
 
 } // namespace
