@@ -5,6 +5,7 @@
 #include "moert/Executor.h"
 #include "moert/Npy.h"
 #include "moert/Parallel.h"
+#include "moert/ShardedCheckpoint.h"
 #include "moert/Version.h"
 
 #include <fmt/core.h>
@@ -12,12 +13,15 @@
 
 #include <charconv>
 #include <cstring>
+#include <map>
 #include <thread>
 
 namespace moert {
 namespace {
 
 const char *kUsage = R"(usage: moert run PLAN --weights DIR --tokens IDS [--tokens IDS ...] [options]
+       moert convert PLAN --weights HF_DIR --out CKPT
+       moert export CKPT --hf-out DIR [--max-shard-bytes N]
        moert --version
 
 Runs a plan written by `moec compile` on the CPU and prints, per prompt, the
@@ -25,7 +29,9 @@ generated token ids (comma-separated, one line per prompt).
 
   PLAN                  the plan file
   --weights DIR         Hugging Face checkpoint: DIR/model.safetensors, or the
-                        shards of DIR/model.safetensors.index.json (F32/BF16/F16)
+                        shards of DIR/model.safetensors.index.json (F32/BF16/F16);
+                        or a sharded checkpoint (DIR/manifest.json) written by
+                        moert convert under any plan
   --tokens 1,2,3        one prompt as comma-separated token ids; repeat for a batch
   --max-new-tokens N    tokens to generate per prompt (default 16); stops early at
                         the model's EOS token unless --ignore-eos
@@ -37,6 +43,12 @@ generated token ids (comma-separated, one line per prompt).
   --top-p P             sample within the smallest set of probability >= P (default 1)
   --seed S              seed of the sampler (default 0); same seed, same tokens
   --threads N           worker threads (default: all cores)
+
+`moert convert` writes the primary weight slices of every rank of PLAN, read
+from HF_DIR, as a sharded checkpoint CKPT (docs/checkpoint-format.md);
+`moert export` writes a sharded checkpoint back as a Hugging Face directory
+(one model.safetensors, or shards of at most --max-shard-bytes, default 5 GB,
+with model.safetensors.index.json).
 
 Exit codes: 0 ok, 1 internal failure, 2 bad input (plan, checkpoint, option, prompt).
 )";
@@ -121,6 +133,9 @@ int run(int argc, char **argv) {
     inputError("{}: a plan for {} ranks needs {} processes (mpirun -np {})", planPath,
                plan.worldSize, plan.worldSize, plan.worldSize);
   std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(weightsPath);
+  if (!checkpoint->modelType().empty() && checkpoint->modelType() != plan.modelType)
+    inputError("{}/manifest.json: a checkpoint of a '{}' model, but the plan is for '{}'",
+               weightsPath, checkpoint->modelType(), plan.modelType);
   std::unique_ptr<Device> device = createCpuDevice();
   device->prepare(plan, 0, *checkpoint);
   checkNoUnexpectedTensors(plan, *checkpoint);
@@ -132,6 +147,47 @@ int run(int argc, char **argv) {
     int64_t rows = static_cast<int64_t>(result.promptLogits.size()) / plan.vocabSize;
     writeNpy(logitsOut, {rows, plan.vocabSize}, result.promptLogits);
   }
+  return 0;
+}
+
+/// Parses `moert COMMAND POSITIONAL --option value ...` with the given options.
+std::string parseCommand(int argc, char **argv, std::map<std::string, std::string> &options) {
+  std::string positional;
+  for (int i = 2; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (options.count(arg)) {
+      if (i + 1 >= argc)
+        inputError("{}: expected a value", arg);
+      options[arg] = argv[++i];
+    } else if (!arg.empty() && arg[0] == '-') {
+      inputError("unknown option '{}' (see moert --help)", arg);
+    } else if (positional.empty()) {
+      positional = arg;
+    } else {
+      inputError("unexpected argument '{}'", arg);
+    }
+  }
+  return positional;
+}
+
+int convert(int argc, char **argv) {
+  std::map<std::string, std::string> options{{"--weights", ""}, {"--out", ""}};
+  std::string plan = parseCommand(argc, argv, options);
+  if (plan.empty() || options["--weights"].empty() || options["--out"].empty())
+    inputError("expected moert convert PLAN --weights HF_DIR --out CKPT");
+  convertCheckpoint(plan, options["--weights"], options["--out"]);
+  return 0;
+}
+
+int exportHf(int argc, char **argv) {
+  std::map<std::string, std::string> options{{"--hf-out", ""}, {"--max-shard-bytes", "5000000000"}};
+  std::string ckpt = parseCommand(argc, argv, options);
+  if (ckpt.empty() || options["--hf-out"].empty())
+    inputError("expected moert export CKPT --hf-out DIR");
+  int64_t maxShard = parseInt("--max-shard-bytes", options["--max-shard-bytes"].c_str());
+  if (maxShard < 1)
+    inputError("--max-shard-bytes: expected a value >= 1");
+  exportCheckpoint(ckpt, options["--hf-out"], static_cast<uint64_t>(maxShard));
   return 0;
 }
 
@@ -147,8 +203,13 @@ int moertMain(int argc, char **argv) {
     return 0;
   }
   try {
+    if (!std::strcmp(argv[1], "convert"))
+      return convert(argc, argv);
+    if (!std::strcmp(argv[1], "export"))
+      return exportHf(argc, argv);
     if (std::strcmp(argv[1], "run") != 0)
-      inputError("unknown command '{}' (expected run; see moert --help)", argv[1]);
+      inputError("unknown command '{}' (expected run, convert or export; see moert --help)",
+                 argv[1]);
     return run(argc, argv);
   } catch (const InputError &e) {
     fmt::print(stderr, "moert: error: {}\n", e.what());

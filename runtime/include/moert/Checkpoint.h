@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace moert {
@@ -28,6 +29,9 @@ public:
   /// The tensor's view (data points into the mapping); InputError if absent.
   TensorView tensor(const std::string &name) const;
   std::vector<std::string> names() const;
+  /// The tensor's [begin, end) byte range in the data section (after the
+  /// header), as its header's data_offsets say; InputError if absent.
+  std::pair<size_t, size_t> dataOffsets(const std::string &name) const;
 
 private:
   SafetensorsFile() = default;
@@ -45,7 +49,12 @@ public:
   /// Opens DIR/model.safetensors.index.json if present (opening the shards
   /// it names), else DIR/model.safetensors, else the single *.safetensors in
   /// DIR; `path` may also be a .safetensors file.
+  /// A directory with a manifest.json is a sharded checkpoint
+  /// (ShardedCheckpoint.h): validated in full, and each logical tensor
+  /// assembled from its boxes into a buffer the Checkpoint owns.
   static std::unique_ptr<Checkpoint> open(const std::string &path);
+  /// The model_type a sharded checkpoint's manifest records ("" otherwise).
+  const std::string &modelType() const { return modelType_; }
 
   bool has(const std::string &name) const;
   /// The tensor, checked: InputError naming the tensor and the file when it
@@ -62,6 +71,10 @@ private:
   std::string path_;
   std::vector<std::unique_ptr<SafetensorsFile>> files;
   std::unordered_map<std::string, size_t> fileIndex; // tensor -> files[i]
+  // A sharded checkpoint: whole tensors assembled into owned buffers.
+  std::string manifestPath, modelType_;
+  std::vector<std::unique_ptr<char[]>> owned;
+  std::unordered_map<std::string, TensorView> assembled;
 };
 
 } // namespace moert

@@ -7,6 +7,7 @@
 #include "moert/Checkpoint.h"
 
 #include "moert/Error.h"
+#include "moert/ShardedCheckpoint.h"
 
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -302,6 +303,13 @@ TensorView SafetensorsFile::tensor(const std::string &name) const {
 
 std::vector<std::string> SafetensorsFile::names() const { return sortedKeys(entries); }
 
+std::pair<size_t, size_t> SafetensorsFile::dataOffsets(const std::string &name) const {
+  auto it = entries.find(name);
+  if (it == entries.end())
+    inputError("{}: missing tensor '{}'", path_, name);
+  return {it->second.begin, it->second.end};
+}
+
 //===----------------------------------------------------------------------===//
 // Checkpoint
 //===----------------------------------------------------------------------===//
@@ -421,6 +429,19 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string &path) {
   if (!fs::exists(status))
     inputError("{}: no such checkpoint (expected a directory or a .safetensors file)", path);
 
+  if (fs::is_directory(status) && ShardedCheckpoint::isSharded(path)) {
+    std::unique_ptr<ShardedCheckpoint> sharded = ShardedCheckpoint::open(path);
+    auto checkpoint = std::make_unique<Checkpoint>();
+    checkpoint->path_ = path;
+    checkpoint->manifestPath = sharded->manifestPath();
+    checkpoint->modelType_ = sharded->modelType();
+    for (const ShardedCheckpoint::Tensor &t : sharded->tensors()) {
+      checkpoint->owned.emplace_back(new char[std::max<size_t>(t.bytes(), 1)]);
+      sharded->assemble(t, checkpoint->owned.back().get());
+      checkpoint->assembled.emplace(t.name, TensorView{t.dtype, t.shape, checkpoint->owned.back().get()});
+    }
+    return checkpoint;
+  }
   Opened opened;
   if (fs::is_directory(status)) {
     const fs::path index = fs::path(path) / "model.safetensors.index.json";
@@ -436,9 +457,13 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string &path) {
   return checkpoint;
 }
 
-bool Checkpoint::has(const std::string &name) const { return fileIndex.count(name) != 0; }
+bool Checkpoint::has(const std::string &name) const {
+  return fileIndex.count(name) != 0 || assembled.count(name) != 0;
+}
 
 const std::string &Checkpoint::fileOf(const std::string &name) const {
+  if (assembled.count(name))
+    return manifestPath;
   auto it = fileIndex.find(name);
   if (it == fileIndex.end())
     inputError("{}: missing tensor '{}'", path_, name);
@@ -447,7 +472,8 @@ const std::string &Checkpoint::fileOf(const std::string &name) const {
 
 TensorView Checkpoint::tensor(const std::string &name, const std::vector<int64_t> &shape) const {
   const std::string &file = fileOf(name);
-  TensorView view = files[fileIndex.at(name)]->tensor(name);
+  auto whole = assembled.find(name);
+  TensorView view = whole != assembled.end() ? whole->second : files[fileIndex.at(name)]->tensor(name);
   if (view.shape != shape)
     inputError("{}: tensor '{}': expected shape {} but found {}", file, name, shapeString(shape),
                shapeString(view.shape));
@@ -457,6 +483,8 @@ TensorView Checkpoint::tensor(const std::string &name, const std::vector<int64_t
   return view;
 }
 
-std::vector<std::string> Checkpoint::names() const { return sortedKeys(fileIndex); }
+std::vector<std::string> Checkpoint::names() const {
+  return assembled.empty() ? sortedKeys(fileIndex) : sortedKeys(assembled);
+}
 
 } // namespace moert

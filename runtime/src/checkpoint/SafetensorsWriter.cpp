@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -34,6 +35,7 @@ void writeSafetensors(const std::string &path, const std::vector<TensorToWrite> 
   int fd = mkstemp(temp.data());
   if (fd < 0)
     inputError("{}: cannot create a temporary file beside it", path);
+  ::fchmod(fd, 0644); // mkstemp's 0600 would hide a checkpoint from other users
   auto fail = [&](const char *what) {
     ::close(fd);
     std::remove(temp.c_str());

@@ -1,0 +1,42 @@
+// The distribution part of a plan: which slice (box) of which checkpoint
+// tensor each rank holds. Read for any world size (Plan::load executes only
+// single-rank plans); used by `moert convert` to write sharded checkpoints.
+#pragma once
+
+#include "moert/Tensor.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace moert {
+
+/// One box of one checkpoint tensor held by a rank.
+struct PlanSlice {
+  std::string name;                 ///< checkpoint tensor name (no "{e}")
+  std::vector<int64_t> globalShape; ///< the whole tensor's (unpadded) shape
+  std::vector<int64_t> offset, shape;
+  DType dtype = DType::F32;
+  /// false: a copy that another rank of the same replica owns.
+  bool primary = true;
+};
+
+struct PlanLayout {
+  std::string path;
+  std::string modelType;
+  std::string source; ///< model.source: the config.json the plan was compiled from
+  int64_t worldSize = 1;
+  std::map<std::string, int64_t> degrees;
+  /// The slices of every rank; a rank whose plan entry says
+  /// `weights_of_rank: R` gets rank R's slices, all marked non-primary.
+  std::vector<std::vector<PlanSlice>> ranks;
+
+  /// Reads and validates the plan at `path` (its format, version, world
+  /// size, and every slice: names, shapes, boxes inside the global shape,
+  /// dtypes, bytes). A single-rank plan without per-rank slice lists gets one
+  /// whole-tensor primary slice per checkpoint tensor (expert stacks
+  /// expanded). InputError naming the plan and the field.
+  static PlanLayout load(const std::string &path);
+};
+
+} // namespace moert

@@ -1,0 +1,93 @@
+// Sharded checkpoints (docs/checkpoint-format.md): a directory with one
+// safetensors file per rank that owns primary slices of the weights and a
+// manifest.json, written last, that records every logical tensor's boxes,
+// the files' sizes and CRC32C checksums, and the plan layout that wrote it.
+#pragma once
+
+#include "moert/Checkpoint.h"
+#include "moert/Tensor.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace moert {
+
+constexpr int kShardedCheckpointVersion = 1;
+
+/// CRC32C (Castagnoli, reflected polynomial 0x82F63B78) of `bytes`,
+/// continuing from `crc` (0 to start): crc32c("123456789") == 0xE3069283.
+uint32_t crc32c(const void *bytes, size_t size, uint32_t crc = 0);
+/// The CRC32C of a whole file, read in large chunks; InputError naming it.
+uint32_t crc32cOfFile(const std::string &path);
+
+/// One box (offset, shape) of a tensor, and where it is stored (for messages).
+struct BoxRef {
+  std::vector<int64_t> offset, shape;
+  std::string file;
+};
+
+/// InputError (prefixed by `where`, naming the tensor and the files) unless
+/// `boxes` lie inside `globalShape` and cover each of its elements exactly
+/// once.
+void checkBoxCover(const std::string &where, const std::string &tensor,
+                   const std::vector<int64_t> &globalShape, const std::vector<BoxRef> &boxes);
+
+/// Copies the box (offset, shape) of a row-major tensor of `globalShape`
+/// into / out of a contiguous row-major buffer of the box's shape.
+void copyBoxOut(const char *global, const std::vector<int64_t> &globalShape,
+                const std::vector<int64_t> &offset, const std::vector<int64_t> &shape,
+                size_t elementBytes, char *box);
+void copyBoxIn(const char *box, const std::vector<int64_t> &globalShape,
+               const std::vector<int64_t> &offset, const std::vector<int64_t> &shape,
+               size_t elementBytes, char *global);
+
+/// A validated sharded checkpoint: manifest parsed, every file present with
+/// its recorded size and checksum, every box in its file with the recorded
+/// dtype, shape and byte range, every tensor covered exactly once.
+class ShardedCheckpoint {
+public:
+  struct Box {
+    size_t file; ///< index into files
+    std::vector<int64_t> offset, shape;
+  };
+  struct Tensor {
+    std::string name;
+    DType dtype = DType::F32;
+    std::vector<int64_t> shape;
+    std::vector<Box> boxes;
+    size_t bytes() const;
+  };
+
+  /// True when `dir` is a directory with a manifest.json.
+  static bool isSharded(const std::string &dir);
+  static std::unique_ptr<ShardedCheckpoint> open(const std::string &dir);
+
+  const std::string &manifestPath() const { return manifest; }
+  const std::string &modelType() const { return modelType_; }
+  const std::string &configJson() const { return config; }
+  const std::vector<Tensor> &tensors() const { return tensors_; }
+  /// Writes the whole tensor (row-major, its global shape) into `out`.
+  void assemble(const Tensor &tensor, char *out) const;
+
+private:
+  std::string dir, manifest, modelType_, config;
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::vector<Tensor> tensors_;
+};
+
+/// `moert convert`: writes the primary slices of every rank of the plan at
+/// `planPath`, read from the Hugging Face checkpoint `hfDir`, as a sharded
+/// checkpoint in `outDir`. Streaming: one slice at a time, copied from the
+/// mmap straight into the output mapping.
+void convertCheckpoint(const std::string &planPath, const std::string &hfDir,
+                       const std::string &outDir);
+
+/// `moert export`: writes the sharded checkpoint `ckptDir` as a Hugging Face
+/// directory (config.json, model.safetensors or shards above `maxShardBytes`
+/// with model.safetensors.index.json) with the original names and shapes.
+void exportCheckpoint(const std::string &ckptDir, const std::string &outDir,
+                      uint64_t maxShardBytes);
+
+} // namespace moert

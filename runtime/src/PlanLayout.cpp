@@ -1,0 +1,211 @@
+// Reading the rank slice lists of a plan (docs/plan-format.md), validated in
+// full: a box outside its tensor would be an out-of-bounds copy in convert.
+#include "moert/PlanLayout.h"
+#include "moert/Error.h"
+#include "moert/Plan.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+
+namespace moert {
+namespace {
+
+using nlohmann::json;
+
+class Fields {
+public:
+  Fields(const json &object, const std::string &plan, std::string where)
+      : object(object), plan(plan), where(std::move(where)) {}
+  [[noreturn]] void fail(const std::string &field, const std::string &message) const {
+    inputError("{}: {}{}: {}", plan, where, field, message);
+  }
+  const json &get(const std::string &field) const {
+    auto it = object.find(field);
+    if (it == object.end())
+      fail(field, "missing");
+    return *it;
+  }
+  bool has(const std::string &field) const { return object.contains(field); }
+  int64_t integer(const std::string &field, int64_t min) const {
+    const json &v = get(field);
+    if (!v.is_number_integer())
+      fail(field, "expected an integer");
+    int64_t i = v.get<int64_t>();
+    if (i < min)
+      fail(field, fmt::format("expected a value >= {} but got {}", min, i));
+    return i;
+  }
+  std::string string(const std::string &field) const {
+    const json &v = get(field);
+    if (!v.is_string())
+      fail(field, "expected a string");
+    return v.get<std::string>();
+  }
+  std::vector<int64_t> integers(const std::string &field, int64_t min) const {
+    const json &v = get(field);
+    if (!v.is_array())
+      fail(field, "expected an array of integers");
+    std::vector<int64_t> out;
+    for (const json &e : v) {
+      if (!e.is_number_integer() || e.get<int64_t>() < min)
+        fail(field, fmt::format("expected integers >= {}", min));
+      out.push_back(e.get<int64_t>());
+    }
+    return out;
+  }
+  const json &array(const std::string &field) const {
+    const json &v = get(field);
+    if (!v.is_array())
+      fail(field, "expected an array");
+    return v;
+  }
+  Fields child(const json &value, const std::string &field) const {
+    if (!value.is_object())
+      fail(field, "expected an object");
+    return Fields(value, plan, where + field + ".");
+  }
+  DType dtype(const std::string &field) const {
+    DType t;
+    if (!parseDType(string(field), t) || (t != DType::F32 && t != DType::BF16 && t != DType::F16))
+      fail(field, fmt::format("unsupported dtype '{}' (expected F32, BF16 or F16)", string(field)));
+    return t;
+  }
+
+private:
+  const json &object;
+  const std::string &plan;
+  std::string where;
+};
+
+int64_t elements(const std::vector<int64_t> &shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(n, d, &n))
+      return -1;
+  return n;
+}
+
+PlanSlice readSlice(const Fields &w) {
+  PlanSlice s;
+  s.name = w.string("name");
+  if (s.name.empty() || s.name.find("{e}") != std::string::npos)
+    w.fail("name", fmt::format("expected a checkpoint tensor name but got '{}'", s.name));
+  s.globalShape = w.integers("global_shape", 0);
+  s.offset = w.integers("offset", 0);
+  s.shape = w.integers("shape", 0);
+  s.dtype = w.dtype("dtype");
+  if (s.offset.size() != s.globalShape.size() || s.shape.size() != s.globalShape.size())
+    w.fail("shape", fmt::format("offset {} and shape {} must have the rank of global_shape {}",
+                                shapeString(s.offset), shapeString(s.shape),
+                                shapeString(s.globalShape)));
+  for (size_t d = 0; d < s.shape.size(); ++d)
+    if (s.offset[d] + s.shape[d] > s.globalShape[d])
+      w.fail("shape", fmt::format("box at offset {} of shape {} runs past global_shape {}",
+                                  shapeString(s.offset), shapeString(s.shape),
+                                  shapeString(s.globalShape)));
+  int64_t n = elements(s.shape);
+  if (n < 0 || elements(s.globalShape) < 0)
+    w.fail("global_shape", "too many elements");
+  int64_t bytes = w.integer("bytes", 0);
+  if (bytes != n * static_cast<int64_t>(dtypeSize(s.dtype)))
+    w.fail("bytes", fmt::format("expected {} (shape x dtype size) but got {}",
+                                n * static_cast<int64_t>(dtypeSize(s.dtype)), bytes));
+  if (w.has("primary")) {
+    if (!w.get("primary").is_boolean())
+      w.fail("primary", "expected true or false");
+    s.primary = w.get("primary").get<bool>();
+  }
+  return s;
+}
+
+} // namespace
+
+PlanLayout PlanLayout::load(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    inputError("{}: cannot open the plan", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  json root;
+  try {
+    root = json::parse(text.str());
+  } catch (const json::parse_error &e) {
+    inputError("{}: malformed JSON: {}", path, e.what());
+  }
+  if (!root.is_object())
+    inputError("{}: expected a JSON object", path);
+  Fields top(root, path, "");
+  if (top.string("format") != "moe-plan")
+    top.fail("format", fmt::format("expected \"moe-plan\" but got \"{}\"", top.string("format")));
+  int64_t version = top.integer("version", 0);
+  if (version != kPlanFormatVersion)
+    top.fail("version", fmt::format("this moert reads plan format {} but the plan is format {}",
+                                    kPlanFormatVersion, version));
+  PlanLayout layout;
+  layout.path = path;
+  Fields model = top.child(top.get("model"), "model");
+  layout.modelType = model.string("model_type");
+  layout.source = model.string("source");
+  layout.worldSize = top.integer("world_size", 1);
+  Fields degrees = top.child(top.get("degrees"), "degrees");
+  for (auto it = top.get("degrees").begin(); it != top.get("degrees").end(); ++it)
+    layout.degrees[it.key()] = degrees.integer(it.key(), 1);
+
+  const json &ranks = top.array("ranks");
+  if (static_cast<int64_t>(ranks.size()) != layout.worldSize)
+    top.fail("ranks", fmt::format("expected world_size {} entries but got {}", layout.worldSize,
+                                  ranks.size()));
+  layout.ranks.resize(ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    std::string field = fmt::format("ranks[{}]", r);
+    Fields rank = top.child(ranks[r], field);
+    if (rank.integer("rank", 0) != static_cast<int64_t>(r))
+      rank.fail("rank", fmt::format("expected {}", r));
+    if (rank.has("weights_of_rank")) {
+      int64_t other = rank.integer("weights_of_rank", 0);
+      if (other >= static_cast<int64_t>(r) || !ranks[other].contains("weights"))
+        rank.fail("weights_of_rank",
+                  fmt::format("expected an earlier rank with a weights list but got {}", other));
+      layout.ranks[r] = layout.ranks[other];
+      for (PlanSlice &s : layout.ranks[r])
+        s.primary = false;
+    } else if (rank.has("weights")) {
+      const json &weights = rank.array("weights");
+      for (size_t i = 0; i < weights.size(); ++i)
+        layout.ranks[r].push_back(readSlice(rank.child(weights[i], fmt::format("weights[{}]", i))));
+    } else if (layout.worldSize == 1) {
+      // A single-rank plan: the top-level weights, whole, expert stacks expanded.
+      const json &weights = top.array("weights");
+      for (size_t i = 0; i < weights.size(); ++i) {
+        Fields w = top.child(weights[i], fmt::format("weights[{}]", i));
+        std::string name = w.string("name");
+        std::vector<int64_t> shape = w.integers("shape", 0);
+        DType dtype = w.dtype("dtype");
+        int64_t experts = w.has("experts") ? w.integer("experts", 1) : 0;
+        if (experts > 0) {
+          size_t at = name.find("{e}");
+          if (at == std::string::npos || shape.empty() || shape[0] != experts)
+            w.fail("experts", "expected a name with {e} and shape[0] == experts");
+          shape.erase(shape.begin());
+        }
+        for (int64_t e = 0; e < std::max<int64_t>(experts, 1); ++e) {
+          PlanSlice s;
+          s.name = name;
+          if (experts > 0)
+            s.name.replace(name.find("{e}"), 3, std::to_string(e));
+          s.globalShape = s.shape = shape;
+          s.offset.assign(shape.size(), 0);
+          s.dtype = dtype;
+          layout.ranks[r].push_back(std::move(s));
+        }
+      }
+    } else {
+      rank.fail("weights", "missing (expected a weights list or weights_of_rank)");
+    }
+  }
+  return layout;
+}
+
+} // namespace moert
