@@ -493,6 +493,58 @@ TEST_F(AttentionTest, SlidingWindowAttendsToTheLastWTokens) {
   EXPECT_EQ(run(prefill, other, 100), run(prefill, cache, 0));
 }
 
+// A long prefill: tiles of many tokens (more than 16 query rows per kv head),
+// key counts that are not a multiple of 8, head dims that are not a multiple
+// of 16 and a value width over 64, with and without a sliding window. Every
+// token matches the reference, and a decode step gives the same bits as the
+// same token recomputed inside the prefill.
+TEST(AttentionTiles, LongPrefillMatchesReferenceAndDecodeBits) {
+  constexpr int64_t heads = 6, kvHeads = 2, dq = 37, dv = 70, T = 45;
+  constexpr double scale = 0.2;
+  for (int threads : {1, 3})
+    for (int64_t window : {int64_t(0), int64_t(11)}) {
+      ThreadCount tc(threads);
+      auto q = randomVector(T * heads * dq, 31, -2, 2);
+      auto k = randomVector(T * kvHeads * dq, 32, -2, 2);
+      auto v = randomVector(T * kvHeads * dv, 33);
+      History hist;
+      for (int64_t t = 0; t < T; ++t) {
+        hist.keys.emplace_back(k.begin() + t * kvHeads * dq, k.begin() + (t + 1) * kvHeads * dq);
+        hist.values.emplace_back(v.begin() + t * kvHeads * dv, v.begin() + (t + 1) * kvHeads * dv);
+      }
+      std::vector<int32_t> seq(T, 1), pos(T);
+      for (int64_t t = 0; t < T; ++t)
+        pos[t] = static_cast<int32_t>(t);
+      KVCache full;
+      full.allocate(2, 64, kvHeads * dq, kvHeads * dv);
+      std::vector<float> all(T * heads * dv);
+      attention(q.data(), k.data(), v.data(), {seq.data(), pos.data(), T}, heads, kvHeads, dq, dv,
+                scale, window, full, all.data());
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < heads; ++h) {
+          const int64_t g = h / (heads / kvHeads);
+          auto ref = refAttendHead(q.data() + (t * heads + h) * dq, hist, t, g * dq, g * dv, dq, dv,
+                                   scale, window);
+          for (int64_t d = 0; d < dv; ++d)
+            ASSERT_NEAR(all[(t * heads + h) * dv + d], ref[d], 2e-6)
+                << "window " << window << " token " << t << " head " << h << " dim " << d;
+        }
+      // Prefill T-1 tokens, then decode the last one.
+      KVCache stepCache;
+      stepCache.allocate(2, 64, kvHeads * dq, kvHeads * dv);
+      std::vector<float> part((T - 1) * heads * dv), last(heads * dv);
+      attention(q.data(), k.data(), v.data(), {seq.data(), pos.data(), T - 1}, heads, kvHeads, dq,
+                dv, scale, window, stepCache, part.data());
+      attention(q.data() + (T - 1) * heads * dq, k.data() + (T - 1) * kvHeads * dq,
+                v.data() + (T - 1) * kvHeads * dv, {seq.data() + T - 1, pos.data() + T - 1, 1},
+                heads, kvHeads, dq, dv, scale, window, stepCache, last.data());
+      for (int64_t i = 0; i < heads * dv; ++i)
+        ASSERT_EQ(last[i], all[(T - 1) * heads * dv + i]) << "window " << window << " value " << i;
+      for (int64_t i = 0; i < (T - 1) * heads * dv; ++i)
+        ASSERT_EQ(part[i], all[i]) << "window " << window << " value " << i;
+    }
+}
+
 TEST_F(AttentionTest, RejectsTokensOutsideTheCache) {
   KVCache cache;
   cache.allocate(1, 4, kvHeads * dq, kvHeads * dv);

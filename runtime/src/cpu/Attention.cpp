@@ -11,6 +11,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define MOERT_ATTN_AVX512 1
+#endif
 
 namespace moert::cpu {
 namespace {
@@ -50,6 +56,278 @@ void checkLayout(const TokenLayout &layout, const KVCache &cache, const char *op
   }
 }
 
+
+#ifdef MOERT_ATTN_AVX512
+// GCC 12 flags the _mm512_undefined_ps() inside max/min/roundscale/scalef.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#define MOERT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+
+/// e^x for 16 lanes: x = n ln2 + r, |r| <= ln2/2, a degree-7 polynomial for
+/// e^r (relative error about 1 ulp) and 2^n applied with scalef. Lanes far
+/// below the f32 range give 0, -inf gives 0.
+MOERT_AVX512 inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 r2 = _mm512_mul_ps(r, r);
+  p = _mm512_fmadd_ps(p, r2, r);
+  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+/// One tile: `rows` query rows (tokens of one slot x the query heads of kv
+/// head g) against keys [j0, j0 + nk) of that slot. Lane r of the score
+/// vectors is query row r; each lane's arithmetic (an FMA chain over the head
+/// dim from 0, the scale, a masked max, e^(s - max), a running sum over keys
+/// in order, a value sum over keys in order, one division) never depends on
+/// the other rows, so a token gets the same bits in any tile.
+struct TileScratch {
+  std::vector<float> qt, s;
+  std::vector<int32_t> first, last;
+};
+
+MOERT_AVX512 void attendTile(const float *const *qrow, float *const *orow, const int32_t *firstRow,
+                             const int32_t *lastRow, int64_t rows, const float *keys, int64_t kw,
+                             const float *values, int64_t vw, int64_t j0, int64_t nk, int64_t dq,
+                             int64_t dv, float scale, TileScratch &ts) {
+  const int64_t blocks = (rows + 15) / 16, ld = blocks * 16;
+  ts.qt.assign(static_cast<size_t>(dq * ld), 0.0f);
+  ts.s.resize(static_cast<size_t>(nk * ld));
+  ts.first.assign(static_cast<size_t>(ld), 1);
+  ts.last.assign(static_cast<size_t>(ld), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t d = 0; d < dq; ++d)
+      ts.qt[d * ld + r] = qrow[r][d];
+    ts.first[r] = static_cast<int32_t>(firstRow[r] - j0);
+    ts.last[r] = static_cast<int32_t>(lastRow[r] - j0);
+  }
+  float *S = ts.s.data();
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float *qt = ts.qt.data() + b * 16;
+    float *sb = S + b * 16;
+    int64_t j = 0;
+    for (; j + 8 <= nk; j += 8) {
+      const float *k0 = keys + j * kw;
+      if (j + 16 <= nk)
+        for (int u = 0; u < 8; ++u)
+          prefetchRow(keys + (j + 8 + u) * kw, dq);
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+      for (int64_t d = 0; d < dq; ++d) {
+        const __m512 qv = _mm512_loadu_ps(qt + d * ld);
+        a0 = _mm512_fmadd_ps(qv, _mm512_set1_ps(k0[d]), a0);
+        a1 = _mm512_fmadd_ps(qv, _mm512_set1_ps(k0[kw + d]), a1);
+        a2 = _mm512_fmadd_ps(qv, _mm512_set1_ps(k0[2 * kw + d]), a2);
+        a3 = _mm512_fmadd_ps(qv, _mm512_set1_ps(k0[3 * kw + d]), a3);
+        a4 = _mm512_fmadd_ps(qv, _mm512_set1_ps(k0[4 * kw + d]), a4);
+        a5 = _mm512_fmadd_ps(qv, _mm512_set1_ps(k0[5 * kw + d]), a5);
+        a6 = _mm512_fmadd_ps(qv, _mm512_set1_ps(k0[6 * kw + d]), a6);
+        a7 = _mm512_fmadd_ps(qv, _mm512_set1_ps(k0[7 * kw + d]), a7);
+      }
+      _mm512_storeu_ps(sb + (j + 0) * ld, _mm512_mul_ps(a0, vscale));
+      _mm512_storeu_ps(sb + (j + 1) * ld, _mm512_mul_ps(a1, vscale));
+      _mm512_storeu_ps(sb + (j + 2) * ld, _mm512_mul_ps(a2, vscale));
+      _mm512_storeu_ps(sb + (j + 3) * ld, _mm512_mul_ps(a3, vscale));
+      _mm512_storeu_ps(sb + (j + 4) * ld, _mm512_mul_ps(a4, vscale));
+      _mm512_storeu_ps(sb + (j + 5) * ld, _mm512_mul_ps(a5, vscale));
+      _mm512_storeu_ps(sb + (j + 6) * ld, _mm512_mul_ps(a6, vscale));
+      _mm512_storeu_ps(sb + (j + 7) * ld, _mm512_mul_ps(a7, vscale));
+    }
+    for (; j < nk; ++j) {
+      const float *k0 = keys + j * kw;
+      __m512 a0 = _mm512_setzero_ps();
+      for (int64_t d = 0; d < dq; ++d)
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d * ld), _mm512_set1_ps(k0[d]), a0);
+      _mm512_storeu_ps(sb + j * ld, _mm512_mul_ps(a0, vscale));
+    }
+  }
+  // Softmax numerators in place (0 outside each row's range), and the sums.
+  std::vector<float> &sums = ts.qt; // reuse: ld values
+  sums.assign(static_cast<size_t>(ld), 0.0f);
+  for (int64_t b = 0; b < blocks; ++b) {
+    float *sb = S + b * 16;
+    const __m512i lo = _mm512_loadu_si512(ts.first.data() + b * 16);
+    const __m512i hi = _mm512_loadu_si512(ts.last.data() + b * 16);
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < nk; ++j) {
+      const __m512i jv = _mm512_set1_epi32(static_cast<int32_t>(j));
+      const __mmask16 m = _mm512_cmple_epi32_mask(lo, jv) & _mm512_cmpge_epi32_mask(hi, jv);
+      mx = _mm512_mask_max_ps(mx, m, mx, _mm512_loadu_ps(sb + j * ld));
+    }
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < nk; ++j) {
+      const __m512i jv = _mm512_set1_epi32(static_cast<int32_t>(j));
+      const __mmask16 m = _mm512_cmple_epi32_mask(lo, jv) & _mm512_cmpge_epi32_mask(hi, jv);
+      const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_loadu_ps(sb + j * ld), mx)));
+      sum = _mm512_add_ps(sum, e);
+      _mm512_storeu_ps(sb + j * ld, e);
+    }
+    _mm512_storeu_ps(sums.data() + b * 16, sum);
+  }
+  // out_r = (sum_j e[j][r] v_j) / sum_r, four rows and up to 64 columns at a time.
+  for (int64_t c = 0; c < dv; c += 64) {
+    const int64_t width = std::min<int64_t>(64, dv - c);
+    const int nv = static_cast<int>((width + 15) / 16);
+    const int64_t tail = width - (nv - 1) * 16;
+    const __mmask16 tm = static_cast<__mmask16>(tail == 16 ? 0xffff : (1u << tail) - 1);
+    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+      const int nr = static_cast<int>(std::min<int64_t>(4, rows - r0));
+      __m512 acc[4][4];
+      for (int a = 0; a < 4; ++a)
+        for (int b = 0; b < 4; ++b)
+          acc[a][b] = _mm512_setzero_ps();
+      const float *vp = values + c;
+      const float *sp = S + r0;
+      if (nr == 4 && nv == 4) {
+        // Named accumulators: an array here would live on the stack.
+        __m512 c00 = acc[0][0], c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00,
+               c13 = c00, c20 = c00, c21 = c00, c22 = c00, c23 = c00, c30 = c00, c31 = c00,
+               c32 = c00, c33 = c00;
+        for (int64_t j = 0; j < nk; ++j, vp += vw, sp += ld) {
+          const __m512 v0 = _mm512_loadu_ps(vp), v1 = _mm512_loadu_ps(vp + 16),
+                       v2 = _mm512_loadu_ps(vp + 32), v3 = _mm512_maskz_loadu_ps(tm, vp + 48);
+          __m512 p = _mm512_set1_ps(sp[0]);
+          c00 = _mm512_fmadd_ps(p, v0, c00);
+          c01 = _mm512_fmadd_ps(p, v1, c01);
+          c02 = _mm512_fmadd_ps(p, v2, c02);
+          c03 = _mm512_fmadd_ps(p, v3, c03);
+          p = _mm512_set1_ps(sp[1]);
+          c10 = _mm512_fmadd_ps(p, v0, c10);
+          c11 = _mm512_fmadd_ps(p, v1, c11);
+          c12 = _mm512_fmadd_ps(p, v2, c12);
+          c13 = _mm512_fmadd_ps(p, v3, c13);
+          p = _mm512_set1_ps(sp[2]);
+          c20 = _mm512_fmadd_ps(p, v0, c20);
+          c21 = _mm512_fmadd_ps(p, v1, c21);
+          c22 = _mm512_fmadd_ps(p, v2, c22);
+          c23 = _mm512_fmadd_ps(p, v3, c23);
+          p = _mm512_set1_ps(sp[3]);
+          c30 = _mm512_fmadd_ps(p, v0, c30);
+          c31 = _mm512_fmadd_ps(p, v1, c31);
+          c32 = _mm512_fmadd_ps(p, v2, c32);
+          c33 = _mm512_fmadd_ps(p, v3, c33);
+        }
+        acc[0][0] = c00; acc[0][1] = c01; acc[0][2] = c02; acc[0][3] = c03;
+        acc[1][0] = c10; acc[1][1] = c11; acc[1][2] = c12; acc[1][3] = c13;
+        acc[2][0] = c20; acc[2][1] = c21; acc[2][2] = c22; acc[2][3] = c23;
+        acc[3][0] = c30; acc[3][1] = c31; acc[3][2] = c32; acc[3][3] = c33;
+      } else {
+        for (int64_t j = 0; j < nk; ++j, vp += vw, sp += ld) {
+          __m512 v[4];
+          for (int b = 0; b < nv; ++b)
+            v[b] = b == nv - 1 ? _mm512_maskz_loadu_ps(tm, vp + 16 * b) : _mm512_loadu_ps(vp + 16 * b);
+          for (int a = 0; a < nr; ++a) {
+            const __m512 p = _mm512_set1_ps(sp[a]);
+            for (int b = 0; b < nv; ++b)
+              acc[a][b] = _mm512_fmadd_ps(p, v[b], acc[a][b]);
+          }
+        }
+      }
+      for (int a = 0; a < nr; ++a) {
+        const __m512 total = _mm512_set1_ps(sums[r0 + a]);
+        float *o = orow[r0 + a] + c;
+        for (int b = 0; b < nv; ++b) {
+          const __m512 x = _mm512_div_ps(acc[a][b], total);
+          if (b == nv - 1)
+            _mm512_mask_storeu_ps(o + 16 * b, tm, x);
+          else
+            _mm512_storeu_ps(o + 16 * b, x);
+        }
+      }
+    }
+  }
+}
+
+/// The AVX-512 path of attendCached: a work item is a tile of up to `tq`
+/// consecutive batch tokens of one slot times the query heads of one kv
+/// head, against every cached row any of them sees.
+void attendTiled(const float *q, int64_t ldq, const TokenLayout &layout, int64_t heads,
+                 int64_t kvHeads, int64_t dq, int64_t dv, double scale, int64_t window,
+                 const KVCache &cache, float *out) {
+  const int64_t group = heads / kvHeads, T = layout.tokens;
+  const int64_t kw = cache.keyWidth, vw = cache.valueWidth;
+  const float scaleF = static_cast<float>(scale);
+  // Tiles: runs of consecutive tokens in one slot, at most tq tokens.
+  int64_t tq = std::max<int64_t>(1, 64 / group);
+  std::vector<std::pair<int64_t, int64_t>> tiles; // [begin, end) tokens
+  for (;;) {
+    tiles.clear();
+    for (int64_t t = 0; t < T;) {
+      int64_t e = t + 1;
+      while (e < T && e - t < tq && layout.sequence[e] == layout.sequence[t])
+        ++e;
+      tiles.emplace_back(t, e);
+      t = e;
+    }
+    if (tq == 1 || static_cast<int64_t>(tiles.size()) * kvHeads >= 2 * numThreads())
+      break;
+    tq /= 2;
+  }
+  // Costliest tiles first, dealt round-robin to the threads.
+  auto cost = [&](const std::pair<int64_t, int64_t> &tile) {
+    int64_t hi = 0;
+    for (int64_t t = tile.first; t < tile.second; ++t)
+      hi = std::max<int64_t>(hi, layout.position[t]);
+    return hi * (tile.second - tile.first);
+  };
+  std::vector<std::pair<int64_t, int64_t>> order; // (cost, tile)
+  for (size_t i = 0; i < tiles.size(); ++i)
+    order.emplace_back(-cost(tiles[i]), static_cast<int64_t>(i));
+  std::sort(order.begin(), order.end());
+  const int64_t items = static_cast<int64_t>(tiles.size()) * kvHeads;
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(numThreads(), items));
+  parallelFor(workers, [&](int64_t wb, int64_t we) {
+    TileScratch ts;
+    std::vector<const float *> qrow;
+    std::vector<float *> orow;
+    std::vector<int32_t> firstRow, lastRow;
+    for (int64_t w = wb; w < we; ++w)
+      for (int64_t item = w; item < items; item += workers) {
+        const auto [tb, te] = tiles[order[item / kvHeads].second];
+        const int64_t g = item % kvHeads;
+        const int64_t slot = layout.sequence[tb];
+        qrow.clear();
+        orow.clear();
+        firstRow.clear();
+        lastRow.clear();
+        int64_t lo = INT64_MAX, hi = 0;
+        for (int64_t t = tb; t < te; ++t) {
+          const int64_t pos = layout.position[t];
+          const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+          lo = std::min(lo, first);
+          hi = std::max(hi, pos);
+          for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+            qrow.push_back(q + t * ldq + h * dq);
+            orow.push_back(out + t * heads * dv + h * dv);
+            firstRow.push_back(static_cast<int32_t>(first));
+            lastRow.push_back(static_cast<int32_t>(pos));
+          }
+        }
+        const float *keys = cache.keys.data() + (slot * cache.maxSeqLen + lo) * kw + g * dq;
+        const float *values = cache.values.data() + (slot * cache.maxSeqLen + lo) * vw + g * dv;
+        attendTile(qrow.data(), orow.data(), firstRow.data(), lastRow.data(),
+                   static_cast<int64_t>(qrow.size()), keys, kw, values, vw, lo, hi - lo + 1, dq,
+                   dv, scaleF, ts);
+      }
+  });
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
 /// out[t, h*dv..] = softmax(q_h . K^T * scale) V over the cached rows of t's
 /// slot in [pos - window + 1, pos] (from 0 without a window). Query head h
 /// reads kv head h / (heads / kvHeads). The score of row j is the f32 dot
@@ -61,10 +339,18 @@ void checkLayout(const TokenLayout &layout, const KVCache &cache, const char *op
 /// so each cached key and value row is read once for all of them; the run is
 /// shortened only when there would be fewer items than threads. Each head's
 /// arithmetic is the same whatever the run, so results never depend on the
-/// batch or the thread count.
+/// batch or the thread count. This is the portable path; on AVX-512 CPUs
+/// attendTiled does the same (in its own, equally batch-independent, f32
+/// arithmetic) for tiles of tokens at once.
 void attendCached(const float *q, int64_t ldq, const TokenLayout &layout, int64_t heads,
                   int64_t kvHeads, int64_t dq, int64_t dv, double scale, int64_t window,
                   const KVCache &cache, float *out) {
+#ifdef MOERT_ATTN_AVX512
+  if (__builtin_cpu_supports("avx512f")) {
+    attendTiled(q, ldq, layout, heads, kvHeads, dq, dv, scale, window, cache, out);
+    return;
+  }
+#endif
   const int64_t group = heads / kvHeads;
   const int64_t kw = cache.keyWidth, vw = cache.valueWidth;
   const float scaleF = static_cast<float>(scale);
