@@ -4,6 +4,8 @@
 #include "moert/Checkpoint.h"
 #include "moert/Error.h"
 
+#include "JsonFields.h"
+
 #include <nlohmann/json.hpp>
 
 #include <fstream>
@@ -15,87 +17,7 @@ namespace {
 
 using nlohmann::json;
 
-/// Typed access to one JSON object with errors naming the plan and the field.
-class Reader {
-public:
-  Reader(const json &object, const std::string &plan, std::string where)
-      : object(object), plan(plan), where(std::move(where)) {}
-
-  [[noreturn]] void fail(const std::string &field, const std::string &message) const {
-    inputError("{}: {}{}: {}", plan, where, field, message);
-  }
-  const json &get(const std::string &field) const {
-    auto it = object.find(field);
-    if (it == object.end())
-      fail(field, "missing");
-    return *it;
-  }
-  bool has(const std::string &field) const { return object.contains(field); }
-  int64_t integer(const std::string &field, int64_t min = INT64_MIN) const {
-    const json &v = get(field);
-    if (!v.is_number_integer())
-      fail(field, "expected an integer");
-    int64_t i = v.get<int64_t>();
-    if (i < min)
-      fail(field, fmt::format("expected a value >= {} but got {}", min, i));
-    return i;
-  }
-  double number(const std::string &field) const {
-    const json &v = get(field);
-    if (!v.is_number())
-      fail(field, "expected a number");
-    return v.get<double>();
-  }
-  bool boolean(const std::string &field) const {
-    const json &v = get(field);
-    if (!v.is_boolean())
-      fail(field, "expected true or false");
-    return v.get<bool>();
-  }
-  std::string string(const std::string &field) const {
-    const json &v = get(field);
-    if (!v.is_string())
-      fail(field, "expected a string");
-    return v.get<std::string>();
-  }
-  std::vector<int64_t> integers(const std::string &field, int64_t min = INT64_MIN) const {
-    const json &v = get(field);
-    if (!v.is_array())
-      fail(field, "expected an array of integers");
-    std::vector<int64_t> out;
-    for (const json &e : v) {
-      if (!e.is_number_integer() || e.get<int64_t>() < min)
-        fail(field, fmt::format("expected integers >= {}", min));
-      out.push_back(e.get<int64_t>());
-    }
-    return out;
-  }
-  Reader child(const std::string &field) const {
-    const json &v = get(field);
-    if (!v.is_object())
-      fail(field, "expected an object");
-    return Reader(v, plan, where + field + ".");
-  }
-  const json &array(const std::string &field) const {
-    const json &v = get(field);
-    if (!v.is_array())
-      fail(field, "expected an array");
-    return v;
-  }
-  Reader element(const std::string &field, size_t i) const {
-    const json &v = array(field)[i];
-    if (!v.is_object())
-      fail(fmt::format("{}[{}]", field, i), "expected an object");
-    return Reader(v, plan, fmt::format("{}{}[{}].", where, field, i));
-  }
-
-private:
-  const json &object;
-  const std::string &plan;
-  std::string where;
-};
-
-OpKind parseOp(const Reader &r, const std::string &name) {
+OpKind parseOp(const JsonFields &r, const std::string &name) {
   static const std::pair<const char *, OpKind> ops[] = {
       {"embedding", OpKind::Embedding}, {"rms_norm", OpKind::RMSNorm},
       {"layer_norm", OpKind::LayerNorm}, {"linear", OpKind::Linear},
@@ -110,7 +32,7 @@ OpKind parseOp(const Reader &r, const std::string &name) {
   r.fail("op", "unknown op '" + name + "'");
 }
 
-cpu::RopeParams parseRope(const Reader &r) {
+cpu::RopeParams parseRope(const JsonFields &r) {
   cpu::RopeParams p;
   std::string kind = r.string("kind");
   if (kind == "default") p.kind = cpu::RopeParams::Kind::Default;
@@ -137,7 +59,7 @@ cpu::RopeParams parseRope(const Reader &r) {
   return p;
 }
 
-cpu::RoutingParams parseRouting(const Reader &r) {
+cpu::RoutingParams parseRouting(const JsonFields &r) {
   cpu::RoutingParams p;
   std::string scoring = r.string("scoring");
   if (scoring != "softmax" && scoring != "sigmoid")
@@ -159,7 +81,7 @@ cpu::RoutingParams parseRouting(const Reader &r) {
   return p;
 }
 
-cpu::Activation parseActivation(const Reader &r) {
+cpu::Activation parseActivation(const JsonFields &r) {
   std::string a = r.string("activation");
   if (a == "silu") return cpu::Activation::Silu;
   if (a == "gelu") return cpu::Activation::Gelu;
@@ -390,14 +312,14 @@ Plan Plan::load(const std::string &path) {
 
   Plan plan;
   plan.path = path;
-  Reader r(root, plan.path, "");
+  JsonFields r(root, plan.path, "");
   if (r.string("format") != "moe-plan")
     r.fail("format", "expected \"moe-plan\"");
   int64_t version = r.integer("version");
   if (version != kPlanFormatVersion)
     r.fail("version", fmt::format("this moert reads plan format {} but the plan is format {}",
                                   kPlanFormatVersion, version));
-  Reader model = r.child("model");
+  JsonFields model = r.child("model");
   plan.modelType = model.string("model_type");
   plan.vocabSize = model.integer("vocab_size", 1);
   plan.maxPositionEmbeddings = model.integer("max_position_embeddings", 1);
@@ -412,7 +334,7 @@ Plan Plan::load(const std::string &path) {
       plan.unusedTensorPrefixes.push_back(p.get<std::string>());
     }
   }
-  Reader workload = r.child("workload");
+  JsonFields workload = r.child("workload");
   plan.maxBatchTokens = workload.integer("max_batch_tokens", 1);
   plan.maxSeqLen = workload.integer("max_seq_len", 1);
   plan.maxSequences = workload.integer("max_sequences", 1);
@@ -424,7 +346,7 @@ Plan Plan::load(const std::string &path) {
 
   const json &weights = r.array("weights");
   for (size_t i = 0; i < weights.size(); ++i) {
-    Reader w = r.element("weights", i);
+    JsonFields w = r.element("weights", i);
     PlanWeight pw;
     pw.name = w.string("name");
     pw.shape = w.integers("shape", 1);
@@ -447,12 +369,12 @@ Plan Plan::load(const std::string &path) {
     r.fail("ranks", fmt::format("expected {} ranks (world_size) but found {}", plan.worldSize,
                                 ranks.size()));
   for (size_t ri = 0; ri < ranks.size(); ++ri) {
-    Reader rr = r.element("ranks", ri);
+    JsonFields rr = r.element("ranks", ri);
     PlanRank rank;
     rank.rank = rr.integer("rank", 0);
     const json &buffers = rr.array("buffers");
     for (size_t i = 0; i < buffers.size(); ++i) {
-      Reader b = rr.element("buffers", i);
+      JsonFields b = rr.element("buffers", i);
       PlanBuffer pb;
       pb.width = b.integer("width", 1);
       if (!parseDType(b.string("dtype"), pb.dtype) || (pb.dtype != DType::F32 && pb.dtype != DType::I32))
@@ -464,16 +386,16 @@ Plan Plan::load(const std::string &path) {
     }
     const json &caches = rr.array("kv_caches");
     for (size_t i = 0; i < caches.size(); ++i) {
-      Reader c = rr.element("kv_caches", i);
+      JsonFields c = rr.element("kv_caches", i);
       rank.caches.push_back({c.integer("key_width", 1), c.integer("value_width", 1),
                              c.integer("bytes", 0)});
     }
-    auto bufferId = [&](const Reader &reader, const std::string &field, int64_t id) {
+    auto bufferId = [&](const JsonFields &reader, const std::string &field, int64_t id) {
       if (id < 0 || id >= static_cast<int64_t>(rank.buffers.size()))
         reader.fail(field, fmt::format("buffer {} out of range", id));
       return id;
     };
-    Reader inputs = rr.child("inputs");
+    JsonFields inputs = rr.child("inputs");
     rank.tokensBuffer = bufferId(inputs, "tokens", inputs.integer("tokens"));
     rank.positionsBuffer = bufferId(inputs, "positions", inputs.integer("positions"));
     rank.logitsBuffer = bufferId(rr, "logits", rr.integer("logits"));
@@ -483,7 +405,7 @@ Plan Plan::load(const std::string &path) {
 
     const json &steps = rr.array("steps");
     for (size_t i = 0; i < steps.size(); ++i) {
-      Reader s = rr.element("steps", i);
+      JsonFields s = rr.element("steps", i);
       PlanStep step;
       step.op = parseOp(s, s.string("op"));
       step.in = s.integers("in", 0);
@@ -496,7 +418,7 @@ Plan Plan::load(const std::string &path) {
       for (int64_t id : step.weights)
         if (id >= static_cast<int64_t>(plan.weights.size()))
           s.fail("weights", fmt::format("weight {} out of range", id));
-      Reader a = s.child("attrs");
+      JsonFields a = s.child("attrs");
       if (a.has("eps")) step.eps = a.number("eps");
       if (a.has("scale")) step.scale = a.number("scale");
       if (a.has("head_dim")) step.headDim = a.integer("head_dim", 1);

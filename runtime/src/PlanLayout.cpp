@@ -4,6 +4,8 @@
 #include "moert/Error.h"
 #include "moert/Plan.h"
 
+#include "JsonFields.h"
+
 #include <nlohmann/json.hpp>
 
 #include <fstream>
@@ -14,71 +16,6 @@ namespace {
 
 using nlohmann::json;
 
-class Fields {
-public:
-  Fields(const json &object, const std::string &plan, std::string where)
-      : object(object), plan(plan), where(std::move(where)) {}
-  [[noreturn]] void fail(const std::string &field, const std::string &message) const {
-    inputError("{}: {}{}: {}", plan, where, field, message);
-  }
-  const json &get(const std::string &field) const {
-    auto it = object.find(field);
-    if (it == object.end())
-      fail(field, "missing");
-    return *it;
-  }
-  bool has(const std::string &field) const { return object.contains(field); }
-  int64_t integer(const std::string &field, int64_t min) const {
-    const json &v = get(field);
-    if (!v.is_number_integer())
-      fail(field, "expected an integer");
-    int64_t i = v.get<int64_t>();
-    if (i < min)
-      fail(field, fmt::format("expected a value >= {} but got {}", min, i));
-    return i;
-  }
-  std::string string(const std::string &field) const {
-    const json &v = get(field);
-    if (!v.is_string())
-      fail(field, "expected a string");
-    return v.get<std::string>();
-  }
-  std::vector<int64_t> integers(const std::string &field, int64_t min) const {
-    const json &v = get(field);
-    if (!v.is_array())
-      fail(field, "expected an array of integers");
-    std::vector<int64_t> out;
-    for (const json &e : v) {
-      if (!e.is_number_integer() || e.get<int64_t>() < min)
-        fail(field, fmt::format("expected integers >= {}", min));
-      out.push_back(e.get<int64_t>());
-    }
-    return out;
-  }
-  const json &array(const std::string &field) const {
-    const json &v = get(field);
-    if (!v.is_array())
-      fail(field, "expected an array");
-    return v;
-  }
-  Fields child(const json &value, const std::string &field) const {
-    if (!value.is_object())
-      fail(field, "expected an object");
-    return Fields(value, plan, where + field + ".");
-  }
-  DType dtype(const std::string &field) const {
-    DType t;
-    if (!parseDType(string(field), t) || (t != DType::F32 && t != DType::BF16 && t != DType::F16))
-      fail(field, fmt::format("unsupported dtype '{}' (expected F32, BF16 or F16)", string(field)));
-    return t;
-  }
-
-private:
-  const json &object;
-  const std::string &plan;
-  std::string where;
-};
-
 int64_t elements(const std::vector<int64_t> &shape) {
   int64_t n = 1;
   for (int64_t d : shape)
@@ -87,7 +24,7 @@ int64_t elements(const std::vector<int64_t> &shape) {
   return n;
 }
 
-PlanSlice readSlice(const Fields &w) {
+PlanSlice readSlice(const JsonFields &w) {
   PlanSlice s;
   s.name = w.string("name");
   if (s.name.empty() || s.name.find("{e}") != std::string::npos)
@@ -136,7 +73,7 @@ PlanLayout PlanLayout::load(const std::string &path) {
   }
   if (!root.is_object())
     inputError("{}: expected a JSON object", path);
-  Fields top(root, path, "");
+  JsonFields top(root, path, "");
   if (top.string("format") != "moe-plan")
     top.fail("format", fmt::format("expected \"moe-plan\" but got \"{}\"", top.string("format")));
   int64_t version = top.integer("version", 0);
@@ -145,11 +82,11 @@ PlanLayout PlanLayout::load(const std::string &path) {
                                     kPlanFormatVersion, version));
   PlanLayout layout;
   layout.path = path;
-  Fields model = top.child(top.get("model"), "model");
+  JsonFields model = top.child(top.get("model"), "model");
   layout.modelType = model.string("model_type");
   layout.source = model.string("source");
   layout.worldSize = top.integer("world_size", 1);
-  Fields degrees = top.child(top.get("degrees"), "degrees");
+  JsonFields degrees = top.child(top.get("degrees"), "degrees");
   for (auto it = top.get("degrees").begin(); it != top.get("degrees").end(); ++it)
     layout.degrees[it.key()] = degrees.integer(it.key(), 1);
 
@@ -160,7 +97,7 @@ PlanLayout PlanLayout::load(const std::string &path) {
   layout.ranks.resize(ranks.size());
   for (size_t r = 0; r < ranks.size(); ++r) {
     std::string field = fmt::format("ranks[{}]", r);
-    Fields rank = top.child(ranks[r], field);
+    JsonFields rank = top.child(ranks[r], field);
     if (rank.integer("rank", 0) != static_cast<int64_t>(r))
       rank.fail("rank", fmt::format("expected {}", r));
     if (rank.has("weights_of_rank")) {
@@ -179,7 +116,7 @@ PlanLayout PlanLayout::load(const std::string &path) {
       // A single-rank plan: the top-level weights, whole, expert stacks expanded.
       const json &weights = top.array("weights");
       for (size_t i = 0; i < weights.size(); ++i) {
-        Fields w = top.child(weights[i], fmt::format("weights[{}]", i));
+        JsonFields w = top.child(weights[i], fmt::format("weights[{}]", i));
         std::string name = w.string("name");
         std::vector<int64_t> shape = w.integers("shape", 0);
         DType dtype = w.dtype("dtype");

@@ -6,6 +6,8 @@
 #include "moert/PlanLayout.h"
 #include "moert/SafetensorsWriter.h"
 
+#include "../JsonFields.h"
+
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
@@ -209,62 +211,6 @@ std::string readText(const std::string &path) {
 
 std::string hex32(uint32_t v) { return fmt::format("{:08x}", v); }
 
-/// Typed fields of the manifest, errors naming the manifest and the field.
-class Fields {
-public:
-  Fields(const json &object, const std::string &path, std::string where)
-      : object(object), path(path), where(std::move(where)) {}
-  [[noreturn]] void fail(const std::string &field, const std::string &message) const {
-    inputError("{}: {}{}: {}", path, where, field, message);
-  }
-  const json &get(const std::string &field) const {
-    auto it = object.find(field);
-    if (it == object.end())
-      fail(field, "missing");
-    return *it;
-  }
-  std::string string(const std::string &field) const {
-    const json &v = get(field);
-    if (!v.is_string())
-      fail(field, "expected a string");
-    return v.get<std::string>();
-  }
-  uint64_t integer(const std::string &field) const {
-    const json &v = get(field);
-    if (!v.is_number_unsigned())
-      fail(field, "expected a non-negative integer");
-    return v.get<uint64_t>();
-  }
-  std::vector<int64_t> shape(const std::string &field) const {
-    const json &v = get(field);
-    if (!v.is_array())
-      fail(field, "expected an array of non-negative integers");
-    std::vector<int64_t> out;
-    for (const json &e : v) {
-      if (!e.is_number_unsigned() || e.get<uint64_t>() > (uint64_t(1) << 48))
-        fail(field, "expected an array of non-negative integers");
-      out.push_back(static_cast<int64_t>(e.get<uint64_t>()));
-    }
-    return out;
-  }
-  const json &array(const std::string &field) const {
-    const json &v = get(field);
-    if (!v.is_array())
-      fail(field, "expected an array");
-    return v;
-  }
-  Fields child(const json &value, const std::string &field) const {
-    if (!value.is_object())
-      fail(field, "expected an object");
-    return Fields(value, path, where + field + ".");
-  }
-
-private:
-  const json &object;
-  const std::string &path;
-  std::string where;
-};
-
 bool plainFileName(const std::string &name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos;
 }
@@ -293,16 +239,16 @@ std::unique_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string &di
   }
   if (!root.is_object())
     inputError("{}: expected a JSON object", path);
-  Fields top(root, path, "");
+  JsonFields top(root, path, "");
   if (top.string("format") != "moe-sharded-checkpoint")
     top.fail("format", fmt::format("expected \"moe-sharded-checkpoint\" but got \"{}\"",
                                    top.string("format")));
-  if (top.integer("version") != kShardedCheckpointVersion)
+  if (top.unsignedInteger("version") != kShardedCheckpointVersion)
     top.fail("version", fmt::format("this moert reads checkpoint format {} but this is format {}",
-                                    kShardedCheckpointVersion, top.integer("version")));
+                                    kShardedCheckpointVersion, top.unsignedInteger("version")));
   if (top.string("checksum") != "crc32c")
     top.fail("checksum", "expected \"crc32c\"");
-  Fields model = top.child(top.get("model"), "model");
+  JsonFields model = top.child(top.get("model"), "model");
   ckpt->modelType_ = model.string("model_type");
   ckpt->config = model.string("config_json");
 
@@ -313,7 +259,7 @@ std::unique_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string &di
   std::vector<std::string> filePaths;
   std::vector<std::string> exampleTensor(files.size());
   for (size_t i = 0; i < files.size(); ++i) {
-    Fields f = top.child(files[i], fmt::format("files[{}]", i));
+    JsonFields f = top.child(files[i], fmt::format("files[{}]", i));
     std::string name = f.string("name");
     if (!plainFileName(name) || fileIndex.count(name))
       f.fail("name", fmt::format("'{}' is not a new file name in the checkpoint directory", name));
@@ -331,7 +277,7 @@ std::unique_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string &di
             exampleTensor[it->second] = t["name"].get<std::string>();
         }
   for (size_t i = 0; i < files.size(); ++i) {
-    Fields f = top.child(files[i], fmt::format("files[{}]", i));
+    JsonFields f = top.child(files[i], fmt::format("files[{}]", i));
     const std::string &file = filePaths[i];
     std::string holds = exampleTensor[i].empty()
                             ? std::string("no tensor")
@@ -340,9 +286,9 @@ std::unique_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string &di
     if (!fs::is_regular_file(file, ec))
       inputError("{}: missing shard file {} (holds {})", path, file, holds);
     uint64_t size = fs::file_size(file, ec);
-    if (size != f.integer("bytes"))
+    if (size != f.unsignedInteger("bytes"))
       inputError("{}: {} bytes but the manifest records {} (truncated or replaced file; holds {})",
-                 file, size, f.integer("bytes"), holds);
+                 file, size, f.unsignedInteger("bytes"), holds);
     uint32_t crc = crc32cOfFile(file);
     std::string recorded = f.string("crc32c");
     if (hex32(crc) != recorded)
@@ -355,7 +301,7 @@ std::unique_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string &di
   std::map<std::string, bool> seen;
   std::vector<std::map<std::string, bool>> used(files.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
-    Fields t = top.child(tensors[i], fmt::format("tensors[{}]", i));
+    JsonFields t = top.child(tensors[i], fmt::format("tensors[{}]", i));
     Tensor tensor;
     tensor.name = t.string("name");
     if (seen.count(tensor.name))
@@ -368,7 +314,7 @@ std::unique_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string &di
     const json &boxes = t.array("boxes");
     std::vector<BoxRef> refs;
     for (size_t j = 0; j < boxes.size(); ++j) {
-      Fields b = t.child(boxes[j], fmt::format("boxes[{}]", j));
+      JsonFields b = t.child(boxes[j], fmt::format("boxes[{}]", j));
       Box box;
       std::string fileName = b.string("file");
       auto it = fileIndex.find(fileName);

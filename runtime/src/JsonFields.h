@@ -1,0 +1,140 @@
+// Typed access to one JSON object of an input file (plan, manifest), with
+// errors of the form "FILE: where.field: message". Internal to the runtime:
+// not part of the public include directory.
+#ifndef MOERT_SRC_JSONFIELDS_H
+#define MOERT_SRC_JSONFIELDS_H
+
+#include "moert/Error.h"
+#include "moert/Tensor.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace moert {
+
+class JsonFields {
+public:
+  using json = nlohmann::json;
+
+  /// `file` names the input in errors and must outlive this object and its
+  /// children; `where` is the prefix of field names ("" or "model.").
+  JsonFields(const json &object, const std::string &file, std::string where)
+      : object(object), file(file), where(std::move(where)) {}
+
+  [[noreturn]] void fail(const std::string &field, const std::string &message) const {
+    inputError("{}: {}{}: {}", file, where, field, message);
+  }
+  const json &get(const std::string &field) const {
+    auto it = object.find(field);
+    if (it == object.end())
+      fail(field, "missing");
+    return *it;
+  }
+  bool has(const std::string &field) const { return object.contains(field); }
+
+  int64_t integer(const std::string &field, int64_t min = INT64_MIN) const {
+    const json &v = get(field);
+    if (!v.is_number_integer())
+      fail(field, "expected an integer");
+    int64_t i = v.get<int64_t>();
+    if (i < min)
+      fail(field, fmt::format("expected a value >= {} but got {}", min, i));
+    return i;
+  }
+  uint64_t unsignedInteger(const std::string &field) const {
+    const json &v = get(field);
+    if (!v.is_number_unsigned())
+      fail(field, "expected a non-negative integer");
+    return v.get<uint64_t>();
+  }
+  double number(const std::string &field) const {
+    const json &v = get(field);
+    if (!v.is_number())
+      fail(field, "expected a number");
+    return v.get<double>();
+  }
+  bool boolean(const std::string &field) const {
+    const json &v = get(field);
+    if (!v.is_boolean())
+      fail(field, "expected true or false");
+    return v.get<bool>();
+  }
+  std::string string(const std::string &field) const {
+    const json &v = get(field);
+    if (!v.is_string())
+      fail(field, "expected a string");
+    return v.get<std::string>();
+  }
+  std::vector<int64_t> integers(const std::string &field, int64_t min = INT64_MIN) const {
+    const json &v = get(field);
+    if (!v.is_array())
+      fail(field, "expected an array of integers");
+    std::vector<int64_t> out;
+    for (const json &e : v) {
+      if (!e.is_number_integer() || e.get<int64_t>() < min)
+        fail(field, fmt::format("expected integers >= {}", min));
+      out.push_back(e.get<int64_t>());
+    }
+    return out;
+  }
+  /// A shape: non-negative integers of at most 2^48.
+  std::vector<int64_t> shape(const std::string &field) const {
+    const json &v = get(field);
+    if (!v.is_array())
+      fail(field, "expected an array of non-negative integers");
+    std::vector<int64_t> out;
+    for (const json &e : v) {
+      if (!e.is_number_unsigned() || e.get<uint64_t>() > (uint64_t(1) << 48))
+        fail(field, "expected an array of non-negative integers");
+      out.push_back(static_cast<int64_t>(e.get<uint64_t>()));
+    }
+    return out;
+  }
+  /// A floating-point dtype: F32, BF16 or F16.
+  DType dtype(const std::string &field) const {
+    DType t;
+    if (!parseDType(string(field), t) || (t != DType::F32 && t != DType::BF16 && t != DType::F16))
+      fail(field, fmt::format("unsupported dtype '{}' (expected F32, BF16 or F16)", string(field)));
+    return t;
+  }
+  const json &array(const std::string &field) const {
+    const json &v = get(field);
+    if (!v.is_array())
+      fail(field, "expected an array");
+    return v;
+  }
+  /// The object in `field`.
+  JsonFields child(const std::string &field) const {
+    const json &v = get(field);
+    if (!v.is_object())
+      fail(field, "expected an object");
+    return JsonFields(v, file, where + field + ".");
+  }
+  /// `value`, named `field` in errors, as an object.
+  JsonFields child(const json &value, const std::string &field) const {
+    if (!value.is_object())
+      fail(field, "expected an object");
+    return JsonFields(value, file, where + field + ".");
+  }
+  /// Element `i` of the array `field`, as an object (`i` must be in range).
+  JsonFields element(const std::string &field, size_t i) const {
+    const json &v = array(field)[i];
+    if (!v.is_object())
+      fail(fmt::format("{}[{}]", field, i), "expected an object");
+    return JsonFields(v, file, fmt::format("{}{}[{}].", where, field, i));
+  }
+
+private:
+  const json &object;
+  const std::string &file;
+  std::string where;
+};
+
+} // namespace moert
+
+#endif // MOERT_SRC_JSONFIELDS_H
