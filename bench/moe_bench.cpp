@@ -108,9 +108,14 @@ __attribute__((target("avx512f"))) double fmaLoop(int64_t iterations) {
   for (int64_t it = 0; it < iterations; ++it)
     for (int i = 0; i < 12; ++i)
       acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  // Sum through memory: GCC 12 warns about _mm512_reduce_add_ps's internals.
+  alignas(64) float lanes[16];
   float sum = 0;
-  for (int i = 0; i < 12; ++i)
-    sum += _mm512_reduce_add_ps(acc[i]);
+  for (int i = 0; i < 12; ++i) {
+    _mm512_store_ps(lanes, acc[i]);
+    for (float lane : lanes)
+      sum += lane;
+  }
   return sum;
 }
 
