@@ -22,6 +22,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
+#include <set>
 #include <sstream>
 #include <system_error>
 
@@ -431,8 +433,18 @@ void convertCheckpoint(const std::string &planPath, const std::string &hfDir,
   std::vector<Logical> logical;
   std::map<std::string, size_t> index;
   std::vector<std::vector<const PlanSlice *>> perRank(layout.ranks.size());
+  // A save never touches the files the current manifest names: new rank
+  // files get a fresh generation tag, the manifest is replaced atomically
+  // last, and only then do files that no manifest names go. A save killed at
+  // any moment leaves the previous checkpoint whole.
+  std::random_device entropy;
+  const std::string generation =
+      fmt::format("{:08x}", entropy() ^ static_cast<uint32_t>(::getpid()));
+  auto rankFile = [&](size_t r) {
+    return fmt::format("rank-{:05d}-{}.safetensors", r, generation);
+  };
   for (size_t r = 0; r < layout.ranks.size(); ++r) {
-    std::string file = fmt::format("rank-{:05d}.safetensors", r);
+    std::string file = rankFile(r);
     for (const PlanSlice &s : layout.ranks[r]) {
       auto it = index.find(s.name);
       if (it == index.end()) {
@@ -474,29 +486,14 @@ void convertCheckpoint(const std::string &planPath, const std::string &hfDir,
   std::string config = readText(configPath);
 
   makeDirectory(outDir);
-  // An old manifest goes first: a directory being rewritten is never taken
-  // for a checkpoint.
   const std::string manifestPath = (fs::path(outDir) / "manifest.json").string();
-  fs::remove(manifestPath, ec);
-  fsyncPath(outDir, true);
-  // Rank files of an earlier conversion (perhaps for more ranks) go too.
-  for (fs::directory_iterator it(outDir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.size() == 22 && name.compare(0, 5, "rank-") == 0 &&
-        name.compare(10, 12, ".safetensors") == 0 &&
-        std::all_of(name.begin() + 5, name.begin() + 10,
-                    [](char c) { return c >= '0' && c <= '9'; })) {
-      std::error_code removeError;
-      fs::remove(it->path(), removeError);
-    }
-  }
 
   ordered_json files = ordered_json::array();
   std::map<std::string, std::pair<uint64_t, uint64_t>> ranges; // "file/name" -> data_offsets
   for (size_t r = 0; r < perRank.size(); ++r) {
     if (perRank[r].empty())
       continue;
-    std::string name = fmt::format("rank-{:05d}.safetensors", r);
+    std::string name = rankFile(r);
     std::string file = (fs::path(outDir) / name).string();
     std::vector<TensorToWrite> writes;
     for (const PlanSlice *s : perRank[r]) {
@@ -544,6 +541,22 @@ void convertCheckpoint(const std::string &planPath, const std::string &hfDir,
       {"tensors", tensors}};
   writeTextAtomically(manifestPath, manifest.dump(1) + "\n");
   fsyncPath(outDir, true);
+  // Now the new checkpoint is the one: rank files of earlier saves, and
+  // temporary files of killed ones, can go.
+  std::set<std::string> current;
+  for (const auto &f : files)
+    current.insert(f["name"].get<std::string>());
+  for (fs::directory_iterator it(outDir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    bool rankFileName = name.rfind("rank-", 0) == 0 &&
+                        (name.find(".safetensors.tmp-") != std::string::npos ||
+                         (name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0));
+    bool manifestTemp = name.rfind("manifest.json.tmp-", 0) == 0;
+    if ((rankFileName || manifestTemp) && !current.count(name)) {
+      std::error_code removeError;
+      fs::remove(it->path(), removeError);
+    }
+  }
 }
 
 void exportCheckpoint(const std::string &ckptDir, const std::string &outDir,
