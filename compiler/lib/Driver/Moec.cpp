@@ -239,17 +239,35 @@ int writeIR(mlir::ModuleOp module, StringRef path) {
   return kExitOk;
 }
 
-int runImport() {
-  Expected<hf::ModelConfig> config = hf::loadModelConfig(importConfig);
+/// A config.json imported into `context`, with its parsed config.
+struct Imported {
+  hf::ModelConfig config;
+  mlir::OwningOpRef<mlir::ModuleOp> module;
+};
+
+Expected<Imported> loadAndImport(StringRef path, mlir::MLIRContext &context) {
+  Expected<hf::ModelConfig> config = hf::loadModelConfig(path);
   if (!config)
-    return fail(config.takeError());
-  mlir::DialectRegistry registry;
-  registerAllDialects(registry);
-  mlir::MLIRContext context(registry);
+    return config.takeError();
   auto module = hf::importModel(*config, context);
   if (!module)
-    return fail(module.takeError());
-  return writeIR(**module, importOutput);
+    return module.takeError();
+  return Imported{std::move(*config), std::move(*module)};
+}
+
+/// A context with every dialect a `moe` module may use.
+mlir::DialectRegistry allDialects() {
+  mlir::DialectRegistry registry;
+  registerAllDialects(registry);
+  return registry;
+}
+
+int runImport() {
+  mlir::MLIRContext context(allDialects());
+  Expected<Imported> imported = loadAndImport(importConfig, context);
+  if (!imported)
+    return fail(imported.takeError());
+  return writeIR(*imported->module, importOutput);
 }
 
 int runCompile() {
@@ -259,15 +277,12 @@ int runCompile() {
                                   "--compile-to: unknown phase '%s' (expected "
                                   "one of: %s)",
                                   compileTo.c_str(), phaseNames()));
-  Expected<hf::ModelConfig> config = hf::loadModelConfig(compileConfig);
-  if (!config)
-    return fail(config.takeError());
-  mlir::DialectRegistry registry;
-  registerAllDialects(registry);
-  mlir::MLIRContext context(registry);
-  auto module = hf::importModel(*config, context);
-  if (!module)
-    return fail(module.takeError());
+  mlir::MLIRContext context(allDialects());
+  Expected<Imported> imported = loadAndImport(compileConfig, context);
+  if (!imported)
+    return fail(imported.takeError());
+  const hf::ModelConfig *config = &imported->config;
+  mlir::OwningOpRef<mlir::ModuleOp> &module = imported->module;
 
   // Pass diagnostics become one "moec: error: FILE: message" line.
   mlir::ScopedDiagnosticHandler diagnostics(&context, [](mlir::Diagnostic &d) {
@@ -344,15 +359,15 @@ int runCompile() {
   // A long prompt is prefilled in chunks of max-batch-tokens, so only the
   // sequence length is bounded by the model.
   buildPipeline(pm, workload, *last);
-  if (mlir::failed(pm.run(**module)))
+  if (mlir::failed(pm.run(*module)))
     return kExitBadInput; // the pass printed a diagnostic naming the option
 
   if (*last != Phase::Plan)
-    return writeIR(**module, compileOutput.empty() ? "-" : compileOutput.getValue());
+    return writeIR(*module, compileOutput.empty() ? "-" : compileOutput.getValue());
   if (compileOutput.empty() && !explain && !printJson)
     return fail(createStringError(inconvertibleErrorCode(),
                                   "-o: expected the plan's output path"));
-  Expected<json::Value> plan = buildPlan(**module);
+  Expected<json::Value> plan = buildPlan(*module);
   if (!plan)
     return fail(plan.takeError(), kExitFailure);
   if (!planned) {

@@ -287,41 +287,27 @@ MOERT_AVX512BW_TARGET void copyBytesAvx512(uint8_t *dst, const uint8_t *src, int
     _mm512_mask_storeu_epi8(dst, m, _mm512_maskz_loadu_epi8(m, src));
     i = head;
   }
-  if (stream) {
-    for (; i + 256 <= n; i += 256) {
-      if (next) {
-        _mm_prefetch(reinterpret_cast<const char *>(next + i), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char *>(next + i + 64), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char *>(next + i + 128), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char *>(next + i + 192), _MM_HINT_T1);
-      }
-      const __m512i a = _mm512_loadu_si512(src + i), b = _mm512_loadu_si512(src + i + 64);
-      const __m512i c = _mm512_loadu_si512(src + i + 128), d = _mm512_loadu_si512(src + i + 192);
-      _mm512_stream_si512(reinterpret_cast<__m512i *>(dst + i), a);
-      _mm512_stream_si512(reinterpret_cast<__m512i *>(dst + i + 64), b);
-      _mm512_stream_si512(reinterpret_cast<__m512i *>(dst + i + 128), c);
-      _mm512_stream_si512(reinterpret_cast<__m512i *>(dst + i + 192), d);
-    }
-    for (; i + 64 <= n; i += 64)
-      _mm512_stream_si512(reinterpret_cast<__m512i *>(dst + i), _mm512_loadu_si512(src + i));
-  } else {
-    for (; i + 256 <= n; i += 256) {
-      if (next) {
-        _mm_prefetch(reinterpret_cast<const char *>(next + i), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char *>(next + i + 64), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char *>(next + i + 128), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char *>(next + i + 192), _MM_HINT_T1);
-      }
-      const __m512i a = _mm512_loadu_si512(src + i), b = _mm512_loadu_si512(src + i + 64);
-      const __m512i c = _mm512_loadu_si512(src + i + 128), d = _mm512_loadu_si512(src + i + 192);
-      _mm512_storeu_si512(dst + i, a);
-      _mm512_storeu_si512(dst + i + 64, b);
-      _mm512_storeu_si512(dst + i + 128, c);
-      _mm512_storeu_si512(dst + i + 192, d);
-    }
-    for (; i + 64 <= n; i += 64)
-      _mm512_storeu_si512(dst + i, _mm512_loadu_si512(src + i));
+  // dst + i is 64-byte aligned from here on; the store kind is the only
+  // difference between the two modes (the branch is loop-invariant).
+  auto store = [stream](uint8_t *to, __m512i v) MOERT_AVX512BW_TARGET {
+    if (stream)
+      _mm512_stream_si512(reinterpret_cast<__m512i *>(to), v);
+    else
+      _mm512_storeu_si512(to, v);
+  };
+  for (; i + 256 <= n; i += 256) {
+    if (next)
+      for (int line = 0; line < 256; line += 64)
+        _mm_prefetch(reinterpret_cast<const char *>(next + i + line), _MM_HINT_T1);
+    const __m512i a = _mm512_loadu_si512(src + i), b = _mm512_loadu_si512(src + i + 64);
+    const __m512i c = _mm512_loadu_si512(src + i + 128), d = _mm512_loadu_si512(src + i + 192);
+    store(dst + i, a);
+    store(dst + i + 64, b);
+    store(dst + i + 128, c);
+    store(dst + i + 192, d);
   }
+  for (; i + 64 <= n; i += 64)
+    store(dst + i, _mm512_loadu_si512(src + i));
   if (i < n) {
     const __mmask64 m = (1ull << (n - i)) - 1;
     _mm512_mask_storeu_epi8(dst + i, m, _mm512_maskz_loadu_epi8(m, src + i));
