@@ -4,6 +4,7 @@
 #pragma once
 
 #include "moert/Checkpoint.h"
+#include "moert/Comm.h"
 #include "moert/Plan.h"
 
 #include <memory>
@@ -27,14 +28,25 @@ public:
   virtual ~Device() = default;
   virtual std::string name() const = 0;
   /// Binds the rank's weights from the checkpoint (checking every name,
-  /// shape and dtype against the plan) and allocates buffers and caches.
-  virtual void prepare(const Plan &plan, int64_t rank, const Checkpoint &weights) = 0;
-  /// Runs every step of the rank over the batch; logits of batch.logitRows
-  /// go to `logits` ([logitRows.size(), vocab], f32).
+  /// shape and dtype against the plan): its program's local weights are
+  /// filled from the rank's slices (PlanLayout), a whole tensor is a view
+  /// into the mapping, a part is copied. Allocates buffers and caches.
+  /// Collective steps go through `comm` (kept; may be a world of one).
+  virtual void prepare(const Plan &plan, int64_t rank, const Checkpoint &weights,
+                       Comm &comm) = 0;
+  /// Runs every step of the rank's program over the batch; on the last
+  /// stage, logits of batch.logitRows go to `logits` ([logitRows.size(),
+  /// vocab], f32); other stages leave `logits` alone. An empty batch (T = 0)
+  /// still takes part in every collective (with no rows).
   virtual void forward(const Batch &batch, std::vector<float> &logits) = 0;
   /// Bytes of weights bound and of buffers/caches allocated.
   virtual int64_t weightBytes() const = 0;
   virtual int64_t workspaceBytes() const = 0;
+  /// The allocator's peak: weight bytes it holds (copies; views into the
+  /// mapping count as loaded bytes) + buffers + caches + scratch, in bytes.
+  virtual int64_t peakBytes() const = 0;
+  /// Bytes of checkpoint data this rank read (its slices).
+  virtual int64_t loadedWeightBytes() const = 0;
   /// Seconds spent per op kind since prepare (for benchmarks; may be empty).
   virtual std::vector<std::pair<std::string, double>> opSeconds() const { return {}; }
 };

@@ -12,7 +12,7 @@
 
 namespace moert {
 
-constexpr int kPlanFormatVersion = 1;
+constexpr int kPlanFormatVersion = 2;
 
 struct PlanWeight {
   std::string name; ///< checkpoint name; with "{e}" for an expert stack
@@ -27,6 +27,9 @@ struct PlanWeight {
 };
 
 struct PlanBuffer {
+  /// rows x width values; rows is max_batch_tokens for per-token activations
+  /// and static for others (a dispatch buffer has E x C rows of H).
+  int64_t rows = 0;
   int64_t width = 0;
   DType dtype = DType::F32; ///< F32 or I32
   int64_t bytes = 0;
@@ -38,7 +41,24 @@ struct PlanCache {
 
 enum class OpKind {
   Embedding, RMSNorm, LayerNorm, Linear, Rope, Attention, MLAttention,
-  Split, Add, SigmoidGate, MLP, Router, Experts
+  Split, Add, SigmoidGate, MLP, Router, Experts,
+  // Partitioned execution (docs/partitioned-execution.md).
+  AllReduce, AllGather, AllToAll, Send, Recv, Dispatch, ExpertFFN, Combine
+};
+constexpr size_t kNumOpKinds = static_cast<size_t>(OpKind::Combine) + 1;
+
+/// A collective's group: the ranks that agree with the caller on every axis
+/// of `mesh` but `axis` (docs/partitioned-execution.md).
+struct CollectiveGroup {
+  enum class Mesh { Attention, Experts } mesh = Mesh::Attention; ///< "mesh" / "experts"
+  enum class Axis { PP, DP, TP, EDP, EP, ETP } axis = Axis::TP;
+};
+
+/// moe.dispatch's attributes.
+struct DispatchParams {
+  int64_t numExperts = 0, capacity = 0, topK = 0;
+  double capacityFactor = 0; ///< 0: dropless
+  int64_t rowParts = 1, rowPartStride = 1;
 };
 const char *opName(OpKind op);
 
@@ -52,15 +72,40 @@ struct PlanStep {
   cpu::RoutingParams routing;
   cpu::Activation activation = cpu::Activation::Silu;
   std::vector<int64_t> widths; ///< split
+  CollectiveGroup group;       ///< all_reduce, all_gather, all_to_all
+  DispatchParams dispatch;     ///< dispatch
+  bool vocabShard = false;     ///< embedding: this rank's rows of the padded vocabulary
+  bool head = false;           ///< linear: the LM head (computes the logit rows only)
+};
+
+/// The program of one pipeline stage, run by every rank of the stage. Its
+/// weights have the rank-local shapes; steps index them and its buffers.
+struct PlanProgram {
+  int64_t stage = 0;
+  std::vector<PlanWeight> weights;
+  std::vector<PlanBuffer> buffers;
+  std::vector<PlanCache> caches;
+  int64_t tokensBuffer = 0, positionsBuffer = 0;
+  int64_t logitsBuffer = -1; ///< -1: not the last stage
+  std::vector<PlanStep> steps;
+  /// The compiler's figures (program.memory): activations, kv_cache.
+  int64_t activationBytes = 0, cacheBytes = 0;
+};
+
+struct RankCoords {
+  int64_t dp = 0, pp = 0, tp = 0, edp = 0, ep = 0, etp = 0;
 };
 
 struct PlanRank {
   int64_t rank = 0;
-  std::vector<PlanBuffer> buffers;
-  std::vector<PlanCache> caches;
-  int64_t tokensBuffer = 0, positionsBuffer = 0, logitsBuffer = 0;
-  std::vector<PlanStep> steps;
-  int64_t predictedPeakBytes = 0;
+  RankCoords coords;
+  int64_t program = 0;
+  /// ranks[].memory: weights (exact bytes of its slices) and peak.
+  int64_t predictedWeightBytes = 0, predictedPeakBytes = 0;
+};
+
+struct Degrees {
+  int64_t dp = 1, pp = 1, tp = 1, ep = 1, etp = 1, edp = 1;
 };
 
 struct Plan {
@@ -73,8 +118,19 @@ struct Plan {
   std::vector<std::string> unusedTensorPrefixes;
   int64_t maxBatchTokens = 0, maxSeqLen = 0, maxSequences = 0;
   int64_t worldSize = 1;
+  Degrees degrees;
+  int64_t paddedVocab = 0; ///< vocab.padded (== vocabSize with tp = 1)
+  /// The model's logical (checkpoint) tensors, whole shapes.
   std::vector<PlanWeight> weights;
-  std::vector<PlanRank> ranks;
+  std::vector<PlanProgram> programs;
+  std::vector<PlanRank> ranks; ///< ranks[r].rank == r
+
+  const PlanProgram &programOf(int64_t rank) const { return programs[ranks[rank].program]; }
+  /// The world ranks of `group` as seen from `rank`, ordered by their
+  /// coordinate on the group's axis (the caller is among them).
+  std::vector<int> groupOf(int64_t rank, const CollectiveGroup &group) const;
+  /// The rank with the same dp and tp on stage `stage`.
+  int64_t stageRank(int64_t rank, int64_t stage) const;
 
   /// Reads and validates `path`; InputError naming the plan and the field.
   static Plan load(const std::string &path);

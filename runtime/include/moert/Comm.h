@@ -1,0 +1,68 @@
+// Communication between ranks: what the executor and the devices ask for
+// collectives. `createComm` returns the single-process communicator (world
+// of one; every group is {0}) unless the process runs under mpirun, where it
+// returns the MPI one (Open MPI on the CPU; the CUDA driver will use NCCL
+// bootstrapped through it).
+//
+// Every call names what it is for (`what`, e.g. "step 37 (all_reduce over
+// tp)") so that a failure or a timeout can say which step of which rank did
+// not complete. A collective that does not complete within the timeout
+// prints `moert: error: rank R: <what> did not complete within S s (group:
+// ranks a,b,...)` to stderr and ends the whole job (MPI_Abort), never hangs.
+#pragma once
+
+#include "moert/Plan.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace moert {
+
+class Comm {
+public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// Readies the groups the plan's collectives use (every rank calls it, in
+  /// the same order, before any collective). `group` arguments below are
+  /// lists of world ranks as Plan::groupOf returns them; the caller is a
+  /// member.
+  virtual void prepare(const Plan &plan) = 0;
+  /// Seconds a collective may take before the job is ended (default 300).
+  virtual void setTimeout(double seconds) = 0;
+
+  /// Elementwise sum of n floats over the group, in place.
+  virtual void allReduceSum(float *data, int64_t n, const std::vector<int> &group,
+                            const std::string &what) = 0;
+  /// out = the members' `bytes` bytes each, concatenated in group order.
+  virtual void allGather(const void *in, int64_t bytes, void *out,
+                         const std::vector<int> &group, const std::string &what) = 0;
+  /// Member q gets sendBytes[q] bytes from send + sendOffsets[q]; what member
+  /// q sent here lands at recv + recvOffsets[q] (recvBytes[q] bytes, which
+  /// the caller knows, e.g. from a previous exchange of counts).
+  virtual void allToAllV(const void *send, const std::vector<int64_t> &sendBytes,
+                         const std::vector<int64_t> &sendOffsets, void *recv,
+                         const std::vector<int64_t> &recvBytes,
+                         const std::vector<int64_t> &recvOffsets,
+                         const std::vector<int> &group, const std::string &what) = 0;
+  /// Point to point (pipeline stages); messages between two ranks arrive in
+  /// order.
+  virtual void send(const void *data, int64_t bytes, int peer, const std::string &what) = 0;
+  virtual void recv(void *data, int64_t bytes, int peer, const std::string &what) = 0;
+  /// `bytes` bytes from group member `root` (an index into group) to all.
+  virtual void broadcast(void *data, int64_t bytes, int root, const std::vector<int> &group,
+                         const std::string &what) = 0;
+  /// Max of one value over the whole world (e.g. "does any rank have work").
+  virtual int64_t allReduceMax(int64_t value, const std::string &what) = 0;
+  /// Ends every rank of the job with `message` (rank 0's exit status 1).
+  [[noreturn]] virtual void abort(const std::string &message) = 0;
+};
+
+/// True when this process was started by mpirun (OMPI_COMM_WORLD_SIZE set).
+bool underMpirun();
+/// The MPI communicator under mpirun, else the single-process one.
+std::unique_ptr<Comm> createComm(int *argc, char ***argv);
+
+} // namespace moert
