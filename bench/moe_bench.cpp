@@ -13,6 +13,7 @@
 //       gather into expert order, at Mixtral-8x7B's sizes (hidden 4096,
 //       8 experts, bf16 activations), in tokens/s
 #include "moert/Checkpoint.h"
+#include "moert/Comm.h"
 #include "moert/Device.h"
 #include "moert/Error.h"
 #include "moert/Parallel.h"
@@ -167,15 +168,15 @@ int machine(int argc, char **argv) {
 // ---------------------------------------------------------------- model
 
 /// Active parameters per token: what one token's forward reads.
-double activeParams(const Plan &plan, const PlanRank &rank) {
+double activeParams(const PlanProgram &program) {
   double n = 0;
-  for (const PlanStep &s : rank.steps)
+  for (const PlanStep &s : program.steps)
     for (size_t i = 0; i < s.weights.size(); ++i) {
-      const PlanWeight &w = plan.weights[s.weights[i]];
+      const PlanWeight &w = program.weights[s.weights[i]];
       TensorView v{w.dtype, w.shape, nullptr};
       double numel = static_cast<double>(v.numel());
       if (s.op == OpKind::Experts) // k of the experts: the routing width
-        numel = numel / w.experts * rank.buffers[s.in[1]].width;
+        numel = numel / w.experts * program.buffers[s.in[1]].width;
       if (s.op == OpKind::Embedding)
         numel = w.shape[1]; // one row
       n += numel;
@@ -190,10 +191,11 @@ int runModel(int argc, char **argv) {
   setNumThreads(threads);
   auto checkpoint = Checkpoint::open(dir);
   auto device = createCpuDevice();
-  device->prepare(plan, 0, *checkpoint);
-  const PlanRank &rank = plan.ranks[0];
+  auto comm = createComm(&argc, &argv); // a world of one: the bench runs rank 0
+  device->prepare(plan, 0, *checkpoint, *comm);
+  const PlanProgram &program = plan.programOf(0);
   int64_t k = 2;
-  for (const PlanStep &s : rank.steps)
+  for (const PlanStep &s : program.steps)
     if (s.op == OpKind::Router)
       k = s.routing.topK;
   (void)k;
@@ -213,7 +215,7 @@ int runModel(int argc, char **argv) {
   fmt::print("model: {} ({} weights, {:.0f} M parameters, {:.0f} M active per token), "
              "dtype {}, {} threads\n",
              plan.modelType, plan.weights.size(), device->weightBytes() / 1e6 / (dtype == "BF16" ? 2 : 4),
-             activeParams(plan, rank) / 1e6, dtype, threads);
+             activeParams(program) / 1e6, dtype, threads);
   device->forward(prompt(16), logits); // warm-up: page in the weights
   for (int64_t n : {512, 128}) {
     if (n > plan.maxBatchTokens)

@@ -12,12 +12,13 @@ std::optional<moe::Phase> moe::parsePhase(llvm::StringRef name) {
   return llvm::StringSwitch<std::optional<Phase>>(name)
       .Case("import", Phase::Import)
       .Case("workload", Phase::Workload)
+      .Case("partition", Phase::Partition)
       .Case("buffers", Phase::Buffers)
       .Case("plan", Phase::Plan)
       .Default(std::nullopt);
 }
 
-const char *moe::phaseNames() { return "import, workload, buffers, plan"; }
+const char *moe::phaseNames() { return "import, workload, partition, buffers, plan"; }
 
 void moe::buildPipeline(OpPassManager &pm, const WorkloadOptions &workload,
                         Phase last) {
@@ -31,6 +32,17 @@ void moe::buildPipeline(OpPassManager &pm, const WorkloadOptions &workload,
   options.maxSequences = workload.maxSequences;
   pm.addPass(createMoESpecializeWorkload(options));
   if (last == Phase::Workload)
+    return;
+  if (workload.partition) {
+    // Per-stage programs with collectives (capacity needs the workload), then
+    // the proof that they match: a plan that fails it is never written.
+    MoEPartitionOptions partition;
+    partition.capacityFactor = workload.capacityFactor;
+    pm.addPass(createMoEPartition(partition));
+    pm.addPass(createCSEPass());
+    pm.addPass(createMoEVerifyCollectives());
+  }
+  if (last == Phase::Partition)
     return;
   // Dead weights and ops (e.g. a tied head imported twice) go before buffers
   // are assigned, so that no buffer is reserved for them.

@@ -8,9 +8,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <fstream>
-#include <unordered_set>
+#include <initializer_list>
 #include <sstream>
+#include <tuple>
+#include <unordered_set>
 
 namespace moert {
 namespace {
@@ -25,7 +28,11 @@ OpKind parseOp(const JsonFields &r, const std::string &name) {
       {"mla_attention", OpKind::MLAttention}, {"split", OpKind::Split},
       {"add", OpKind::Add},             {"sigmoid_gate", OpKind::SigmoidGate},
       {"mlp", OpKind::MLP},             {"router", OpKind::Router},
-      {"experts", OpKind::Experts}};
+      {"experts", OpKind::Experts},     {"all_reduce", OpKind::AllReduce},
+      {"all_gather", OpKind::AllGather}, {"all_to_all", OpKind::AllToAll},
+      {"send", OpKind::Send},           {"recv", OpKind::Recv},
+      {"dispatch", OpKind::Dispatch},   {"expert_ffn", OpKind::ExpertFFN},
+      {"combine", OpKind::Combine}};
   for (auto &[spelling, kind] : ops)
     if (name == spelling)
       return kind;
@@ -90,14 +97,91 @@ cpu::Activation parseActivation(const JsonFields &r) {
   r.fail("activation", "unknown activation '" + a + "'");
 }
 
-/// Shape checks of one step against its buffers and weights.
+cpu::DispatchParams parseDispatch(const JsonFields &a) {
+  cpu::DispatchParams p;
+  p.numExperts = a.integer("num_experts", 1);
+  p.capacity = a.integer("capacity", 1);
+  p.capacityFactor = a.number("capacity_factor");
+  if (!(p.capacityFactor >= 0))
+    a.fail("capacity_factor", "expected a value >= 0 (0: dropless)");
+  p.topK = a.integer("top_k", 1);
+  p.rowParts = a.integer("row_parts", 1);
+  p.rowPartStride = a.integer("row_part_stride", 1);
+  return p;
+}
+
+/// A collective's "mesh" and "axis"; the axis must be one of the mesh's.
+CollectiveGroup parseGroup(const JsonFields &a) {
+  CollectiveGroup g;
+  std::string mesh = a.string("mesh"), axis = a.string("axis");
+  if (mesh == "mesh") g.mesh = CollectiveGroup::Mesh::Attention;
+  else if (mesh == "experts") g.mesh = CollectiveGroup::Mesh::Experts;
+  else a.fail("mesh", "expected \"mesh\" or \"experts\" but got \"" + mesh + "\"");
+  static const std::pair<const char *, CollectiveGroup::Axis> axes[] = {
+      {"pp", CollectiveGroup::Axis::PP}, {"dp", CollectiveGroup::Axis::DP},
+      {"tp", CollectiveGroup::Axis::TP}, {"edp", CollectiveGroup::Axis::EDP},
+      {"ep", CollectiveGroup::Axis::EP}, {"etp", CollectiveGroup::Axis::ETP}};
+  bool found = false;
+  for (auto &[spelling, value] : axes)
+    if (axis == spelling) {
+      g.axis = value;
+      found = true;
+    }
+  bool attention = g.axis == CollectiveGroup::Axis::PP || g.axis == CollectiveGroup::Axis::DP ||
+                   g.axis == CollectiveGroup::Axis::TP;
+  bool experts = g.axis == CollectiveGroup::Axis::PP || g.axis == CollectiveGroup::Axis::EDP ||
+                 g.axis == CollectiveGroup::Axis::EP || g.axis == CollectiveGroup::Axis::ETP;
+  if (!found || (g.mesh == CollectiveGroup::Mesh::Attention ? !attention : !experts))
+    a.fail("axis", fmt::format("\"{}\" is not an axis of @{} ({})", axis, mesh,
+                               g.mesh == CollectiveGroup::Mesh::Attention ? "pp, dp, tp"
+                                                                         : "pp, edp, ep, etp"));
+  return g;
+}
+
+/// The number of ranks along `axis` (a collective's group size).
+int64_t axisSize(const Degrees &d, CollectiveGroup::Axis axis) {
+  switch (axis) {
+  case CollectiveGroup::Axis::PP: return d.pp;
+  case CollectiveGroup::Axis::DP: return d.dp;
+  case CollectiveGroup::Axis::TP: return d.tp;
+  case CollectiveGroup::Axis::EDP: return d.edp;
+  case CollectiveGroup::Axis::EP: return d.ep;
+  case CollectiveGroup::Axis::ETP: return d.etp;
+  }
+  return 1;
+}
+
+int64_t &axisCoord(RankCoords &c, CollectiveGroup::Axis axis) {
+  switch (axis) {
+  case CollectiveGroup::Axis::PP: return c.pp;
+  case CollectiveGroup::Axis::DP: return c.dp;
+  case CollectiveGroup::Axis::TP: return c.tp;
+  case CollectiveGroup::Axis::EDP: return c.edp;
+  case CollectiveGroup::Axis::EP: return c.ep;
+  case CollectiveGroup::Axis::ETP: return c.etp;
+  }
+  return c.tp;
+}
+
+/// The two folds of the ranks (docs/partitioned-execution.md).
+int64_t attentionRank(const Degrees &d, const RankCoords &c) {
+  return (c.pp * d.dp + c.dp) * d.tp + c.tp;
+}
+int64_t expertRank(const Degrees &d, const RankCoords &c) {
+  return ((c.pp * d.edp + c.edp) * d.ep + c.ep) * d.etp + c.etp;
+}
+
+/// Shape checks of one step of program `programIndex` against its buffers
+/// and weights. Per-token operands (T <= max_batch_tokens rows) need at
+/// least max_batch_tokens rows; dispatch buffers exactly E x C.
 class StepChecker {
 public:
-  StepChecker(const Plan &plan, const PlanRank &rank, const PlanStep &step, size_t index)
-      : plan(plan), rank(rank), step(step), index(index) {}
+  StepChecker(const Plan &plan, const PlanProgram &program, size_t programIndex,
+              const PlanStep &step, size_t index)
+      : plan(plan), program(program), programIndex(programIndex), step(step), index(index) {}
 
   [[noreturn]] void fail(const std::string &message) const {
-    inputError("{}: ranks[{}].steps[{}] ({}): {}", plan.path, rank.rank, index,
+    inputError("{}: programs[{}].steps[{}] ({}): {}", plan.path, programIndex, index,
                opName(step.op), message);
   }
   void arity(size_t in, size_t weightsMin, size_t weightsMax, size_t out) const {
@@ -107,15 +191,25 @@ public:
                        in, weightsMin, weightsMax, out, step.in.size(), step.weights.size(),
                        step.out.size()));
   }
+  /// The width of a buffer of `dtype`, whatever its rows.
   int64_t width(int64_t buffer, DType dtype = DType::F32) const {
-    const PlanBuffer &b = rank.buffers[buffer];
+    const PlanBuffer &b = program.buffers[buffer];
     if (b.dtype != dtype)
       fail(fmt::format("buffer {} holds {} but the op needs {}", buffer, dtypeName(b.dtype),
                        dtypeName(dtype)));
     return b.width;
   }
+  /// The width of a per-token buffer: one row per token of the batch.
+  int64_t tokens(int64_t buffer, DType dtype = DType::F32) const {
+    int64_t w = width(buffer, dtype);
+    if (program.buffers[buffer].rows < plan.maxBatchTokens)
+      fail(fmt::format("buffer {} has {} rows, fewer than max_batch_tokens ({})", buffer,
+                       program.buffers[buffer].rows, plan.maxBatchTokens));
+    return w;
+  }
+  int64_t rows(int64_t buffer) const { return program.buffers[buffer].rows; }
   const PlanWeight &weight(size_t i, size_t rankWanted) const {
-    const PlanWeight &w = plan.weights[step.weights[i]];
+    const PlanWeight &w = program.weights[step.weights[i]];
     if (w.shape.size() != rankWanted)
       fail(fmt::format("weight '{}' has rank {} but the op needs rank {}", w.name,
                        w.shape.size(), rankWanted));
@@ -126,16 +220,29 @@ public:
       fail(message);
   }
   const PlanCache &cache() const {
-    if (step.kvCache < 0 || step.kvCache >= static_cast<int64_t>(rank.caches.size()))
+    if (step.kvCache < 0 || step.kvCache >= static_cast<int64_t>(program.caches.size()))
       fail(fmt::format("kv_cache {} out of range", step.kvCache));
-    return rank.caches[step.kvCache];
+    return program.caches[step.kvCache];
   }
+  int64_t groupSize() const { return axisSize(plan.degrees, step.group.axis); }
 
   void check() const;
 
 private:
+  /// The [E*C, H] buffers of all_to_all / expert_ffn: E experts (a counts
+  /// buffer of 1 row of E) with the same whole number of rows each.
+  int64_t experts(int64_t buf, int64_t counts) const {
+    int64_t E = width(counts, DType::I32);
+    expect(rows(counts) >= 1, fmt::format("counts buffer {} has no row", counts));
+    expect(rows(buf) % E == 0,
+           fmt::format("buffer {} has {} rows, not a multiple of the {} experts of counts "
+                       "buffer {}", buf, rows(buf), E, counts));
+    return E;
+  }
+
   const Plan &plan;
-  const PlanRank &rank;
+  const PlanProgram &program;
+  size_t programIndex;
   const PlanStep &step;
   size_t index;
 };
@@ -144,64 +251,70 @@ void StepChecker::check() const {
   switch (step.op) {
   case OpKind::Embedding: {
     arity(1, 1, 1, 1);
-    width(step.in[0], DType::I32);
+    expect(tokens(step.in[0], DType::I32) == 1, "the token ids buffer must be 1 wide");
     const PlanWeight &t = weight(0, 2);
-    expect(width(step.out[0]) == t.shape[1], "output width differs from the table's");
-    expect(t.shape[0] == plan.vocabSize, "embedding rows differ from vocab_size");
+    expect(tokens(step.out[0]) == t.shape[1], "output width differs from the table's");
+    if (step.vocabShard)
+      expect(t.shape[0] * plan.degrees.tp == plan.paddedVocab,
+             fmt::format("a vocab_shard table of {} rows x tp {} is not the padded vocabulary "
+                         "({})", t.shape[0], plan.degrees.tp, plan.paddedVocab));
+    else
+      expect(t.shape[0] == plan.vocabSize, "embedding rows differ from vocab_size");
     break;
   }
   case OpKind::RMSNorm:
   case OpKind::LayerNorm: {
     arity(1, 1, step.op == OpKind::LayerNorm ? 2 : 1, 1);
-    int64_t w = width(step.in[0]);
+    int64_t w = tokens(step.in[0]);
     const PlanWeight &g = weight(0, 1);
-    expect(w % g.shape[0] == 0, "weight size does not divide the width");
+    expect(g.shape[0] > 0 && w % g.shape[0] == 0, "weight size does not divide the width");
     expect(step.op == OpKind::RMSNorm || g.shape[0] == w, "layer_norm weight must span the row");
     if (step.weights.size() == 2)
       expect(weight(1, 1).shape == g.shape, "bias and weight shapes differ");
-    expect(width(step.out[0]) == w, "output width differs from the input's");
+    expect(tokens(step.out[0]) == w, "output width differs from the input's");
     expect(step.eps > 0, "eps must be > 0");
     break;
   }
   case OpKind::Linear: {
     arity(1, 1, 2, 1);
     const PlanWeight &w = weight(0, 2);
-    expect(width(step.in[0]) == w.shape[1], fmt::format("input width differs from '{}' columns", w.name));
-    expect(width(step.out[0]) == w.shape[0], fmt::format("output width differs from '{}' rows", w.name));
+    expect(tokens(step.in[0]) == w.shape[1], fmt::format("input width differs from '{}' columns", w.name));
+    expect(tokens(step.out[0]) == w.shape[0], fmt::format("output width differs from '{}' rows", w.name));
     if (step.weights.size() == 2)
       expect(weight(1, 1).shape[0] == w.shape[0], "bias size differs from the output width");
     break;
   }
   case OpKind::Rope: {
     arity(2, 0, 0, 1);
-    int64_t w = width(step.in[0]);
-    width(step.in[1], DType::I32);
+    int64_t w = tokens(step.in[0]);
+    tokens(step.in[1], DType::I32);
     expect(step.headDim > 0 && w % step.headDim == 0, "head_dim does not divide the width");
     expect(step.rope.rotaryDim <= step.headDim, "rotary_dim exceeds head_dim");
-    expect(width(step.out[0]) == w, "output width differs from the input's");
+    expect(tokens(step.out[0]) == w, "output width differs from the input's");
     break;
   }
   case OpKind::Attention: {
     arity(3, 0, 0, 1);
-    int64_t q = width(step.in[0]), k = width(step.in[1]), v = width(step.in[2]);
+    int64_t q = tokens(step.in[0]), k = tokens(step.in[1]), v = tokens(step.in[2]);
     expect(step.heads > 0 && step.kvHeads > 0 && step.heads % step.kvHeads == 0,
            "kv_heads must divide heads");
     expect(q % step.heads == 0 && k % step.kvHeads == 0 && v % step.kvHeads == 0,
            "widths are not whole heads");
     expect(q / step.heads == k / step.kvHeads, "query and key head dims differ");
-    expect(width(step.out[0]) == step.heads * (v / step.kvHeads), "output width is not heads x value dim");
+    expect(tokens(step.out[0]) == step.heads * (v / step.kvHeads),
+           "output width is not heads x value dim");
     const PlanCache &c = cache();
     expect(c.keyWidth == k && c.valueWidth == v, "kv cache widths differ from key/value widths");
     break;
   }
   case OpKind::MLAttention: {
     arity(4, 0, 0, 1);
-    int64_t q = width(step.in[0]), kv = width(step.in[1]), r = width(step.in[2]);
-    width(step.in[3], DType::I32);
+    int64_t q = tokens(step.in[0]), kv = tokens(step.in[1]), r = tokens(step.in[2]);
+    tokens(step.in[3], DType::I32);
     expect(step.heads > 0 && q % step.heads == 0 && kv % step.heads == 0, "widths are not whole heads");
     int64_t nope = q / step.heads - r, vdim = kv / step.heads - nope;
     expect(r == step.rope.rotaryDim && nope > 0 && vdim > 0, "inconsistent MLA head dims");
-    expect(width(step.out[0]) == step.heads * vdim, "output width is not heads x value dim");
+    expect(tokens(step.out[0]) == step.heads * vdim, "output width is not heads x value dim");
     const PlanCache &c = cache();
     expect(c.keyWidth == step.heads * (nope + r) && c.valueWidth == step.heads * vdim,
            "kv cache widths differ from the MLA head dims");
@@ -212,37 +325,39 @@ void StepChecker::check() const {
            "expected one input and one output per width");
     int64_t sum = 0;
     for (size_t i = 0; i < step.out.size(); ++i) {
-      expect(width(step.out[i]) >= step.widths[i] && step.widths[i] > 0, "output narrower than its part");
+      expect(tokens(step.out[i]) >= step.widths[i] && step.widths[i] > 0, "output narrower than its part");
       sum += step.widths[i];
     }
-    expect(sum == width(step.in[0]), "widths do not add up to the input width");
+    expect(sum == tokens(step.in[0]), "widths do not add up to the input width");
     break;
   }
   case OpKind::Add:
     arity(2, 0, 0, 1);
-    expect(width(step.in[0]) == width(step.in[1]) && width(step.out[0]) == width(step.in[0]),
+    expect(tokens(step.in[0]) == tokens(step.in[1]) && tokens(step.out[0]) == tokens(step.in[0]),
            "operand widths differ");
     break;
   case OpKind::SigmoidGate:
     arity(2, 0, 0, 1);
-    expect(width(step.in[1]) == 1 && width(step.out[0]) == width(step.in[0]), "expected a [T, 1] gate");
+    expect(tokens(step.in[1]) == 1 && tokens(step.out[0]) == tokens(step.in[0]),
+           "expected a [T, 1] gate");
     break;
   case OpKind::MLP: {
     arity(1, 3, 3, 1);
-    int64_t h = width(step.in[0]);
+    int64_t h = tokens(step.in[0]);
     const PlanWeight &g = weight(0, 2), &u = weight(1, 2), &d = weight(2, 2);
     expect(g.shape == u.shape && g.shape[1] == h && d.shape[0] == h && d.shape[1] == g.shape[0],
            "gate/up/down shapes do not form an MLP of the input width");
-    expect(width(step.out[0]) == h, "output width differs from the input's");
+    expect(tokens(step.out[0]) == h, "output width differs from the input's");
     break;
   }
   case OpKind::Router: {
     arity(1, 1, 2, 2);
     const PlanWeight &g = weight(0, 2);
     int64_t experts = g.shape[0];
-    expect(width(step.in[0]) == g.shape[1], "input width differs from the gate's columns");
+    expect(tokens(step.in[0]) == g.shape[1], "input width differs from the gate's columns");
     expect(step.routing.topK <= experts, "top_k exceeds the number of experts");
-    expect(width(step.out[0]) == step.routing.topK && width(step.out[1], DType::I32) == step.routing.topK,
+    expect(tokens(step.out[0]) == step.routing.topK &&
+               tokens(step.out[1], DType::I32) == step.routing.topK,
            "outputs must be top_k wide");
     expect(experts % step.routing.numGroups == 0, "num_groups does not divide the experts");
     expect(step.routing.topkGroups * (experts / step.routing.numGroups) >= step.routing.topK,
@@ -253,18 +368,248 @@ void StepChecker::check() const {
   }
   case OpKind::Experts: {
     arity(3, 3, 3, 1);
-    int64_t h = width(step.in[0]), k = width(step.in[1]);
-    expect(width(step.in[2], DType::I32) == k, "weights and experts widths differ");
+    int64_t h = tokens(step.in[0]), k = tokens(step.in[1]);
+    expect(tokens(step.in[2], DType::I32) == k, "weights and experts widths differ");
     const PlanWeight &g = weight(0, 3), &u = weight(1, 3), &d = weight(2, 3);
     expect(g.experts > 0 && u.experts == g.experts && d.experts == g.experts,
            "expected three expert stacks of the same size");
     expect(g.shape == u.shape && g.shape[2] == h && d.shape[1] == h && d.shape[2] == g.shape[1],
            "expert stacks do not form MLPs of the input width");
     expect(k <= g.experts, "more selected experts than experts");
-    expect(width(step.out[0]) == h, "output width differs from the input's");
+    expect(tokens(step.out[0]) == h, "output width differs from the input's");
+    break;
+  }
+  case OpKind::AllReduce:
+    arity(1, 0, 0, 1);
+    expect(tokens(step.out[0]) == tokens(step.in[0]), "output width differs from the input's");
+    break;
+  case OpKind::AllGather:
+    arity(1, 0, 0, 1);
+    expect(tokens(step.out[0]) == groupSize() * tokens(step.in[0]),
+           fmt::format("output width {} is not the group's {} x the input width {}",
+                       width(step.out[0]), groupSize(), width(step.in[0])));
+    break;
+  case OpKind::Send:
+    arity(1, 0, 0, 0);
+    tokens(step.in[0]);
+    expect(program.stage + 1 < plan.degrees.pp,
+           fmt::format("a send on stage {}, the last of {}", program.stage, plan.degrees.pp));
+    break;
+  case OpKind::Recv:
+    arity(0, 0, 0, 1);
+    tokens(step.out[0]);
+    expect(program.stage > 0, "a recv on the first stage");
+    break;
+  case OpKind::Dispatch: {
+    arity(2, 0, 0, 3);
+    const cpu::DispatchParams &d = step.dispatch;
+    int64_t H = tokens(step.in[0]), k = tokens(step.in[1], DType::I32);
+    expect(d.topK == k, fmt::format("top_k {} differs from the experts' width {}", d.topK, k));
+    expect(k <= d.numExperts, "top_k exceeds num_experts");
+    int64_t c = cpu::stepCapacity(d.capacityFactor, plan.maxBatchTokens, k, d.numExperts,
+                                  INT64_MAX);
+    expect(d.capacity == c,
+           fmt::format("capacity {} is not c(max_batch_tokens) = {} (capacity_factor {})",
+                       d.capacity, c, d.capacityFactor));
+    expect(width(step.out[0]) == H, "buffer width differs from the input's");
+    expect(rows(step.out[0]) == d.numExperts * d.capacity,
+           fmt::format("buffer {} has {} rows but num_experts x capacity is {}", step.out[0],
+                       rows(step.out[0]), d.numExperts * d.capacity));
+    expect(width(step.out[1], DType::I32) == d.numExperts && rows(step.out[1]) >= 1,
+           "counts must be 1 row of num_experts");
+    expect(tokens(step.out[2], DType::I32) == k, "slots must be top_k wide");
+    expect((plan.degrees.tp - 1) / d.rowPartStride < d.rowParts,
+           fmt::format("tp {} / row_part_stride {} exceeds the {} row parts", plan.degrees.tp - 1,
+                       d.rowPartStride, d.rowParts));
+    break;
+  }
+  case OpKind::AllToAll: {
+    arity(2, 0, 0, 2);
+    width(step.in[0]);
+    int64_t E = experts(step.in[0], step.in[1]);
+    expect(E % groupSize() == 0,
+           fmt::format("{} experts do not split between the group's {} members", E, groupSize()));
+    expect(width(step.out[0]) == width(step.in[0]) && rows(step.out[0]) == rows(step.in[0]),
+           "output buffer shape differs from the input's");
+    expect(experts(step.out[0], step.out[1]) == E, "output counts width differs from the input's");
+    break;
+  }
+  case OpKind::ExpertFFN: {
+    arity(2, 3, 3, 1);
+    int64_t H = width(step.in[0]), E = experts(step.in[0], step.in[1]);
+    const PlanWeight &g = weight(0, 3), &u = weight(1, 3), &d = weight(2, 3);
+    expect(g.experts > 0 && u.experts == g.experts && d.experts == g.experts,
+           "expected three expert stacks of the same size");
+    expect(g.shape == u.shape && g.shape[2] == H && d.shape[1] == H && d.shape[2] == g.shape[1],
+           "expert stacks do not form MLPs of the buffer width");
+    expect(E % g.experts == 0,
+           fmt::format("{} local experts do not divide the {} experts of counts", g.experts, E));
+    expect(width(step.out[0]) == H && rows(step.out[0]) == rows(step.in[0]),
+           "output buffer shape differs from the input's");
+    break;
+  }
+  case OpKind::Combine: {
+    arity(3, 0, 0, 1);
+    int64_t H = width(step.in[0]), k = tokens(step.in[1], DType::I32);
+    expect(tokens(step.in[2]) == k, "weights and slots widths differ");
+    expect(tokens(step.out[0]) == H, "output width differs from the buffer's");
     break;
   }
   }
+}
+
+/// One entry of a weights list (the plan's or a program's).
+PlanWeight readWeight(const JsonFields &w) {
+  PlanWeight pw;
+  pw.name = w.string("name");
+  pw.shape = w.shape("shape");
+  if (pw.shape.empty())
+    w.fail("shape", "expected at least one dimension");
+  if (!parseDType(w.string("dtype"), pw.dtype) || pw.dtype == DType::I32 || pw.dtype == DType::I64)
+    w.fail("dtype", "expected F32, BF16 or F16");
+  pw.experts = w.has("experts") ? w.integer("experts", 1) : 0;
+  if (pw.experts && (pw.shape[0] != pw.experts || pw.name.find("{e}") == std::string::npos))
+    w.fail("experts", "an expert stack needs shape[0] == experts and '{e}' in its name");
+  pw.bytes = w.integer("bytes", 0);
+  TensorView view{pw.dtype, pw.shape, nullptr};
+  if (static_cast<size_t>(pw.bytes) != view.bytes())
+    w.fail("bytes", fmt::format("expected {} for {} {}", view.bytes(), dtypeName(pw.dtype),
+                                shapeString(pw.shape)));
+  return pw;
+}
+
+/// Reads programs[index] (its weights checked against the plan's logical
+/// weights, every step against its buffers and weights).
+PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
+  PlanProgram program;
+  program.stage = pr.integer("stage", 0);
+  if (program.stage >= plan.degrees.pp)
+    pr.fail("stage", fmt::format("expected a stage below pp = {}", plan.degrees.pp));
+  const bool last = program.stage == plan.degrees.pp - 1;
+
+  const json &weights = pr.array("weights");
+  for (size_t i = 0; i < weights.size(); ++i) {
+    JsonFields w = pr.element("weights", i);
+    PlanWeight pw = readWeight(w);
+    auto global = std::find_if(plan.weights.begin(), plan.weights.end(),
+                               [&](const PlanWeight &g) { return g.name == pw.name; });
+    if (global == plan.weights.end())
+      w.fail("name", fmt::format("'{}' is not among the plan's weights", pw.name));
+    if (global->dtype != pw.dtype || (global->experts > 0) != (pw.experts > 0) ||
+        global->shape.size() != pw.shape.size())
+      w.fail("shape", fmt::format("{} {} does not have the dtype, rank and kind of the plan's "
+                                  "weight ({} {})", dtypeName(pw.dtype), shapeString(pw.shape),
+                                  dtypeName(global->dtype), shapeString(global->shape)));
+    if (pw.experts > global->experts)
+      w.fail("experts", fmt::format("{} local experts of a stack of {}", pw.experts,
+                                    global->experts));
+    program.weights.push_back(std::move(pw));
+  }
+
+  const json &buffers = pr.array("buffers");
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    JsonFields b = pr.element("buffers", i);
+    PlanBuffer pb;
+    pb.rows = b.integer("rows", 1);
+    pb.width = b.integer("width", 1);
+    if (!parseDType(b.string("dtype"), pb.dtype) || (pb.dtype != DType::F32 && pb.dtype != DType::I32))
+      b.fail("dtype", "expected F32 or I32");
+    pb.bytes = b.integer("bytes", 0);
+    if (pb.rows > (int64_t(1) << 40) / pb.width || pb.bytes != pb.rows * pb.width * 4)
+      b.fail("bytes", "expected rows x width x 4");
+    program.buffers.push_back(pb);
+  }
+  const json &caches = pr.array("kv_caches");
+  for (size_t i = 0; i < caches.size(); ++i) {
+    JsonFields c = pr.element("kv_caches", i);
+    program.caches.push_back({c.integer("key_width", 1), c.integer("value_width", 1),
+                              c.integer("bytes", 0)});
+  }
+  auto bufferId = [&](const JsonFields &reader, const std::string &field, int64_t id) {
+    if (id < 0 || id >= static_cast<int64_t>(program.buffers.size()))
+      reader.fail(field, fmt::format("buffer {} out of range", id));
+    return id;
+  };
+  // Token ids and positions: -1 where the stage reads none.
+  JsonFields inputs = pr.child("inputs");
+  for (const char *field : {"tokens", "positions"}) {
+    int64_t id = inputs.integer(field, -1);
+    if (id >= 0) {
+      bufferId(inputs, field, id);
+      const PlanBuffer &b = program.buffers[id];
+      if (b.dtype != DType::I32 || b.rows < plan.maxBatchTokens)
+        inputs.fail(field, "expected an I32 buffer of max_batch_tokens rows");
+    }
+    (std::string(field) == "tokens" ? program.tokensBuffer : program.positionsBuffer) = id;
+  }
+  program.logitsBuffer = pr.integer("logits", -1);
+  if (!last && program.logitsBuffer != -1)
+    pr.fail("logits", fmt::format("expected -1 on stage {} (logits come from the last stage, {})",
+                                  program.stage, plan.degrees.pp - 1));
+  if (last) {
+    bufferId(pr, "logits", program.logitsBuffer);
+    const PlanBuffer &b = program.buffers[program.logitsBuffer];
+    if (b.dtype != DType::F32 || b.width != plan.vocabSize)
+      pr.fail("logits", "the logits buffer is not an F32 buffer vocab_size wide");
+  }
+  JsonFields memory = pr.child("memory");
+  program.activationBytes = memory.integer("activations", 0);
+  program.cacheBytes = memory.integer("kv_cache", 0);
+
+  const json &steps = pr.array("steps");
+  int64_t heads = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    JsonFields s = pr.element("steps", i);
+    PlanStep step;
+    step.op = parseOp(s, s.string("op"));
+    step.in = s.integers("in", 0);
+    step.out = s.integers("out", 0);
+    step.weights = s.integers("weights", 0);
+    for (int64_t id : step.in)
+      bufferId(s, "in", id);
+    for (int64_t id : step.out)
+      bufferId(s, "out", id);
+    for (int64_t id : step.weights)
+      if (id >= static_cast<int64_t>(program.weights.size()))
+        s.fail("weights", fmt::format("weight {} out of range", id));
+    JsonFields a = s.child("attrs");
+    if (a.has("eps")) step.eps = a.number("eps");
+    if (a.has("scale")) step.scale = a.number("scale");
+    if (a.has("head_dim")) step.headDim = a.integer("head_dim", 1);
+    if (a.has("heads")) step.heads = a.integer("heads", 1);
+    if (a.has("kv_heads")) step.kvHeads = a.integer("kv_heads", 1);
+    if (a.has("sliding_window")) step.slidingWindow = a.integer("sliding_window", 0);
+    if (a.has("kv_cache")) step.kvCache = a.integer("kv_cache", 0);
+    if (a.has("rope")) step.rope = parseRope(a.child("rope"));
+    if (a.has("routing")) step.routing = parseRouting(a.child("routing"));
+    if (a.has("activation")) step.activation = parseActivation(a);
+    if (a.has("widths")) step.widths = a.integers("widths", 1);
+    if (a.has("vocab_shard")) step.vocabShard = a.boolean("vocab_shard");
+    if (a.has("head")) step.head = a.boolean("head");
+    if (step.op == OpKind::AllReduce || step.op == OpKind::AllGather ||
+        step.op == OpKind::AllToAll)
+      step.group = parseGroup(a);
+    if (step.op == OpKind::Dispatch)
+      step.dispatch = parseDispatch(a);
+    if (step.vocabShard && step.op != OpKind::Embedding)
+      a.fail("vocab_shard", "only an embedding is vocab-sharded");
+    if (step.head && (step.op != OpKind::Linear || !last || heads++))
+      a.fail("head", "expected one LM head (a linear) on the last stage");
+    program.steps.push_back(std::move(step));
+    StepChecker(plan, program, index, program.steps.back(), i).check();
+  }
+  if (last && heads == 0)
+    pr.fail("steps", "the last stage has no LM head (a linear with \"head\": true)");
+  return program;
+}
+
+/// Widths of the sends (or recvs) of a program, in order.
+std::vector<int64_t> transfers(const PlanProgram &program, OpKind op) {
+  std::vector<int64_t> widths;
+  for (const PlanStep &s : program.steps)
+    if (s.op == op)
+      widths.push_back(program.buffers[op == OpKind::Send ? s.in[0] : s.out[0]].width);
+  return widths;
 }
 
 } // namespace
@@ -284,6 +629,14 @@ const char *opName(OpKind op) {
   case OpKind::MLP: return "mlp";
   case OpKind::Router: return "router";
   case OpKind::Experts: return "experts";
+  case OpKind::AllReduce: return "all_reduce";
+  case OpKind::AllGather: return "all_gather";
+  case OpKind::AllToAll: return "all_to_all";
+  case OpKind::Send: return "send";
+  case OpKind::Recv: return "recv";
+  case OpKind::Dispatch: return "dispatch";
+  case OpKind::ExpertFFN: return "expert_ffn";
+  case OpKind::Combine: return "combine";
   }
   return "?";
 }
@@ -339,30 +692,63 @@ Plan Plan::load(const std::string &path) {
   plan.maxSeqLen = workload.integer("max_seq_len", 1);
   plan.maxSequences = workload.integer("max_sequences", 1);
   plan.worldSize = r.integer("world_size", 1);
-  if (plan.worldSize > 1)
-    r.fail("world_size", fmt::format("a plan for {} ranks: this moert runs single-rank plans "
-                                      "(partitioned execution is not supported yet)",
-                                      plan.worldSize));
+
+  // Degrees: absent ones are 1; edp follows from the others when absent
+  // (both folds cover the same ranks: dp x tp = edp x ep x etp).
+  Degrees &d = plan.degrees;
+  if (r.has("degrees") || plan.worldSize > 1) {
+    JsonFields degrees = r.child("degrees");
+    using Field = std::pair<const char *, int64_t *>;
+    for (auto [field, value] : std::initializer_list<Field>{
+             {"dp", &d.dp}, {"pp", &d.pp}, {"tp", &d.tp}, {"ep", &d.ep}, {"etp", &d.etp}})
+      if (degrees.has(field))
+        *value = degrees.integer(field, 1);
+    if ((d.dp * d.tp) % (d.ep * d.etp))
+      degrees.fail("ep", fmt::format("ep x etp = {} does not divide dp x tp = {}", d.ep * d.etp,
+                                     d.dp * d.tp));
+    d.edp = d.dp * d.tp / (d.ep * d.etp);
+    if (degrees.has("edp") && degrees.integer("edp", 1) != d.edp)
+      degrees.fail("edp", fmt::format("expected dp x tp / (ep x etp) = {}", d.edp));
+    if (d.dp * d.pp * d.tp != plan.worldSize)
+      degrees.fail("dp", fmt::format("dp x pp x tp = {} but world_size is {}",
+                                     d.dp * d.pp * d.tp, plan.worldSize));
+  }
+
+  // The vocabulary: padded to a multiple of tp (and pad_to) for the sharded
+  // embedding and head; absent in unpadded plans.
+  plan.paddedVocab = plan.vocabSize;
+  if (r.has("vocab")) {
+    JsonFields vocab = r.child("vocab");
+    if (vocab.integer("size", 1) != plan.vocabSize)
+      vocab.fail("size", fmt::format("expected model.vocab_size ({})", plan.vocabSize));
+    plan.paddedVocab = vocab.integer("padded", 1);
+    int64_t padTo = vocab.integer("pad_to", 1);
+    if (plan.paddedVocab < plan.vocabSize || plan.paddedVocab % d.tp || plan.paddedVocab % padTo)
+      vocab.fail("padded", fmt::format("expected a multiple of tp ({}) and pad_to ({}) of at "
+                                       "least size ({}) but got {}", d.tp, padTo,
+                                       plan.vocabSize, plan.paddedVocab));
+  }
+  if (r.has("stage_begin") && static_cast<int64_t>(r.integers("stage_begin", 0).size()) != d.pp)
+    r.fail("stage_begin", fmt::format("expected pp = {} entries", d.pp));
 
   const json &weights = r.array("weights");
-  for (size_t i = 0; i < weights.size(); ++i) {
-    JsonFields w = r.element("weights", i);
-    PlanWeight pw;
-    pw.name = w.string("name");
-    pw.shape = w.integers("shape", 1);
-    if (!parseDType(w.string("dtype"), pw.dtype) || pw.dtype == DType::I32 || pw.dtype == DType::I64)
-      w.fail("dtype", "expected F32, BF16 or F16");
-    pw.experts = w.has("experts") ? w.integer("experts", 1) : 0;
-    if (pw.experts && (pw.shape.empty() || pw.shape[0] != pw.experts ||
-                       pw.name.find("{e}") == std::string::npos))
-      w.fail("experts", "an expert stack needs shape[0] == experts and '{e}' in its name");
-    pw.bytes = w.integer("bytes", 0);
-    TensorView view{pw.dtype, pw.shape, nullptr};
-    if (static_cast<size_t>(pw.bytes) != view.bytes())
-      w.fail("bytes", fmt::format("expected {} for {} {}", view.bytes(), dtypeName(pw.dtype),
-                                  shapeString(pw.shape)));
-    plan.weights.push_back(std::move(pw));
-  }
+  for (size_t i = 0; i < weights.size(); ++i)
+    plan.weights.push_back(readWeight(r.element("weights", i)));
+
+  const json &programs = r.array("programs");
+  if (programs.empty())
+    r.fail("programs", "expected at least one program");
+  for (size_t i = 0; i < programs.size(); ++i)
+    plan.programs.push_back(readProgram(plan, r.element("programs", i), i));
+  // What stage s sends, stage s + 1 receives, in the same order and widths.
+  for (size_t i = 0; i < plan.programs.size(); ++i)
+    for (size_t j = 0; j < plan.programs.size(); ++j)
+      if (plan.programs[j].stage == plan.programs[i].stage + 1 &&
+          transfers(plan.programs[i], OpKind::Send) != transfers(plan.programs[j], OpKind::Recv))
+        r.fail(fmt::format("programs[{}]", j),
+               fmt::format("its recvs (widths {}) differ from the sends of programs[{}] "
+                           "(widths {})", shapeString(transfers(plan.programs[j], OpKind::Recv)),
+                           i, shapeString(transfers(plan.programs[i], OpKind::Send))));
 
   const json &ranks = r.array("ranks");
   if (static_cast<int64_t>(ranks.size()) != plan.worldSize)
@@ -372,70 +758,58 @@ Plan Plan::load(const std::string &path) {
     JsonFields rr = r.element("ranks", ri);
     PlanRank rank;
     rank.rank = rr.integer("rank", 0);
-    const json &buffers = rr.array("buffers");
-    for (size_t i = 0; i < buffers.size(); ++i) {
-      JsonFields b = rr.element("buffers", i);
-      PlanBuffer pb;
-      pb.width = b.integer("width", 1);
-      if (!parseDType(b.string("dtype"), pb.dtype) || (pb.dtype != DType::F32 && pb.dtype != DType::I32))
-        b.fail("dtype", "expected F32 or I32");
-      pb.bytes = b.integer("bytes", 0);
-      if (pb.bytes != plan.maxBatchTokens * pb.width * 4)
-        b.fail("bytes", "expected max_batch_tokens x width x 4");
-      rank.buffers.push_back(pb);
+    if (rank.rank != static_cast<int64_t>(ri))
+      rr.fail("rank", fmt::format("expected {}", ri));
+    rank.program = rr.integer("program", 0);
+    if (rank.program >= static_cast<int64_t>(plan.programs.size()))
+      rr.fail("program", fmt::format("program {} out of range (the plan has {})", rank.program,
+                                     plan.programs.size()));
+    // Coordinates: on both folds they must give back the rank itself.
+    RankCoords &c = rank.coords;
+    if (rr.has("coords") || plan.worldSize > 1) {
+      JsonFields coords = rr.child("coords");
+      using Field = std::tuple<const char *, int64_t *, int64_t>;
+      for (auto [field, value, degree] : std::initializer_list<Field>{
+               {"dp", &c.dp, d.dp}, {"pp", &c.pp, d.pp}, {"tp", &c.tp, d.tp},
+               {"edp", &c.edp, d.edp}, {"ep", &c.ep, d.ep}, {"etp", &c.etp, d.etp}}) {
+        *value = coords.integer(field, 0);
+        if (*value >= degree)
+          coords.fail(field, fmt::format("expected a value below the degree {} but got {}",
+                                         degree, *value));
+      }
+      if (attentionRank(d, c) != rank.rank || expertRank(d, c) != rank.rank)
+        rr.fail("coords", fmt::format("they fold to rank {} on @mesh and {} on @experts but "
+                                      "this is rank {}", attentionRank(d, c), expertRank(d, c),
+                                      rank.rank));
     }
-    const json &caches = rr.array("kv_caches");
-    for (size_t i = 0; i < caches.size(); ++i) {
-      JsonFields c = rr.element("kv_caches", i);
-      rank.caches.push_back({c.integer("key_width", 1), c.integer("value_width", 1),
-                             c.integer("bytes", 0)});
-    }
-    auto bufferId = [&](const JsonFields &reader, const std::string &field, int64_t id) {
-      if (id < 0 || id >= static_cast<int64_t>(rank.buffers.size()))
-        reader.fail(field, fmt::format("buffer {} out of range", id));
-      return id;
-    };
-    JsonFields inputs = rr.child("inputs");
-    rank.tokensBuffer = bufferId(inputs, "tokens", inputs.integer("tokens"));
-    rank.positionsBuffer = bufferId(inputs, "positions", inputs.integer("positions"));
-    rank.logitsBuffer = bufferId(rr, "logits", rr.integer("logits"));
-    if (rank.buffers[rank.logitsBuffer].width != plan.vocabSize)
-      rr.fail("logits", "the logits buffer is not vocab_size wide");
-    rank.predictedPeakBytes = rr.child("memory").integer("peak", 0);
-
-    const json &steps = rr.array("steps");
-    for (size_t i = 0; i < steps.size(); ++i) {
-      JsonFields s = rr.element("steps", i);
-      PlanStep step;
-      step.op = parseOp(s, s.string("op"));
-      step.in = s.integers("in", 0);
-      step.out = s.integers("out", 0);
-      step.weights = s.integers("weights", 0);
-      for (int64_t id : step.in)
-        bufferId(s, "in", id);
-      for (int64_t id : step.out)
-        bufferId(s, "out", id);
-      for (int64_t id : step.weights)
-        if (id >= static_cast<int64_t>(plan.weights.size()))
-          s.fail("weights", fmt::format("weight {} out of range", id));
-      JsonFields a = s.child("attrs");
-      if (a.has("eps")) step.eps = a.number("eps");
-      if (a.has("scale")) step.scale = a.number("scale");
-      if (a.has("head_dim")) step.headDim = a.integer("head_dim", 1);
-      if (a.has("heads")) step.heads = a.integer("heads", 1);
-      if (a.has("kv_heads")) step.kvHeads = a.integer("kv_heads", 1);
-      if (a.has("sliding_window")) step.slidingWindow = a.integer("sliding_window", 0);
-      if (a.has("kv_cache")) step.kvCache = a.integer("kv_cache", 0);
-      if (a.has("rope")) step.rope = parseRope(a.child("rope"));
-      if (a.has("routing")) step.routing = parseRouting(a.child("routing"));
-      if (a.has("activation")) step.activation = parseActivation(a);
-      if (a.has("widths")) step.widths = a.integers("widths", 1);
-      rank.steps.push_back(std::move(step));
-      StepChecker(plan, rank, rank.steps.back(), i).check();
-    }
+    if (plan.programs[rank.program].stage != c.pp)
+      rr.fail("program", fmt::format("program {} is of stage {} but the rank is on stage {}",
+                                     rank.program, plan.programs[rank.program].stage, c.pp));
+    JsonFields memory = rr.child("memory");
+    rank.predictedWeightBytes = memory.integer("weights", 0);
+    rank.predictedPeakBytes = memory.integer("peak", 0);
     plan.ranks.push_back(std::move(rank));
   }
   return plan;
+}
+
+std::vector<int> Plan::groupOf(int64_t rank, const CollectiveGroup &group) const {
+  std::vector<int> members;
+  RankCoords c = ranks.at(rank).coords;
+  int64_t &coordinate = axisCoord(c, group.axis);
+  for (int64_t q = 0; q < axisSize(degrees, group.axis); ++q) {
+    coordinate = q;
+    members.push_back(static_cast<int>(group.mesh == CollectiveGroup::Mesh::Attention
+                                           ? attentionRank(degrees, c)
+                                           : expertRank(degrees, c)));
+  }
+  return members;
+}
+
+int64_t Plan::stageRank(int64_t rank, int64_t stage) const {
+  RankCoords c = ranks.at(rank).coords;
+  c.pp = stage;
+  return attentionRank(degrees, c);
 }
 
 void checkNoUnexpectedTensors(const Plan &plan, const Checkpoint &checkpoint) {

@@ -10,15 +10,19 @@
 namespace moe {
 
 /// The phases `moec compile --compile-to=<phase>` can stop after.
-enum class Phase { Import, Workload, Buffers, Plan };
+enum class Phase { Import, Workload, Partition, Buffers, Plan };
 std::optional<Phase> parsePhase(llvm::StringRef name);
-/// "import, workload, buffers, plan"
+/// "import, workload, partition, buffers, plan"
 const char *phaseNames();
 
 struct WorkloadOptions {
   int64_t maxBatchTokens = 512;
   int64_t maxSeqLen = 2048;
   int64_t maxSequences = 8;
+  /// Partition into per-stage programs (moe-partition): set for multi-rank
+  /// layouts and for capacity-limited dispatch.
+  bool partition = false;
+  double capacityFactor = 0; ///< 0: dropless
 };
 
 /// Adds the passes that take an imported module to `last` (Import adds none).

@@ -60,7 +60,7 @@ cl::opt<std::string> compileOutput(
 cl::opt<std::string> compileTo(
     "compile-to",
     cl::desc("Stop after this phase and print its IR: import, workload, "
-             "buffers (default: plan, which writes the plan file)"),
+             "partition, buffers (default: plan, which writes the plan file)"),
     cl::value_desc("phase"), cl::init("plan"), cl::sub(compileCommand));
 cl::opt<int64_t> maxBatchTokens(
     "max-batch-tokens",
@@ -77,6 +77,13 @@ cl::opt<int64_t> maxSequences(
     "max-sequences",
     cl::desc("Most sequences decoded together (KV-cache slots, default 8)"),
     cl::init(8), cl::sub(compileCommand));
+
+cl::opt<double> capacityFactor(
+    "capacity-factor",
+    cl::desc("Expert capacity: each expert takes at most ceil(F x tokens x k / "
+             "experts) tokens of a step, the rest are dropped (pass through the "
+             "residual); default 0: dropless (docs/partitioned-execution.md)"),
+    cl::init(0.0), cl::sub(compileCommand));
 
 // Distribution (the sharding planner).
 cl::OptionCategory distribution("Distribution (any of these runs the sharding planner)");
@@ -300,7 +307,15 @@ int runCompile() {
   // The sharding planner runs when any distribution option is given.
   bool distributed = worldSize || !gpu.empty() || !clusterFile.empty() || fixedDp ||
                      !planDtype.empty() ||
-                     fixedPp || fixedTp || fixedEp || fixedEtp || explain || printJson;
+                     fixedPp || fixedTp || fixedEp || fixedEtp || explain || printJson ||
+                     capacityFactor != 0;
+  if (capacityFactor < 0)
+    return fail(createStringError(inconvertibleErrorCode(),
+                                  "--capacity-factor: expected a value >= 0 (0: "
+                                  "dropless) but got %g",
+                                  double(capacityFactor)));
+  // The logical tensors, before partitioning gives them rank-local shapes.
+  json::Array logical = logicalWeights(*module);
   std::optional<sharding::ModelInfo> model;
   std::optional<sharding::PlanResult> planned;
   if (distributed) {
@@ -355,6 +370,8 @@ int runCompile() {
     std::vector<int64_t> firsts(layout.stageBegin.begin(), layout.stageBegin.end() - 1);
     annotate.stageBegin = firsts;
     pm.addPass(createMoEPlanSharding(annotate));
+    workload.partition = layout.degrees.world() > 1 || capacityFactor > 0;
+    workload.capacityFactor = capacityFactor;
   }
   // A long prompt is prefilled in chunks of max-batch-tokens, so only the
   // sequence length is bounded by the model.
@@ -388,14 +405,15 @@ int runCompile() {
   if (compileOutput.empty())
     return kExitOk; // --explain / --json alone write no plan
   json::Object &root = *plan->getAsObject();
+  root["weights"] = std::move(logical);
   if (chosen.layout.degrees.world() == 1) {
     mergeDistribution(root, distributionJson(*model, chosen));
     if (Error e = writePlanFile(*plan, compileOutput))
       return fail(std::move(e));
     return kExitOk;
   }
-  // Many ranks: their partitioned programs come with partitioned execution;
-  // the plan holds the layout and each rank's slices.
+  // Many ranks: the per-stage programs are in the plan; each rank's entry
+  // (coords, program, slices) is streamed.
   root.erase("ranks");
   if (Error e = writePlanFile(root, compileOutput, [&](json::OStream &J) {
         writeDistribution(J, *model, chosen);

@@ -1,7 +1,9 @@
 //===- AssignBuffers.cpp - activation buffers by liveness --------*- C++ -*-===//
 //
 // Activations are [T, width] with T <= max_batch_tokens, so a buffer is a row
-// width and an element type. A linear scan over the single block of @forward
+// width and an element type; static values (a dispatch buffer [E, C, H], its
+// counts [E]) have a fixed row count too. A linear scan over the single
+// block of each program (@forward, or the @stage<s> of a partitioned module)
 // frees a buffer after its value's last use and hands it to the next value
 // that fits, so the plan's activation memory is the peak of live values, not
 // their sum.
@@ -31,8 +33,11 @@ bool mayWriteOverOperand(Operation *op) {
   return isa<moe::AddOp, moe::SigmoidGateOp, moe::RopeOp, moe::RMSNormOp>(op);
 }
 
+/// kPerToken rows: max_batch_tokens (the value's leading dimension is T).
+constexpr int64_t kPerToken = -1;
+
 struct Buffer {
-  int64_t width;
+  int64_t rows, width;
   Type element;
 };
 
@@ -40,7 +45,7 @@ class Assigner {
 public:
   explicit Assigner(func::FuncOp func) : func(func) {}
 
-  void run() {
+  LogicalResult run() {
     // Last use of each value, by op index.
     Block &body = func.getBody().front();
     DenseMap<Operation *, int64_t> index;
@@ -87,6 +92,10 @@ public:
       }
       if (!ids.empty())
         op.setAttr("moe.buffers", b.getDenseI64ArrayAttr(ids));
+      if (ids.size() != op.getNumResults()) {
+        op.emitOpError("has a result that is not a ranked tensor");
+        return failure();
+      }
       // Operands whose life ends here give their buffers back (the reused
       // one now belongs to the result).
       for (Value operand : op.getOperands()) {
@@ -103,21 +112,33 @@ public:
           release(bufferOf[result]);
     }
 
-    SmallVector<int64_t> widths;
+    SmallVector<int64_t> rows, widths;
     SmallVector<Attribute> types;
     for (const Buffer &buffer : buffers) {
+      rows.push_back(buffer.rows);
       widths.push_back(buffer.width);
       types.push_back(TypeAttr::get(buffer.element));
     }
-    auto module = func->getParentOfType<ModuleOp>();
-    module->setAttr("moe.buffer_widths", b.getDenseI64ArrayAttr(widths));
-    module->setAttr("moe.buffer_types", b.getArrayAttr(types));
+    func->setAttr("moe.buffer_rows", b.getDenseI64ArrayAttr(rows));
+    func->setAttr("moe.buffer_widths", b.getDenseI64ArrayAttr(widths));
+    func->setAttr("moe.buffer_types", b.getArrayAttr(types));
+    return success();
   }
 
 private:
-  static int64_t widthOf(Value v) {
+  /// (rows, width) of a value: [T] and [T, w] are per-token rows; a static
+  /// [n] is one row of n, a static [a, ..., w] a x ... rows of w.
+  static std::pair<int64_t, int64_t> shapeOf(Value v) {
     auto type = cast<RankedTensorType>(v.getType());
-    return type.getRank() == 1 ? 1 : type.getDimSize(1);
+    ArrayRef<int64_t> shape = type.getShape();
+    if (ShapedType::isDynamic(shape[0]))
+      return {kPerToken, shape.size() == 1 ? 1 : shape.back()};
+    if (shape.size() == 1)
+      return {1, shape[0]};
+    int64_t rows = 1;
+    for (int64_t d : shape.drop_back())
+      rows *= d;
+    return {rows, shape.back()};
   }
 
   bool isFree(int64_t id) const {
@@ -129,12 +150,12 @@ private:
   /// value it holds, which the plan's consumers rely on; the layers of a
   /// model repeat the same widths, so little is lost.
   int64_t allocate(Value v) {
-    int64_t width = widthOf(v);
+    auto [rows, width] = shapeOf(v);
     Type element = cast<RankedTensorType>(v.getType()).getElementType();
     int64_t best = -1;
     for (int64_t id : freeList) {
       const Buffer &buffer = buffers[id];
-      if (buffer.element == element && buffer.width == width) {
+      if (buffer.element == element && buffer.width == width && buffer.rows == rows) {
         best = id;
         break;
       }
@@ -143,7 +164,7 @@ private:
       llvm::erase(freeList, best);
     } else {
       best = static_cast<int64_t>(buffers.size());
-      buffers.push_back({width, element});
+      buffers.push_back({rows, width, element});
     }
     bufferOf[v] = best;
     return best;
@@ -163,12 +184,23 @@ private:
 
 struct AssignBuffers : moe::impl::MoEAssignBuffersBase<AssignBuffers> {
   void runOnOperation() override {
-    auto forward = getOperation().lookupSymbol<func::FuncOp>("forward");
-    if (!forward || forward.getBody().getBlocks().size() != 1) {
-      getOperation().emitError("expected a single-block func.func @forward");
+    int64_t programs = 0;
+    for (auto fn : getOperation().getOps<func::FuncOp>()) {
+      if (fn.isExternal())
+        continue;
+      if (fn.getBody().getBlocks().size() != 1) {
+        fn.emitError("expected a single-block program");
+        return signalPassFailure();
+      }
+      if (failed(Assigner(fn).run()))
+        return signalPassFailure();
+      ++programs;
+    }
+    if (!programs) {
+      getOperation().emitError("expected func.func @forward or the @stage<s> "
+                               "programs of a partitioned module");
       return signalPassFailure();
     }
-    Assigner(forward).run();
   }
 };
 

@@ -54,12 +54,8 @@ struct CollectiveGroup {
   enum class Axis { PP, DP, TP, EDP, EP, ETP } axis = Axis::TP;
 };
 
-/// moe.dispatch's attributes.
-struct DispatchParams {
-  int64_t numExperts = 0, capacity = 0, topK = 0;
-  double capacityFactor = 0; ///< 0: dropless
-  int64_t rowParts = 1, rowPartStride = 1;
-};
+/// moe.dispatch's attributes (defined beside the kernels that read them).
+using DispatchParams = cpu::DispatchParams;
 const char *opName(OpKind op);
 
 /// One step: an op over buffers and weights, with its attributes decoded.

@@ -1,92 +1,166 @@
-// The CPU driver: runs a validated plan's steps with the kernels of
-// moert/cpu/Kernels.h. Activations are f32 buffers of max_batch_tokens rows;
-// weights are views into the mmapped checkpoint.
+// The CPU driver: runs one rank's program of a validated plan with the
+// kernels of moert/cpu/Kernels.h, its collectives through moert::Comm.
+// Activations are f32 buffers (I32 ones share the storage); weights are
+// views into the mmapped checkpoint where the rank holds a whole tensor and
+// owned copies of its boxes where it holds a part.
 #include "moert/Device.h"
 #include "moert/Error.h"
+#include "moert/PlanLayout.h"
 #include "moert/cpu/Kernels.h"
 
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <map>
+#include <memory>
+#include <unordered_map>
 
 namespace moert {
 namespace {
 
 struct BoundWeight {
   TensorView view;                  // plain weight
-  std::vector<cpu::Matrix> experts; // expert stack: one matrix per expert
+  std::vector<cpu::Matrix> experts; // expert stack: one matrix per local expert
 };
+
+/// What the device holds and its peak, in bytes: weights (owned copies, and
+/// views into the checkpoint's mapping counted at their size, so that the
+/// figure compares with the plan's predicted weights + activations +
+/// kv_cache whatever was copied), activation buffers, KV caches and the
+/// device's scratch vectors. Scratch that kernels keep internally (per
+/// thread) is not counted.
+class MemoryTracker {
+public:
+  void add(int64_t bytes) {
+    current += bytes;
+    peak_ = std::max(peak_, current);
+  }
+  void reset() { current = peak_ = 0; }
+  int64_t peak() const { return peak_; }
+
+private:
+  int64_t current = 0, peak_ = 0;
+};
+
+const char *axisName(CollectiveGroup::Axis axis) {
+  switch (axis) {
+  case CollectiveGroup::Axis::PP: return "pp";
+  case CollectiveGroup::Axis::DP: return "dp";
+  case CollectiveGroup::Axis::TP: return "tp";
+  case CollectiveGroup::Axis::EDP: return "edp";
+  case CollectiveGroup::Axis::EP: return "ep";
+  case CollectiveGroup::Axis::ETP: return "etp";
+  }
+  return "?";
+}
+
+bool isCollective(OpKind op) {
+  return op == OpKind::AllReduce || op == OpKind::AllGather || op == OpKind::AllToAll;
+}
+
+/// Copies the box at `offset` of shape `box` out of the row-major tensor
+/// `src` [srcShape] to the origin of the row-major tensor `dst` [dstShape]
+/// (box <= dstShape in every dimension), `elem` bytes per element.
+void copyBox(const char *src, const std::vector<int64_t> &srcShape,
+             const std::vector<int64_t> &offset, const std::vector<int64_t> &box, char *dst,
+             const std::vector<int64_t> &dstShape, size_t elem) {
+  const size_t dims = box.size();
+  if (dims == 0) {
+    std::copy_n(src, elem, dst);
+    return;
+  }
+  std::vector<int64_t> srcStride(dims, 1), dstStride(dims, 1);
+  for (size_t d = dims - 1; d > 0; --d) {
+    srcStride[d - 1] = srcStride[d] * srcShape[d];
+    dstStride[d - 1] = dstStride[d] * dstShape[d];
+  }
+  for (int64_t d : box)
+    if (d == 0)
+      return;
+  // Odometer over the box's leading dimensions; one contiguous row each.
+  const size_t rowBytes = static_cast<size_t>(box.back()) * elem;
+  std::vector<int64_t> index(dims, 0);
+  while (true) {
+    int64_t from = 0, to = 0;
+    for (size_t d = 0; d < dims; ++d) {
+      from += (offset[d] + index[d]) * srcStride[d];
+      to += index[d] * dstStride[d];
+    }
+    std::copy_n(src + from * elem, rowBytes, dst + to * elem);
+    int64_t d = static_cast<int64_t>(dims) - 2;
+    for (; d >= 0; --d) {
+      if (++index[d] < box[d])
+        break;
+      index[d] = 0;
+    }
+    if (d < 0)
+      return;
+  }
+}
 
 class CpuDevice final : public Device {
 public:
   std::string name() const override { return "cpu"; }
 
-  void prepare(const Plan &plan, int64_t rankIndex, const Checkpoint &ckpt) override {
+  void prepare(const Plan &plan, int64_t rankIndex, const Checkpoint &ckpt,
+               Comm &comm) override {
     this->plan = &plan;
-    rank = &plan.ranks.at(rankIndex);
-    // Bind only the weights this rank's steps use.
-    std::vector<bool> used(plan.weights.size(), false);
-    for (const PlanStep &s : rank->steps)
-      for (int64_t w : s.weights)
-        used[w] = true;
-    weights.assign(plan.weights.size(), {});
-    boundBytes = 0;
-    for (size_t i = 0; i < plan.weights.size(); ++i) {
-      if (!used[i])
-        continue;
-      const PlanWeight &pw = plan.weights[i];
-      // The plan's dtype is part of its memory figures: a checkpoint in
-      // another dtype is another model file.
-      auto checked = [&](const std::string &name, const std::vector<int64_t> &shape) {
-        TensorView v = ckpt.tensor(name, shape);
-        if (v.dtype != pw.dtype)
-          inputError("{}: tensor '{}': expected dtype {} (the plan's) but found {}",
-                     ckpt.fileOf(name), name, dtypeName(pw.dtype), dtypeName(v.dtype));
-        return v;
-      };
-      if (pw.experts == 0) {
-        weights[i].view = checked(pw.name, pw.shape);
-        boundBytes += weights[i].view.bytes();
-        continue;
-      }
-      for (int64_t e = 0; e < pw.experts; ++e) {
-        TensorView v = checked(pw.expertName(e), pw.tensorShape());
-        boundBytes += v.bytes();
-        weights[i].experts.push_back(cpu::Matrix::of(v));
-      }
-    }
-    buffers.assign(rank->buffers.size(), {});
+    this->comm = &comm;
+    rank = rankIndex;
+    coords = plan.ranks.at(rankIndex).coords;
+    program = &plan.programOf(rankIndex);
+    memory.reset();
+    bindWeights(ckpt);
+
+    buffers.assign(program->buffers.size(), {});
     allocated = 0;
-    for (size_t i = 0; i < rank->buffers.size(); ++i) {
-      buffers[i].assign(plan.maxBatchTokens * rank->buffers[i].width, 0.0f);
-      allocated += rank->buffers[i].bytes;
+    for (size_t i = 0; i < program->buffers.size(); ++i) {
+      const PlanBuffer &b = program->buffers[i];
+      buffers[i].assign(static_cast<size_t>(b.rows * b.width), 0.0f);
+      allocated += b.rows * b.width * 4;
     }
-    caches.assign(rank->caches.size(), {});
-    for (size_t i = 0; i < rank->caches.size(); ++i) {
-      caches[i].allocate(plan.maxSequences, plan.maxSeqLen, rank->caches[i].keyWidth,
-                         rank->caches[i].valueWidth);
-      allocated += rank->caches[i].bytes;
+    caches.assign(program->caches.size(), {});
+    for (size_t i = 0; i < program->caches.size(); ++i) {
+      caches[i].allocate(plan.maxSequences, plan.maxSeqLen, program->caches[i].keyWidth,
+                         program->caches[i].valueWidth);
+      allocated += static_cast<int64_t>(caches[i].keys.size() + caches[i].values.size()) * 4;
     }
+    memory.add(allocated);
+
+    // Collective groups, once (world ranks in the group's order).
+    groups.assign(program->steps.size(), {});
+    for (size_t i = 0; i < program->steps.size(); ++i)
+      if (isCollective(program->steps[i].op))
+        groups[i] = plan.groupOf(rank, program->steps[i].group);
     // Rope tables per distinct parameter set (every layer shares one).
     ropeTables.clear();
-    for (const PlanStep &s : rank->steps)
+    for (const PlanStep &s : program->steps)
       if (s.op == OpKind::Rope || s.op == OpKind::MLAttention)
         table(s.rope);
   }
 
   void forward(const Batch &batch, std::vector<float> &logits) override {
-    int64_t T = batch.size();
-    if (T == 0 || T > plan->maxBatchTokens)
-      runtimeError("batch of {} tokens outside [1, {}]", T, plan->maxBatchTokens);
-    std::copy(batch.tokens.begin(), batch.tokens.end(), ints(rank->tokensBuffer));
-    std::copy(batch.positions.begin(), batch.positions.end(), ints(rank->positionsBuffer));
+    const int64_t T = batch.size();
+    if (T > plan->maxBatchTokens)
+      runtimeError("batch of {} tokens exceeds max_batch_tokens ({})", T, plan->maxBatchTokens);
+    if (program->tokensBuffer >= 0)
+      std::copy(batch.tokens.begin(), batch.tokens.end(), ints(program->tokensBuffer));
+    if (program->positionsBuffer >= 0)
+      std::copy(batch.positions.begin(), batch.positions.end(), ints(program->positionsBuffer));
     cpu::TokenLayout layout{batch.slots.data(), batch.positions.data(), T};
-    for (const PlanStep &s : rank->steps) {
+    // Rows of every per-token buffer: T, then the logit rows after the head.
+    int64_t rows = T;
+    for (size_t i = 0; i < program->steps.size(); ++i) {
+      const PlanStep &s = program->steps[i];
       auto start = std::chrono::steady_clock::now();
-      run(s, T, layout, batch, logits);
+      rows = run(i, s, rows, layout, batch);
       seconds[static_cast<size_t>(s.op)] +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    // The last stage's logits buffer is vocab_size wide (the compiler drops
+    // the padding of a sharded head with a split).
+    if (program->logitsBuffer >= 0) {
+      const float *out = f(program->logitsBuffer);
+      logits.assign(out, out + rows * plan->vocabSize);
     }
   }
 
@@ -100,15 +174,134 @@ public:
 
   int64_t weightBytes() const override { return boundBytes; }
   int64_t workspaceBytes() const override { return allocated; }
+  int64_t peakBytes() const override { return memory.peak(); }
+  int64_t loadedWeightBytes() const override { return loadedBytes; }
 
 private:
   float *f(int64_t id) { return buffers[id].data(); }
   int32_t *ints(int64_t id) { return reinterpret_cast<int32_t *>(buffers[id].data()); }
-  int64_t width(int64_t id) const { return rank->buffers[id].width; }
+  int64_t width(int64_t id) const { return program->buffers[id].width; }
+  int64_t bufferRows(int64_t id) const { return program->buffers[id].rows; }
   const TensorView &w(const PlanStep &s, size_t i) const { return weights[s.weights[i]].view; }
   const TensorView *optional(const PlanStep &s, size_t i) const {
     return s.weights.size() > i ? &weights[s.weights[i]].view : nullptr;
   }
+
+  /// `v` grown to at least n elements; growth is counted as memory.
+  template <typename T> T *reserve(std::vector<T> &v, int64_t n) {
+    size_t before = v.capacity();
+    if (v.size() < static_cast<size_t>(n))
+      v.resize(static_cast<size_t>(n));
+    memory.add(static_cast<int64_t>((v.capacity() - before) * sizeof(T)));
+    return v.data();
+  }
+
+  //===--------------------------------------------------------------------===//
+  // Weights
+  //===--------------------------------------------------------------------===//
+
+  /// Fills every weight the program's steps use from this rank's slices
+  /// (PlanLayout): local expert l of a stack is global expert ep * El + l.
+  void bindWeights(const Checkpoint &ckpt) {
+    PlanLayout layout = PlanLayout::load(plan->path);
+    std::unordered_map<std::string, const PlanSlice *> slices;
+    for (const PlanSlice &s : layout.ranks.at(rank))
+      slices.emplace(s.name, &s);
+    std::unordered_map<std::string, const PlanWeight *> logical;
+    for (const PlanWeight &w : plan->weights)
+      logical.emplace(w.name, &w);
+
+    std::vector<bool> used(program->weights.size(), false);
+    for (const PlanStep &s : program->steps)
+      for (int64_t w : s.weights)
+        used[w] = true;
+    weights.assign(program->weights.size(), {});
+    owned.clear();
+    boundBytes = loadedBytes = 0;
+    for (size_t i = 0; i < program->weights.size(); ++i) {
+      if (!used[i])
+        continue;
+      const PlanWeight &local = program->weights[i];
+      const PlanWeight &global = *logical.at(local.name); // checked by Plan::load
+      if (local.experts == 0) {
+        weights[i].view = bind(ckpt, slices, local.name, global.shape, local.shape, local.dtype);
+        continue;
+      }
+      for (int64_t l = 0; l < local.experts; ++l) {
+        int64_t e = coords.ep * local.experts + l;
+        if (e >= global.experts)
+          inputError("{}: rank {} (ep {}) would hold expert {} of '{}', a stack of {}",
+                     plan->path, rank, coords.ep, e, global.name, global.experts);
+        TensorView v = bind(ckpt, slices, global.expertName(e), global.tensorShape(),
+                            local.tensorShape(), local.dtype);
+        weights[i].experts.push_back(cpu::Matrix::of(v));
+      }
+    }
+  }
+
+  /// One local tensor `name` of `localShape` from this rank's box of the
+  /// checkpoint tensor (of `globalShape`): the tensor itself when the box is
+  /// all of it and the local shape is its shape, else an owned copy of the
+  /// box at the origin, zero elsewhere (vocabulary padding rows).
+  TensorView bind(const Checkpoint &ckpt,
+                  const std::unordered_map<std::string, const PlanSlice *> &slices,
+                  const std::string &name, const std::vector<int64_t> &globalShape,
+                  const std::vector<int64_t> &localShape, DType dtype) {
+    TensorView localView{dtype, localShape, nullptr};
+    auto found = slices.find(name);
+    if (found == slices.end()) {
+      // Only a part of the vocabulary wholly past the checkpoint's rows
+      // (padding) has no box; it is all zeros.
+      bool padding = !localShape.empty() && globalShape[0] == plan->vocabSize &&
+                     coords.tp * localShape[0] >= plan->vocabSize;
+      if (!padding)
+        inputError("{}: rank {} holds no slice of '{}' (ranks[{}].weights)", plan->path, rank,
+                   name, rank);
+      return ownedCopy(localView);
+    }
+    const PlanSlice &slice = *found->second;
+    if (slice.globalShape != globalShape || slice.dtype != dtype)
+      inputError("{}: rank {}'s slice of '{}' is of a {} {} tensor but the plan's weight is {} {}",
+                 plan->path, rank, name, dtypeName(slice.dtype), shapeString(slice.globalShape),
+                 dtypeName(dtype), shapeString(globalShape));
+    // The plan's dtype is part of its memory figures: a checkpoint in
+    // another dtype is another model file.
+    TensorView whole = ckpt.tensor(name, globalShape);
+    if (whole.dtype != dtype)
+      inputError("{}: tensor '{}': expected dtype {} (the plan's) but found {}",
+                 ckpt.fileOf(name), name, dtypeName(dtype), dtypeName(whole.dtype));
+    TensorView box{dtype, slice.shape, nullptr};
+    loadedBytes += static_cast<int64_t>(box.bytes());
+
+    bool atOrigin = std::all_of(slice.offset.begin(), slice.offset.end(),
+                                [](int64_t o) { return o == 0; });
+    if (atOrigin && slice.shape == globalShape && localShape == globalShape) {
+      boundBytes += static_cast<int64_t>(whole.bytes());
+      memory.add(static_cast<int64_t>(whole.bytes()));
+      return whole;
+    }
+    for (size_t d = 0; d < localShape.size(); ++d)
+      if (slice.shape.size() != localShape.size() || slice.shape[d] > localShape[d])
+        inputError("{}: rank {}'s box {} of '{}' does not fit the program's {} tensor", plan->path,
+                   rank, shapeString(slice.shape), name, shapeString(localShape));
+    TensorView copy = ownedCopy(localView);
+    copyBox(static_cast<const char *>(whole.data), globalShape, slice.offset, slice.shape,
+            static_cast<char *>(const_cast<void *>(copy.data)), localShape, dtypeSize(dtype));
+    return copy;
+  }
+
+  /// A zeroed tensor of `view`'s dtype and shape that the device owns.
+  TensorView ownedCopy(TensorView view) {
+    owned.emplace_back(new char[view.bytes()]());
+    view.data = owned.back().get();
+    boundBytes += static_cast<int64_t>(view.bytes());
+    memory.add(static_cast<int64_t>(view.bytes()));
+    return view;
+  }
+
+  //===--------------------------------------------------------------------===//
+  // Steps
+  //===--------------------------------------------------------------------===//
 
   static bool same(const cpu::RopeParams &a, const cpu::RopeParams &b) {
     return a.kind == b.kind && a.theta == b.theta && a.rotaryDim == b.rotaryDim &&
@@ -127,48 +320,121 @@ private:
     return *ropeTables.back().second;
   }
 
-  void run(const PlanStep &s, int64_t T, const cpu::TokenLayout &layout, const Batch &batch,
-           std::vector<float> &logits) {
+  /// What a collective is for, in messages: "step 12 (all_reduce over tp)".
+  std::string what(size_t index, const PlanStep &s) const {
+    if (isCollective(s.op))
+      return fmt::format("step {} ({} over {})", index, opName(s.op), axisName(s.group.axis));
+    return fmt::format("step {} ({})", index, opName(s.op));
+  }
+
+  /// Runs step `index` over `T` rows; returns the rows of the steps after it
+  /// (the head leaves only the logit rows).
+  int64_t run(size_t index, const PlanStep &s, int64_t T, const cpu::TokenLayout &layout,
+              const Batch &batch) {
     switch (s.op) {
-    case OpKind::Embedding:
-      cpu::embedding(cpu::Matrix::of(w(s, 0)), ints(s.in[0]), T, f(s.out[0]));
-      return;
+    // Collectives and the expert steps run with any T, 0 included: every
+    // member of a group takes part, and expert_ffn computes rows that
+    // other ranks sent.
+    case OpKind::AllReduce: {
+      int64_t n = T * width(s.in[0]);
+      if (s.out[0] != s.in[0])
+        std::copy_n(f(s.in[0]), n, f(s.out[0]));
+      comm->allReduceSum(f(s.out[0]), n, groups[index], what(index, s));
+      return T;
+    }
+    case OpKind::AllGather: {
+      const std::vector<int> &group = groups[index];
+      const int64_t n = static_cast<int64_t>(group.size()), wd = width(s.in[0]);
+      float *all = reserve(gatherStage, n * T * wd);
+      comm->allGather(f(s.in[0]), T * wd * 4, all, group, what(index, s));
+      // [n, T, w] -> [T, n * w]: member q's columns at [q * w, (q + 1) * w).
+      float *out = f(s.out[0]);
+      for (int64_t q = 0; q < n; ++q)
+        for (int64_t t = 0; t < T; ++t)
+          std::copy_n(all + (q * T + t) * wd, wd, out + t * n * wd + q * wd);
+      return T;
+    }
+    case OpKind::Send: {
+      int64_t peer = plan->stageRank(rank, coords.pp + 1);
+      comm->send(f(s.in[0]), T * width(s.in[0]) * 4, static_cast<int>(peer),
+                 fmt::format("step {} (send to rank {})", index, peer));
+      return T;
+    }
+    case OpKind::Recv: {
+      int64_t peer = plan->stageRank(rank, coords.pp - 1);
+      comm->recv(f(s.out[0]), T * width(s.out[0]) * 4, static_cast<int>(peer),
+                 fmt::format("step {} (recv from rank {})", index, peer));
+      return T;
+    }
+    case OpKind::AllToAll:
+      allToAll(index, s);
+      return T;
+    case OpKind::Dispatch:
+      cpu::dispatch(f(s.in[0]), T, width(s.in[0]), ints(s.in[1]), width(s.in[1]), s.dispatch,
+                    coords.tp / s.dispatch.rowPartStride, f(s.out[0]), ints(s.out[1]),
+                    ints(s.out[2]));
+      return T;
+    case OpKind::ExpertFFN: {
+      const BoundWeight &g = weights[s.weights[0]], &u = weights[s.weights[1]],
+                        &d = weights[s.weights[2]];
+      const int64_t E = width(s.in[1]), El = static_cast<int64_t>(g.experts.size());
+      cpu::expertFfn(f(s.in[0]), ints(s.in[1]), E / El, El, bufferRows(s.in[0]) / E,
+                     width(s.in[0]), g.experts, u.experts, d.experts, s.activation,
+                     f(s.out[0]));
+      return T;
+    }
+    default:
+      break;
+    }
+    if (s.op == OpKind::Linear && s.head)
+      return head(s, T, batch);
+    if (T == 0)
+      return T; // nothing to compute
+    switch (s.op) {
+    case OpKind::Embedding: {
+      cpu::Matrix m = cpu::Matrix::of(w(s, 0));
+      if (!s.vocabShard) {
+        cpu::embedding(m, ints(s.in[0]), T, f(s.out[0]));
+        return T;
+      }
+      // This rank's rows [tp * R, (tp + 1) * R) of the padded vocabulary;
+      // other ids give zero rows (the all_reduce over tp that follows adds
+      // the one rank's row that holds them).
+      const int64_t first = coords.tp * m.rows;
+      const int32_t *ids = ints(s.in[0]);
+      int32_t *localIds = reserve(idScratch, T);
+      for (int64_t t = 0; t < T; ++t) {
+        int64_t id = ids[t] - first;
+        localIds[t] = id >= 0 && id < m.rows ? static_cast<int32_t>(id) : 0;
+      }
+      cpu::embedding(m, localIds, T, f(s.out[0]));
+      for (int64_t t = 0; t < T; ++t)
+        if (ids[t] < first || ids[t] >= first + m.rows)
+          std::fill_n(f(s.out[0]) + t * m.cols, m.cols, 0.0f);
+      return T;
+    }
     case OpKind::RMSNorm:
       cpu::rmsNorm(f(s.in[0]), T, width(s.in[0]), w(s, 0), s.eps, f(s.out[0]));
-      return;
+      return T;
     case OpKind::LayerNorm:
       cpu::layerNorm(f(s.in[0]), T, width(s.in[0]), w(s, 0), optional(s, 1), s.eps, f(s.out[0]));
-      return;
-    case OpKind::Linear: {
-      cpu::Matrix m = cpu::Matrix::of(w(s, 0));
-      if (s.out[0] != rank->logitsBuffer) {
-        cpu::linear(f(s.in[0]), T, m, optional(s, 1), f(s.out[0]));
-        return;
-      }
-      // The LM head: only the rows the caller wants (the last prompt token
-      // of each sequence when no full logits are asked for).
-      int64_t rows = static_cast<int64_t>(batch.logitRows.size());
-      gathered.resize(rows * m.cols);
-      for (int64_t r = 0; r < rows; ++r)
-        std::copy_n(f(s.in[0]) + batch.logitRows[r] * m.cols, m.cols, gathered.data() + r * m.cols);
-      logits.resize(rows * m.rows);
-      cpu::linear(gathered.data(), rows, m, optional(s, 1), logits.data());
-      return;
-    }
+      return T;
+    case OpKind::Linear:
+      cpu::linear(f(s.in[0]), T, cpu::Matrix::of(w(s, 0)), optional(s, 1), f(s.out[0]));
+      return T;
     case OpKind::Rope: {
       int64_t wd = width(s.in[0]);
       if (s.out[0] != s.in[0])
         std::copy_n(f(s.in[0]), T * wd, f(s.out[0]));
       table(s.rope).apply(f(s.out[0]), T, wd, s.headDim, ints(s.in[1]));
-      return;
+      return T;
     }
     case OpKind::Attention: {
-      int64_t q = width(s.in[0]), k = width(s.in[1]), v = width(s.in[2]);
+      int64_t q = width(s.in[0]), v = width(s.in[2]);
       cpu::attention(f(s.in[0]), f(s.in[1]), f(s.in[2]), layout, s.heads, s.kvHeads,
                      q / s.heads, v / s.kvHeads, s.scale, s.slidingWindow, caches[s.kvCache],
                      f(s.out[0]));
-      (void)k;
-      return;
+      return T;
     }
     case OpKind::MLAttention: {
       int64_t r = width(s.in[2]);
@@ -176,7 +442,7 @@ private:
       int64_t vdim = width(s.in[1]) / s.heads - nope;
       cpu::mlaAttention(f(s.in[0]), f(s.in[1]), f(s.in[2]), layout, s.heads, nope, r, vdim,
                         s.scale, table(s.rope), caches[s.kvCache], f(s.out[0]));
-      return;
+      return T;
     }
     case OpKind::Split: {
       int64_t wd = width(s.in[0]), offset = 0;
@@ -188,46 +454,137 @@ private:
           std::copy_n(src + t * wd + offset, part, dst + t * width(s.out[i]));
         offset += part;
       }
-      return;
+      return T;
     }
     case OpKind::Add:
       cpu::add(f(s.in[0]), f(s.in[1]), T * width(s.in[0]), f(s.out[0]));
-      return;
+      return T;
     case OpKind::SigmoidGate:
       cpu::sigmoidGate(f(s.in[0]), f(s.in[1]), T, width(s.in[0]), f(s.out[0]));
-      return;
+      return T;
     case OpKind::MLP: {
       cpu::Matrix g = cpu::Matrix::of(w(s, 0)), u = cpu::Matrix::of(w(s, 1)),
                   d = cpu::Matrix::of(w(s, 2));
-      scratch.resize(2 * T * g.rows);
-      cpu::mlp(f(s.in[0]), T, g, u, d, s.activation, scratch.data(), f(s.out[0]));
-      return;
+      cpu::mlp(f(s.in[0]), T, g, u, d, s.activation, reserve(scratch, 2 * T * g.rows),
+               f(s.out[0]));
+      return T;
     }
     case OpKind::Router: {
       cpu::Matrix g = cpu::Matrix::of(w(s, 0));
-      scratch.resize(T * g.rows);
-      cpu::linear(f(s.in[0]), T, g, nullptr, scratch.data());
-      cpu::route(scratch.data(), T, g.rows, optional(s, 1), s.routing, f(s.out[0]),
-                 ints(s.out[1]));
-      return;
+      float *logits = reserve(scratch, T * g.rows);
+      cpu::linear(f(s.in[0]), T, g, nullptr, logits);
+      cpu::route(logits, T, g.rows, optional(s, 1), s.routing, f(s.out[0]), ints(s.out[1]));
+      return T;
     }
     case OpKind::Experts:
       cpu::experts(f(s.in[0]), T, width(s.in[0]), f(s.in[1]), ints(s.in[2]), width(s.in[1]),
                    weights[s.weights[0]].experts, weights[s.weights[1]].experts,
                    weights[s.weights[2]].experts, s.activation, f(s.out[0]));
-      return;
+      return T;
+    case OpKind::Combine: {
+      // Slots index y's rows: checked, as y may come from another rank.
+      const int64_t k = width(s.in[1]), yRows = bufferRows(s.in[0]);
+      const int32_t *slots = ints(s.in[1]);
+      for (int64_t p = 0; p < T * k; ++p)
+        if (slots[p] >= yRows)
+          runtimeError("rank {}: {}: slot {} of token {} outside the {} rows of buffer {}", rank,
+                       what(index, s), slots[p], p / k, yRows, s.in[0]);
+      cpu::combine(f(s.in[0]), width(s.in[0]), slots, f(s.in[2]), T, k, f(s.out[0]));
+      return T;
+    }
+    default:
+      runtimeError("{}: not a per-token op", what(index, s));
     }
   }
 
+  /// The LM head: only the rows the caller wants (the last prompt token of
+  /// each sequence when no full logits are asked for), packed as rows
+  /// 0..R-1 of the output; the steps after it run on R rows.
+  int64_t head(const PlanStep &s, int64_t T, const Batch &batch) {
+    cpu::Matrix m = cpu::Matrix::of(w(s, 0));
+    const int64_t R = static_cast<int64_t>(batch.logitRows.size());
+    if (R > plan->maxBatchTokens)
+      runtimeError("{} logit rows exceed max_batch_tokens ({})", R, plan->maxBatchTokens);
+    float *rows = reserve(gathered, R * m.cols);
+    for (int64_t r = 0; r < R; ++r) {
+      int64_t t = batch.logitRows[r];
+      if (t < 0 || t >= T)
+        runtimeError("logit row {} outside the batch of {} tokens", t, T);
+      std::copy_n(f(s.in[0]) + t * m.cols, m.cols, rows + r * m.cols);
+    }
+    cpu::linear(rows, R, m, optional(s, 1), f(s.out[0]));
+    return R;
+  }
+
+  /// all_to_all: the counts first (El per member), then, for each member
+  /// q, the filled rows of its El experts, packed; what member q sent lands
+  /// in rows (q * El + l) * C of the output, its counts in counts'.
+  void allToAll(size_t index, const PlanStep &s) {
+    const std::vector<int> &group = groups[index];
+    const int64_t n = static_cast<int64_t>(group.size()), E = width(s.in[1]), El = E / n;
+    const int64_t C = bufferRows(s.in[0]) / E, H = width(s.in[0]);
+    const std::string name = what(index, s);
+    const int32_t *counts = ints(s.in[1]);
+    int32_t *received = reserve(countStage, E);
+    std::vector<int64_t> countBytes(n, El * 4), countOffsets(n);
+    for (int64_t q = 0; q < n; ++q)
+      countOffsets[q] = q * El * 4;
+    comm->allToAllV(counts, countBytes, countOffsets, received, countBytes, countOffsets, group,
+                    name);
+    for (int64_t e = 0; e < E; ++e)
+      if (received[e] < 0 || received[e] > C)
+        runtimeError("rank {}: {}: rank {} sent {} rows for an expert of capacity {}", rank,
+                     name, group[e / El], received[e], C);
+
+    // Pack what goes to each member, contiguous per member.
+    std::vector<int64_t> sendBytes(n), sendOffsets(n), recvBytes(n), recvOffsets(n);
+    int64_t sendRows = 0, recvRows = 0;
+    for (int64_t q = 0; q < n; ++q) {
+      int64_t out = 0, in = 0;
+      for (int64_t l = 0; l < El; ++l) {
+        out += counts[q * El + l];
+        in += received[q * El + l];
+      }
+      sendOffsets[q] = sendRows * H * 4;
+      sendBytes[q] = out * H * 4;
+      recvOffsets[q] = recvRows * H * 4;
+      recvBytes[q] = in * H * 4;
+      sendRows += out;
+      recvRows += in;
+    }
+    float *packed = reserve(sendStage, sendRows * H);
+    float *unpacked = reserve(recvStage, recvRows * H);
+    const float *buf = f(s.in[0]);
+    for (int64_t e = 0, at = 0; e < E; ++e) {
+      std::copy_n(buf + e * C * H, counts[e] * H, packed + at * H);
+      at += counts[e];
+    }
+    comm->allToAllV(packed, sendBytes, sendOffsets, unpacked, recvBytes, recvOffsets, group,
+                    name);
+    float *out = f(s.out[0]);
+    for (int64_t e = 0, at = 0; e < E; ++e) {
+      std::copy_n(unpacked + at * H, received[e] * H, out + e * C * H);
+      at += received[e];
+    }
+    std::copy_n(received, E, ints(s.out[1]));
+  }
+
   const Plan *plan = nullptr;
-  const PlanRank *rank = nullptr;
+  Comm *comm = nullptr;
+  int64_t rank = 0;
+  RankCoords coords;
+  const PlanProgram *program = nullptr;
   std::vector<BoundWeight> weights;
-  std::vector<std::vector<float>> buffers; // I32 buffers reuse the f32 storage
+  std::vector<std::unique_ptr<char[]>> owned; // weight copies (parts of tensors)
+  std::vector<std::vector<float>> buffers;    // I32 buffers reuse the f32 storage
   std::vector<cpu::KVCache> caches;
+  std::vector<std::vector<int>> groups; // per step: a collective's world ranks
   std::vector<std::pair<cpu::RopeParams, std::unique_ptr<cpu::RopeTable>>> ropeTables;
-  std::vector<float> scratch, gathered;
-  int64_t boundBytes = 0, allocated = 0;
-  std::array<double, static_cast<size_t>(OpKind::Experts) + 1> seconds{};
+  std::vector<float> scratch, gathered, gatherStage, sendStage, recvStage;
+  std::vector<int32_t> idScratch, countStage;
+  int64_t boundBytes = 0, loadedBytes = 0, allocated = 0;
+  MemoryTracker memory;
+  std::array<double, kNumOpKinds> seconds{};
 };
 
 } // namespace

@@ -13,11 +13,16 @@
 
 namespace moe {
 
-constexpr int kPlanFormatVersion = 1;
+constexpr int kPlanFormatVersion = 2;
 
 /// The plan of a module that went through the whole pipeline (workload and
 /// buffers assigned). Fails when the module is not in that form.
 llvm::Expected<llvm::json::Value> buildPlan(mlir::ModuleOp module);
+
+/// The model's logical weights (whole shapes) of an unpartitioned module's
+/// @forward, as the plan's top-level `weights`: kept before moe-partition
+/// gives the programs their rank-local shapes.
+llvm::json::Array logicalWeights(mlir::ModuleOp module);
 
 /// Puts a distribution (Distribution.h) into a plan: world_size, degrees,
 /// vocab and stages at the top; with one rank, its coords/memory/weights join

@@ -26,15 +26,17 @@ def MoESpecializeWorkload : Pass<"moe-specialize-workload", "mlir::ModuleOp"> {
 def MoEAssignBuffers : Pass<"moe-assign-buffers", "mlir::ModuleOp"> {
   let summary = "assign every activation to a reusable buffer by liveness";
   let description = [{
-    Walks `@forward` in order and gives each activation value a buffer id
+    Walks each program (`@forward`, or every `@stage<s>` of a partitioned
+    module) in order and gives each activation value a buffer id
     (`moe.buffers` on its defining op, one id per result; `moe.arg_buffers`
     on the function for its arguments). A buffer is freed after the last use
     of its value and reused by a later value of the same element type and
     row width (so a buffer's width is the row stride of every value in it); ops that may write their result over a dying operand of
     the same width (add, sigmoid_gate, rope, rms_norm) reuse that operand's
-    buffer. The module gets `moe.buffer_widths` / `moe.buffer_types`: per
-    buffer, the row width and element type; its size in bytes is
-    max_batch_tokens x width x element size. Attention ops get a KV-cache id
+    buffer. Each program gets `moe.buffer_rows` / `moe.buffer_widths` /
+    `moe.buffer_types`: per buffer, its rows (-1: max_batch_tokens; static
+    values such as a dispatch buffer [E, C, H] have E x C), row width and
+    element type; its size in bytes is rows x width x element size. Attention ops get a KV-cache id
     (`moe.kv_cache`).
   }];
 }
@@ -67,6 +69,45 @@ def MoEPlanSharding : Pass<"moe-plan-sharding", "mlir::ModuleOp"> {
     ListOption<"stageBegin", "stage-begin", "int64_t",
                "first layer of each pipeline stage (default: even split)">,
   ];
+}
+
+def MoEPartition : Pass<"moe-partition", "mlir::ModuleOp"> {
+  let summary = "one program per pipeline stage, with rank-local shapes and collectives";
+  let description = [{
+    Rewrites the sharded `@forward` (after moe-plan-sharding and
+    moe-specialize-workload) into `@stage0 .. @stage<pp-1>` (attribute
+    `moe.stage`), each run by every rank of its stage: weights get the
+    rank-local shapes of their sharding; column-parallel outputs stay split,
+    row-parallel ones are partial sums that get an `moe.all_reduce` over tp
+    where a whole value is needed; attention runs heads / tp; the embedding
+    is vocabulary-sharded and the LM head's parts are joined by
+    `moe.all_gather` (padding dropped by a split); routed experts lower to
+    `moe.dispatch` (capacity from `capacity-factor` and max_batch_tokens),
+    `moe.all_to_all` over ep, `moe.expert_ffn` on the local experts,
+    `moe.all_to_all` back and `moe.combine` (kept fused as `moe.experts` when
+    no EP, TP or capacity applies); values live across a stage cut are sent
+    with `moe.send` / `moe.recv` in program order. The complete semantics are
+    in docs/partitioned-execution.md.
+  }];
+  let options = [
+    Option<"capacityFactor", "capacity-factor", "double", "0.0",
+           "expert capacity factor; 0: dropless">,
+  ];
+}
+
+def MoEVerifyCollectives : Pass<"moe-verify-collectives", "mlir::ModuleOp"> {
+  let summary = "prove that every rank's collectives match (no deadlock)";
+  let description = [{
+    Simulates every rank of `moe.sharding`'s world on its stage's program
+    (the function with `moe.stage` equal to its pp coordinate, or the one
+    whose `moe.ranks` lists it): each rank's collectives and sends/receives,
+    in program order, must meet their group's (same op, mesh, axis and
+    operand types) or their peer's. Programs are straight-line and their
+    collectives' shapes static, so the order does not depend on the routing:
+    a rank that receives no tokens still takes part. Fails naming the ranks
+    and the ops they wait in when the simulation stops before every program
+    ends, or when a group meets with different shapes.
+  }];
 }
 
 #endif // MOE_TRANSFORMS_PASSES_TD

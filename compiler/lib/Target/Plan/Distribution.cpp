@@ -88,6 +88,8 @@ void moe::writeDistribution(json::OStream &J, const sharding::ModelInfo &model,
                                      int64_t same) {
       J.object([&] {
         J.attribute("rank", rank);
+        // Every rank of a pipeline stage runs the stage's program.
+        J.attribute("program", c.pp);
         J.attributeObject("coords", [&] {
           J.attribute("dp", c.dp);
           J.attribute("pp", c.pp);

@@ -94,6 +94,23 @@ Object stepAttrs(Operation *op) {
         a["rope"] = ropeJson(o.getRope());
       })
       .Case([&](moe::MLPOp o) { a["activation"] = moe::stringifyActivation(o.getActivation()); })
+      .Case([&](moe::ExpertFFNOp o) {
+        a["activation"] = moe::stringifyActivation(o.getActivation());
+      })
+      .Case([&](moe::DispatchOp o) {
+        a["num_experts"] = o.getNumExperts();
+        a["capacity"] = o.getCapacity();
+        a["capacity_factor"] = o.getCapacityFactor().convertToDouble();
+        a["top_k"] = o.getExperts().getType().getDimSize(1);
+        a["row_parts"] = o.getRowParts();
+        a["row_part_stride"] = o.getRowPartStride();
+      })
+      .Case([&](moe::EmbeddingOp o) {
+        if (o->hasAttr("moe.vocab_shard"))
+          a["vocab_shard"] = true;
+      })
+      .Case([&](moe::SendOp o) { a["stage"] = o.getStage(); })
+      .Case([&](moe::RecvOp o) { a["stage"] = o.getStage(); })
       .Case([&](moe::ExpertsOp o) {
         a["activation"] = moe::stringifyActivation(o.getActivation());
       })
@@ -103,24 +120,47 @@ Object stepAttrs(Operation *op) {
 
 } // namespace
 
-llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
-  auto forward = module.lookupSymbol<func::FuncOp>("forward");
-  auto workload = module->getAttrOfType<DictionaryAttr>("moe.workload");
-  auto widths = module->getAttrOfType<DenseI64ArrayAttr>("moe.buffer_widths");
-  auto types = module->getAttrOfType<ArrayAttr>("moe.buffer_types");
-  auto argBuffers =
-      forward ? forward->getAttrOfType<DenseI64ArrayAttr>("moe.arg_buffers")
-              : DenseI64ArrayAttr();
-  if (!forward || !workload || !widths || !types || !argBuffers)
-    return planError("expected a module with @forward, moe.workload and "
-                     "assigned buffers (run the whole pipeline)");
-  auto get = [&](StringRef key) {
-    return cast<IntegerAttr>(workload.get(key)).getInt();
-  };
-  int64_t maxTokens = get("max_batch_tokens"), maxSeqLen = get("max_seq_len"),
-          maxSequences = get("max_sequences");
+namespace {
 
-  // Weights: one entry per weight op, in order of appearance.
+const char *axisName(StringRef mesh, int64_t axis) {
+  static const char *attention[] = {"pp", "dp", "tp"};
+  static const char *experts[] = {"pp", "edp", "ep", "etp"};
+  if (mesh == "experts")
+    return axis < 4 ? experts[axis] : "?";
+  return axis < 3 ? attention[axis] : "?";
+}
+
+/// The LM head: the linear whose result the program returns, directly or
+/// through the all_gather / split that join its vocabulary parts.
+Operation *headOf(func::FuncOp fn) {
+  auto ret = cast<func::ReturnOp>(fn.getBody().front().getTerminator());
+  if (ret.getNumOperands() != 1)
+    return nullptr;
+  Value v = ret.getOperand(0);
+  while (Operation *def = v.getDefiningOp()) {
+    if (isa<moe::LinearOp>(def))
+      return def;
+    if (!isa<moe::AllGatherOp, moe::SplitOp>(def))
+      return nullptr;
+    v = def->getOperand(0);
+  }
+  return nullptr;
+}
+
+/// One program (a stage's function) as the plan's JSON.
+llvm::Expected<Object> programJson(func::FuncOp fn, int64_t stage, int64_t maxTokens,
+                                   int64_t maxSeqLen, int64_t maxSequences) {
+  auto rows = fn->getAttrOfType<DenseI64ArrayAttr>("moe.buffer_rows");
+  auto widths = fn->getAttrOfType<DenseI64ArrayAttr>("moe.buffer_widths");
+  auto types = fn->getAttrOfType<ArrayAttr>("moe.buffer_types");
+  auto argBuffers = fn->getAttrOfType<DenseI64ArrayAttr>("moe.arg_buffers");
+  if (!rows || !widths || !types || !argBuffers)
+    return planError(llvm::formatv("@{0} has no assigned buffers (run "
+                                   "moe-assign-buffers)",
+                                   fn.getSymName()));
+
+  // Weights: one entry per weight op, in order of appearance, with the
+  // program's (rank-local) shapes.
   Array weights;
   DenseMap<Value, int64_t> weightId;
   int64_t weightBytes = 0;
@@ -139,24 +179,26 @@ llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
   };
 
   // Buffers: activations are computed in f32 whatever the weights' type;
-  // token ids and routing indices are i32.
+  // token ids, routing indices, slots and counts are i32.
   Array buffers;
   int64_t bufferBytes = 0;
-  for (auto [width, type] : llvm::zip(widths.asArrayRef(), types)) {
+  for (auto [r, width, type] : llvm::zip(rows.asArrayRef(), widths.asArrayRef(), types)) {
     Type element = cast<TypeAttr>(type).getValue();
     std::string dtype = element.isInteger(32) ? "I32" : "F32";
-    int64_t bytes = maxTokens * width * 4;
-    buffers.push_back(Object{{"width", width}, {"dtype", dtype}, {"bytes", bytes}});
+    int64_t n = r < 0 ? maxTokens : r;
+    int64_t bytes = n * width * 4;
+    buffers.push_back(Object{{"rows", n}, {"width", width}, {"dtype", dtype}, {"bytes", bytes}});
     bufferBytes += bytes;
   }
 
   Array steps, caches;
   int64_t cacheBytes = 0;
   DenseMap<Value, int64_t> bufferOf;
-  Block &body = forward.getBody().front();
+  Block &body = fn.getBody().front();
   for (auto [arg, id] : llvm::zip(body.getArguments(), argBuffers.asArrayRef()))
     bufferOf[arg] = id;
   int64_t logitsBuffer = -1;
+  Operation *head = headOf(fn);
   for (Operation &op : body) {
     if (auto w = dyn_cast<moe::WeightOp>(op)) {
       addWeight(w, w.getName(), 0);
@@ -173,7 +215,8 @@ llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
       continue;
     }
     if (auto ret = dyn_cast<func::ReturnOp>(op)) {
-      logitsBuffer = bufferOf.lookup(ret.getOperand(0));
+      if (ret.getNumOperands())
+        logitsBuffer = bufferOf.lookup(ret.getOperand(0));
       continue;
     }
     Array in, ws, out;
@@ -187,18 +230,27 @@ llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
                                        op.getName().getStringRef()));
     }
     auto ids = op.getAttrOfType<DenseI64ArrayAttr>("moe.buffers");
-    if (!ids)
+    if (!ids && op.getNumResults())
       return planError(llvm::formatv("'{0}' has no assigned buffers",
                                      op.getName().getStringRef()));
-    for (auto [result, id] : llvm::zip(op.getResults(), ids.asArrayRef())) {
-      bufferOf[result] = id;
-      out.push_back(id);
+    if (ids)
+      for (auto [result, id] : llvm::zip(op.getResults(), ids.asArrayRef())) {
+        bufferOf[result] = id;
+        out.push_back(id);
+      }
+    Object attrs = stepAttrs(&op);
+    if (auto mesh = op.getAttrOfType<FlatSymbolRefAttr>("mesh")) {
+      int64_t axis = op.getAttrOfType<IntegerAttr>("axis").getInt();
+      attrs["mesh"] = mesh.getValue();
+      attrs["axis"] = axisName(mesh.getValue(), axis);
     }
+    if (&op == head)
+      attrs["head"] = true;
     Object step{{"op", op.getName().stripDialect()},
                 {"in", std::move(in)},
                 {"weights", std::move(ws)},
                 {"out", std::move(out)},
-                {"attrs", stepAttrs(&op)}};
+                {"attrs", std::move(attrs)}};
     if (isa<moe::SplitOp>(op)) {
       Array splitWidths;
       for (Value r : op.getResults())
@@ -223,8 +275,85 @@ llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
     }
     steps.push_back(std::move(step));
   }
-  if (logitsBuffer < 0)
-    return planError("@forward returns no logits");
+  return Object{{"stage", stage},
+                {"weights", std::move(weights)},
+                {"buffers", std::move(buffers)},
+                {"kv_caches", std::move(caches)},
+                {"inputs", Object{{"tokens", argBuffers[0]}, {"positions", argBuffers[1]}}},
+                {"logits", logitsBuffer},
+                {"memory", Object{{"weights", weightBytes},
+                                  {"activations", bufferBytes},
+                                  {"kv_cache", cacheBytes},
+                                  {"peak", weightBytes + bufferBytes + cacheBytes}}},
+                {"steps", std::move(steps)}};
+}
+
+} // namespace
+
+llvm::json::Array moe::logicalWeights(ModuleOp module) {
+  Array weights;
+  auto forward = module.lookupSymbol<func::FuncOp>("forward");
+  if (!forward)
+    return weights;
+  forward.walk([&](Operation *op) {
+    StringRef name;
+    int64_t experts = 0;
+    if (auto w = dyn_cast<moe::WeightOp>(op))
+      name = w.getName();
+    else if (auto w = dyn_cast<moe::ExpertWeightOp>(op))
+      name = w.getName(), experts = w.getNumExperts();
+    else
+      return;
+    auto type = cast<RankedTensorType>(op->getResult(0).getType());
+    Object w{{"name", name},
+             {"shape", shapeOf(type)},
+             {"dtype", dtypeName(type.getElementType())},
+             {"bytes", type.getNumElements() * (type.getElementTypeBitWidth() / 8)}};
+    if (experts)
+      w["experts"] = experts;
+    weights.push_back(std::move(w));
+  });
+  return weights;
+}
+
+llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
+  auto workload = module->getAttrOfType<DictionaryAttr>("moe.workload");
+  if (!workload)
+    return planError("expected a module with moe.workload and assigned buffers "
+                     "(run the whole pipeline)");
+  auto get = [&](StringRef key) {
+    return cast<IntegerAttr>(workload.get(key)).getInt();
+  };
+  int64_t maxTokens = get("max_batch_tokens"), maxSeqLen = get("max_seq_len"),
+          maxSequences = get("max_sequences");
+
+  // The programs: @forward, or one @stage<s> per pipeline stage.
+  SmallVector<func::FuncOp> programs;
+  if (auto forward = module.lookupSymbol<func::FuncOp>("forward")) {
+    programs.push_back(forward);
+  } else {
+    for (auto fn : module.getOps<func::FuncOp>())
+      if (auto stage = fn->getAttrOfType<IntegerAttr>("moe.stage")) {
+        if (stage.getInt() != int64_t(programs.size()))
+          return planError(llvm::formatv("@{0}: expected the stages in order",
+                                         fn.getSymName()));
+        programs.push_back(fn);
+      }
+  }
+  if (programs.empty())
+    return planError("expected @forward or @stage0.. programs");
+  Array programsJson;
+  for (auto [stage, fn] : llvm::enumerate(programs)) {
+    llvm::Expected<Object> p = programJson(fn, int64_t(stage), maxTokens, maxSeqLen,
+                                           maxSequences);
+    if (!p)
+      return p.takeError();
+    programsJson.push_back(std::move(*p));
+  }
+  // The logical tensors, whole: the program of an unpartitioned module has
+  // them all; a partitioned one records them per rank (its slices).
+  Array weights = *(*programsJson[0].getAsObject()).getArray("weights");
+  Object *first = programsJson[0].getAsObject();
 
   auto str = [&](StringRef key) {
     auto a = module->getAttrOfType<StringAttr>(key);
@@ -244,16 +373,9 @@ llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
       eos.push_back(id);
 
   Object rank{{"rank", 0},
-              {"coords", Object{{"dp", 0}, {"pp", 0}, {"tp", 0}, {"ep", 0}, {"etp", 0}}},
-              {"buffers", std::move(buffers)},
-              {"kv_caches", std::move(caches)},
-              {"inputs", Object{{"tokens", argBuffers[0]}, {"positions", argBuffers[1]}}},
-              {"logits", logitsBuffer},
-              {"memory", Object{{"weights", weightBytes},
-                                {"activations", bufferBytes},
-                                {"kv_cache", cacheBytes},
-                                {"peak", weightBytes + bufferBytes + cacheBytes}}},
-              {"steps", std::move(steps)}};
+              {"program", 0},
+              {"coords", Object{{"dp", 0}, {"pp", 0}, {"tp", 0}, {"edp", 0}, {"ep", 0}, {"etp", 0}}},
+              {"memory", JsonValue(Object(*first->getObject("memory")))}};
   Array ranks;
   ranks.push_back(std::move(rank));
   return JsonValue(Object{
@@ -270,23 +392,17 @@ llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
                           {"max_seq_len", maxSeqLen},
                           {"max_sequences", maxSequences}}},
       {"world_size", 1},
-      {"degrees", Object{{"dp", 1}, {"pp", 1}, {"tp", 1}, {"ep", 1}, {"etp", 1}}},
+      {"degrees", Object{{"dp", 1}, {"pp", 1}, {"tp", 1}, {"ep", 1}, {"etp", 1}, {"edp", 1}}},
       {"weights", std::move(weights)},
+      {"programs", std::move(programsJson)},
       {"ranks", std::move(ranks)}});
 }
 
 void moe::mergeDistribution(Object &plan, Object distribution) {
   for (StringRef key : {"world_size", "degrees", "vocab", "stage_begin"})
     plan[key] = std::move(*distribution.get(key));
-  Array *ranks = distribution.getArray("ranks");
-  if (ranks->size() == 1) {
-    Object *program = (*plan.getArray("ranks"))[0].getAsObject();
-    Object *rank = (*ranks)[0].getAsObject();
-    (*program)["coords"] = std::move(*rank->get("coords"));
-    (*program)["planned_memory"] = std::move(*rank->get("memory"));
-    (*program)["weights"] = std::move(*rank->get("weights"));
-    return;
-  }
+  // The distribution's ranks (coords, the planner's memory estimate, slices)
+  // replace the placeholder rank of buildPlan.
   plan["ranks"] = std::move(*distribution.get("ranks"));
 }
 

@@ -403,5 +403,106 @@ LogicalResult ExpertsOp::verify() {
                          up.drop_front(), down.drop_front());
 }
 
+//===----------------------------------------------------------------------===//
+// Partitioned programs
+//===----------------------------------------------------------------------===//
+
+static LogicalResult verifyAxis(Operation *op, int64_t axis) {
+  if (axis < 0 || axis > 3)
+    return op->emitOpError("expected a mesh axis in [0, 3] but got ") << axis;
+  return success();
+}
+
+LogicalResult AllReduceOp::verify() { return verifyAxis(*this, getAxis()); }
+
+LogicalResult AllGatherOp::verify() {
+  if (failed(verifyAxis(*this, getAxis())))
+    return failure();
+  if (mismatch(dim(getInput(), 0), dim(getResult(), 0)))
+    return emitOpError("expected as many rows in the result as in the input");
+  int64_t in = dim(getInput(), 1), out = dim(getResult(), 1);
+  if (known(in) && known(out) && (out < in || out % in))
+    return emitOpError("expected a result width that is a multiple of the "
+                       "input's (")
+           << in << ") but got " << out;
+  return success();
+}
+
+void DispatchOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getBuffer(), "dispatched");
+  setName(getCounts(), "counts");
+  setName(getSlots(), "slots");
+}
+
+LogicalResult DispatchOp::verify() {
+  auto buffer = getBuffer().getType();
+  if (!buffer.hasStaticShape() || !getCounts().getType().hasStaticShape())
+    return emitOpError("expected static buffer and counts shapes (their "
+                       "sizes are known when compiling)");
+  if (buffer.getDimSize(1) != getCapacity())
+    return emitOpError("expected a buffer of capacity ")
+           << getCapacity() << " but got " << buffer;
+  if (getCapacity() < 1)
+    return emitOpError("expected a capacity >= 1 but got ") << getCapacity();
+  if (getCapacityFactor().convertToDouble() < 0)
+    return emitOpError("expected a capacity factor >= 0 (0: dropless)");
+  if (getCounts().getType().getDimSize(0) != buffer.getDimSize(0))
+    return emitOpError("expected one count per expert (")
+           << buffer.getDimSize(0) << ") but got " << getCounts().getType();
+  if (mismatch(dim(getInput(), 1), buffer.getDimSize(2)))
+    return emitOpError("expected buffer rows as wide as the input (")
+           << sz(dim(getInput(), 1)) << ") but got " << buffer.getDimSize(2);
+  if (mismatch(dim(getExperts(), 0), dim(getInput(), 0)) ||
+      getSlots().getType() != getExperts().getType())
+    return emitOpError("expected one routing row per token and slots shaped "
+                       "like the experts");
+  if (getRowParts() < 1 || getRowPartStride() < 1)
+    return emitOpError("expected row parts and stride >= 1");
+  return success();
+}
+
+LogicalResult AllToAllOp::verify() {
+  if (failed(verifyAxis(*this, getAxis())))
+    return failure();
+  if (getCounts().getType().getDimSize(0) != getBuffer().getType().getDimSize(0))
+    return emitOpError("expected one count per expert");
+  return success();
+}
+
+void ExpertFFNOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "expert_out");
+}
+
+LogicalResult ExpertFFNOp::verify() {
+  ArrayRef<int64_t> gate = getGateWeights().getType().getShape();
+  ArrayRef<int64_t> up = getUpWeights().getType().getShape();
+  ArrayRef<int64_t> down = getDownWeights().getType().getShape();
+  if (gate[0] != up[0] || gate[0] != down[0])
+    return emitOpError("expected the same number of experts in every stack");
+  int64_t experts = getBuffer().getType().getDimSize(0);
+  if (known(experts) && experts % gate[0])
+    return emitOpError("expected the buffer's experts (")
+           << experts << ") to be a multiple of the local experts (" << gate[0]
+           << ")";
+  if (getCounts().getType().getDimSize(0) != experts)
+    return emitOpError("expected one count per expert");
+  return verifyMLPShapes(*this, getBuffer().getType().getDimSize(2),
+                         gate.drop_front(), up.drop_front(), down.drop_front());
+}
+
+void CombineOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "moe");
+}
+
+LogicalResult CombineOp::verify() {
+  if (getSlots().getType().getShape() != getWeights().getType().getShape())
+    return emitOpError("expected slots and weights of the same shape");
+  if (mismatch(dim(getResult(), 1), getOutputs().getType().getDimSize(2)))
+    return emitOpError("expected a result as wide as the expert outputs");
+  if (mismatch(dim(getResult(), 0), dim(getSlots(), 0)))
+    return emitOpError("expected one row per token");
+  return success();
+}
+
 #define GET_OP_CLASSES
 #include "moe/Dialect/MoE/IR/MoEOps.cpp.inc"

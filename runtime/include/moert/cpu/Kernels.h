@@ -148,4 +148,48 @@ void experts(const float *x, int64_t tokens, int64_t hidden, const float *weight
 /// Index of the largest value (lowest index on ties).
 int64_t argmax(const float *x, int64_t n);
 
+//===----------------------------------------------------------------------===//
+// Capacity-limited dispatch (docs/partitioned-execution.md): dispatch,
+// expert_ffn and combine of partitioned programs. Buffers are [E, C, H]:
+// expert e's rows start at row e * C.
+//===----------------------------------------------------------------------===//
+
+/// moe.dispatch's attributes.
+struct DispatchParams {
+  int64_t numExperts = 0, capacity = 0, topK = 0; ///< E, static C, k
+  double capacityFactor = 0;                      ///< 0: dropless
+  /// This rank dispatches rows [T*p/P, T*(p+1)/P) of part p = tp / stride.
+  int64_t rowParts = 1, rowPartStride = 1;
+};
+
+/// The capacity of a step of T tokens: min(T, ceil(cf * T * k / E)) (the
+/// ceiling of the double product), T when cf == 0 (dropless); at most C.
+int64_t stepCapacity(double cf, int64_t T, int64_t k, int64_t E, int64_t C);
+
+/// x [T, H], experts [T, k] -> buf [E, C, H], counts [E], slots [T, k].
+/// Keeps assignment (t, j) to e when fewer than stepCapacity(T) assignments
+/// to e came before it in (t, j) order, over all T rows; rows of part `part`
+/// (of params.rowParts) copy their kept assignments to buf[e, counts[e]++]
+/// and get slots[t, j] = e * C + n; every other slot is -1. Rows of buf past
+/// counts[e] are left as they were. RuntimeError for an expert id outside
+/// [0, E).
+void dispatch(const float *x, int64_t T, int64_t H, const int32_t *experts, int64_t k,
+              const DispatchParams &params, int64_t part, float *buf, int32_t *counts,
+              int32_t *slots);
+
+/// moe.expert_ffn: buf read as [sources, El, C, H]; for each (q, l) the
+/// first counts[q*El + l] rows go through expert l's gated MLP (gate/up/down:
+/// El matrices) into the same rows of y [sources * El, C, H]. The math is
+/// cpu::mlp's, as in cpu::experts. RuntimeError for a count outside [0, C].
+void expertFfn(const float *buf, const int32_t *counts, int64_t sources, int64_t El, int64_t C,
+               int64_t H, const std::vector<Matrix> &gate, const std::vector<Matrix> &up,
+               const std::vector<Matrix> &down, Activation act, float *y);
+
+/// moe.combine: out[t] = sum over j (in order) with slots[t, j] >= 0 of
+/// weights[t, j] * y[slots[t, j]] (a row of y [E * C, H]: dispatch's slots
+/// e * C + n are rows, so C is not needed); rows with no kept assignment are
+/// 0. The caller checks the slots against y's E * C rows.
+void combine(const float *y, int64_t H, const int32_t *slots, const float *weights, int64_t T,
+             int64_t k, float *out);
+
 } // namespace moert::cpu

@@ -356,4 +356,190 @@ def MoE_ExpertsOp : MoE_NamedResultOp<"experts", [AllTypesMatch<["input", "resul
   let hasVerifier = 1;
 }
 
+//===----------------------------------------------------------------------===//
+// Partitioned programs: capacity-limited dispatch and collectives
+//
+// `moe-partition` rewrites a sharded module into one program per pipeline
+// stage with rank-local shapes and these ops (docs/partitioned-execution.md
+// has the complete semantics). A collective names a device mesh (@mesh or
+// @experts, from moe-plan-sharding) and one of its axes; its group is the
+// ranks that agree with the caller on every other axis. Collectives and
+// point-to-point ops have side effects: they are never CSE'd, hoisted or
+// removed.
+//===----------------------------------------------------------------------===//
+
+class MoE_CollectiveOp<string mnemonic, list<Trait> traits = []>
+    : MoE_Op<mnemonic, traits>;
+
+def MoE_AllReduceOp : MoE_CollectiveOp<"all_reduce",
+    [AllTypesMatch<["input", "result"]>]> {
+  let summary = "elementwise sum over a mesh axis group";
+  let description = [{
+    Every member of the group contributes `input`; each gets the elementwise
+    sum. Inserted after row-parallel layers (partial sums) and the
+    vocabulary-sharded embedding.
+
+    ```mlir
+    %r = moe.all_reduce %o_proj over @mesh[2] : tensor<?x4096xf32>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$input, FlatSymbolRefAttr:$mesh,
+                       I64Attr:$axis);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = "$input `over` $mesh `[` $axis `]` attr-dict `:` type($input)";
+  let hasVerifier = 1;
+}
+
+def MoE_AllGatherOp : MoE_CollectiveOp<"all_gather"> {
+  let summary = "concatenate the members' columns, in group order";
+  let description = [{
+    `result[:, q*w:(q+1)*w] = input of member q` for an input [T, w]: the
+    result is n times as wide (n: the group's size). Joins the
+    vocabulary-parallel LM head's logits.
+
+    ```mlir
+    %all = moe.all_gather %logits over @mesh[2] : tensor<?x16032xf32> -> tensor<?x128256xf32>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$input, FlatSymbolRefAttr:$mesh,
+                       I64Attr:$axis);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $input `over` $mesh `[` $axis `]` attr-dict `:` type($input) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_SendOp : MoE_Op<"send"> {
+  let summary = "send activations to the next pipeline stage";
+  let description = [{
+    Sends `input` to the rank of stage `stage` with the same dp and tp
+    coordinates; that rank's program has the matching `moe.recv` (sends and
+    receives between two stages are in the same order).
+
+    ```mlir
+    moe.send %residual to 1 : tensor<?x4096xf32>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$input, I64Attr:$stage);
+  let assemblyFormat = "$input `to` $stage attr-dict `:` type($input)";
+}
+
+def MoE_RecvOp : MoE_Op<"recv"> {
+  let summary = "receive activations from the previous pipeline stage";
+  let description = [{
+    ```mlir
+    %residual = moe.recv from 0 : tensor<?x4096xf32>
+    ```
+  }];
+  let arguments = (ins I64Attr:$stage);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = "`from` $stage attr-dict `:` type($result)";
+}
+
+def MoE_DispatchOp : MoE_Op<"dispatch", [Pure,
+    DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
+  let summary = "capacity-limited dispatch of tokens into per-expert slots";
+  let description = [{
+    Copies each kept (token, choice) assignment's row of `input` into the
+    slots of its expert: `buffer` [E, C, H] holds expert e's rows at
+    `buffer[e, 0..counts[e])`, `slots` [T, k] says where each assignment went
+    (`e * C + n`) or -1 when it was dropped or belongs to another rank's row
+    part. The step's capacity is `c(T) = min(T, ceil(capacity_factor * T *
+    k / E))` (`capacity_factor` 0: dropless, `c(T) = T`), and the static
+    `capacity` C is c(max_batch_tokens). Drop policy: assignments in (t, j)
+    order; one is kept when fewer than c(T) assignments to its expert came
+    before it, counting all T rows. The rank dispatches only rows
+    `[T*p/P, T*(p+1)/P)` of its part `p = tp / row_part_stride` (P =
+    `row_parts`), so that the ranks of a TP group share the work.
+
+    ```mlir
+    %buf, %counts, %slots = moe.dispatch %n, %experts capacity = 640 factor = 1.25 parts = 1 stride = 1 : tensor<?x4096xf32>, tensor<?x2xi32> -> tensor<8x640x4096xf32>, tensor<8xi32>, tensor<?x2xi32>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$input, 2DTensorOf<[I32]>:$experts,
+                       I64Attr:$capacity, F64Attr:$capacity_factor,
+                       I64Attr:$row_parts, I64Attr:$row_part_stride);
+  let results = (outs 3DTensorOf<[AnyFloat]>:$buffer, 1DTensorOf<[I32]>:$counts,
+                      2DTensorOf<[I32]>:$slots);
+  let assemblyFormat = [{
+    $input `,` $experts `capacity` `=` $capacity `factor` `=` $capacity_factor
+    `parts` `=` $row_parts `stride` `=` $row_part_stride attr-dict `:`
+    type($input) `,` type($experts) `->` type($buffer) `,` type($counts) `,` type($slots)
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    int64_t getNumExperts() { return getBuffer().getType().getDimSize(0); }
+  }];
+}
+
+def MoE_AllToAllOp : MoE_CollectiveOp<"all_to_all",
+    [AllTypesMatch<["buffer", "result"]>, AllTypesMatch<["counts", "result_counts"]>]> {
+  let summary = "exchange per-expert slots between the ranks of an EP group";
+  let description = [{
+    With n members and E = n * El experts, chunk q of `buffer` and `counts`
+    (experts [q*El, (q+1)*El)) goes to member q; chunk q of the results is
+    what member q sent. Only each expert's first `counts[e]` rows move. The
+    same op brings expert outputs back (with the received counts).
+
+    ```mlir
+    %rbuf, %rcounts = moe.all_to_all %buf, %counts over @experts[2] : tensor<8x640x4096xf32>, tensor<8xi32>
+    ```
+  }];
+  let arguments = (ins 3DTensorOf<[AnyFloat]>:$buffer, 1DTensorOf<[I32]>:$counts,
+                       FlatSymbolRefAttr:$mesh, I64Attr:$axis);
+  let results = (outs 3DTensorOf<[AnyFloat]>:$result, 1DTensorOf<[I32]>:$result_counts);
+  let assemblyFormat = [{
+    $buffer `,` $counts `over` $mesh `[` $axis `]` attr-dict `:` type($buffer) `,` type($counts)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_ExpertFFNOp : MoE_NamedResultOp<"expert_ffn",
+    [AllTypesMatch<["buffer", "result"]>]> {
+  let summary = "the local experts' MLPs over their slots";
+  let description = [{
+    `buffer` [E, C, H] read as [n, El, C, H] (n = E / El sources, El the
+    stacks' experts): `result[q, l, r] = mlp_l(buffer[q, l, r])` for `r <
+    counts[q*El + l]` (rows past the count are left undefined). With expert
+    tensor parallelism the stacks are this rank's slices of every expert and
+    the result is a partial sum.
+
+    ```mlir
+    %y = moe.expert_ffn silu %rbuf, %rcounts, %w1, %w3, %w2 : tensor<8x640x4096xf32>, tensor<8xi32>, tensor<4x14336x4096xbf16>, tensor<4x14336x4096xbf16>, tensor<4x4096x14336xbf16>
+    ```
+  }];
+  let arguments = (ins 3DTensorOf<[AnyFloat]>:$buffer, 1DTensorOf<[I32]>:$counts,
+                       MoE_ExpertStack:$gate_weights, MoE_ExpertStack:$up_weights,
+                       MoE_ExpertStack:$down_weights, MoE_Activation:$activation);
+  let results = (outs 3DTensorOf<[AnyFloat]>:$result);
+  let assemblyFormat = [{
+    $activation $buffer `,` $counts `,` $gate_weights `,` $up_weights `,` $down_weights
+    attr-dict `:` type($buffer) `,` type($counts) `,` type($gate_weights) `,`
+    type($up_weights) `,` type($down_weights)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_CombineOp : MoE_NamedResultOp<"combine"> {
+  let summary = "weighted sum of each token's expert outputs, back in token order";
+  let description = [{
+    `result[t] = sum_j weights[t, j] * outputs[slots[t, j]]` over the j with
+    `slots[t, j] >= 0`, j in order (f32); rows without a kept assignment are
+    0 (a token whose choices were all dropped passes through the residual).
+
+    ```mlir
+    %moe = moe.combine %back, %slots, %routing_weights : tensor<8x640x4096xf32>, tensor<?x2xi32>, tensor<?x2xf32> -> tensor<?x4096xf32>
+    ```
+  }];
+  let arguments = (ins 3DTensorOf<[AnyFloat]>:$outputs, 2DTensorOf<[I32]>:$slots,
+                       MoE_Activations:$weights);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $outputs `,` $slots `,` $weights attr-dict `:` type($outputs) `,` type($slots) `,`
+    type($weights) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
 #endif // MOE_DIALECT_MOE_IR_MOEOPS_TD

@@ -1,0 +1,633 @@
+//===- Partition.cpp - one program per pipeline stage ------------*- C++ -*-===//
+//
+// Rewrites the sharded @forward (moe-plan-sharding's annotations) into
+// @stage0 .. @stage<pp-1>: each keeps its stage's ops with rank-local shapes
+// and gets the collectives its sharding needs (docs/partitioned-execution.md).
+//
+// Every value of the rewritten program carries a distribution:
+//   Replicated  the same on every rank of the TP group;
+//   Local       split along its last dimension over TP (column-parallel
+//               outputs, attention heads);
+//   Partial     a partial sum over the TP group (row-parallel outputs, the
+//               vocabulary-sharded embedding, routed experts under TP).
+// A use that needs a replicated value gets an all_reduce, inserted at the
+// first such use and shared by later ones: a shared expert's and the routed
+// experts' partial sums meet in one add and take one all_reduce.
+//
+//===----------------------------------------------------------------------===//
+#include "moe/Dialect/MoE/IR/MoEOps.h"
+#include "moe/Transforms/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Mesh/IR/MeshOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/STLExtras.h"
+
+#include <cmath>
+#include <optional>
+
+namespace moe {
+#define GEN_PASS_DEF_MOEPARTITION
+#include "moe/Transforms/Passes.h.inc"
+} // namespace moe
+
+using namespace mlir;
+
+namespace moe {
+int64_t dispatchCapacity(double factor, int64_t tokens, int64_t k, int64_t experts) {
+  if (factor <= 0)
+    return tokens;
+  double c = std::ceil(factor * double(tokens) * double(k) / double(experts));
+  return std::min<int64_t>(tokens, static_cast<int64_t>(c));
+}
+} // namespace moe
+
+namespace {
+
+constexpr int64_t kTpAxis = 2;  // @mesh: pp x dp x tp
+constexpr int64_t kEpAxis = 2;  // @experts: pp x edp x ep x etp
+constexpr int64_t kEtpAxis = 3;
+
+enum class Dist { Replicated, Local, Partial };
+
+struct Degrees {
+  int64_t dp = 1, pp = 1, tp = 1, ep = 1, etp = 1;
+};
+
+/// The layer a weight belongs to (model.layers.N.*), if any.
+std::optional<int64_t> layerOf(StringRef name) {
+  if (!name.consume_front("model.layers."))
+    return std::nullopt;
+  int64_t layer;
+  if (name.consumeInteger(10, layer))
+    return std::nullopt;
+  return layer;
+}
+
+/// The weight op (moe.weight / moe.expert_weight) behind a value, through its
+/// mesh.shard annotation.
+Operation *weightOpOf(Value v, mesh::ShardOp *shard = nullptr) {
+  Operation *def = v.getDefiningOp();
+  if (auto s = dyn_cast_or_null<mesh::ShardOp>(def)) {
+    if (shard)
+      *shard = s;
+    def = s.getSrc().getDefiningOp();
+  }
+  if (isa_and_nonnull<moe::WeightOp, moe::ExpertWeightOp>(def))
+    return def;
+  return nullptr;
+}
+
+StringRef weightName(Operation *op) {
+  if (auto w = dyn_cast<moe::WeightOp>(op))
+    return w.getName();
+  return cast<moe::ExpertWeightOp>(op).getName();
+}
+
+RankedTensorType withDim(RankedTensorType t, unsigned dim, int64_t size) {
+  SmallVector<int64_t> shape(t.getShape());
+  shape[dim] = size;
+  return RankedTensorType::get(shape, t.getElementType());
+}
+
+class Partitioner {
+public:
+  Partitioner(ModuleOp module, func::FuncOp forward, double capacityFactor)
+      : module(module), forward(forward), capacityFactor(capacityFactor),
+        b(module.getContext()) {}
+
+  LogicalResult run();
+
+private:
+  struct Mapped {
+    Value value;
+    Dist dist = Dist::Replicated;
+    Value replicated; // the all_reduce of a Partial value, once made
+  };
+
+  LogicalResult readSharding();
+  LogicalResult assignStages(SmallVectorImpl<int64_t> &stageOfOp);
+  LogicalResult buildStage(int64_t stage, ArrayRef<int64_t> stageOfOp,
+                           ArrayRef<Value> incoming, ArrayRef<Value> outgoing);
+  LogicalResult rewrite(Operation &op);
+  LogicalResult lowerExperts(moe::ExpertsOp op);
+
+  /// The rank-local weight for `v` (a weight or its annotation), cloned into
+  /// the stage's function once.
+  FailureOr<Value> weight(Value v, Operation *user);
+  Mapped &get(Value old) { return values[old]; }
+  /// The replicated form of an old value: inserts an all_reduce for a
+  /// partial sum (once).
+  FailureOr<Value> replicated(Value old, Operation *user);
+  Value allReduce(Value v) {
+    return b.create<moe::AllReduceOp>(v.getLoc(), v, meshRef,
+                                      b.getI64IntegerAttr(kTpAxis));
+  }
+  void set(Value old, Value now, Dist dist) { values[old] = Mapped{now, dist, {}}; }
+
+  ModuleOp module;
+  func::FuncOp forward;
+  double capacityFactor;
+  OpBuilder b;
+  Degrees d;
+  int64_t vocab = 0, paddedVocab = 0, maxTokens = 0;
+  SmallVector<int64_t> stageBegin;
+  FlatSymbolRefAttr meshRef, expertsRef;
+  // Per stage function being built.
+  DenseMap<Value, Mapped> values;
+  DenseMap<Operation *, Value> weights;
+  Block *entry = nullptr;
+};
+
+LogicalResult Partitioner::readSharding() {
+  auto sharding = module->getAttrOfType<DictionaryAttr>("moe.sharding");
+  auto workload = module->getAttrOfType<DictionaryAttr>("moe.workload");
+  auto vocabAttr = module->getAttrOfType<IntegerAttr>("moe.vocab_size");
+  if (!sharding || !workload || !vocabAttr)
+    return module.emitError("expected moe.sharding (moe-plan-sharding), "
+                            "moe.workload (moe-specialize-workload) and "
+                            "moe.vocab_size before partitioning");
+  auto get = [&](DictionaryAttr dict, StringRef key) {
+    auto a = dict.getAs<IntegerAttr>(key);
+    return a ? a.getInt() : int64_t(1);
+  };
+  d = {get(sharding, "dp"), get(sharding, "pp"), get(sharding, "tp"),
+       get(sharding, "ep"), get(sharding, "etp")};
+  paddedVocab = get(sharding, "vocab_padded");
+  vocab = vocabAttr.getInt();
+  maxTokens = get(workload, "max_batch_tokens");
+  auto stages = sharding.getAs<DenseI64ArrayAttr>("stage_begin");
+  if (!stages || int64_t(stages.size()) != d.pp)
+    return module.emitError("expected moe.sharding.stage_begin with ")
+           << d.pp << " entries";
+  stageBegin.assign(stages.asArrayRef().begin(), stages.asArrayRef().end());
+  if (d.tp % d.etp)
+    return module.emitError("etp (")
+           << d.etp << ") must divide tp (" << d.tp
+           << ") for partitioned execution: expert tensor parallelism across "
+              "data-parallel replicas is not supported yet";
+  meshRef = FlatSymbolRefAttr::get(module.getContext(), "mesh");
+  expertsRef = FlatSymbolRefAttr::get(module.getContext(), "experts");
+  return success();
+}
+
+/// Stage of every op of @forward, in order: the layer of the layer weights
+/// it uses; the embedding (before any layer) goes first, the final norm and
+/// LM head last; ops without weights stay with the layer before them.
+LogicalResult Partitioner::assignStages(SmallVectorImpl<int64_t> &stageOfOp) {
+  auto stageOfLayer = [&](int64_t layer) {
+    return int64_t(llvm::upper_bound(stageBegin, layer) - stageBegin.begin()) - 1;
+  };
+  int64_t current = 0, last = 0;
+  bool seenLayer = false;
+  for (Operation &op : forward.getBody().front()) {
+    int64_t stage = current;
+    if (!isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp>(op)) {
+      bool usesWeight = false;
+      std::optional<int64_t> layer;
+      for (Value operand : op.getOperands())
+        if (Operation *w = weightOpOf(operand)) {
+          usesWeight = true;
+          if (auto l = layerOf(weightName(w)))
+            layer = layer ? std::max(*layer, *l) : *l;
+        }
+      if (layer) {
+        seenLayer = true;
+        stage = stageOfLayer(*layer);
+      } else if (usesWeight) {
+        stage = seenLayer ? d.pp - 1 : 0;
+      } else if (isa<func::ReturnOp>(op)) {
+        stage = d.pp - 1;
+      }
+      if (stage < last)
+        return op.emitOpError("belongs to pipeline stage ")
+               << stage << " but follows an op of stage " << last
+               << ": the program does not cut into contiguous stages";
+      last = current = stage;
+    }
+    stageOfOp.push_back(stage);
+  }
+  return success();
+}
+
+FailureOr<Value> Partitioner::weight(Value v, Operation *user) {
+  mesh::ShardOp shard;
+  Operation *w = weightOpOf(v, &shard);
+  if (!w)
+    return user->emitOpError("expected a weight operand"), failure();
+  if (auto it = weights.find(w); it != weights.end())
+    return it->second;
+  auto type = cast<RankedTensorType>(w->getResult(0).getType());
+  if (shard) {
+    auto sharding = shard.getShard();
+    bool experts = sharding.getMesh().getValue() == "experts";
+    for (auto [dim, axes] : llvm::enumerate(sharding.getSplitAxes())) {
+      for (mesh::MeshAxis axis : axes.asArrayRef()) {
+        int64_t parts = experts ? (axis == kEpAxis ? d.ep : d.etp) : d.tp;
+        if (!experts && axis != kTpAxis)
+          continue;
+        int64_t size = type.getDimSize(dim);
+        if (!experts && dim == 0 && size == vocab && parts > 1) {
+          // The vocabulary: padded rows per rank (the runtime zero-fills
+          // rows past the checkpoint's).
+          type = withDim(type, dim, paddedVocab / parts);
+          continue;
+        }
+        if (size % parts)
+          return user->emitOpError("weight '")
+                     << weightName(w) << "' dimension " << dim << " (" << size
+                     << ") does not split into " << parts << " parts",
+                 failure();
+        type = withDim(type, dim, size / parts);
+      }
+    }
+  }
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(entry);
+  // After the other weights, in first-use order.
+  while (b.getInsertionPoint() != entry->end() &&
+         isa<moe::WeightOp, moe::ExpertWeightOp>(*b.getInsertionPoint()))
+    b.setInsertionPointAfter(&*b.getInsertionPoint());
+  Operation *copy = b.clone(*w);
+  copy->getResult(0).setType(type);
+  weights[w] = copy->getResult(0);
+  return copy->getResult(0);
+}
+
+FailureOr<Value> Partitioner::replicated(Value old, Operation *user) {
+  auto it = values.find(old);
+  if (it == values.end())
+    return user->emitOpError("operand is not available on this stage"), failure();
+  Mapped &m = it->second;
+  switch (m.dist) {
+  case Dist::Replicated:
+    return m.value;
+  case Dist::Partial:
+    if (!m.replicated)
+      m.replicated = allReduce(m.value);
+    return m.replicated;
+  case Dist::Local:
+    return user->emitOpError("needs a whole (replicated) operand but it is "
+                             "split over tensor parallelism; not supported "
+                             "yet"),
+           failure();
+  }
+  return failure();
+}
+
+LogicalResult Partitioner::lowerExperts(moe::ExpertsOp op) {
+  FailureOr<Value> input = replicated(op.getInput(), op);
+  FailureOr<Value> routing = replicated(op.getWeights(), op);
+  FailureOr<Value> chosen = replicated(op.getExperts(), op);
+  FailureOr<Value> gate = weight(op.getGateWeights(), op);
+  FailureOr<Value> up = weight(op.getUpWeights(), op);
+  FailureOr<Value> down = weight(op.getDownWeights(), op);
+  if (failed(input) || failed(routing) || failed(chosen) || failed(gate) ||
+      failed(up) || failed(down))
+    return failure();
+  int64_t numExperts = op.getGateWeights().getType().getDimSize(0);
+  int64_t k = op.getExperts().getType().getDimSize(1);
+  auto inputType = cast<RankedTensorType>(input->getType());
+  int64_t hidden = inputType.getDimSize(1);
+  int64_t capacity = moe::dispatchCapacity(capacityFactor, maxTokens, k, numExperts);
+  Location loc = op.getLoc();
+  auto bufferType = RankedTensorType::get({numExperts, capacity, hidden},
+                                          inputType.getElementType());
+  auto countsType = RankedTensorType::get({numExperts}, b.getI32Type());
+  auto dispatch = b.create<moe::DispatchOp>(
+      loc, bufferType, countsType, op.getExperts().getType(), *input, *chosen,
+      b.getI64IntegerAttr(capacity), b.getF64FloatAttr(capacityFactor),
+      b.getI64IntegerAttr(d.tp / d.etp), b.getI64IntegerAttr(d.etp));
+  Value buffer = dispatch.getBuffer(), counts = dispatch.getCounts();
+  if (d.ep > 1) {
+    auto there = b.create<moe::AllToAllOp>(loc, bufferType, countsType, buffer,
+                                           counts, expertsRef,
+                                           b.getI64IntegerAttr(kEpAxis));
+    buffer = there.getResult();
+    counts = there.getResultCounts();
+  }
+  Value out = b.create<moe::ExpertFFNOp>(loc, bufferType, buffer, counts, *gate,
+                                         *up, *down, op.getActivationAttr());
+  if (d.ep > 1)
+    out = b.create<moe::AllToAllOp>(loc, bufferType, countsType, out, counts,
+                                    expertsRef, b.getI64IntegerAttr(kEpAxis))
+              .getResult();
+  Value combined = b.create<moe::CombineOp>(loc, inputType, out,
+                                            dispatch.getSlots(), *routing);
+  // Under TP the ranks of a group dispatched different rows (and hold ETP
+  // slices): the group's sum is the whole result.
+  set(op.getResult(), combined, d.tp > 1 ? Dist::Partial : Dist::Replicated);
+  return success();
+}
+
+LogicalResult Partitioner::rewrite(Operation &op) {
+  Location loc = op.getLoc();
+  auto fail = [&](const Twine &message) {
+    return op.emitOpError(message), failure();
+  };
+  auto dist = [&](Value old) { return get(old).dist; };
+
+  if (auto ret = dyn_cast<func::ReturnOp>(op)) {
+    SmallVector<Value> results;
+    for (Value v : ret.getOperands()) {
+      FailureOr<Value> r = replicated(v, &op);
+      if (failed(r))
+        return failure();
+      results.push_back(*r);
+    }
+    b.create<func::ReturnOp>(loc, results);
+    return success();
+  }
+  if (auto experts = dyn_cast<moe::ExpertsOp>(op)) {
+    if (d.ep > 1 || d.tp > 1 || capacityFactor > 0)
+      return lowerExperts(experts);
+  }
+
+  // Generic: clone with mapped operands, then fix types and attributes.
+  IRMapping mapping;
+  for (Value operand : op.getOperands()) {
+    if (weightOpOf(operand)) {
+      FailureOr<Value> w = weight(operand, &op);
+      if (failed(w))
+        return failure();
+      mapping.map(operand, *w);
+      continue;
+    }
+    if (!values.count(operand))
+      return fail("operand is not available on this stage");
+  }
+  auto mapReplicated = [&]() -> LogicalResult {
+    for (Value operand : op.getOperands()) {
+      if (weightOpOf(operand))
+        continue;
+      FailureOr<Value> r = replicated(operand, &op);
+      if (failed(r))
+        return failure();
+      mapping.map(operand, *r);
+    }
+    return success();
+  };
+  auto mapAsIs = [&]() {
+    for (Value operand : op.getOperands())
+      if (!weightOpOf(operand))
+        mapping.map(operand, get(operand).value);
+  };
+  auto cloneAs = [&](Dist resultDist) {
+    Operation *copy = b.clone(op, mapping);
+    for (auto [old, now] : llvm::zip(op.getResults(), copy->getResults()))
+      set(old, now, resultDist);
+    return copy;
+  };
+  auto localWidth = [&](Value v) {
+    return cast<RankedTensorType>(mapping.lookup(v).getType()).getDimSize(1);
+  };
+
+  if (auto embedding = dyn_cast<moe::EmbeddingOp>(op)) {
+    mapAsIs();
+    Operation *copy = cloneAs(Dist::Replicated);
+    auto table = cast<RankedTensorType>(mapping.lookup(embedding.getTable()).getType());
+    if (d.tp > 1 && table.getDimSize(0) != vocab) {
+      copy->setAttr("moe.vocab_shard", b.getUnitAttr());
+      set(embedding.getResult(), copy->getResult(0), Dist::Partial);
+    }
+    return success();
+  }
+  if (auto linear = dyn_cast<moe::LinearOp>(op)) {
+    auto w = cast<RankedTensorType>(mapping.lookup(linear.getWeight()).getType());
+    int64_t outGlobal = linear.getWeight().getType().getDimSize(0);
+    int64_t inGlobal = linear.getWeight().getType().getDimSize(1);
+    if (w.getDimSize(1) != inGlobal) {
+      // Row-parallel: a local input, a partial output.
+      if (dist(linear.getInput()) != Dist::Local)
+        return fail("row-parallel weight needs a tensor-parallel split input");
+      if (linear.getBias())
+        return fail("a bias on a row-parallel layer is not supported yet");
+      mapAsIs();
+      cloneAs(Dist::Partial);
+      return success();
+    }
+    if (failed(mapReplicated()))
+      return failure();
+    Operation *copy = cloneAs(Dist::Replicated);
+    if (w.getDimSize(0) == outGlobal)
+      return success();
+    copy->getResult(0).setType(withDim(
+        cast<RankedTensorType>(copy->getResult(0).getType()), 1, w.getDimSize(0)));
+    if (outGlobal != vocab || d.tp == 1) {
+      set(linear.getResult(), copy->getResult(0), Dist::Local);
+      return success();
+    }
+    // The LM head: join the vocabulary parts, drop the padding.
+    auto type = cast<RankedTensorType>(linear.getResult().getType());
+    Value all = b.create<moe::AllGatherOp>(
+        loc, withDim(type, 1, w.getDimSize(0) * d.tp), copy->getResult(0),
+        meshRef, b.getI64IntegerAttr(kTpAxis));
+    if (w.getDimSize(0) * d.tp != vocab) {
+      auto split = b.create<moe::SplitOp>(
+          loc, TypeRange{type, withDim(type, 1, w.getDimSize(0) * d.tp - vocab)},
+          all);
+      all = split.getResult(0);
+    }
+    set(linear.getResult(), all, Dist::Replicated);
+    return success();
+  }
+  if (isa<moe::RMSNormOp, moe::LayerNormOp>(op)) {
+    Value input = op.getOperand(0);
+    if (dist(input) == Dist::Local) {
+      int64_t group = cast<RankedTensorType>(op.getOperand(1).getType()).getNumElements();
+      int64_t global = cast<RankedTensorType>(input.getType()).getDimSize(1);
+      if (isa<moe::LayerNormOp>(op) || group == global)
+        return fail("normalises a whole row that tensor parallelism splits; "
+                    "not supported yet");
+      mapAsIs();
+      if (localWidth(input) % group)
+        return fail("norm groups do not divide the tensor-parallel width");
+      Operation *copy = cloneAs(Dist::Local);
+      copy->getResult(0).setType(cast<RankedTensorType>(mapping.lookup(input).getType()));
+      return success();
+    }
+    if (failed(mapReplicated()))
+      return failure();
+    cloneAs(Dist::Replicated);
+    return success();
+  }
+  if (auto rope = dyn_cast<moe::RopeOp>(op)) {
+    mapAsIs();
+    Dist dd = dist(rope.getInput());
+    if (dd == Dist::Partial)
+      return fail("rotates a partial sum");
+    Operation *copy = cloneAs(dd);
+    copy->getResult(0).setType(mapping.lookup(rope.getInput()).getType());
+    return success();
+  }
+  if (auto attention = dyn_cast<moe::AttentionOp>(op)) {
+    if (d.tp > 1) {
+      if (attention.getNumHeads() % d.tp || attention.getNumKvHeads() % d.tp)
+        return fail("heads and KV heads must split over tp");
+      for (Value v : {attention.getQuery(), attention.getKey(), attention.getValue()})
+        if (dist(v) != Dist::Local)
+          return fail("expected head-split query, key and value under TP");
+    }
+    mapAsIs();
+    Operation *copy = cloneAs(d.tp > 1 ? Dist::Local : Dist::Replicated);
+    auto a = cast<moe::AttentionOp>(copy);
+    a.setNumHeads(attention.getNumHeads() / d.tp);
+    a.setNumKvHeads(attention.getNumKvHeads() / d.tp);
+    a.getResult().setType(withDim(attention.getResult().getType(), 1,
+                                  attention.getResult().getType().getDimSize(1) / d.tp));
+    return success();
+  }
+  if (auto mla = dyn_cast<moe::MLAttentionOp>(op)) {
+    if (d.tp > 1) {
+      if (mla.getNumHeads() % d.tp)
+        return fail("heads must split over tp");
+      if (dist(mla.getQuery()) != Dist::Local || dist(mla.getKv()) != Dist::Local ||
+          dist(mla.getKeyRope()) != Dist::Replicated)
+        return fail("expected head-split query and kv and a whole key_rope under TP");
+    }
+    mapAsIs();
+    Operation *copy = cloneAs(d.tp > 1 ? Dist::Local : Dist::Replicated);
+    auto a = cast<moe::MLAttentionOp>(copy);
+    a.setNumHeads(mla.getNumHeads() / d.tp);
+    int64_t width = mla.getResult().getType().getDimSize(1);
+    a.getResult().setType(withDim(mla.getResult().getType(), 1, width / d.tp));
+    return success();
+  }
+  if (isa<moe::AddOp>(op)) {
+    Dist l = dist(op.getOperand(0)), r = dist(op.getOperand(1));
+    if (l == r) {
+      mapAsIs();
+      Operation *copy = cloneAs(l);
+      copy->getResult(0).setType(mapping.lookup(op.getOperand(0)).getType());
+      return success();
+    }
+    if (failed(mapReplicated()))
+      return failure();
+    cloneAs(Dist::Replicated);
+    return success();
+  }
+  if (auto gate = dyn_cast<moe::SigmoidGateOp>(op)) {
+    // x * sigmoid(g): linear in x, so a partial x stays partial.
+    FailureOr<Value> g = replicated(gate.getGate(), &op);
+    if (failed(g))
+      return failure();
+    mapping.map(gate.getGate(), *g);
+    Dist dx = dist(gate.getInput());
+    if (dx == Dist::Local)
+      return fail("gates a tensor-parallel split value");
+    mapping.map(gate.getInput(), get(gate.getInput()).value);
+    cloneAs(dx);
+    return success();
+  }
+  if (isa<moe::MLPOp>(op)) {
+    if (failed(mapReplicated()))
+      return failure();
+    cloneAs(d.tp > 1 ? Dist::Partial : Dist::Replicated);
+    return success();
+  }
+  if (isa<moe::SplitOp, moe::RouterOp, moe::ExpertsOp>(op)) {
+    if (failed(mapReplicated()))
+      return failure();
+    cloneAs(Dist::Replicated);
+    return success();
+  }
+  return fail("cannot be partitioned (no rule for this op)");
+}
+
+LogicalResult Partitioner::buildStage(int64_t stage, ArrayRef<int64_t> stageOfOp,
+                                      ArrayRef<Value> incoming,
+                                      ArrayRef<Value> outgoing) {
+  values.clear();
+  weights.clear();
+  bool last = stage == d.pp - 1;
+  FunctionType type = forward.getFunctionType();
+  auto fnType = b.getFunctionType(type.getInputs(),
+                                  last ? type.getResults() : TypeRange{});
+  b.setInsertionPoint(forward);
+  auto fn = b.create<func::FuncOp>(forward.getLoc(),
+                                   ("stage" + Twine(stage)).str(), fnType);
+  fn.setAllArgAttrs(forward.getAllArgAttrs());
+  fn->setAttr("moe.stage", b.getI64IntegerAttr(stage));
+  entry = fn.addEntryBlock();
+  b.setInsertionPointToEnd(entry);
+  Block &body = forward.getBody().front();
+  for (auto [old, now] : llvm::zip(body.getArguments(), entry->getArguments()))
+    set(old, now, Dist::Replicated);
+  for (Value v : incoming) {
+    Value r = b.create<moe::RecvOp>(v.getLoc(), v.getType(),
+                                    b.getI64IntegerAttr(stage - 1));
+    set(v, r, Dist::Replicated);
+  }
+  int64_t i = 0;
+  for (Operation &op : body) {
+    int64_t s = stageOfOp[i++];
+    if (s != stage || isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp>(op))
+      continue;
+    if (failed(rewrite(op)))
+      return failure();
+  }
+  for (Value v : outgoing) {
+    FailureOr<Value> r = replicated(v, forward);
+    if (failed(r))
+      return failure();
+    b.create<moe::SendOp>(v.getLoc(), *r, b.getI64IntegerAttr(stage + 1));
+  }
+  if (!last)
+    b.create<func::ReturnOp>(forward.getLoc());
+  return success();
+}
+
+LogicalResult Partitioner::run() {
+  if (failed(readSharding()))
+    return failure();
+  SmallVector<int64_t> stageOfOp;
+  if (failed(assignStages(stageOfOp)))
+    return failure();
+  // Values live across each cut, in definition order.
+  Block &body = forward.getBody().front();
+  DenseMap<Operation *, int64_t> stageOf;
+  int64_t i = 0;
+  for (Operation &op : body)
+    stageOf[&op] = stageOfOp[i++];
+  std::vector<SmallVector<Value>> crossing(d.pp);
+  for (Operation &op : body) {
+    if (isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp>(op))
+      continue;
+    for (Value result : op.getResults()) {
+      int64_t lastUse = stageOf[&op];
+      for (Operation *user : result.getUsers())
+        lastUse = std::max(lastUse, stageOf[user]);
+      for (int64_t s = stageOf[&op]; s < lastUse; ++s)
+        crossing[s].push_back(result);
+    }
+  }
+  for (int64_t s = 0; s < d.pp; ++s)
+    if (failed(buildStage(s, stageOfOp, s ? ArrayRef<Value>(crossing[s - 1])
+                                          : ArrayRef<Value>(),
+                          crossing[s])))
+      return failure();
+  forward.erase();
+  return success();
+}
+
+struct Partition : moe::impl::MoEPartitionBase<Partition> {
+  using MoEPartitionBase::MoEPartitionBase;
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    auto forward = module.lookupSymbol<func::FuncOp>("forward");
+    if (!forward || forward.getBody().getBlocks().size() != 1) {
+      module.emitError("expected a single-block func.func @forward");
+      return signalPassFailure();
+    }
+    if (capacityFactor < 0) {
+      module.emitError("expected capacity-factor >= 0 (0: dropless) but got ")
+          << capacityFactor;
+      return signalPassFailure();
+    }
+    if (failed(Partitioner(module, forward, capacityFactor).run()))
+      signalPassFailure();
+  }
+};
+
+} // namespace

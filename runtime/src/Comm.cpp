@@ -1,0 +1,526 @@
+// The communicators of moert::Comm (runtime/include/moert/Comm.h): the
+// single-process one (a world of one) and the MPI one, used under mpirun.
+//
+// MPI: groups arrive as lists of world ranks (Plan::groupOf); member q of a
+// group is its q-th rank. Their communicators are made on first use (or in
+// prepare) with MPI_Comm_create_group, which is collective over the members
+// only, and kept per rank list. Every operation is nonblocking MPI polled
+// with MPI_Test until it completes or the timeout (setTimeout, default 300 s)
+// passes; then the rank prints
+//   moert: error: rank R: <what> did not complete within S s (group: ranks a,b)
+// and ends the job with MPI_Abort, so no rank waits forever. Before a group's
+// communicator is made its members exchange a message (under the same
+// timeout), so a member that never arrives ends the job there too.
+//
+// Fault injection (tests only): the environment variable
+//   MOERT_FAULT=kill:R:N   world rank R raises SIGKILL on itself,
+//   MOERT_FAULT=stall:R:N  world rank R sleeps forever,
+// at its N-th (from 1) communication call, counting every call of
+// allReduceSum, allGather, allToAllV, send, recv, broadcast and allReduceMax
+// (also in a world of one). It lets tests check that a dead or stuck rank
+// ends the whole job with a message instead of a hang.
+#include "moert/Comm.h"
+#include "moert/Error.h"
+
+#include <mpi.h>
+
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <thread>
+#include <unistd.h>
+
+namespace moert {
+
+bool underMpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+}
+
+namespace {
+
+/// MOERT_FAULT (see the top of this file).
+class FaultInjector {
+public:
+  /// Parses MOERT_FAULT; InputError when it is set but malformed.
+  FaultInjector() {
+    const char *env = std::getenv("MOERT_FAULT");
+    if (!env || !*env)
+      return;
+    std::string text(env);
+    auto bad = [&]() {
+      inputError("MOERT_FAULT: expected kill:RANK:CALL or stall:RANK:CALL (CALL >= 1) but got '{}'",
+                 text);
+    };
+    size_t a = text.find(':');
+    size_t b = a == std::string::npos ? a : text.find(':', a + 1);
+    if (b == std::string::npos)
+      bad();
+    std::string kind = text.substr(0, a);
+    if (kind == "kill")
+      action = Action::Kill;
+    else if (kind == "stall")
+      action = Action::Stall;
+    else
+      bad();
+    char *end;
+    std::string r = text.substr(a + 1, b - a - 1), n = text.substr(b + 1);
+    rank = std::strtol(r.c_str(), &end, 10);
+    if (r.empty() || *end || rank < 0)
+      bad();
+    call = std::strtol(n.c_str(), &end, 10);
+    if (n.empty() || *end || call < 1)
+      bad();
+  }
+
+  /// Counts one communication call of world rank `me`.
+  void tick(int me, const std::string &what) {
+    if (action == Action::None || me != rank || ++calls != call)
+      return;
+    fmt::print(stderr, "moert: fault injection: rank {} {} at communication call {} ({})\n", me,
+               action == Action::Kill ? "raises SIGKILL" : "stalls", call, what);
+    std::fflush(stderr);
+    if (action == Action::Kill)
+      std::raise(SIGKILL);
+    for (;;)
+      ::sleep(3600);
+  }
+
+private:
+  enum class Action { None, Kill, Stall } action = Action::None;
+  long rank = -1, call = 0, calls = 0;
+};
+
+/// The world of one process: every group is {0}.
+class LocalComm final : public Comm {
+public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void prepare(const Plan &) override {}
+  void setTimeout(double) override {}
+
+  void allReduceSum(float *, int64_t, const std::vector<int> &group,
+                    const std::string &what) override {
+    begin(group, what);
+  }
+  void allGather(const void *in, int64_t bytes, void *out, const std::vector<int> &group,
+                 const std::string &what) override {
+    begin(group, what);
+    if (bytes > 0 && in != out)
+      std::memmove(out, in, static_cast<size_t>(bytes));
+  }
+  void allToAllV(const void *send, const std::vector<int64_t> &sendBytes,
+                 const std::vector<int64_t> &sendOffsets, void *recv,
+                 const std::vector<int64_t> &recvBytes, const std::vector<int64_t> &recvOffsets,
+                 const std::vector<int> &group, const std::string &what) override {
+    begin(group, what);
+    if (sendBytes.size() != 1 || sendOffsets.size() != 1 || recvBytes.size() != 1 ||
+        recvOffsets.size() != 1)
+      runtimeError("{}: all_to_all over 1 member with {} send and {} receive counts", what,
+                   sendBytes.size(), recvBytes.size());
+    if (sendBytes[0] != recvBytes[0])
+      runtimeError("{}: all_to_all sends {} bytes to itself but expects {}", what, sendBytes[0],
+                   recvBytes[0]);
+    if (sendBytes[0] > 0)
+      std::memmove(static_cast<char *>(recv) + recvOffsets[0],
+                   static_cast<const char *>(send) + sendOffsets[0],
+                   static_cast<size_t>(sendBytes[0]));
+  }
+  void send(const void *, int64_t, int peer, const std::string &what) override {
+    fault.tick(0, what);
+    runtimeError("{}: send to rank {} in a world of one process", what, peer);
+  }
+  void recv(void *, int64_t, int peer, const std::string &what) override {
+    fault.tick(0, what);
+    runtimeError("{}: receive from rank {} in a world of one process", what, peer);
+  }
+  void broadcast(void *, int64_t, int root, const std::vector<int> &group,
+                 const std::string &what) override {
+    begin(group, what);
+    if (root != 0)
+      runtimeError("{}: broadcast from member {} of a group of 1", what, root);
+  }
+  int64_t allReduceMax(int64_t value, const std::string &what) override {
+    fault.tick(0, what);
+    return value;
+  }
+  [[noreturn]] void abort(const std::string &message) override {
+    std::fflush(stdout);
+    fmt::print(stderr, "moert: error: {}\n", message);
+    std::fflush(stderr);
+    std::exit(1);
+  }
+
+private:
+  FaultInjector fault;
+
+  void begin(const std::vector<int> &group, const std::string &what) {
+    fault.tick(0, what);
+    if (group.size() != 1 || group[0] != 0)
+      runtimeError("{}: group of ranks {} in a world of one process", what, fmt::join(group, ","));
+  }
+};
+
+// Tags on MPI_COMM_WORLD: point-to-point data, and the exchange before a
+// group's communicator is made.
+constexpr int kDataTag = 1;
+constexpr int kGroupTag = 2;
+/// Send, receive and broadcast move at most this many bytes per MPI message.
+constexpr int64_t kChunkBytes = int64_t(1) << 30;
+
+class MpiComm final : public Comm {
+public:
+  MpiComm(int *argc, char ***argv) {
+    int provided = 0;
+    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &worldRank);
+    MPI_Comm_size(MPI_COMM_WORLD, &worldSize);
+    MPI_Comm_group(MPI_COMM_WORLD, &worldGroup);
+    world.resize(worldSize);
+    for (int r = 0; r < worldSize; ++r)
+      world[r] = r;
+  }
+
+  ~MpiComm() override {
+    for (auto &entry : comms)
+      if (entry.second != MPI_COMM_WORLD && entry.second != MPI_COMM_NULL)
+        MPI_Comm_free(&entry.second);
+    for (auto &entry : units)
+      MPI_Type_free(&entry.second);
+    MPI_Group_free(&worldGroup);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized)
+      MPI_Finalize();
+  }
+
+  int rank() const override { return worldRank; }
+  int size() const override { return worldSize; }
+  void setTimeout(double seconds) override { timeout = seconds; }
+
+  /// Makes the communicators of every group the plan's collectives use, in
+  /// one order that every rank follows (ranks 0..N-1, each one's steps in
+  /// program order): members meet each group at the same point of the
+  /// order, so the blocking creations cannot wait on each other in a cycle.
+  void prepare(const Plan &plan) override {
+    for (int64_t r = 0; r < static_cast<int64_t>(plan.ranks.size()); ++r) {
+      const PlanProgram &program = plan.programOf(r);
+      for (size_t s = 0; s < program.steps.size(); ++s) {
+        const PlanStep &step = program.steps[s];
+        if (step.op != OpKind::AllReduce && step.op != OpKind::AllGather &&
+            step.op != OpKind::AllToAll)
+          continue;
+        std::vector<int> group = plan.groupOf(r, step.group);
+        if (std::find(group.begin(), group.end(), worldRank) != group.end())
+          commOf(group, fmt::format("preparing the group of rank {}'s step {} ({})", r, s,
+                                    opName(step.op)));
+      }
+    }
+  }
+
+  void allReduceSum(float *data, int64_t n, const std::vector<int> &group,
+                    const std::string &what) override {
+    fault.tick(worldRank, what);
+    MPI_Comm comm = commOf(group, what);
+    if (group.size() == 1 || n <= 0)
+      return;
+    std::vector<MPI_Request> requests;
+    for (int64_t at = 0; at < n; at += kChunkBytes / 4) {
+      int count = static_cast<int>(std::min(n - at, kChunkBytes / 4));
+      requests.emplace_back();
+      MPI_Iallreduce(MPI_IN_PLACE, data + at, count, MPI_FLOAT, MPI_SUM, comm, &requests.back());
+    }
+    wait(requests, what, group);
+  }
+
+  void allGather(const void *in, int64_t bytes, void *out, const std::vector<int> &group,
+                 const std::string &what) override {
+    fault.tick(worldRank, what);
+    MPI_Comm comm = commOf(group, what);
+    if (bytes <= 0)
+      return;
+    if (group.size() == 1) {
+      if (in != out)
+        std::memmove(out, in, static_cast<size_t>(bytes));
+      return;
+    }
+    int64_t n = static_cast<int64_t>(group.size());
+    const char *inBytes = static_cast<const char *>(in);
+    char *outBytes = static_cast<char *>(out);
+    // MPI forbids aliasing other than MPI_IN_PLACE (own block in place).
+    std::vector<char> copy;
+    const void *source = in;
+    int64_t own = memberIndex(group) * bytes;
+    if (inBytes == outBytes + own) {
+      source = MPI_IN_PLACE;
+    } else if (inBytes < outBytes + n * bytes && outBytes < inBytes + bytes) {
+      copy.assign(inBytes, inBytes + bytes);
+      source = copy.data();
+    }
+    auto [type, unit] = unitFor({bytes}, what, "all_gather");
+    int count = static_cast<int>(bytes / unit);
+    std::vector<MPI_Request> requests(1);
+    MPI_Iallgather(source, count, type, out, count, type, comm, &requests[0]);
+    wait(requests, what, group);
+  }
+
+  void allToAllV(const void *send, const std::vector<int64_t> &sendBytes,
+                 const std::vector<int64_t> &sendOffsets, void *recv,
+                 const std::vector<int64_t> &recvBytes, const std::vector<int64_t> &recvOffsets,
+                 const std::vector<int> &group, const std::string &what) override {
+    fault.tick(worldRank, what);
+    MPI_Comm comm = commOf(group, what);
+    size_t n = group.size();
+    if (sendBytes.size() != n || sendOffsets.size() != n || recvBytes.size() != n ||
+        recvOffsets.size() != n)
+      runtimeError("{}: all_to_all over {} members with {}/{} send and {}/{} receive "
+                   "counts/offsets",
+                   what, n, sendBytes.size(), sendOffsets.size(), recvBytes.size(),
+                   recvOffsets.size());
+    std::vector<int64_t> all;
+    for (const std::vector<int64_t> *list : {&sendBytes, &sendOffsets, &recvBytes, &recvOffsets})
+      for (int64_t value : *list) {
+        if (value < 0)
+          runtimeError("{}: all_to_all with a negative count or offset {}", what, value);
+        all.push_back(value);
+      }
+    auto [type, unit] = unitFor(all, what, "all_to_all");
+    auto ints = [&](const std::vector<int64_t> &list) {
+      std::vector<int> result(n);
+      for (size_t q = 0; q < n; ++q)
+        result[q] = static_cast<int>(list[q] / unit);
+      return result;
+    };
+    std::vector<int> sc = ints(sendBytes), sd = ints(sendOffsets), rc = ints(recvBytes),
+                     rd = ints(recvOffsets);
+    std::vector<MPI_Request> requests(1);
+    MPI_Ialltoallv(send, sc.data(), sd.data(), type, recv, rc.data(), rd.data(), type, comm,
+                   &requests[0]);
+    wait(requests, what, group);
+  }
+
+  void send(const void *data, int64_t bytes, int peer, const std::string &what) override {
+    fault.tick(worldRank, what);
+    checkPeer(peer, what);
+    std::vector<MPI_Request> requests;
+    const char *at = static_cast<const char *>(data);
+    forChunks(bytes, [&](int64_t offset, int count) {
+      requests.emplace_back();
+      MPI_Isend(at + offset, count, MPI_BYTE, peer, kDataTag, MPI_COMM_WORLD, &requests.back());
+    });
+    wait(requests, what, pair(peer));
+  }
+
+  void recv(void *data, int64_t bytes, int peer, const std::string &what) override {
+    fault.tick(worldRank, what);
+    checkPeer(peer, what);
+    std::vector<MPI_Request> requests;
+    std::vector<int> expected;
+    char *at = static_cast<char *>(data);
+    forChunks(bytes, [&](int64_t offset, int count) {
+      requests.emplace_back();
+      expected.push_back(count);
+      MPI_Irecv(at + offset, count, MPI_BYTE, peer, kDataTag, MPI_COMM_WORLD, &requests.back());
+    });
+    std::vector<MPI_Status> statuses = wait(requests, what, pair(peer));
+    for (size_t i = 0; i < statuses.size(); ++i) {
+      int got = 0;
+      MPI_Get_count(&statuses[i], MPI_BYTE, &got);
+      if (got != expected[i])
+        abort(fmt::format("{}: expected {} bytes from rank {} but got {}", what, bytes, peer,
+                          bytes - (expected[i] - got)));
+    }
+  }
+
+  void broadcast(void *data, int64_t bytes, int root, const std::vector<int> &group,
+                 const std::string &what) override {
+    fault.tick(worldRank, what);
+    MPI_Comm comm = commOf(group, what);
+    if (root < 0 || root >= static_cast<int>(group.size()))
+      runtimeError("{}: broadcast from member {} of a group of {}", what, root, group.size());
+    if (group.size() == 1)
+      return;
+    std::vector<MPI_Request> requests;
+    char *at = static_cast<char *>(data);
+    forChunks(bytes, [&](int64_t offset, int count) {
+      requests.emplace_back();
+      MPI_Ibcast(at + offset, count, MPI_BYTE, root, comm, &requests.back());
+    });
+    wait(requests, what, group);
+  }
+
+  int64_t allReduceMax(int64_t value, const std::string &what) override {
+    fault.tick(worldRank, what);
+    int64_t result = value;
+    if (worldSize == 1)
+      return result;
+    std::vector<MPI_Request> requests(1);
+    MPI_Iallreduce(&value, &result, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD, &requests[0]);
+    wait(requests, what, world);
+    return result;
+  }
+
+  [[noreturn]] void abort(const std::string &message) override {
+    std::fflush(stdout);
+    fmt::print(stderr, "moert: error: rank {}: {}\n", worldRank, message);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);
+  }
+
+private:
+  int worldRank = 0, worldSize = 1;
+  MPI_Group worldGroup = MPI_GROUP_NULL;
+  std::vector<int> world; ///< 0..N-1
+  double timeout = 300;
+  FaultInjector fault;
+  std::map<std::vector<int>, MPI_Comm> comms;
+  std::map<int64_t, MPI_Datatype> units; ///< contiguous byte types by size
+
+  void checkPeer(int peer, const std::string &what) {
+    if (peer < 0 || peer >= worldSize || peer == worldRank)
+      runtimeError("{}: point-to-point with rank {} from rank {} of {}", what, peer, worldRank,
+                   worldSize);
+  }
+
+  std::vector<int> pair(int peer) const {
+    return {std::min(worldRank, peer), std::max(worldRank, peer)};
+  }
+
+  int64_t memberIndex(const std::vector<int> &group) const {
+    return std::find(group.begin(), group.end(), worldRank) - group.begin();
+  }
+
+  /// Splits `bytes` into messages of at most kChunkBytes.
+  template <typename F> static void forChunks(int64_t bytes, F &&post) {
+    if (bytes <= 0) {
+      post(0, 0);
+      return;
+    }
+    for (int64_t offset = 0; offset < bytes; offset += kChunkBytes)
+      post(offset, static_cast<int>(std::min(bytes - offset, kChunkBytes)));
+  }
+
+  /// The largest contiguous byte type (a power of two up to 64 KiB) that
+  /// divides every value, so that MPI's int counts and displacements reach
+  /// past 2 GiB; fails clearly when a value still does not fit.
+  std::pair<MPI_Datatype, int64_t> unitFor(const std::vector<int64_t> &values,
+                                           const std::string &what, const char *op) {
+    int64_t unit = int64_t(1) << 16;
+    for (int64_t value : values)
+      while (unit > 1 && value % unit)
+        unit /= 2;
+    for (int64_t value : values)
+      if (value / unit > INT_MAX)
+        runtimeError("{}: {} of {} bytes exceeds what one MPI call can move ({} units of {} "
+                     "bytes)",
+                     what, op, value, INT_MAX, unit);
+    if (unit == 1)
+      return {MPI_BYTE, 1};
+    auto found = units.find(unit);
+    if (found == units.end()) {
+      MPI_Datatype type;
+      MPI_Type_contiguous(static_cast<int>(unit), MPI_BYTE, &type);
+      MPI_Type_commit(&type);
+      found = units.emplace(unit, type).first;
+    }
+    return {found->second, unit};
+  }
+
+  /// Polls until every request completes; past the timeout, ends the job.
+  std::vector<MPI_Status> wait(std::vector<MPI_Request> &requests, const std::string &what,
+                               const std::vector<int> &group) {
+    std::vector<MPI_Status> statuses(requests.size());
+    auto start = std::chrono::steady_clock::now();
+    for (int64_t polls = 0;; ++polls) {
+      int done = 0;
+      MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, statuses.data());
+      if (done)
+        return statuses;
+      double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (elapsed > timeout) {
+        std::fflush(stdout);
+        fmt::print(stderr, "moert: error: rank {}: {} did not complete within {} s (group: ranks "
+                           "{})\n",
+                   worldRank, what, timeout, fmt::join(group, ","));
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+        std::_Exit(1);
+      }
+      // Spin briefly (a fast collective), then give the core away.
+      if (polls < 2000)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(polls < 20000 ? 20 : 200));
+    }
+  }
+
+  /// The communicator of `group` (member q = rank group[q]); made on first
+  /// use. MPI_COMM_NULL for a group of one (the callers copy).
+  MPI_Comm commOf(const std::vector<int> &group, const std::string &what) {
+    auto found = comms.find(group);
+    if (found != comms.end())
+      return found->second;
+    std::vector<int> sorted = group;
+    std::sort(sorted.begin(), sorted.end());
+    bool valid = !group.empty() && std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() &&
+                 sorted.front() >= 0 && sorted.back() < worldSize &&
+                 std::binary_search(sorted.begin(), sorted.end(), worldRank);
+    if (!valid)
+      runtimeError("{}: rank {} of {} is asked for a collective over ranks {}", what, worldRank,
+                   worldSize, fmt::join(group, ","));
+    if (group.size() == 1)
+      return comms[group] = MPI_COMM_NULL;
+    if (group == world)
+      return comms[group] = MPI_COMM_WORLD;
+    // A tag from the list (MPI_TAG_UB is at least 32767).
+    uint64_t hash = 1469598103934665603ull;
+    for (int r : group)
+      hash = (hash ^ static_cast<uint64_t>(r)) * 1099511628211ull;
+    int tag = static_cast<int>(hash % 32000) + 100;
+    // Meet every other member first (under the timeout): the creation below
+    // blocks without one. Each sends the group's tag, so members that
+    // disagree on the group are caught here.
+    std::vector<MPI_Request> requests;
+    std::vector<int> theirs(group.size(), -1);
+    for (size_t q = 0; q < group.size(); ++q) {
+      if (group[q] == worldRank)
+        continue;
+      requests.emplace_back();
+      MPI_Isend(&tag, 1, MPI_INT, group[q], kGroupTag, MPI_COMM_WORLD, &requests.back());
+      requests.emplace_back();
+      MPI_Irecv(&theirs[q], 1, MPI_INT, group[q], kGroupTag, MPI_COMM_WORLD, &requests.back());
+    }
+    wait(requests, what + " (making the group's communicator)", group);
+    for (size_t q = 0; q < group.size(); ++q)
+      if (group[q] != worldRank && theirs[q] != tag)
+        abort(fmt::format("{}: rank {} is making a different group than ranks {}", what, group[q],
+                          fmt::join(group, ",")));
+    MPI_Group members;
+    MPI_Group_incl(worldGroup, static_cast<int>(group.size()), group.data(), &members);
+    MPI_Comm comm = MPI_COMM_NULL;
+    MPI_Comm_create_group(MPI_COMM_WORLD, members, tag, &comm);
+    MPI_Group_free(&members);
+    return comms[group] = comm;
+  }
+};
+
+} // namespace
+
+std::unique_ptr<Comm> createComm(int *argc, char ***argv) {
+  // Checks MOERT_FAULT before MPI starts (InputError when malformed).
+  FaultInjector check;
+  (void)check;
+  if (underMpirun())
+    return std::make_unique<MpiComm>(argc, argv);
+  return std::make_unique<LocalComm>();
+}
+
+} // namespace moert
