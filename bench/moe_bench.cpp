@@ -255,7 +255,7 @@ int runModel(int argc, char **argv) {
     token = static_cast<int32_t>(cpu::argmax(logits.data(), plan.vocabSize));
   }
   double s = seconds(t0, Clock::now());
-  double activeBytes = activeParams(plan, rank) * (dtype == "BF16" ? 2 : 4);
+  double activeBytes = activeParams(program) * (dtype == "BF16" ? 2 : 4);
   fmt::print("decode  {:4} tokens: {:7.1f} tok/s ({:.1f} GB/s of active weights)\n", steps,
              steps / s, activeBytes * steps / s / 1e9);
   fmt::print("peak RSS: {:.0f} MiB (weights {:.0f} MiB mapped, buffers + KV cache {:.0f} MiB)\n",

@@ -1,6 +1,7 @@
 // moert run PLAN --weights DIR --tokens 1,2,3 [--tokens ...] [options]
 #include "moert/Cli.h"
 #include "moert/Checkpoint.h"
+#include "moert/Comm.h"
 #include "moert/Error.h"
 #include "moert/Executor.h"
 #include "moert/Npy.h"
@@ -12,6 +13,7 @@
 #include <fmt/ranges.h>
 
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -20,12 +22,15 @@ namespace moert {
 namespace {
 
 const char *kUsage = R"(usage: moert run PLAN --weights DIR --tokens IDS [--tokens IDS ...] [options]
+       mpirun -np N moert run PLAN ...   (a plan of N ranks)
        moert convert PLAN --weights HF_DIR --out CKPT
        moert export CKPT --hf-out DIR [--max-shard-bytes N]
        moert --version
 
 Runs a plan written by `moec compile` on the CPU and prints, per prompt, the
-generated token ids (comma-separated, one line per prompt).
+generated token ids (comma-separated, one line per prompt). A plan of N > 1
+ranks runs under `mpirun -np N`: every rank loads its slices of the weights,
+rank 0 prints the results and writes --logits-out.
 
   PLAN                  the plan file
   --weights DIR         Hugging Face checkpoint: DIR/model.safetensors, or the
@@ -43,6 +48,10 @@ generated token ids (comma-separated, one line per prompt).
   --top-p P             sample within the smallest set of probability >= P (default 1)
   --seed S              seed of the sampler (default 0); same seed, same tokens
   --threads N           worker threads (default: all cores)
+  --collective-timeout S  end the job when a collective between ranks does not
+                        complete within S seconds (default 300)
+  --report-memory       print, per rank, the weights loaded and the peak memory
+                        measured, against the plan's predictions
 
 `moert convert` writes the primary weight slices of every rank of PLAN, read
 from HF_DIR, as a sharded checkpoint CKPT (docs/checkpoint-format.md);
@@ -51,6 +60,8 @@ from HF_DIR, as a sharded checkpoint CKPT (docs/checkpoint-format.md);
 with model.safetensors.index.json).
 
 Exit codes: 0 ok, 1 internal failure, 2 bad input (plan, checkpoint, option, prompt).
+Under mpirun, an error on any rank ends the whole job (MPI_Abort, status 1)
+after the rank prints it as `moert: error: rank R: ...`.
 )";
 
 int64_t parseInt(const std::string &option, const char *text) {
@@ -90,11 +101,16 @@ std::vector<int32_t> parseTokens(const char *text) {
   return ids;
 }
 
-int run(int argc, char **argv) {
+constexpr double kMiB = 1024.0 * 1024.0;
+
+/// `moert run`; every rank of the job runs it with the same arguments.
+int run(int argc, char **argv, Comm &comm) {
   std::string planPath, weightsPath, logitsOut;
   std::vector<std::vector<int32_t>> prompts;
   GenerateOptions options;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  double collectiveTimeout = 300;
+  bool reportMemory = false;
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
     auto value = [&]() -> const char * {
@@ -112,6 +128,8 @@ int run(int argc, char **argv) {
     else if (arg == "--top-p") options.sampling.topP = parseDouble(arg, value());
     else if (arg == "--seed") options.sampling.seed = static_cast<uint64_t>(parseInt(arg, value()));
     else if (arg == "--threads") threads = static_cast<int>(parseInt(arg, value()));
+    else if (arg == "--collective-timeout") collectiveTimeout = parseDouble(arg, value());
+    else if (arg == "--report-memory") reportMemory = true;
     else if (!arg.empty() && arg[0] == '-') inputError("unknown option '{}' (see moert --help)", arg);
     else if (planPath.empty()) planPath = arg;
     else inputError("unexpected argument '{}'", arg);
@@ -122,31 +140,74 @@ int run(int argc, char **argv) {
     inputError("--weights: expected the checkpoint directory");
   if (threads < 1)
     inputError("--threads: expected a value >= 1");
+  if (!(collectiveTimeout > 0) || !std::isfinite(collectiveTimeout))
+    inputError("--collective-timeout: expected a number of seconds > 0");
   if (options.sampling.temperature < 0 || options.sampling.topK < 0 ||
       !(options.sampling.topP > 0 && options.sampling.topP <= 1))
     inputError("expected --temperature >= 0, --top-k >= 0 and 0 < --top-p <= 1");
   options.keepPromptLogits = !logitsOut.empty();
   setNumThreads(threads);
+  comm.setTimeout(collectiveTimeout);
 
   Plan plan = Plan::load(planPath);
-  if (plan.worldSize != 1)
-    inputError("{}: a plan for {} ranks needs {} processes (mpirun -np {})", planPath,
-               plan.worldSize, plan.worldSize, plan.worldSize);
+  if (plan.worldSize > 1 && !underMpirun())
+    inputError("{} has {} ranks: run it under mpirun -np {}", planPath, plan.worldSize,
+               plan.worldSize);
+  if (plan.worldSize != comm.size()) {
+    // Every rank sees it: rank 0 says so, all end with status 2.
+    if (comm.rank() == 0)
+      fmt::print(stderr, "moert: error: moert run was started with {} processes but {} has {} "
+                         "ranks (mpirun -np {})\n",
+                 comm.size(), planPath, plan.worldSize, plan.worldSize);
+    return 2;
+  }
+  comm.prepare(plan);
   std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(weightsPath);
   if (!checkpoint->modelType().empty() && checkpoint->modelType() != plan.modelType)
     inputError("{}/manifest.json: a checkpoint of a '{}' model, but the plan is for '{}'",
                weightsPath, checkpoint->modelType(), plan.modelType);
   std::unique_ptr<Device> device = createCpuDevice();
-  device->prepare(plan, 0, *checkpoint);
+  device->prepare(plan, comm.rank(), *checkpoint, comm);
   checkNoUnexpectedTensors(plan, *checkpoint);
-  Executor executor(plan, *device);
+  Executor executor(plan, *device, comm, comm.rank());
   GenerateResult result = executor.generate(prompts, options);
-  for (const std::vector<int32_t> &ids : result.generated)
-    fmt::print("{}\n", fmt::join(ids, ","));
-  if (!logitsOut.empty()) {
-    int64_t rows = static_cast<int64_t>(result.promptLogits.size()) / plan.vocabSize;
-    writeNpy(logitsOut, {rows, plan.vocabSize}, result.promptLogits);
+  if (comm.rank() == 0) {
+    for (const std::vector<int32_t> &ids : result.generated)
+      fmt::print("{}\n", fmt::join(ids, ","));
+    if (!logitsOut.empty()) {
+      int64_t rows = static_cast<int64_t>(result.promptLogits.size()) / plan.vocabSize;
+      writeNpy(logitsOut, {rows, plan.vocabSize}, result.promptLogits);
+    }
   }
+  if (reportMemory) {
+    // Rank 0 prints every rank's measured figures against the plan's.
+    int64_t mine[2] = {device->loadedWeightBytes(), device->peakBytes()};
+    std::vector<int64_t> all(2 * static_cast<size_t>(comm.size()));
+    std::vector<int> world(comm.size());
+    for (int r = 0; r < comm.size(); ++r)
+      world[r] = r;
+    comm.allGather(mine, sizeof mine, all.data(), world, "--report-memory (gathering the figures)");
+    if (comm.rank() == 0)
+      for (int r = 0; r < comm.size(); ++r) {
+        int64_t predictedWeights = 0, predictedPeak = 0;
+        if (r < static_cast<int>(plan.ranks.size())) {
+          predictedWeights = plan.ranks[r].predictedWeightBytes;
+          predictedPeak = plan.ranks[r].predictedPeakBytes;
+        }
+        int64_t peak = all[2 * r + 1];
+        std::string error =
+            predictedPeak > 0
+                ? fmt::format("{:+.1f}%", 100.0 * static_cast<double>(peak - predictedPeak) /
+                                              static_cast<double>(predictedPeak))
+                : std::string("n/a");
+        fmt::print("rank {}: weights loaded {:.1f} MiB (plan {:.1f} MiB), peak measured {:.1f} "
+                   "MiB, predicted {:.1f} MiB ({})\n",
+                   r, static_cast<double>(all[2 * r]) / kMiB,
+                   static_cast<double>(predictedWeights) / kMiB, static_cast<double>(peak) / kMiB,
+                   static_cast<double>(predictedPeak) / kMiB, error);
+      }
+  }
+  std::fflush(stdout);
   return 0;
 }
 
@@ -202,6 +263,16 @@ int moertMain(int argc, char **argv) {
     fmt::print("moert {}\n", version());
     return 0;
   }
+  // `moert run` starts MPI first when under mpirun (createComm). An error on
+  // any rank of a job of several ends the whole job with the message.
+  std::unique_ptr<Comm> comm;
+  auto fail = [&](const std::string &message, bool internal) {
+    std::string text = internal ? "internal error: " + message : message;
+    if (comm && comm->size() > 1)
+      comm->abort(text); // "moert: error: rank R: ...", the job's status 1
+    fmt::print(stderr, "moert: {}{}\n", internal ? "" : "error: ", text);
+    return internal ? 1 : 2;
+  };
   try {
     if (!std::strcmp(argv[1], "convert"))
       return convert(argc, argv);
@@ -210,13 +281,12 @@ int moertMain(int argc, char **argv) {
     if (std::strcmp(argv[1], "run") != 0)
       inputError("unknown command '{}' (expected run, convert or export; see moert --help)",
                  argv[1]);
-    return run(argc, argv);
+    comm = createComm(&argc, &argv);
+    return run(argc, argv, *comm);
   } catch (const InputError &e) {
-    fmt::print(stderr, "moert: error: {}\n", e.what());
-    return 2;
+    return fail(e.what(), false);
   } catch (const std::exception &e) {
-    fmt::print(stderr, "moert: internal error: {}\n", e.what());
-    return 1;
+    return fail(e.what(), true);
   }
 }
 

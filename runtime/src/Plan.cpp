@@ -593,8 +593,11 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
       step.dispatch = parseDispatch(a);
     if (step.vocabShard && step.op != OpKind::Embedding)
       a.fail("vocab_shard", "only an embedding is vocab-sharded");
-    if (step.head && (step.op != OpKind::Linear || !last || heads++))
-      a.fail("head", "expected one LM head (a linear) on the last stage");
+    if (step.head) {
+      if (step.op != OpKind::Linear || !last || heads > 0)
+        a.fail("head", "expected one LM head (a linear) on the last stage");
+      ++heads;
+    }
     program.steps.push_back(std::move(step));
     StepChecker(plan, program, index, program.steps.back(), i).check();
   }
@@ -728,8 +731,14 @@ Plan Plan::load(const std::string &path) {
                                        "least size ({}) but got {}", d.tp, padTo,
                                        plan.vocabSize, plan.paddedVocab));
   }
-  if (r.has("stage_begin") && static_cast<int64_t>(r.integers("stage_begin", 0).size()) != d.pp)
-    r.fail("stage_begin", fmt::format("expected pp = {} entries", d.pp));
+  // Each stage's first layer (moec also writes the end: pp + 1 entries).
+  if (r.has("stage_begin")) {
+    std::vector<int64_t> begins = r.integers("stage_begin", 0);
+    int64_t n = static_cast<int64_t>(begins.size());
+    if ((n != d.pp && n != d.pp + 1) || !std::is_sorted(begins.begin(), begins.end()))
+      r.fail("stage_begin", fmt::format("expected pp = {} (or pp + 1) increasing layer indices",
+                                        d.pp));
+  }
 
   const json &weights = r.array("weights");
   for (size_t i = 0; i < weights.size(); ++i)

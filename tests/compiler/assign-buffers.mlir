@@ -2,8 +2,8 @@
 
 // A value's buffer is reused once its last use has passed; add, rms_norm and
 // rope write over a dying operand of the same type.
-// CHECK-LABEL: module attributes {moe.buffer_types = [i32, i32, f32, f32, f32, f32], moe.buffer_widths = array<i64: 1, 1, 64, 64, 32, 251>}
-// CHECK: func.func @forward({{.*}}) {{.*}}attributes {moe.arg_buffers = array<i64: 0, 1>}
+// CHECK-LABEL: module
+// CHECK: func.func @forward({{.*}}) {{.*}}attributes {moe.arg_buffers = array<i64: 0, 1>, moe.buffer_rows = array<i64: -1, -1, -1, -1, -1, -1>, moe.buffer_types = [i32, i32, f32, f32, f32, f32], moe.buffer_widths = array<i64: 1, 1, 64, 64, 32, 251>}
 module {
   func.func @forward(%tokens: tensor<?xi32>, %positions: tensor<?xi32>) -> tensor<?x251xf32> {
     %table = moe.weight "model.embed_tokens.weight" : tensor<251x64xf32>
@@ -44,5 +44,25 @@ module {
     %a = moe.attention %q, %q, %q heads = 4 kv_heads = 4 scale = 0.25 : tensor<?x64xf32>, tensor<?x64xf32>, tensor<?x64xf32> -> tensor<?x64xf32>
     %b = moe.attention %a, %a, %a heads = 4 kv_heads = 4 scale = 0.25 : tensor<?x64xf32>, tensor<?x64xf32>, tensor<?x64xf32> -> tensor<?x64xf32>
     return %b : tensor<?x64xf32>
+  }
+}
+
+// -----
+
+// Static values (a dispatch buffer [E, C, H], its counts [E]) get buffers of
+// E x C rows and one row; every program of a partitioned module gets its own
+// buffers.
+// CHECK-LABEL: module
+// CHECK: func.func @stage0({{.*}}) attributes {moe.arg_buffers = array<i64: 0, 1>, moe.buffer_rows = array<i64: -1, -1, 32, 1, -1>, moe.buffer_types = [f32, i32, f32, i32, i32], moe.buffer_widths = array<i64: 64, 2, 64, 4, 2>, moe.stage = 0 : i64}
+// CHECK: func.func @stage1({{.*}}) attributes {moe.arg_buffers = array<i64: 0>, moe.buffer_rows = array<i64: -1, -1>, moe.buffer_types = [f32, f32]
+module {
+  func.func @stage0(%x: tensor<?x64xf32>, %e: tensor<?x2xi32>) attributes {moe.stage = 0 : i64} {
+    %b, %c, %s = moe.dispatch %x, %e capacity = 8 factor = 1.0 parts = 1 stride = 1 : tensor<?x64xf32>, tensor<?x2xi32> -> tensor<4x8x64xf32>, tensor<4xi32>, tensor<?x2xi32>
+    return
+  }
+  func.func @stage1(%x: tensor<?x64xf32>) attributes {moe.stage = 1 : i64} {
+    %y = moe.add %x, %x : tensor<?x64xf32>
+    %z = moe.add %y, %x : tensor<?x64xf32>
+    return
   }
 }

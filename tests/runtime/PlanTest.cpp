@@ -1,0 +1,299 @@
+// Units of Plan (format 2): collective groups and pipeline peers of ranks
+// for several degree combinations against hand-computed rank lists, a
+// minimal hand-written plan that loads, and malformed variants of it, each
+// failing with the plan and the field named.
+#include "moert/Error.h"
+#include "moert/Plan.h"
+
+#include "PlanJson.h"
+
+#include "gtest/gtest.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include <unistd.h>
+
+using namespace moert;
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace moert::test;
+
+namespace {
+
+/// A plan of the given degrees whose ranks have the coordinates of the
+/// attention fold (rank = (pp * DP + dp) * TP + tp) and the expert fold
+/// (rank = ((pp * EDP + edp) * EP + ep) * ETP + etp).
+Plan meshPlan(int64_t dp, int64_t pp, int64_t tp, int64_t ep, int64_t etp) {
+  Plan plan;
+  plan.degrees = {dp, pp, tp, ep, etp, dp * tp / (ep * etp)};
+  plan.worldSize = dp * pp * tp;
+  for (int64_t r = 0; r < plan.worldSize; ++r) {
+    PlanRank rank;
+    rank.rank = r;
+    RankCoords &c = rank.coords;
+    c.tp = r % tp;
+    c.dp = r / tp % dp;
+    c.pp = r / (tp * dp);
+    c.etp = r % etp;
+    c.ep = r / etp % ep;
+    c.edp = r / (etp * ep) % plan.degrees.edp;
+    plan.ranks.push_back(rank);
+  }
+  return plan;
+}
+
+using Mesh = CollectiveGroup::Mesh;
+using Axis = CollectiveGroup::Axis;
+
+std::vector<int> group(const Plan &plan, int64_t rank, Mesh mesh, Axis axis) {
+  CollectiveGroup g;
+  g.mesh = mesh;
+  g.axis = axis;
+  return plan.groupOf(rank, g);
+}
+
+} // namespace
+
+TEST(PlanGroups, DataAndExpertParallel) { // dp 2, ep 2
+  Plan plan = meshPlan(2, 1, 1, 2, 1);
+  EXPECT_EQ(group(plan, 0, Mesh::Experts, Axis::EP), (std::vector<int>{0, 1}));
+  EXPECT_EQ(group(plan, 1, Mesh::Experts, Axis::EP), (std::vector<int>{0, 1}));
+  EXPECT_EQ(group(plan, 1, Mesh::Attention, Axis::DP), (std::vector<int>{0, 1}));
+  EXPECT_EQ(group(plan, 1, Mesh::Attention, Axis::TP), (std::vector<int>{1}));
+  EXPECT_EQ(group(plan, 0, Mesh::Experts, Axis::ETP), (std::vector<int>{0}));
+}
+
+TEST(PlanGroups, TensorAndExpertParallel) { // tp 2, ep 2
+  Plan plan = meshPlan(1, 1, 2, 2, 1);
+  EXPECT_EQ(group(plan, 1, Mesh::Attention, Axis::TP), (std::vector<int>{0, 1}));
+  EXPECT_EQ(group(plan, 0, Mesh::Experts, Axis::EP), (std::vector<int>{0, 1}));
+  EXPECT_EQ(group(plan, 0, Mesh::Attention, Axis::DP), (std::vector<int>{0}));
+}
+
+TEST(PlanGroups, PipelineAndTensorParallel) { // pp 2, tp 2: rank = pp * 2 + tp
+  Plan plan = meshPlan(1, 2, 2, 1, 1);
+  EXPECT_EQ(group(plan, 3, Mesh::Attention, Axis::TP), (std::vector<int>{2, 3}));
+  EXPECT_EQ(group(plan, 1, Mesh::Attention, Axis::PP), (std::vector<int>{1, 3}));
+  EXPECT_EQ(group(plan, 2, Mesh::Experts, Axis::EDP), (std::vector<int>{2, 3}));
+  EXPECT_EQ(plan.stageRank(1, 1), 3);
+  EXPECT_EQ(plan.stageRank(2, 0), 0);
+  EXPECT_EQ(plan.stageRank(3, 0), 1);
+}
+
+TEST(PlanGroups, DataTensorAndExpertParallel) { // dp 2, tp 2, ep 4, etp 1: edp 1
+  Plan plan = meshPlan(2, 1, 2, 4, 1);
+  EXPECT_EQ(group(plan, 2, Mesh::Attention, Axis::TP), (std::vector<int>{2, 3}));
+  EXPECT_EQ(group(plan, 1, Mesh::Attention, Axis::DP), (std::vector<int>{1, 3}));
+  EXPECT_EQ(group(plan, 2, Mesh::Experts, Axis::EP), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(group(plan, 2, Mesh::Experts, Axis::EDP), (std::vector<int>{2}));
+}
+
+TEST(PlanGroups, ExpertTensorParallel) { // tp 4, ep 2, etp 2: expert rank = ep * 2 + etp
+  Plan plan = meshPlan(1, 1, 4, 2, 2);
+  EXPECT_EQ(group(plan, 1, Mesh::Experts, Axis::ETP), (std::vector<int>{0, 1}));
+  EXPECT_EQ(group(plan, 1, Mesh::Experts, Axis::EP), (std::vector<int>{1, 3}));
+  EXPECT_EQ(group(plan, 3, Mesh::Attention, Axis::TP), (std::vector<int>{0, 1, 2, 3}));
+}
+
+TEST(PlanGroups, PipelineDataAndExpertParallel) { // pp 2, dp 2, ep 2: edp 1
+  Plan plan = meshPlan(2, 2, 1, 2, 1);
+  EXPECT_EQ(group(plan, 3, Mesh::Experts, Axis::EP), (std::vector<int>{2, 3}));
+  EXPECT_EQ(group(plan, 1, Mesh::Attention, Axis::PP), (std::vector<int>{1, 3}));
+  EXPECT_EQ(group(plan, 2, Mesh::Attention, Axis::DP), (std::vector<int>{2, 3}));
+  EXPECT_EQ(plan.stageRank(0, 1), 2);
+  EXPECT_EQ(plan.stageRank(3, 0), 1);
+}
+
+//===----------------------------------------------------------------------===//
+// Loading
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// A one-rank model of vocabulary 8, hidden 4, 2 experts of intermediate 3,
+/// top-2, max_batch_tokens 4: embedding, router, dispatch (dropless: C = 4),
+/// expert_ffn, combine, LM head.
+json minimalPlan() {
+  json weights = json::array({weight("embed", {8, 4}), weight("router", {2, 4}),
+                              weight("e.{e}.w1", {2, 3, 4}, 2), weight("e.{e}.w3", {2, 3, 4}, 2),
+                              weight("e.{e}.w2", {2, 4, 3}, 2), weight("head", {8, 4})});
+  json buffers = json::array({
+      buffer(4, 1, "I32"),  // 0 tokens
+      buffer(4, 1, "I32"),  // 1 positions
+      buffer(4, 4),         // 2 hidden
+      buffer(4, 2),         // 3 routing weights
+      buffer(4, 2, "I32"),  // 4 routing experts
+      buffer(8, 4),         // 5 dispatch buffer (E x C = 2 x 4 rows)
+      buffer(1, 2, "I32"),  // 6 counts
+      buffer(4, 2, "I32"),  // 7 slots
+      buffer(8, 4),         // 8 expert outputs
+      buffer(4, 4),         // 9 moe output
+      buffer(4, 8),         // 10 logits
+  });
+  json routing = {{"scoring", "softmax"}, {"top_k", 2}, {"topk_on", "scores"},
+                  {"normalize", true}, {"scaling_factor", 1.0}, {"num_groups", 1},
+                  {"topk_groups", 1}, {"group_score", "top2_sum"}, {"compute_type", "F32"}};
+  json dispatch = {{"num_experts", 2}, {"capacity", 4}, {"capacity_factor", 0.0}, {"top_k", 2},
+                   {"row_parts", 1}, {"row_part_stride", 1}};
+  json steps = json::array({
+      step("embedding", {0}, {0}, {2}),
+      step("router", {2}, {1}, {3, 4}, {{"routing", routing}}),
+      step("dispatch", {2, 4}, {}, {5, 6, 7}, dispatch),
+      step("expert_ffn", {5, 6}, {2, 3, 4}, {8}, {{"activation", "silu"}}),
+      step("combine", {8, 7, 3}, {}, {9}),
+      step("linear", {9}, {5}, {10}, {{"head", true}}),
+  });
+  json program = {{"stage", 0},
+                  {"weights", weights},
+                  {"buffers", buffers},
+                  {"kv_caches", json::array()},
+                  {"inputs", {{"tokens", 0}, {"positions", 1}}},
+                  {"logits", 10},
+                  {"memory", {{"weights", 0}, {"activations", 0}, {"kv_cache", 0}, {"peak", 0}}},
+                  {"steps", steps}};
+  json rank = {{"rank", 0},
+               {"program", 0},
+               {"coords", {{"dp", 0}, {"pp", 0}, {"tp", 0}, {"edp", 0}, {"ep", 0}, {"etp", 0}}},
+               {"memory", {{"weights", 0}, {"peak", 0}}}};
+  return {{"format", "moe-plan"},
+          {"version", 2},
+          {"producer", "test"},
+          {"model", {{"model_type", "mixtral"}, {"source", "/m/config.json"}, {"vocab_size", 8},
+                     {"max_position_embeddings", 64}, {"eos_token_ids", {2}}}},
+          {"workload", {{"max_batch_tokens", 4}, {"max_seq_len", 16}, {"max_sequences", 2}}},
+          {"world_size", 1},
+          {"degrees", {{"dp", 1}, {"pp", 1}, {"tp", 1}, {"ep", 1}, {"etp", 1}}},
+          {"vocab", {{"size", 8}, {"padded", 8}, {"pad_to", 1}}},
+          {"stage_begin", {0}},
+          {"weights", weights},
+          {"programs", {program}},
+          {"ranks", {rank}}};
+}
+
+std::string writePlan(const json &plan) {
+  std::string path = (fs::temp_directory_path() / "moert-plan-XXXXXX").string();
+  int fd = ::mkstemp(path.data());
+  EXPECT_GE(fd, 0);
+  ::close(fd);
+  std::ofstream(path) << plan.dump();
+  return path;
+}
+
+/// The message of loading minimalPlan() changed by `edit`, with the plan's
+/// path replaced by PLAN ("" if it loads).
+std::string loadError(const std::function<void(json &)> &edit) {
+  json plan = minimalPlan();
+  edit(plan);
+  std::string path = writePlan(plan);
+  std::string message;
+  try {
+    Plan::load(path);
+  } catch (const InputError &e) {
+    message = e.what();
+    message.replace(0, path.size(), "PLAN");
+  }
+  fs::remove(path);
+  return message;
+}
+
+} // namespace
+
+TEST(PlanLoad, MinimalPlanLoads) {
+  std::string path = writePlan(minimalPlan());
+  Plan plan = Plan::load(path);
+  fs::remove(path);
+  ASSERT_EQ(plan.programs.size(), 1u);
+  ASSERT_EQ(plan.ranks.size(), 1u);
+  const PlanProgram &program = plan.programOf(0);
+  EXPECT_EQ(program.logitsBuffer, 10);
+  EXPECT_EQ(program.buffers[5].rows, 8);
+  ASSERT_EQ(program.steps.size(), 6u);
+  EXPECT_EQ(program.steps[2].op, OpKind::Dispatch);
+  EXPECT_EQ(program.steps[2].dispatch.capacity, 4);
+  EXPECT_EQ(program.steps[3].op, OpKind::ExpertFFN);
+  EXPECT_TRUE(program.steps[5].head);
+  EXPECT_EQ(plan.paddedVocab, 8);
+  EXPECT_EQ(plan.degrees.edp, 1);
+}
+
+TEST(PlanLoad, BadFieldsAreNamed) {
+  EXPECT_EQ(loadError([](json &) {}), "");
+  EXPECT_EQ(loadError([](json &p) { p["version"] = 1; }),
+            "PLAN: version: this moert reads plan format 2 but the plan is format 1");
+  EXPECT_EQ(loadError([](json &p) { p["ranks"][0]["program"] = 1; }),
+            "PLAN: ranks[0].program: program 1 out of range (the plan has 1)");
+  EXPECT_EQ(loadError([](json &p) { p["programs"][0]["steps"][4]["in"][1] = 11; }),
+            "PLAN: programs[0].steps[4].in: buffer 11 out of range");
+  EXPECT_EQ(loadError([](json &p) { p["programs"][0]["steps"][2]["attrs"]["capacity"] = 3; }),
+            "PLAN: programs[0].steps[2] (dispatch): capacity 3 is not c(max_batch_tokens) = 4 "
+            "(capacity_factor 0)");
+  EXPECT_EQ(loadError([](json &p) { p["programs"][0]["buffers"][5] = buffer(6, 4); }),
+            "PLAN: programs[0].steps[2] (dispatch): buffer 5 has 6 rows but num_experts x "
+            "capacity is 8");
+  EXPECT_EQ(loadError([](json &p) { p["programs"][0]["buffers"][2] = buffer(3, 4); }),
+            "PLAN: programs[0].steps[0] (embedding): buffer 2 has 3 rows, fewer than "
+            "max_batch_tokens (4)");
+  EXPECT_EQ(loadError([](json &p) { p["programs"][0]["steps"][3]["weights"] = {2, 3, 1}; }),
+            "PLAN: programs[0].steps[3] (expert_ffn): weight 'router' has rank 2 but the op "
+            "needs rank 3");
+  EXPECT_EQ(loadError([](json &p) { p["programs"][0]["steps"][5]["attrs"] = json::object(); }),
+            "PLAN: programs[0].steps: the last stage has no LM head (a linear with \"head\": "
+            "true)");
+  EXPECT_EQ(loadError([](json &p) { p["programs"][0]["weights"][0]["name"] = "nope"; }),
+            "PLAN: programs[0].weights[0].name: 'nope' is not among the plan's weights");
+  EXPECT_EQ(loadError([](json &p) { p["ranks"][0]["coords"]["tp"] = 1; }),
+            "PLAN: ranks[0].coords.tp: expected a value below the degree 1 but got 1");
+  EXPECT_EQ(loadError([](json &p) { p["degrees"]["tp"] = 2; }),
+            "PLAN: degrees.dp: dp x pp x tp = 2 but world_size is 1");
+  EXPECT_EQ(loadError([](json &p) {
+              p["programs"][0]["steps"][4] = step("all_reduce", {9}, {}, {9},
+                                                  {{"mesh", "mesh"}, {"axis", "ep"}});
+            }),
+            "PLAN: programs[0].steps[4].attrs.axis: \"ep\" is not an axis of @mesh (pp, dp, tp)");
+  EXPECT_EQ(loadError([](json &p) { p["programs"][0]["steps"][0] = step("send", {2}, {}, {}); }),
+            "PLAN: programs[0].steps[0] (send): a send on stage 0, the last of 1");
+}
+
+// Two pipeline stages of one rank each: stage 0 embeds and sends, stage 1
+// receives and runs the head; the recvs must match the sends.
+TEST(PlanLoad, PipelineStages) {
+  json plan = minimalPlan();
+  json first = plan["programs"][0], second = first;
+  first["stage"] = 0;
+  first["logits"] = -1;
+  first["steps"] = {step("embedding", {0}, {0}, {2}), step("send", {2}, {}, {})};
+  second["stage"] = 1;
+  second["inputs"]["tokens"] = -1;
+  second["steps"] = {step("recv", {}, {}, {9}), step("linear", {9}, {5}, {10}, {{"head", true}})};
+  plan["programs"] = {first, second};
+  plan["world_size"] = 2;
+  plan["degrees"]["pp"] = 2;
+  plan["stage_begin"] = {0, 1};
+  json rank1 = plan["ranks"][0];
+  rank1["rank"] = 1;
+  rank1["program"] = 1;
+  rank1["coords"]["pp"] = 1;
+  plan["ranks"].push_back(rank1);
+  std::string path = writePlan(plan);
+  Plan loaded = Plan::load(path);
+  EXPECT_EQ(loaded.programOf(1).stage, 1);
+  EXPECT_EQ(loaded.programOf(0).logitsBuffer, -1);
+  EXPECT_EQ(loaded.stageRank(0, 1), 1);
+
+  plan["programs"][1]["steps"][0]["out"] = {3}; // a recv of width 2 for a send of 4
+  std::ofstream(path) << plan.dump();
+  std::string message;
+  try {
+    Plan::load(path);
+  } catch (const InputError &e) {
+    message = e.what();
+  }
+  fs::remove(path);
+  EXPECT_EQ(message, path + ": programs[1]: its recvs (widths [2]) differ from the sends of "
+                            "programs[0] (widths [4])");
+}
