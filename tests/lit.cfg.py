@@ -28,5 +28,13 @@ shared = os.path.normpath(os.path.join(config.moe_src_root, "..", "shared"))
 if os.path.isdir(os.path.join(shared, "configs")):
     config.available_features.add("shared-configs")
     config.substitutions.append(("%shared", shared))
+# Multi-rank runs: Open MPI's mpirun (scripts/setup.sh installs it).
+import shutil
+mpirun = shutil.which("mpirun", path=path)
+if mpirun:
+    config.available_features.add("mpi")
+    config.substitutions.append(("%mpirun", mpirun))
+config.substitutions.append(("%deadline", "%s %s" % (
+    config.python_executable, os.path.join(config.moe_src_root, "tests", "tools", "deadline.py"))))
 if config.moe_have_cuda:
     config.available_features.add("cuda-toolkit")

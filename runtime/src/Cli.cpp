@@ -200,10 +200,9 @@ int run(int argc, char **argv, Comm &comm) {
                 ? fmt::format("{:+.1f}%", 100.0 * static_cast<double>(peak - predictedPeak) /
                                               static_cast<double>(predictedPeak))
                 : std::string("n/a");
-        fmt::print("rank {}: weights loaded {:.1f} MiB (plan {:.1f} MiB), peak measured {:.1f} "
-                   "MiB, predicted {:.1f} MiB ({})\n",
-                   r, static_cast<double>(all[2 * r]) / kMiB,
-                   static_cast<double>(predictedWeights) / kMiB, static_cast<double>(peak) / kMiB,
+        fmt::print("rank {}: weights loaded {} bytes (plan {}), peak measured {:.2f} MiB, "
+                   "predicted {:.2f} MiB ({})\n",
+                   r, all[2 * r], predictedWeights, static_cast<double>(peak) / kMiB,
                    static_cast<double>(predictedPeak) / kMiB, error);
       }
   }

@@ -555,6 +555,7 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
   JsonFields memory = pr.child("memory");
   program.activationBytes = memory.integer("activations", 0);
   program.cacheBytes = memory.integer("kv_cache", 0);
+  program.weightBytes = memory.integer("weights", 0);
 
   const json &steps = pr.array("steps");
   int64_t heads = 0;
@@ -795,8 +796,12 @@ Plan Plan::load(const std::string &path) {
       rr.fail("program", fmt::format("program {} is of stage {} but the rank is on stage {}",
                                      rank.program, plan.programs[rank.program].stage, c.pp));
     JsonFields memory = rr.child("memory");
+    // The planner's estimate of the rank's slices is exact; its peak is a
+    // model of any program. The prediction the runtime is held to is the
+    // compiled program's: its (local) weights, buffers and KV caches.
     rank.predictedWeightBytes = memory.integer("weights", 0);
-    rank.predictedPeakBytes = memory.integer("peak", 0);
+    const PlanProgram &program = plan.programs[rank.program];
+    rank.predictedPeakBytes = program.weightBytes + program.activationBytes + program.cacheBytes;
     plan.ranks.push_back(std::move(rank));
   }
   return plan;

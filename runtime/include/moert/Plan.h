@@ -84,8 +84,9 @@ struct PlanProgram {
   int64_t tokensBuffer = 0, positionsBuffer = 0;
   int64_t logitsBuffer = -1; ///< -1: not the last stage
   std::vector<PlanStep> steps;
-  /// The compiler's figures (program.memory): activations, kv_cache.
-  int64_t activationBytes = 0, cacheBytes = 0;
+  /// The compiler's figures (program.memory): local weights, activation
+  /// buffers, KV caches.
+  int64_t weightBytes = 0, activationBytes = 0, cacheBytes = 0;
 };
 
 struct RankCoords {
@@ -96,7 +97,8 @@ struct PlanRank {
   int64_t rank = 0;
   RankCoords coords;
   int64_t program = 0;
-  /// ranks[].memory: weights (exact bytes of its slices) and peak.
+  /// ranks[].memory.weights (exact bytes of its slices), and the program's
+  /// weights + activations + kv_cache (what --report-memory compares with).
   int64_t predictedWeightBytes = 0, predictedPeakBytes = 0;
 };
 

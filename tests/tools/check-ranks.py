@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""check-ranks.py [options] FIXTURE_DIR LAYOUT [LAYOUT ...]
+
+Partitioned execution equals the single-rank run. Compiles FIXTURE_DIR's
+config.json once for one rank and once per LAYOUT (e.g. "dp=2,ep=2",
+"pp=2,tp=2,ep=2"; the world size is dp x pp x tp), runs the prompts of
+FIXTURE_DIR/reference.json as one batch with `moert run` (the layouts under
+`mpirun -np WORLD`), and checks for every layout:
+
+  - the logits of every prompt position: max abs difference with the
+    single-rank run <= --tolerance (default 1e-5);
+  - the greedy continuations: identical;
+  - `--report-memory`: every rank loaded exactly the weight bytes its plan
+    slices predict, and its measured peak is within 10% of the predicted one.
+
+  --capacity-factor F  compile every plan (the single-rank one too) with
+                       capacity-limited dispatch; with --expect-drops the
+                       single-rank logits must differ from a dropless run's
+                       (tokens were really dropped)
+                       (with dp > 1 the reference is a single-rank run of
+                       each replica's prompts: capacity is per replica step)
+  --compile-args "…"   extra moec compile arguments
+Uses the Python standard library only.
+"""
+import argparse
+import array
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import json
+
+
+def read_npy(path):
+    with open(path, "rb") as f:
+        magic = f.read(10)
+        length = magic[8] | (magic[9] << 8)
+        header = f.read(length).decode("latin1")
+        shape = tuple(int(d) for d in header.split("'shape': (")[1].split(")")[0].split(",")
+                      if d.strip())
+        values = array.array("f")
+        values.frombytes(f.read())
+    return shape, values
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("fixture")
+    parser.add_argument("layouts", nargs="+")
+    parser.add_argument("--moec", default="moec")
+    parser.add_argument("--moert", default="moert")
+    parser.add_argument("--mpirun", default="mpirun")
+    parser.add_argument("--tolerance", type=float, default=1e-5)
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--capacity-factor", default="")
+    parser.add_argument("--expect-drops", action="store_true")
+    parser.add_argument("--compile-args", default="")
+    args = parser.parse_args()
+
+    reference = json.load(open(os.path.join(args.fixture, "reference.json")))
+    prompts = [",".join(map(str, r["input_ids"])) for r in reference["runs"]]
+    work = tempfile.mkdtemp(prefix="moe-ranks-")
+    config = os.path.join(args.fixture, "config.json")
+    extra = shlex.split(args.compile_args) + ["--max-seq-len", "64"]
+    capacity = ["--capacity-factor", args.capacity_factor] if args.capacity_factor else []
+
+    def compile_plan(name, options):
+        plan = os.path.join(work, name + ".plan")
+        subprocess.run([args.moec, "compile", config, "-o", plan] + extra + options, check=True)
+        return plan
+
+    def run(plan, world, name, subset=None):
+        logits = os.path.join(work, name + ".npy")
+        command = [args.moert, "run", plan, "--weights", args.fixture, "--ignore-eos",
+                   "--max-new-tokens", str(args.max_new_tokens), "--logits-out", logits,
+                   "--report-memory", "--collective-timeout", "120"]
+        command += ["--threads", "1" if world > 1 else "2"]
+        for i, p in enumerate(prompts):
+            if subset is None or i in subset:
+                command += ["--tokens", p]
+        if world > 1:
+            command = [args.mpirun, "--allow-run-as-root", "--oversubscribe", "-np",
+                       str(world)] + command
+        out = subprocess.run(command, capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"FAIL {name}: moert exited {out.returncode}: {out.stderr.strip()[-2000:]}")
+            sys.exit(1)
+        lines = out.stdout.strip().splitlines()
+        tokens = lines[: len(prompts) if subset is None else len(subset)]
+        memory = [l for l in lines if l.startswith("rank ")]
+        return tokens, read_npy(logits)[1], memory
+
+    single = compile_plan("single", capacity)
+    base_tokens, base_logits, _ = run(single, 1, "single")
+    lengths = [len(r["input_ids"]) for r in reference["runs"]]
+
+    def per_replica(dp):
+        """The single-rank runs of each replica's prompts (r, r + dp, ...),
+        reassembled in prompt order: what a DP run must equal when capacity
+        (a function of the step's tokens) drops tokens."""
+        tokens, rows = [None] * len(prompts), [None] * len(prompts)
+        for r in range(dp):
+            subset = list(range(r, len(prompts), dp))
+            if not subset:
+                continue
+            t, logits, _ = run(single, 1, f"replica{r}", subset)
+            vocab = len(logits) // sum(lengths[i] for i in subset)
+            at = 0
+            for i, line in zip(subset, t):
+                tokens[i] = line
+                rows[i] = logits[at * vocab:(at + lengths[i]) * vocab]
+                at += lengths[i]
+        return tokens, [v for r in rows for v in r]
+    if args.expect_drops:
+        _, dropless, _ = run(compile_plan("dropless", []), 1, "dropless")
+        gap = max(abs(a - b) for a, b in zip(base_logits, dropless))
+        status = "ok  " if gap > 1e-3 else "FAIL"
+        print(f"{status} capacity factor {args.capacity_factor} drops tokens: the single-rank "
+              f"logits differ from the dropless run's by up to {gap:.2e}")
+        if status == "FAIL":
+            return 1
+
+    failures = 0
+    memory_line = re.compile(r"rank (\d+): weights loaded (\d+) bytes \(plan (\d+)\), peak "
+                             r"measured ([\d.]+) MiB, predicted ([\d.]+) MiB")
+    for layout in args.layouts:
+        degrees = dict(item.split("=") for item in layout.split(","))
+        world = 1
+        for axis in ("dp", "pp", "tp"):
+            world *= int(degrees.get(axis, 1))
+        options = ["--world-size", str(world)] + capacity
+        for axis, value in degrees.items():
+            options += ["--" + axis, value]
+        name = layout.replace(",", "-").replace("=", "")
+        tokens, logits, memory = run(compile_plan(name, options), world, name)
+        want_tokens, want_logits = base_tokens, base_logits
+        if capacity and int(degrees.get("dp", 1)) > 1:
+            want_tokens, want_logits = per_replica(int(degrees["dp"]))
+        diff = max(abs(a - b) for a, b in zip(logits, want_logits)) if len(logits) == len(
+            want_logits) else float("inf")
+        same_tokens = tokens == want_tokens
+        problems = []
+        if len(memory) != world:
+            problems.append(f"{len(memory)} --report-memory lines for {world} ranks")
+        worst = 0.0
+        for line in memory:
+            m = memory_line.match(line)
+            if not m:
+                problems.append(f"unreadable: {line}")
+                continue
+            rank, loaded, planned = int(m[1]), int(m[2]), int(m[3])
+            measured, predicted = float(m[4]), float(m[5])
+            if loaded != planned:
+                problems.append(f"rank {rank} loaded {loaded} weight bytes, the plan says {planned}")
+            error = abs(measured - predicted) / predicted
+            worst = max(worst, error)
+            if error > 0.10:
+                problems.append(f"rank {rank} peak {measured} MiB vs predicted {predicted} MiB")
+        ok = diff <= args.tolerance and same_tokens and not problems
+        failures += not ok
+        degrees_text = " ".join(f"{k}={v}" for k, v in degrees.items())
+        print(f"{'ok  ' if ok else 'FAIL'} {degrees_text}: {world} ranks, max |logit diff| "
+              f"{diff:.2e} (tolerance {args.tolerance:g}), greedy "
+              f"{'identical' if same_tokens else f'differs: {tokens} vs {want_tokens}'}, "
+              f"weights loaded = plan, peak within {100 * worst:.1f}% of predicted"
+              + ("" if not problems else "; " + "; ".join(problems)))
+    print(f"{len(args.layouts) - failures} passed, {failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
