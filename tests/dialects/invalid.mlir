@@ -657,3 +657,103 @@ func.func @mla_dynamic_key_rope(%q: tensor<?x48xbf16>, %kv: tensor<?x80xbf16>, %
   %0 = moe.mla_attention %q, %kv, %kr, %p heads = 4 scale = 0.25 <kind = default, theta = 1.0e4, rotary_dim = 8, interleaved = true> : tensor<?x48xbf16>, tensor<?x80xbf16>, tensor<?x?xbf16>, tensor<?xi32> -> tensor<?x48xbf16>
   return
 }
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// Partitioned programs
+//===----------------------------------------------------------------------===//
+
+func.func @all_reduce_axis(%x: tensor<?x64xf32>) {
+  // expected-error@+1 {{'moe.all_reduce' op expected a mesh axis in [0, 3] but got 7}}
+  %r = moe.all_reduce %x over @mesh[7] : tensor<?x64xf32>
+  return
+}
+
+// -----
+
+func.func @all_gather_width(%x: tensor<?x64xf32>) {
+  // expected-error@+1 {{'moe.all_gather' op expected a result width that is a multiple of the input's (64) but got 96}}
+  %r = moe.all_gather %x over @mesh[2] : tensor<?x64xf32> -> tensor<?x96xf32>
+  return
+}
+
+// -----
+
+func.func @dispatch_capacity(%x: tensor<?x64xf32>, %e: tensor<?x2xi32>) {
+  // expected-error@+1 {{'moe.dispatch' op expected a buffer of capacity 8 but got 'tensor<8x16x64xf32>'}}
+  %b, %c, %s = moe.dispatch %x, %e capacity = 8 factor = 1.0 parts = 1 stride = 1 : tensor<?x64xf32>, tensor<?x2xi32> -> tensor<8x16x64xf32>, tensor<8xi32>, tensor<?x2xi32>
+  return
+}
+
+// -----
+
+func.func @dispatch_counts(%x: tensor<?x64xf32>, %e: tensor<?x2xi32>) {
+  // expected-error@+1 {{'moe.dispatch' op expected one count per expert (8) but got 'tensor<4xi32>'}}
+  %b, %c, %s = moe.dispatch %x, %e capacity = 16 factor = 1.0 parts = 1 stride = 1 : tensor<?x64xf32>, tensor<?x2xi32> -> tensor<8x16x64xf32>, tensor<4xi32>, tensor<?x2xi32>
+  return
+}
+
+// -----
+
+func.func @dispatch_width(%x: tensor<?x32xf32>, %e: tensor<?x2xi32>) {
+  // expected-error@+1 {{'moe.dispatch' op expected buffer rows as wide as the input (32) but got 64}}
+  %b, %c, %s = moe.dispatch %x, %e capacity = 16 factor = 1.0 parts = 1 stride = 1 : tensor<?x32xf32>, tensor<?x2xi32> -> tensor<8x16x64xf32>, tensor<8xi32>, tensor<?x2xi32>
+  return
+}
+
+// -----
+
+func.func @dispatch_factor(%x: tensor<?x64xf32>, %e: tensor<?x2xi32>) {
+  // expected-error@+1 {{'moe.dispatch' op expected a capacity factor >= 0 (0: dropless)}}
+  %b, %c, %s = moe.dispatch %x, %e capacity = 16 factor = -1.0 parts = 1 stride = 1 : tensor<?x64xf32>, tensor<?x2xi32> -> tensor<8x16x64xf32>, tensor<8xi32>, tensor<?x2xi32>
+  return
+}
+
+// -----
+
+func.func @dispatch_parts(%x: tensor<?x64xf32>, %e: tensor<?x2xi32>) {
+  // expected-error@+1 {{'moe.dispatch' op expected row parts and stride >= 1}}
+  %b, %c, %s = moe.dispatch %x, %e capacity = 16 factor = 1.0 parts = 0 stride = 1 : tensor<?x64xf32>, tensor<?x2xi32> -> tensor<8x16x64xf32>, tensor<8xi32>, tensor<?x2xi32>
+  return
+}
+
+// -----
+
+func.func @all_to_all_counts(%b: tensor<8x16x64xf32>, %c: tensor<4xi32>) {
+  // expected-error@+1 {{'moe.all_to_all' op expected one count per expert}}
+  %rb, %rc = moe.all_to_all %b, %c over @experts[2] : tensor<8x16x64xf32>, tensor<4xi32>
+  return
+}
+
+// -----
+
+func.func @expert_ffn_local(%b: tensor<8x16x64xf32>, %c: tensor<8xi32>, %w1: tensor<3x32x64xf32>, %w2: tensor<3x64x32xf32>) {
+  // expected-error@+1 {{'moe.expert_ffn' op expected the buffer's experts (8) to be a multiple of the local experts (3)}}
+  %y = moe.expert_ffn silu %b, %c, %w1, %w1, %w2 : tensor<8x16x64xf32>, tensor<8xi32>, tensor<3x32x64xf32>, tensor<3x32x64xf32>, tensor<3x64x32xf32>
+  return
+}
+
+// -----
+
+func.func @expert_ffn_width(%b: tensor<8x16x64xf32>, %c: tensor<8xi32>, %w1: tensor<4x32x48xf32>, %w2: tensor<4x48x32xf32>) {
+  // expected-error@+1 {{'moe.expert_ffn' op expected gate/up weights [32, 64] but got [32, 48]}}
+  %y = moe.expert_ffn silu %b, %c, %w1, %w1, %w2 : tensor<8x16x64xf32>, tensor<8xi32>, tensor<4x32x48xf32>, tensor<4x32x48xf32>, tensor<4x48x32xf32>
+  return
+}
+
+// -----
+
+func.func @combine_shapes(%y: tensor<8x16x64xf32>, %s: tensor<?x2xi32>, %w: tensor<?x1xf32>) {
+  // expected-error@+1 {{'moe.combine' op expected slots and weights of the same shape}}
+  %o = moe.combine %y, %s, %w : tensor<8x16x64xf32>, tensor<?x2xi32>, tensor<?x1xf32> -> tensor<?x64xf32>
+  return
+}
+
+// -----
+
+func.func @combine_width(%y: tensor<8x16x64xf32>, %s: tensor<?x2xi32>, %w: tensor<?x2xf32>) {
+  // expected-error@+1 {{'moe.combine' op expected a result as wide as the expert outputs}}
+  %o = moe.combine %y, %s, %w : tensor<8x16x64xf32>, tensor<?x2xi32>, tensor<?x2xf32> -> tensor<?x32xf32>
+  return
+}

@@ -221,3 +221,29 @@ func.func @attributes() attributes {
     test.routing = #moe.routing<scoring = softmax, top_k = 6, topk_on = logits, normalize = true, scaling_factor = 16.0, num_groups = 8, topk_groups = 3, group_score = max, compute_type = f64>} {
   return
 }
+
+//===----------------------------------------------------------------------===//
+// Partitioned programs: dispatch and collectives
+//===----------------------------------------------------------------------===//
+
+// CHECK-LABEL: func.func @partitioned
+// CHECK: %[[R:.*]] = moe.all_reduce %arg0 over @mesh[2] : tensor<?x64xf32>
+// CHECK: moe.all_gather %[[R]] over @mesh[2] : tensor<?x64xf32> -> tensor<?x128xf32>
+// CHECK: %dispatched, %counts, %slots = moe.dispatch %[[R]], %arg1 capacity = 16 factor = 1.250000e+00 parts = 2 stride = 1 : tensor<?x64xf32>, tensor<?x2xi32> -> tensor<8x16x64xf32>, tensor<8xi32>, tensor<?x2xi32>
+// CHECK: %[[B:.*]], %[[C:.*]] = moe.all_to_all %dispatched, %counts over @experts[2] : tensor<8x16x64xf32>, tensor<8xi32>
+// CHECK: %expert_out = moe.expert_ffn silu %[[B]], %[[C]], %arg3, %arg3, %arg4 : tensor<8x16x64xf32>, tensor<8xi32>, tensor<4x32x64xf32>, tensor<4x32x64xf32>, tensor<4x64x32xf32>
+// CHECK: %moe = moe.combine %expert_out, %slots, %arg2 : tensor<8x16x64xf32>, tensor<?x2xi32>, tensor<?x2xf32> -> tensor<?x64xf32>
+// CHECK: moe.send %moe to 1 : tensor<?x64xf32>
+// CHECK: moe.recv from 0 : tensor<?x64xf32>
+func.func @partitioned(%x: tensor<?x64xf32>, %experts: tensor<?x2xi32>, %weights: tensor<?x2xf32>,
+                       %w1: tensor<4x32x64xf32>, %w2: tensor<4x64x32xf32>) -> tensor<?x64xf32> {
+  %r = moe.all_reduce %x over @mesh[2] : tensor<?x64xf32>
+  %g = moe.all_gather %r over @mesh[2] : tensor<?x64xf32> -> tensor<?x128xf32>
+  %b, %c, %s = moe.dispatch %r, %experts capacity = 16 factor = 1.25 parts = 2 stride = 1 : tensor<?x64xf32>, tensor<?x2xi32> -> tensor<8x16x64xf32>, tensor<8xi32>, tensor<?x2xi32>
+  %rb, %rc = moe.all_to_all %b, %c over @experts[2] : tensor<8x16x64xf32>, tensor<8xi32>
+  %y = moe.expert_ffn silu %rb, %rc, %w1, %w1, %w2 : tensor<8x16x64xf32>, tensor<8xi32>, tensor<4x32x64xf32>, tensor<4x32x64xf32>, tensor<4x64x32xf32>
+  %o = moe.combine %y, %s, %weights : tensor<8x16x64xf32>, tensor<?x2xi32>, tensor<?x2xf32> -> tensor<?x64xf32>
+  moe.send %o to 1 : tensor<?x64xf32>
+  %in = moe.recv from 0 : tensor<?x64xf32>
+  return %in : tensor<?x64xf32>
+}

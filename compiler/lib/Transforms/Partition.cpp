@@ -438,8 +438,9 @@ LogicalResult Partitioner::rewrite(Operation &op) {
       int64_t group = cast<RankedTensorType>(op.getOperand(1).getType()).getNumElements();
       int64_t global = cast<RankedTensorType>(input.getType()).getDimSize(1);
       if (isa<moe::LayerNormOp>(op) || group == global)
-        return fail("normalises a whole row that tensor parallelism splits; "
-                    "not supported yet");
+        return fail("normalises a whole row that tensor parallelism splits "
+                    "(e.g. OLMoE's q_norm / k_norm): tp > 1 is not supported yet "
+                    "for this model; use --ep, --dp or --pp");
       mapAsIs();
       if (localWidth(input) % group)
         return fail("norm groups do not divide the tensor-parallel width");
