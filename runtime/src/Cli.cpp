@@ -54,10 +54,14 @@ rank 0 prints the results and writes --logits-out.
                         measured, against the plan's predictions
 
 `moert convert` writes the primary weight slices of every rank of PLAN, read
-from HF_DIR, as a sharded checkpoint CKPT (docs/checkpoint-format.md);
+from HF_DIR (or from a sharded checkpoint of any plan), as a sharded
+checkpoint CKPT (docs/checkpoint-format.md); under `mpirun -np N` (N = the
+plan's ranks) each rank writes its own file and rank 0 the manifest, last.
 `moert export` writes a sharded checkpoint back as a Hugging Face directory
 (one model.safetensors, or shards of at most --max-shard-bytes, default 5 GB,
-with model.safetensors.index.json).
+with model.safetensors.index.json). Convert, export and loading weights show
+a progress bar when stderr is a terminal; MOERT_PROGRESS=1 prints plain lines
+instead (at most one a second), MOERT_PROGRESS=0 nothing.
 
 Exit codes: 0 ok, 1 internal failure, 2 bad input (plan, checkpoint, option, prompt).
 Under mpirun, an error on any rank ends the whole job (MPI_Abort, status 1)
@@ -230,12 +234,14 @@ std::string parseCommand(int argc, char **argv, std::map<std::string, std::strin
   return positional;
 }
 
-int convert(int argc, char **argv) {
+/// `moert convert`; under mpirun (-np = the plan's world size) every rank
+/// writes its own file and rank 0 the manifest.
+int convert(int argc, char **argv, Comm &comm) {
   std::map<std::string, std::string> options{{"--weights", ""}, {"--out", ""}};
   std::string plan = parseCommand(argc, argv, options);
   if (plan.empty() || options["--weights"].empty() || options["--out"].empty())
     inputError("expected moert convert PLAN --weights HF_DIR --out CKPT");
-  convertCheckpoint(plan, options["--weights"], options["--out"]);
+  convertCheckpoint(plan, options["--weights"], options["--out"], &comm);
   return 0;
 }
 
@@ -273,8 +279,10 @@ int moertMain(int argc, char **argv) {
     return internal ? 1 : 2;
   };
   try {
-    if (!std::strcmp(argv[1], "convert"))
-      return convert(argc, argv);
+    if (!std::strcmp(argv[1], "convert")) {
+      comm = createComm(&argc, &argv);
+      return convert(argc, argv, *comm);
+    }
     if (!std::strcmp(argv[1], "export"))
       return exportHf(argc, argv);
     if (std::strcmp(argv[1], "run") != 0)

@@ -5,7 +5,9 @@
 #include "moert/Tensor.h"
 
 #include <functional>
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace moert {
@@ -19,8 +21,18 @@ struct TensorToWrite {
   std::function<void(char *destination)> fill;
 };
 
-/// Writes `tensors` to `path` atomically: a temporary file beside it, filled
-/// through mmap, fsync, rename. InputError naming the path on failure.
-void writeSafetensors(const std::string &path, const std::vector<TensorToWrite> &tensors);
+/// The [begin, end) data_offsets writeSafetensors gives each tensor (8-byte
+/// aligned, in order), so that a manifest can record them without reading
+/// the file back.
+std::vector<std::pair<uint64_t, uint64_t>>
+safetensorsDataOffsets(const std::vector<TensorToWrite> &tensors);
+
+/// Writes `tensors` to `path` atomically: a temporary file beside it, each
+/// tensor filled through a mapping of just its own bytes (unmapped after it,
+/// so at most one tensor is resident), fsync, rename. `onBytes` (if set) is
+/// called with each tensor's bytes once it is filled. InputError naming the
+/// path on failure.
+void writeSafetensors(const std::string &path, const std::vector<TensorToWrite> &tensors,
+                      const std::function<void(uint64_t)> &onBytes = {});
 
 } // namespace moert

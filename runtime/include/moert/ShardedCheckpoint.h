@@ -44,8 +44,12 @@ void copyBoxIn(const char *box, const std::vector<int64_t> &globalShape,
                size_t elementBytes, char *global);
 
 /// A validated sharded checkpoint: manifest parsed, every file present with
-/// its recorded size and checksum, every box in its file with the recorded
-/// dtype, shape and byte range, every tensor covered exactly once.
+/// its recorded size and a valid safetensors header (read with pread; no
+/// file is mapped), every box in its file with the recorded dtype, shape and
+/// byte range, every tensor covered exactly once. A file's CRC32C is
+/// verified (read in chunks with pread) the first time a box is read from
+/// it, so a rank checks exactly the files it reads; verifyAll() checks all.
+/// Not thread-safe (readBox records which files it has verified).
 class ShardedCheckpoint {
 public:
   struct Box {
@@ -63,30 +67,51 @@ public:
   /// True when `dir` is a directory with a manifest.json.
   static bool isSharded(const std::string &dir);
   static std::unique_ptr<ShardedCheckpoint> open(const std::string &dir);
+  ~ShardedCheckpoint();
 
   const std::string &manifestPath() const { return manifest; }
   const std::string &modelType() const { return modelType_; }
   const std::string &configJson() const { return config; }
   const std::vector<Tensor> &tensors() const { return tensors_; }
+  /// Copies the box (offset, shape) of `tensor` into `dst` (row-major, of
+  /// `dstShape`, box at its origin): only the intersections of the box with
+  /// the stored boxes are read.
+  void readBox(const Tensor &tensor, const std::vector<int64_t> &offset,
+               const std::vector<int64_t> &shape, char *dst,
+               const std::vector<int64_t> &dstShape) const;
   /// Writes the whole tensor (row-major, its global shape) into `out`.
   void assemble(const Tensor &tensor, char *out) const;
+  /// InputError naming the file and a tensor it holds unless file `i`'s
+  /// CRC32C is the manifest's (checked once).
+  void verify(size_t i) const;
+  void verifyAll() const;
 
 private:
   std::string dir, manifest, modelType_, config;
   std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::vector<std::string> recordedCrc, holds;
+  mutable std::vector<bool> verified;
   std::vector<Tensor> tensors_;
 };
 
+class Comm;
+
 /// `moert convert`: writes the primary slices of every rank of the plan at
-/// `planPath`, read from the Hugging Face checkpoint `hfDir`, as a sharded
-/// checkpoint in `outDir`. Streaming: one slice at a time, copied from the
-/// mmap straight into the output mapping.
-void convertCheckpoint(const std::string &planPath, const std::string &hfDir,
-                       const std::string &outDir);
+/// `planPath`, read from `source` (a Hugging Face checkpoint, or a sharded
+/// checkpoint written under any plan), as a sharded checkpoint in `outDir`.
+/// Streaming: one slice at a time, read with pread straight into a mapping
+/// of just that tensor's bytes in the output file, unmapped after it.
+/// With `comm` of more than one rank (moert convert under mpirun; its size
+/// must be the plan's world size), rank r writes rank r's file, the files'
+/// sizes and checksums are gathered to rank 0, and rank 0 writes the
+/// manifest last; otherwise this process writes every rank's file.
+void convertCheckpoint(const std::string &planPath, const std::string &source,
+                       const std::string &outDir, Comm *comm = nullptr);
 
 /// `moert export`: writes the sharded checkpoint `ckptDir` as a Hugging Face
 /// directory (config.json, model.safetensors or shards above `maxShardBytes`
-/// with model.safetensors.index.json) with the original names and shapes.
+/// with model.safetensors.index.json) with the original names and shapes,
+/// one tensor at a time.
 void exportCheckpoint(const std::string &ckptDir, const std::string &outDir,
                       uint64_t maxShardBytes);
 

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -38,20 +39,13 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 std::string errnoText(int error) { return std::generic_category().message(error); }
 
-/// Closes a descriptor on every path out of mapFile (the mapping outlives it).
-struct FdCloser {
-  int fd;
-  ~FdCloser() { ::close(fd); }
-};
-
-/// Maps `path` read-only into `mapping` / `bytes`; the caller owns the
-/// mapping (SafetensorsFile's destructor unmaps it, also when validation
-/// throws later).
-void mapFile(const std::string &path, void *&mapping, size_t &bytes) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+/// Opens `path` read-only into `fd` (the caller owns it: SafetensorsFile's
+/// destructor closes it, also when validation throws later), checks that it
+/// is a regular file long enough for a header length, and sets `bytes`.
+void openFile(const std::string &path, int &fd, size_t &bytes) {
+  fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     inputError("{}: cannot open: {}", path, errnoText(errno));
-  FdCloser closer{fd};
   struct stat st;
   if (::fstat(fd, &st) != 0)
     inputError("{}: cannot stat: {}", path, errnoText(errno));
@@ -62,11 +56,24 @@ void mapFile(const std::string &path, void *&mapping, size_t &bytes) {
     inputError("{}: {} bytes is too short for a safetensors file (the header length "
                "alone takes 8)",
                path, st.st_size);
-  void *p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-  if (p == MAP_FAILED)
-    inputError("{}: cannot mmap: {}", path, errnoText(errno));
-  mapping = p;
   bytes = static_cast<size_t>(st.st_size);
+}
+
+/// Reads exactly `size` bytes at `at` (pread, retried on EINTR and short
+/// reads); InputError naming the file otherwise.
+void preadAll(int fd, const std::string &path, uint64_t at, char *dst, size_t size) {
+  while (size > 0) {
+    ssize_t n = ::pread(fd, dst, size, static_cast<off_t>(at));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      inputError("{}: cannot read: {}", path, errnoText(errno));
+    if (n == 0)
+      inputError("{}: cannot read {} bytes at offset {}: unexpected end of file", path, size, at);
+    dst += n;
+    at += static_cast<uint64_t>(n);
+    size -= static_cast<size_t>(n);
+  }
 }
 
 /// The 8-byte little-endian header length, assembled bytewise so that the
@@ -251,24 +258,35 @@ template <typename Map> std::vector<std::string> sortedKeys(const Map &map) {
 // SafetensorsFile
 //===----------------------------------------------------------------------===//
 
-std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string &path) {
-  // Owned from the start so that the mapping is released when a check throws.
+std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string &path, bool map) {
+  // Owned from the start so that descriptor and mapping are released when a
+  // check throws.
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
-  mapFile(path, file->mapping, file->mappedBytes);
-  const char *bytes = static_cast<const char *>(file->mapping);
-
-  const uint64_t headerBytes = readHeaderLength(reinterpret_cast<const unsigned char *>(bytes));
-  if (headerBytes > file->mappedBytes - 8)
+  openFile(path, file->fd, file->fileBytes_);
+  const size_t fileBytes = file->fileBytes_;
+  if (map) {
+    void *p = ::mmap(nullptr, fileBytes, PROT_READ, MAP_PRIVATE, file->fd, 0);
+    if (p == MAP_FAILED)
+      inputError("{}: cannot mmap: {}", path, errnoText(errno));
+    file->mapping = p;
+  }
+  unsigned char lengthBytes[8];
+  preadAll(file->fd, path, 0, reinterpret_cast<char *>(lengthBytes), 8);
+  const uint64_t headerBytes = readHeaderLength(lengthBytes);
+  if (headerBytes > fileBytes - 8)
     inputError("{}: header length {} exceeds the {} bytes after it (truncated file?)", path,
-               headerBytes, file->mappedBytes - 8);
+               headerBytes, fileBytes - 8);
   if (headerBytes > kMaxHeaderBytes)
     inputError("{}: header length {} exceeds the limit of {} bytes", path, headerBytes,
                kMaxHeaderBytes);
-  json header = parseJsonObject(path, bytes + 8, bytes + 8 + headerBytes, "header");
+  std::string headerText(static_cast<size_t>(headerBytes), '\0');
+  preadAll(file->fd, path, 8, headerText.data(), headerText.size());
+  json header =
+      parseJsonObject(path, headerText.data(), headerText.data() + headerText.size(), "header");
 
   const uint64_t dataFileOffset = 8 + headerBytes;
-  const uint64_t dataBytes = file->mappedBytes - dataFileOffset;
+  const uint64_t dataBytes = fileBytes - dataFileOffset;
   std::map<std::string, EntryInfo> parsed;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__")
@@ -278,7 +296,9 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string &path) 
   }
   checkNoOverlap(path, parsed);
 
-  file->dataStart = bytes + dataFileOffset;
+  file->dataOffset = dataFileOffset;
+  if (file->mapping)
+    file->dataStart = static_cast<const char *>(file->mapping) + dataFileOffset;
   for (auto &[name, e] : parsed)
     file->entries.emplace(name, Entry{e.dtype, std::move(e.shape), static_cast<size_t>(e.begin),
                                       static_cast<size_t>(e.end)});
@@ -287,27 +307,111 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string &path) 
 
 SafetensorsFile::~SafetensorsFile() {
   if (mapping)
-    ::munmap(mapping, mappedBytes);
+    ::munmap(mapping, fileBytes_);
+  if (fd >= 0)
+    ::close(fd);
 }
 
-TensorView SafetensorsFile::tensor(const std::string &name) const {
+const SafetensorsFile::Entry &SafetensorsFile::entry(const std::string &name) const {
   auto it = entries.find(name);
   if (it == entries.end())
     inputError("{}: missing tensor '{}'", path_, name);
+  return it->second;
+}
+
+TensorView SafetensorsFile::tensor(const std::string &name) const {
+  const Entry &e = entry(name);
+  if (!dataStart)
+    runtimeError("{}: tensor '{}': the file is not mapped (read boxes instead)", path_, name);
   TensorView view;
-  view.dtype = it->second.dtype;
-  view.shape = it->second.shape;
-  view.data = dataStart + it->second.begin;
+  view.dtype = e.dtype;
+  view.shape = e.shape;
+  view.data = dataStart + e.begin;
   return view;
+}
+
+void SafetensorsFile::readBox(const std::string &name, const std::vector<int64_t> &offset,
+                              const std::vector<int64_t> &shape, char *dst,
+                              const std::vector<int64_t> &dstShape,
+                              const std::vector<int64_t> &dstOffset) const {
+  const Entry &e = entry(name);
+  const size_t elem = dtypeSize(e.dtype);
+  const size_t nd = shape.size();
+  const uint64_t base = dataOffset + e.begin;
+  if (nd == 0) {
+    preadAll(fd, path_, base, dst, elem);
+    return;
+  }
+  for (int64_t d : shape)
+    if (d <= 0)
+      return;
+  std::vector<int64_t> srcStride(nd, 1), dstStride(nd, 1);
+  for (size_t d = nd - 1; d > 0; --d) {
+    srcStride[d - 1] = srcStride[d] * e.shape[d];
+    dstStride[d - 1] = dstStride[d] * dstShape[d];
+  }
+  const size_t rowBytes = static_cast<size_t>(shape[nd - 1]) * elem;
+  // Rows come in increasing file order. Rows that lie close together are
+  // read with one pread of the span that holds them into `buffer`, then
+  // copied out; a row of at least the buffer's size goes straight to dst.
+  constexpr uint64_t kGapBytes = 256u << 10;
+  constexpr size_t kMaxPending = 4096;
+  std::unique_ptr<char[]> buffer;
+  size_t bufferBytes = 0;
+  std::vector<std::pair<uint64_t, char *>> pending;
+  uint64_t windowBegin = 0, windowEnd = 0;
+  auto flush = [&] {
+    if (pending.empty())
+      return;
+    const size_t span = static_cast<size_t>(windowEnd - windowBegin);
+    if (!buffer || span > bufferBytes) {
+      bufferBytes = std::max(span, std::min<size_t>(kReadBufferBytes, 64u << 10));
+      buffer.reset(new char[bufferBytes]);
+    }
+    preadAll(fd, path_, windowBegin, buffer.get(), span);
+    for (const auto &[at, to] : pending)
+      std::memcpy(to, buffer.get() + (at - windowBegin), rowBytes);
+    pending.clear();
+  };
+  std::vector<int64_t> index(nd, 0);
+  while (true) {
+    int64_t from = 0, to = 0;
+    for (size_t d = 0; d < nd; ++d) {
+      from += (offset[d] + index[d]) * srcStride[d];
+      to += (dstOffset[d] + index[d]) * dstStride[d];
+    }
+    const uint64_t at = base + static_cast<uint64_t>(from) * elem;
+    char *target = dst + static_cast<size_t>(to) * elem;
+    if (rowBytes >= kReadBufferBytes) {
+      flush();
+      preadAll(fd, path_, at, target, rowBytes);
+    } else {
+      if (!pending.empty() &&
+          (at + rowBytes - windowBegin > kReadBufferBytes || at - windowEnd > kGapBytes ||
+           pending.size() >= kMaxPending))
+        flush();
+      if (pending.empty())
+        windowBegin = at;
+      pending.emplace_back(at, target);
+      windowEnd = at + rowBytes;
+    }
+    int64_t d = static_cast<int64_t>(nd) - 2;
+    for (; d >= 0; --d) {
+      if (++index[d] < shape[d])
+        break;
+      index[d] = 0;
+    }
+    if (d < 0)
+      break;
+  }
+  flush();
 }
 
 std::vector<std::string> SafetensorsFile::names() const { return sortedKeys(entries); }
 
 std::pair<size_t, size_t> SafetensorsFile::dataOffsets(const std::string &name) const {
-  auto it = entries.find(name);
-  if (it == entries.end())
-    inputError("{}: missing tensor '{}'", path_, name);
-  return {it->second.begin, it->second.end};
+  const Entry &e = entry(name);
+  return {e.begin, e.end};
 }
 
 //===----------------------------------------------------------------------===//
@@ -423,6 +527,9 @@ bool endsWith(const std::string &text, const std::string &suffix) {
 
 } // namespace
 
+Checkpoint::Checkpoint() = default;
+Checkpoint::~Checkpoint() = default;
+
 std::unique_ptr<Checkpoint> Checkpoint::open(const std::string &path) {
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
@@ -430,16 +537,14 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string &path) {
     inputError("{}: no such checkpoint (expected a directory or a .safetensors file)", path);
 
   if (fs::is_directory(status) && ShardedCheckpoint::isSharded(path)) {
-    std::unique_ptr<ShardedCheckpoint> sharded = ShardedCheckpoint::open(path);
     auto checkpoint = std::make_unique<Checkpoint>();
+    checkpoint->sharded = ShardedCheckpoint::open(path);
     checkpoint->path_ = path;
-    checkpoint->manifestPath = sharded->manifestPath();
-    checkpoint->modelType_ = sharded->modelType();
-    for (const ShardedCheckpoint::Tensor &t : sharded->tensors()) {
-      checkpoint->owned.emplace_back(new char[std::max<size_t>(t.bytes(), 1)]);
-      sharded->assemble(t, checkpoint->owned.back().get());
-      checkpoint->assembled.emplace(t.name, TensorView{t.dtype, t.shape, checkpoint->owned.back().get()});
-    }
+    checkpoint->manifestPath = checkpoint->sharded->manifestPath();
+    checkpoint->modelType_ = checkpoint->sharded->modelType();
+    const auto &tensors = checkpoint->sharded->tensors();
+    for (size_t i = 0; i < tensors.size(); ++i)
+      checkpoint->shardedIndex.emplace(tensors[i].name, i);
     return checkpoint;
   }
   Opened opened;
@@ -458,11 +563,11 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string &path) {
 }
 
 bool Checkpoint::has(const std::string &name) const {
-  return fileIndex.count(name) != 0 || assembled.count(name) != 0;
+  return fileIndex.count(name) != 0 || shardedIndex.count(name) != 0;
 }
 
 const std::string &Checkpoint::fileOf(const std::string &name) const {
-  if (assembled.count(name))
+  if (shardedIndex.count(name))
     return manifestPath;
   auto it = fileIndex.find(name);
   if (it == fileIndex.end())
@@ -470,10 +575,18 @@ const std::string &Checkpoint::fileOf(const std::string &name) const {
   return files[it->second]->path();
 }
 
-TensorView Checkpoint::tensor(const std::string &name, const std::vector<int64_t> &shape) const {
+TensorView Checkpoint::info(const std::string &name, const std::vector<int64_t> &shape) const {
   const std::string &file = fileOf(name);
-  auto whole = assembled.find(name);
-  TensorView view = whole != assembled.end() ? whole->second : files[fileIndex.at(name)]->tensor(name);
+  TensorView view;
+  if (sharded) {
+    const ShardedCheckpoint::Tensor &t = sharded->tensors()[shardedIndex.at(name)];
+    view.dtype = t.dtype;
+    view.shape = t.shape;
+  } else {
+    const SafetensorsFile::Entry &e = files[fileIndex.at(name)]->entry(name);
+    view.dtype = e.dtype;
+    view.shape = e.shape;
+  }
   if (view.shape != shape)
     inputError("{}: tensor '{}': expected shape {} but found {}", file, name, shapeString(shape),
                shapeString(view.shape));
@@ -483,8 +596,45 @@ TensorView Checkpoint::tensor(const std::string &name, const std::vector<int64_t
   return view;
 }
 
+TensorView Checkpoint::tensor(const std::string &name, const std::vector<int64_t> &shape) const {
+  TensorView view = info(name, shape);
+  if (sharded)
+    runtimeError("{}: tensor '{}': a sharded checkpoint has no whole-tensor views (read boxes)",
+                 manifestPath, name);
+  view.data = files[fileIndex.at(name)]->tensor(name).data;
+  return view;
+}
+
+void Checkpoint::readBox(const std::string &name, const std::vector<int64_t> &offset,
+                         const std::vector<int64_t> &shape, DType expected, char *dst,
+                         const std::vector<int64_t> &dstShape) const {
+  const std::string &file = fileOf(name);
+  const ShardedCheckpoint::Tensor *t =
+      sharded ? &sharded->tensors()[shardedIndex.at(name)] : nullptr;
+  const SafetensorsFile *f = sharded ? nullptr : files[fileIndex.at(name)].get();
+  const DType dtype = t ? t->dtype : f->entry(name).dtype;
+  const std::vector<int64_t> &global = t ? t->shape : f->entry(name).shape;
+  if (dtype != expected)
+    inputError("{}: tensor '{}': expected dtype {} but found {}", file, name,
+               dtypeName(expected), dtypeName(dtype));
+  const std::vector<int64_t> &into = dstShape.empty() ? shape : dstShape;
+  bool inside = offset.size() == global.size() && shape.size() == global.size() &&
+                into.size() == global.size();
+  for (size_t d = 0; inside && d < global.size(); ++d)
+    inside = offset[d] >= 0 && shape[d] >= 0 && offset[d] + shape[d] <= global[d] &&
+             shape[d] <= into[d];
+  if (!inside)
+    inputError("{}: tensor '{}': box at offset {} of shape {} (into {}) does not fit its shape {}",
+               file, name, shapeString(offset), shapeString(shape), shapeString(into),
+               shapeString(global));
+  if (t)
+    sharded->readBox(*t, offset, shape, dst, into);
+  else
+    f->readBox(name, offset, shape, dst, into, std::vector<int64_t>(shape.size(), 0));
+}
+
 std::vector<std::string> Checkpoint::names() const {
-  return assembled.empty() ? sortedKeys(fileIndex) : sortedKeys(assembled);
+  return sharded ? sortedKeys(shardedIndex) : sortedKeys(fileIndex);
 }
 
 } // namespace moert

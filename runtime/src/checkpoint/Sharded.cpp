@@ -1,12 +1,15 @@
-// Sharded checkpoints: writing (convert), validating and assembling (open),
-// and exporting back to Hugging Face layout. Format: docs/checkpoint-format.md.
+// Sharded checkpoints: writing (convert, by one process or rank by rank),
+// validating (open) and reading boxes of any layout (readBox), and exporting
+// back to Hugging Face layout. Format: docs/checkpoint-format.md.
 #include "moert/ShardedCheckpoint.h"
 
+#include "moert/Comm.h"
 #include "moert/Error.h"
 #include "moert/PlanLayout.h"
 #include "moert/SafetensorsWriter.h"
 
 #include "../JsonFields.h"
+#include "Progress.h"
 
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -22,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <sstream>
@@ -84,10 +88,13 @@ uint32_t crc32cOfFile(const std::string &path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     inputError("{}: cannot open: {}", path, std::strerror(errno));
-  std::vector<char> buffer(8 << 20);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  // A bounded buffer (not zeroed: only the pages reads fill are resident).
+  constexpr size_t kChunk = 4u << 20;
+  std::unique_ptr<char[]> buffer(new char[kChunk]);
   uint32_t crc = 0;
   for (;;) {
-    ssize_t n = ::read(fd, buffer.data(), buffer.size());
+    ssize_t n = ::read(fd, buffer.get(), kChunk);
     if (n < 0) {
       if (errno == EINTR)
         continue;
@@ -97,7 +104,7 @@ uint32_t crc32cOfFile(const std::string &path) {
     }
     if (n == 0)
       break;
-    crc = crc32c(buffer.data(), static_cast<size_t>(n), crc);
+    crc = crc32c(buffer.get(), static_cast<size_t>(n), crc);
   }
   ::close(fd);
   return crc;
@@ -291,12 +298,21 @@ std::unique_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string &di
     if (size != f.unsignedInteger("bytes"))
       inputError("{}: {} bytes but the manifest records {} (truncated or replaced file; holds {})",
                  file, size, f.unsignedInteger("bytes"), holds);
-    uint32_t crc = crc32cOfFile(file);
-    std::string recorded = f.string("crc32c");
-    if (hex32(crc) != recorded)
-      inputError("{}: CRC32C {} but the manifest records {} (corrupted file; holds {})", file,
-                 hex32(crc), recorded, holds);
-    ckpt->files.push_back(SafetensorsFile::open(file));
+    ckpt->recordedCrc.push_back(f.string("crc32c"));
+    ckpt->holds.push_back(holds);
+    ckpt->verified.push_back(false);
+    // Only the header is read here (pread); the checksum is verified when a
+    // box is first read from the file. A header that does not parse is
+    // reported as the corruption the checksum shows, when it shows one.
+    try {
+      ckpt->files.push_back(SafetensorsFile::open(file, /*map=*/false));
+    } catch (const InputError &) {
+      uint32_t crc = crc32cOfFile(file);
+      if (hex32(crc) != ckpt->recordedCrc.back())
+        inputError("{}: CRC32C {} but the manifest records {} (corrupted file; holds {})", file,
+                   hex32(crc), ckpt->recordedCrc.back(), holds);
+      throw;
+    }
   }
 
   // Tensors: every box in its file as recorded, every element covered once.
@@ -334,7 +350,7 @@ std::unique_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string &di
       if (!file.has(tensor.name))
         inputError("{}: tensor '{}': missing (the manifest puts its box at offset {} here)",
                    file.path(), tensor.name, shapeString(box.offset));
-      TensorView view = file.tensor(tensor.name);
+      const SafetensorsFile::Entry &view = file.entry(tensor.name);
       if (view.shape != box.shape || view.dtype != tensor.dtype)
         inputError("{}: tensor '{}': {} {} but the manifest records {} {}", file.path(),
                    tensor.name, dtypeName(view.dtype), shapeString(view.shape),
@@ -358,10 +374,48 @@ std::unique_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string &di
   return ckpt;
 }
 
+ShardedCheckpoint::~ShardedCheckpoint() = default;
+
+void ShardedCheckpoint::verify(size_t i) const {
+  if (verified.at(i))
+    return;
+  const std::string &file = files.at(i)->path();
+  uint32_t crc = crc32cOfFile(file);
+  if (hex32(crc) != recordedCrc[i])
+    inputError("{}: CRC32C {} but the manifest records {} (corrupted file; holds {})", file,
+               hex32(crc), recordedCrc[i], holds[i]);
+  verified[i] = true;
+}
+
+void ShardedCheckpoint::verifyAll() const {
+  for (size_t i = 0; i < files.size(); ++i)
+    verify(i);
+}
+
+void ShardedCheckpoint::readBox(const Tensor &tensor, const std::vector<int64_t> &offset,
+                                const std::vector<int64_t> &shape, char *dst,
+                                const std::vector<int64_t> &dstShape) const {
+  const size_t nd = shape.size();
+  for (const Box &box : tensor.boxes) {
+    std::vector<int64_t> from(nd), size(nd), at(nd);
+    bool empty = false;
+    for (size_t d = 0; d < nd; ++d) {
+      int64_t lo = std::max(offset[d], box.offset[d]);
+      int64_t hi = std::min(offset[d] + shape[d], box.offset[d] + box.shape[d]);
+      empty |= hi <= lo;
+      from[d] = lo - box.offset[d]; // in the stored box
+      size[d] = hi - lo;
+      at[d] = lo - offset[d]; // in the requested box, at dst's origin
+    }
+    if (empty)
+      continue;
+    verify(box.file);
+    files[box.file]->readBox(tensor.name, from, size, dst, dstShape, at);
+  }
+}
+
 void ShardedCheckpoint::assemble(const Tensor &tensor, char *out) const {
-  for (const Box &box : tensor.boxes)
-    copyBoxIn(static_cast<const char *>(files[box.file]->tensor(tensor.name).data),
-              tensor.shape, box.offset, box.shape, dtypeSize(tensor.dtype), out);
+  readBox(tensor, std::vector<int64_t>(tensor.shape.size(), 0), tensor.shape, out, tensor.shape);
 }
 
 //===----------------------------------------------------------------------===//
@@ -418,8 +472,19 @@ void makeDirectory(const std::string &dir) {
 } // namespace
 
 void convertCheckpoint(const std::string &planPath, const std::string &hfDir,
-                       const std::string &outDir) {
+                       const std::string &outDir, Comm *comm) {
   PlanLayout layout = PlanLayout::load(planPath);
+  const bool distributed = comm && comm->size() > 1;
+  const size_t me = distributed ? static_cast<size_t>(comm->rank()) : 0;
+  std::vector<int> world;
+  if (distributed) {
+    if (comm->size() != layout.worldSize)
+      inputError("{}: moert convert was started with {} processes but the plan has {} ranks "
+                 "(mpirun -np {})",
+                 planPath, comm->size(), layout.worldSize, layout.worldSize);
+    for (int r = 0; r < comm->size(); ++r)
+      world.push_back(r);
+  }
   std::unique_ptr<Checkpoint> hf = Checkpoint::open(hfDir);
 
   // The logical tensors in plan order, and the boxes each rank writes: its
@@ -437,9 +502,12 @@ void convertCheckpoint(const std::string &planPath, const std::string &hfDir,
   // files get a fresh generation tag, the manifest is replaced atomically
   // last, and only then do files that no manifest names go. A save killed at
   // any moment leaves the previous checkpoint whole.
+  // Under mpirun every rank uses rank 0's tag.
   std::random_device entropy;
-  const std::string generation =
-      fmt::format("{:08x}", entropy() ^ static_cast<uint32_t>(::getpid()));
+  uint32_t tag = entropy() ^ static_cast<uint32_t>(::getpid());
+  if (distributed)
+    comm->broadcast(&tag, sizeof tag, 0, world, "moert convert (the rank files' generation tag)");
+  const std::string generation = fmt::format("{:08x}", tag);
   auto rankFile = [&](size_t r) {
     return fmt::format("rank-{:05d}-{}.safetensors", r, generation);
   };
@@ -474,43 +542,83 @@ void convertCheckpoint(const std::string &planPath, const std::string &hfDir,
   // Everything is checked before anything is written.
   for (const Logical &l : logical) {
     checkBoxCover(planPath, l.name, l.shape, l.boxes);
-    TensorView view = hf->tensor(l.name, l.shape);
+    TensorView view = hf->info(l.name, l.shape);
     if (view.dtype != l.dtype)
       inputError("{}: tensor '{}': expected dtype {} (the plan's) but found {}",
                  hf->fileOf(l.name), l.name, dtypeName(l.dtype), dtypeName(view.dtype));
   }
-  std::string configPath = (fs::path(hfDir) / "config.json").string();
   std::error_code ec;
-  if (!fs::exists(configPath, ec))
-    configPath = layout.source;
-  std::string config = readText(configPath);
+  std::string config;
+  if (hf->isSharded()) {
+    config = hf->shardedCheckpoint()->configJson();
+  } else {
+    std::string configPath = (fs::path(hfDir) / "config.json").string();
+    if (!fs::exists(configPath, ec))
+      configPath = layout.source;
+    config = readText(configPath);
+  }
 
   makeDirectory(outDir);
   const std::string manifestPath = (fs::path(outDir) / "manifest.json").string();
 
+  // The writes of every rank (their fills read the boxes only when run).
+  auto writesOf = [&](size_t r) {
+    std::vector<TensorToWrite> writes;
+    for (const PlanSlice *s : perRank[r]) {
+      const Checkpoint *source = hf.get();
+      writes.push_back({s->name, s->dtype, s->shape, [s, source](char *dst) {
+                          source->readBox(s->name, s->offset, s->shape, s->dtype, dst);
+                        }});
+    }
+    return writes;
+  };
+  // This process's rank files: sizes and checksums (bytes 0: no file).
+  struct Written {
+    uint64_t bytes = 0, crc = 0;
+  };
+  std::vector<Written> written(perRank.size());
+  uint64_t toWrite = 0;
+  for (size_t r = 0; r < perRank.size(); ++r)
+    if (!distributed || r == me)
+      for (const PlanSlice *s : perRank[r])
+        toWrite += TensorView{s->dtype, s->shape, nullptr}.bytes();
+  {
+    Progress progress("convert", toWrite, me == 0);
+    for (size_t r = 0; r < perRank.size(); ++r) {
+      if (perRank[r].empty() || (distributed && r != me))
+        continue;
+      std::string file = (fs::path(outDir) / rankFile(r)).string();
+      writeSafetensors(file, writesOf(r), [&](uint64_t n) { progress.add(n); });
+      written[r] = {fs::file_size(file), crc32cOfFile(file)};
+    }
+  }
+  if (distributed) {
+    // Every rank's file is complete once the gather returns; rank 0 writes
+    // the manifest, and every rank waits for it before it exits.
+    Written mine = written[me];
+    comm->allGather(&mine, sizeof mine, written.data(), world,
+                    "moert convert (gathering the rank files' sizes and checksums)");
+    for (size_t r = 0; r < perRank.size(); ++r)
+      if (!perRank[r].empty() && written[r].bytes == 0)
+        runtimeError("{}: rank {} wrote no file", outDir, r);
+    if (me != 0) {
+      comm->allReduceMax(0, "moert convert (waiting for rank 0's manifest)");
+      return;
+    }
+  }
   ordered_json files = ordered_json::array();
   std::map<std::string, std::pair<uint64_t, uint64_t>> ranges; // "file/name" -> data_offsets
   for (size_t r = 0; r < perRank.size(); ++r) {
     if (perRank[r].empty())
       continue;
     std::string name = rankFile(r);
-    std::string file = (fs::path(outDir) / name).string();
-    std::vector<TensorToWrite> writes;
-    for (const PlanSlice *s : perRank[r]) {
-      const char *source = static_cast<const char *>(hf->tensor(s->name, s->globalShape).data);
-      writes.push_back({s->name, s->dtype, s->shape, [s, source](char *dst) {
-                          copyBoxOut(source, s->globalShape, s->offset, s->shape,
-                                     dtypeSize(s->dtype), dst);
-                        }});
-    }
-    writeSafetensors(file, writes);
-    std::unique_ptr<SafetensorsFile> written = SafetensorsFile::open(file);
-    for (const PlanSlice *s : perRank[r])
-      ranges[name + "/" + s->name] = written->dataOffsets(s->name);
+    std::vector<std::pair<uint64_t, uint64_t>> offsets = safetensorsDataOffsets(writesOf(r));
+    for (size_t i = 0; i < perRank[r].size(); ++i)
+      ranges[name + "/" + perRank[r][i]->name] = offsets[i];
     files.push_back({{"name", name},
                      {"rank", r},
-                     {"bytes", fs::file_size(file)},
-                     {"crc32c", hex32(crc32cOfFile(file))}});
+                     {"bytes", written[r].bytes},
+                     {"crc32c", hex32(static_cast<uint32_t>(written[r].crc))}});
   }
 
   ordered_json tensors = ordered_json::array();
@@ -557,6 +665,8 @@ void convertCheckpoint(const std::string &planPath, const std::string &hfDir,
       fs::remove(it->path(), removeError);
     }
   }
+  if (distributed)
+    comm->allReduceMax(0, "moert convert (waiting for rank 0's manifest)");
 }
 
 void exportCheckpoint(const std::string &ckptDir, const std::string &outDir,
@@ -580,6 +690,9 @@ void exportCheckpoint(const std::string &ckptDir, const std::string &outDir,
   makeDirectory(outDir);
   ordered_json weightMap = ordered_json::object();
   uint64_t total = 0;
+  for (const ShardedCheckpoint::Tensor &t : source.tensors())
+    total += t.bytes();
+  Progress progress("export", total);
   for (size_t i = 0; i < shards.size(); ++i) {
     std::string name =
         shards.size() == 1
@@ -590,10 +703,11 @@ void exportCheckpoint(const std::string &ckptDir, const std::string &outDir,
       writes.push_back({t->name, t->dtype, t->shape,
                         [&source, t](char *dst) { source.assemble(*t, dst); }});
       weightMap[t->name] = name;
-      total += t->bytes();
     }
-    writeSafetensors((fs::path(outDir) / name).string(), writes);
+    writeSafetensors((fs::path(outDir) / name).string(), writes,
+                     [&](uint64_t n) { progress.add(n); });
   }
+  progress.finish();
   std::error_code ec;
   if (shards.size() == 1) // an index left from an earlier export would shadow the file
     fs::remove(fs::path(outDir) / "model.safetensors.index.json", ec);

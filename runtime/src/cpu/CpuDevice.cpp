@@ -1,16 +1,25 @@
 // The CPU driver: runs one rank's program of a validated plan with the
 // kernels of moert/cpu/Kernels.h, its collectives through moert::Comm.
 // Activations are f32 buffers (I32 ones share the storage); weights are
-// views into the mmapped checkpoint where the rank holds a whole tensor and
-// owned copies of its boxes where it holds a part.
+// views into the mmapped Hugging Face checkpoint where the rank holds a whole
+// tensor, and owned buffers filled with Checkpoint::readBox (pread of just
+// the box's bytes, from a Hugging Face or a sharded checkpoint of any
+// layout) otherwise.
 #include "moert/Device.h"
 #include "moert/Error.h"
 #include "moert/PlanLayout.h"
 #include "moert/cpu/Kernels.h"
 
+#include "../checkpoint/Progress.h"
+
+#include <fmt/core.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <unordered_map>
 
@@ -55,46 +64,6 @@ const char *axisName(CollectiveGroup::Axis axis) {
 
 bool isCollective(OpKind op) {
   return op == OpKind::AllReduce || op == OpKind::AllGather || op == OpKind::AllToAll;
-}
-
-/// Copies the box at `offset` of shape `box` out of the row-major tensor
-/// `src` [srcShape] to the origin of the row-major tensor `dst` [dstShape]
-/// (box <= dstShape in every dimension), `elem` bytes per element.
-void copyBox(const char *src, const std::vector<int64_t> &srcShape,
-             const std::vector<int64_t> &offset, const std::vector<int64_t> &box, char *dst,
-             const std::vector<int64_t> &dstShape, size_t elem) {
-  const size_t dims = box.size();
-  if (dims == 0) {
-    std::copy_n(src, elem, dst);
-    return;
-  }
-  std::vector<int64_t> srcStride(dims, 1), dstStride(dims, 1);
-  for (size_t d = dims - 1; d > 0; --d) {
-    srcStride[d - 1] = srcStride[d] * srcShape[d];
-    dstStride[d - 1] = dstStride[d] * dstShape[d];
-  }
-  for (int64_t d : box)
-    if (d == 0)
-      return;
-  // Odometer over the box's leading dimensions; one contiguous row each.
-  const size_t rowBytes = static_cast<size_t>(box.back()) * elem;
-  std::vector<int64_t> index(dims, 0);
-  while (true) {
-    int64_t from = 0, to = 0;
-    for (size_t d = 0; d < dims; ++d) {
-      from += (offset[d] + index[d]) * srcStride[d];
-      to += index[d] * dstStride[d];
-    }
-    std::copy_n(src + from * elem, rowBytes, dst + to * elem);
-    int64_t d = static_cast<int64_t>(dims) - 2;
-    for (; d >= 0; --d) {
-      if (++index[d] < box[d])
-        break;
-      index[d] = 0;
-    }
-    if (d < 0)
-      return;
-  }
 }
 
 class CpuDevice final : public Device {
@@ -218,6 +187,14 @@ private:
     weights.assign(program->weights.size(), {});
     owned.clear();
     boundBytes = loadedBytes = 0;
+    // Bytes this rank reads (progress), and the resident memory loading
+    // adds (MOERT_LOAD_REPORT=1 prints it against the rank's shard bytes).
+    uint64_t toLoad = 0;
+    for (const PlanSlice &s : layout.ranks.at(rank))
+      toLoad += TensorView{s.dtype, s.shape, nullptr}.bytes();
+    uint64_t progressed = 0;
+    const int64_t rssBefore = residentBytes("VmRSS:");
+    Progress progress(fmt::format("load (rank {})", rank), toLoad, rank == 0);
     for (size_t i = 0; i < program->weights.size(); ++i) {
       if (!used[i])
         continue;
@@ -225,6 +202,8 @@ private:
       const PlanWeight &global = *logical.at(local.name); // checked by Plan::load
       if (local.experts == 0) {
         weights[i].view = bind(ckpt, slices, local.name, global.shape, local.shape, local.dtype);
+        progress.add(static_cast<uint64_t>(loadedBytes) - progressed);
+        progressed = static_cast<uint64_t>(loadedBytes);
         continue;
       }
       for (int64_t l = 0; l < local.experts; ++l) {
@@ -235,8 +214,37 @@ private:
         TensorView v = bind(ckpt, slices, global.expertName(e), global.tensorShape(),
                             local.tensorShape(), local.dtype);
         weights[i].experts.push_back(cpu::Matrix::of(v));
+        progress.add(static_cast<uint64_t>(loadedBytes) - progressed);
+        progressed = static_cast<uint64_t>(loadedBytes);
       }
     }
+    progress.finish();
+    const char *report = std::getenv("MOERT_LOAD_REPORT");
+    if (report && !std::strcmp(report, "1")) {
+      // Growth: the peak after loading over the resident set before it (an
+      // upper bound of what loading added at its peak).
+      const int64_t hwmAfter = residentBytes("VmHWM:");
+      fmt::print(stderr,
+                 "moert: load: rank {}: shard bytes {}, RSS before {}, peak RSS after {} "
+                 "(+{} bytes during load)\n",
+                 rank, toLoad, rssBefore, hwmAfter, hwmAfter - rssBefore);
+      std::fflush(stderr);
+    }
+  }
+
+  /// A figure of /proc/self/status (`key`: "VmRSS:" now, "VmHWM:" peak),
+  /// bytes; 0 where it cannot be read.
+  static int64_t residentBytes(const char *key) {
+    FILE *status = std::fopen("/proc/self/status", "r");
+    if (!status)
+      return 0;
+    char line[256];
+    int64_t kib = 0;
+    while (std::fgets(line, sizeof line, status))
+      if (!std::strncmp(line, key, std::strlen(key)))
+        kib = std::strtoll(line + std::strlen(key), nullptr, 10);
+    std::fclose(status);
+    return kib * 1024;
   }
 
   /// One local tensor `name` of `localShape` from this rank's box of the
@@ -266,16 +274,20 @@ private:
                  dtypeName(dtype), shapeString(globalShape));
     // The plan's dtype is part of its memory figures: a checkpoint in
     // another dtype is another model file.
-    TensorView whole = ckpt.tensor(name, globalShape);
+    TensorView whole = ckpt.info(name, globalShape);
     if (whole.dtype != dtype)
       inputError("{}: tensor '{}': expected dtype {} (the plan's) but found {}",
                  ckpt.fileOf(name), name, dtypeName(dtype), dtypeName(whole.dtype));
     TensorView box{dtype, slice.shape, nullptr};
     loadedBytes += static_cast<int64_t>(box.bytes());
 
+    // A whole tensor of a Hugging Face checkpoint is used in place (a view
+    // into its mapping: no copy, its pages resident once touched); any other
+    // box is read (pread, only its bytes) into a buffer the device owns.
     bool atOrigin = std::all_of(slice.offset.begin(), slice.offset.end(),
                                 [](int64_t o) { return o == 0; });
-    if (atOrigin && slice.shape == globalShape && localShape == globalShape) {
+    if (ckpt.hasViews() && atOrigin && slice.shape == globalShape && localShape == globalShape) {
+      whole = ckpt.tensor(name, globalShape);
       boundBytes += static_cast<int64_t>(whole.bytes());
       memory.add(static_cast<int64_t>(whole.bytes()));
       return whole;
@@ -285,8 +297,8 @@ private:
         inputError("{}: rank {}'s box {} of '{}' does not fit the program's {} tensor", plan->path,
                    rank, shapeString(slice.shape), name, shapeString(localShape));
     TensorView copy = ownedCopy(localView);
-    copyBox(static_cast<const char *>(whole.data), globalShape, slice.offset, slice.shape,
-            static_cast<char *>(const_cast<void *>(copy.data)), localShape, dtypeSize(dtype));
+    ckpt.readBox(name, slice.offset, slice.shape, dtype,
+                 static_cast<char *>(const_cast<void *>(copy.data)), localShape);
     return copy;
   }
 
