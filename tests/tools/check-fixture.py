@@ -14,7 +14,6 @@ produced (tests/fixtures/generate.py): the logits of every prompt position
   --tokens-only       skip the logits comparison (for bf16 runs)
 """
 import argparse
-import array
 import json
 import os
 import shlex
@@ -22,22 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-
-def read_npy(path):
-    with open(path, "rb") as f:
-        magic = f.read(10)
-        assert magic[:6] == b"\x93NUMPY", path
-        length = magic[8] | (magic[9] << 8)
-        header = f.read(length).decode("latin1")
-        assert "'<f4'" in header and "'fortran_order': False" in header, header
-        shape = tuple(int(d) for d in header.split("'shape': (")[1].split(")")[0].split(",") if d.strip())
-        values = array.array("f")
-        values.frombytes(f.read())
-    count = 1
-    for d in shape:
-        count *= d
-    assert len(values) == count, f"{path}: {len(values)} values for shape {shape}"
-    return shape, values
+from fixture_runs import read_npy
 
 
 def main():

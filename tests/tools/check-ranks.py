@@ -23,26 +23,14 @@ FIXTURE_DIR/reference.json as one batch with `moert run` (the layouts under
 Uses the Python standard library only.
 """
 import argparse
-import array
 import os
 import re
 import shlex
 import subprocess
 import sys
 import tempfile
-import json
 
-
-def read_npy(path):
-    with open(path, "rb") as f:
-        magic = f.read(10)
-        length = magic[8] | (magic[9] << 8)
-        header = f.read(length).decode("latin1")
-        shape = tuple(int(d) for d in header.split("'shape': (")[1].split(")")[0].split(",")
-                      if d.strip())
-        values = array.array("f")
-        values.frombytes(f.read())
-    return shape, values
+from fixture_runs import fixture_prompts, mpirun_prefix, read_npy
 
 
 def main():
@@ -59,8 +47,7 @@ def main():
     parser.add_argument("--compile-args", default="")
     args = parser.parse_args()
 
-    reference = json.load(open(os.path.join(args.fixture, "reference.json")))
-    prompts = [",".join(map(str, r["input_ids"])) for r in reference["runs"]]
+    reference, prompts = fixture_prompts(args.fixture)
     work = tempfile.mkdtemp(prefix="moe-ranks-")
     config = os.path.join(args.fixture, "config.json")
     extra = shlex.split(args.compile_args) + ["--max-seq-len", "64"]
@@ -81,8 +68,7 @@ def main():
             if subset is None or i in subset:
                 command += ["--tokens", p]
         if world > 1:
-            command = [args.mpirun, "--allow-run-as-root", "--oversubscribe", "-np",
-                       str(world)] + command
+            command = mpirun_prefix(args.mpirun, world) + command
         out = subprocess.run(command, capture_output=True, text=True)
         if out.returncode != 0:
             print(f"FAIL {name}: moert exited {out.returncode}: {out.stderr.strip()[-2000:]}")

@@ -28,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 
+from fixture_runs import fixture_prompts, mpirun_prefix
+
 
 def main():
     parser = argparse.ArgumentParser()
@@ -38,11 +40,9 @@ def main():
     parser.add_argument("--mpirun", default="mpirun")
     parser.add_argument("--write-layout", default="dp=2,ep=2")
     args = parser.parse_args()
-    reference = json.load(open(os.path.join(args.fixture, "reference.json")))
-    prompts = [",".join(map(str, r["input_ids"])) for r in reference["runs"]]
+    reference, prompts = fixture_prompts(args.fixture)
     config = os.path.join(args.fixture, "config.json")
     work = tempfile.mkdtemp(prefix="moe-reshard-")
-    mpi = [args.mpirun, "--allow-run-as-root", "--oversubscribe", "-np"]
     failures = 0
 
     def check(ok, text):
@@ -77,14 +77,14 @@ def main():
         for p in prompts:
             command += ["--tokens", p]
         if world > 1:
-            command = mpi + [str(world)] + command
+            command = mpirun_prefix(args.mpirun, world) + command
         return call(command)
 
     # Convert: one process, then rank by rank under mpirun.
     wname, wplan, wworld = compile_plan(args.write_layout)
     one, ranked = os.path.join(work, "one"), os.path.join(work, "ranked")
     call([args.moert, "convert", wplan, "--weights", args.fixture, "--out", one])
-    call(mpi + [str(wworld), args.moert, "convert", wplan, "--weights", args.fixture, "--out",
+    call(mpirun_prefix(args.mpirun, wworld) + [args.moert, "convert", wplan, "--weights", args.fixture, "--out",
                 ranked])
 
     def rank_files(d):
