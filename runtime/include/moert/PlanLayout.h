@@ -1,7 +1,6 @@
 // The distribution part of a plan: which slice (box) of which checkpoint
-// tensor each rank holds. Read for any world size (Plan::load executes only
-// plans of any size); used by the CPU device to fill each rank's weights and
-// by `moert convert` to write sharded checkpoints.
+// tensor each rank holds, for any world size. Used by the CPU device to fill
+// each rank's weights and by `moert convert` to write sharded checkpoints.
 #pragma once
 
 #include "moert/Tensor.h"
