@@ -7,10 +7,8 @@
 // layout) otherwise.
 #include "moert/Device.h"
 #include "moert/Error.h"
-#include "moert/PlanLayout.h"
+#include "moert/RankWeights.h"
 #include "moert/cpu/Kernels.h"
-
-#include "../checkpoint/Progress.h"
 
 #include <fmt/core.h>
 
@@ -141,10 +139,10 @@ public:
     return out;
   }
 
-  int64_t weightBytes() const override { return boundBytes; }
+  int64_t weightBytes() const override { return rankWeights.boundBytes(); }
   int64_t workspaceBytes() const override { return allocated; }
   int64_t peakBytes() const override { return memory.peak(); }
-  int64_t loadedWeightBytes() const override { return loadedBytes; }
+  int64_t loadedWeightBytes() const override { return rankWeights.loadedBytes(); }
 
 private:
   float *f(int64_t id) { return buffers[id].data(); }
@@ -171,144 +169,17 @@ private:
 
   /// Fills every weight the program's steps use from this rank's slices
   /// (PlanLayout): local expert l of a stack is global expert ep * El + l.
+  /// The rank's weights (moert/RankWeights.h): views into the mapping or
+  /// owned copies of its boxes; expert stacks as one matrix per expert.
   void bindWeights(const Checkpoint &ckpt) {
-    PlanLayout layout = PlanLayout::load(plan->path);
-    std::unordered_map<std::string, const PlanSlice *> slices;
-    for (const PlanSlice &s : layout.ranks.at(rank))
-      slices.emplace(s.name, &s);
-    std::unordered_map<std::string, const PlanWeight *> logical;
-    for (const PlanWeight &w : plan->weights)
-      logical.emplace(w.name, &w);
-
-    std::vector<bool> used(program->weights.size(), false);
-    for (const PlanStep &s : program->steps)
-      for (int64_t w : s.weights)
-        used[w] = true;
-    weights.assign(program->weights.size(), {});
-    owned.clear();
-    boundBytes = loadedBytes = 0;
-    // Bytes this rank reads (progress), and the resident memory loading
-    // adds (MOERT_LOAD_REPORT=1 prints it against the rank's shard bytes).
-    uint64_t toLoad = 0;
-    for (const PlanSlice &s : layout.ranks.at(rank))
-      toLoad += TensorView{s.dtype, s.shape, nullptr}.bytes();
-    uint64_t progressed = 0;
-    const int64_t rssBefore = residentBytes("VmRSS:");
-    Progress progress(fmt::format("load (rank {})", rank), toLoad, rank == 0);
-    for (size_t i = 0; i < program->weights.size(); ++i) {
-      if (!used[i])
-        continue;
-      const PlanWeight &local = program->weights[i];
-      const PlanWeight &global = *logical.at(local.name); // checked by Plan::load
-      if (local.experts == 0) {
-        weights[i].view = bind(ckpt, slices, local.name, global.shape, local.shape, local.dtype);
-        progress.add(static_cast<uint64_t>(loadedBytes) - progressed);
-        progressed = static_cast<uint64_t>(loadedBytes);
-        continue;
-      }
-      for (int64_t l = 0; l < local.experts; ++l) {
-        int64_t e = coords.ep * local.experts + l;
-        if (e >= global.experts)
-          inputError("{}: rank {} (ep {}) would hold expert {} of '{}', a stack of {}",
-                     plan->path, rank, coords.ep, e, global.name, global.experts);
-        TensorView v = bind(ckpt, slices, global.expertName(e), global.tensorShape(),
-                            local.tensorShape(), local.dtype);
-        weights[i].experts.push_back(cpu::Matrix::of(v));
-        progress.add(static_cast<uint64_t>(loadedBytes) - progressed);
-        progressed = static_cast<uint64_t>(loadedBytes);
-      }
+    rankWeights.bind(*plan, rank, ckpt, [&](int64_t bytes) { memory.add(bytes); });
+    weights.assign(rankWeights.weights().size(), {});
+    for (size_t i = 0; i < weights.size(); ++i) {
+      const RankWeights::Weight &w = rankWeights.weights()[i];
+      weights[i].view = w.view;
+      for (const TensorView &e : w.experts)
+        weights[i].experts.push_back(cpu::Matrix::of(e));
     }
-    progress.finish();
-    const char *report = std::getenv("MOERT_LOAD_REPORT");
-    if (report && !std::strcmp(report, "1")) {
-      // Growth: the peak after loading over the resident set before it (an
-      // upper bound of what loading added at its peak).
-      const int64_t hwmAfter = residentBytes("VmHWM:");
-      fmt::print(stderr,
-                 "moert: load: rank {}: shard bytes {}, RSS before {}, peak RSS after {} "
-                 "(+{} bytes during load)\n",
-                 rank, toLoad, rssBefore, hwmAfter, hwmAfter - rssBefore);
-      std::fflush(stderr);
-    }
-  }
-
-  /// A figure of /proc/self/status (`key`: "VmRSS:" now, "VmHWM:" peak),
-  /// bytes; 0 where it cannot be read.
-  static int64_t residentBytes(const char *key) {
-    FILE *status = std::fopen("/proc/self/status", "r");
-    if (!status)
-      return 0;
-    char line[256];
-    int64_t kib = 0;
-    while (std::fgets(line, sizeof line, status))
-      if (!std::strncmp(line, key, std::strlen(key)))
-        kib = std::strtoll(line + std::strlen(key), nullptr, 10);
-    std::fclose(status);
-    return kib * 1024;
-  }
-
-  /// One local tensor `name` of `localShape` from this rank's box of the
-  /// checkpoint tensor (of `globalShape`): the tensor itself when the box is
-  /// all of it and the local shape is its shape, else an owned copy of the
-  /// box at the origin, zero elsewhere (vocabulary padding rows).
-  TensorView bind(const Checkpoint &ckpt,
-                  const std::unordered_map<std::string, const PlanSlice *> &slices,
-                  const std::string &name, const std::vector<int64_t> &globalShape,
-                  const std::vector<int64_t> &localShape, DType dtype) {
-    TensorView localView{dtype, localShape, nullptr};
-    auto found = slices.find(name);
-    if (found == slices.end()) {
-      // Only a part of the vocabulary wholly past the checkpoint's rows
-      // (padding) has no box; it is all zeros.
-      bool padding = !localShape.empty() && globalShape[0] == plan->vocabSize &&
-                     coords.tp * localShape[0] >= plan->vocabSize;
-      if (!padding)
-        inputError("{}: rank {} holds no slice of '{}' (ranks[{}].weights)", plan->path, rank,
-                   name, rank);
-      return ownedCopy(localView);
-    }
-    const PlanSlice &slice = *found->second;
-    if (slice.globalShape != globalShape || slice.dtype != dtype)
-      inputError("{}: rank {}'s slice of '{}' is of a {} {} tensor but the plan's weight is {} {}",
-                 plan->path, rank, name, dtypeName(slice.dtype), shapeString(slice.globalShape),
-                 dtypeName(dtype), shapeString(globalShape));
-    // The plan's dtype is part of its memory figures: a checkpoint in
-    // another dtype is another model file.
-    TensorView whole = ckpt.info(name, globalShape);
-    if (whole.dtype != dtype)
-      inputError("{}: tensor '{}': expected dtype {} (the plan's) but found {}",
-                 ckpt.fileOf(name), name, dtypeName(dtype), dtypeName(whole.dtype));
-    TensorView box{dtype, slice.shape, nullptr};
-    loadedBytes += static_cast<int64_t>(box.bytes());
-
-    // A whole tensor of a Hugging Face checkpoint is used in place (a view
-    // into its mapping: no copy, its pages resident once touched); any other
-    // box is read (pread, only its bytes) into a buffer the device owns.
-    bool atOrigin = std::all_of(slice.offset.begin(), slice.offset.end(),
-                                [](int64_t o) { return o == 0; });
-    if (ckpt.hasViews() && atOrigin && slice.shape == globalShape && localShape == globalShape) {
-      whole = ckpt.tensor(name, globalShape);
-      boundBytes += static_cast<int64_t>(whole.bytes());
-      memory.add(static_cast<int64_t>(whole.bytes()));
-      return whole;
-    }
-    for (size_t d = 0; d < localShape.size(); ++d)
-      if (slice.shape.size() != localShape.size() || slice.shape[d] > localShape[d])
-        inputError("{}: rank {}'s box {} of '{}' does not fit the program's {} tensor", plan->path,
-                   rank, shapeString(slice.shape), name, shapeString(localShape));
-    TensorView copy = ownedCopy(localView);
-    ckpt.readBox(name, slice.offset, slice.shape, dtype,
-                 static_cast<char *>(const_cast<void *>(copy.data)), localShape);
-    return copy;
-  }
-
-  /// A zeroed tensor of `view`'s dtype and shape that the device owns.
-  TensorView ownedCopy(TensorView view) {
-    owned.emplace_back(new char[view.bytes()]());
-    view.data = owned.back().get();
-    boundBytes += static_cast<int64_t>(view.bytes());
-    memory.add(static_cast<int64_t>(view.bytes()));
-    return view;
   }
 
   //===--------------------------------------------------------------------===//
@@ -587,14 +458,14 @@ private:
   RankCoords coords;
   const PlanProgram *program = nullptr;
   std::vector<BoundWeight> weights;
-  std::vector<std::unique_ptr<char[]>> owned; // weight copies (parts of tensors)
+  RankWeights rankWeights;
   std::vector<std::vector<float>> buffers;    // I32 buffers reuse the f32 storage
   std::vector<cpu::KVCache> caches;
   std::vector<std::vector<int>> groups; // per step: a collective's world ranks
   std::vector<std::pair<cpu::RopeParams, std::unique_ptr<cpu::RopeTable>>> ropeTables;
   std::vector<float> scratch, gathered, gatherStage, sendStage, recvStage;
   std::vector<int32_t> idScratch, countStage;
-  int64_t boundBytes = 0, loadedBytes = 0, allocated = 0;
+  int64_t allocated = 0;
   MemoryTracker memory;
   std::array<double, kNumOpKinds> seconds{};
 };

@@ -1,0 +1,174 @@
+// One rank's weights from a checkpoint (moert/RankWeights.h).
+#include "moert/RankWeights.h"
+#include "moert/Error.h"
+#include "moert/PlanLayout.h"
+
+#include "checkpoint/Progress.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace moert {
+namespace {
+/// A figure of /proc/self/status (`key`: "VmRSS:" now, "VmHWM:" peak),
+/// bytes; 0 where it cannot be read.
+int64_t residentBytes(const char *key) {
+  FILE *status = std::fopen("/proc/self/status", "r");
+  if (!status)
+    return 0;
+  char line[256];
+  int64_t kib = 0;
+  while (std::fgets(line, sizeof line, status))
+    if (!std::strncmp(line, key, std::strlen(key)))
+      kib = std::strtoll(line + std::strlen(key), nullptr, 10);
+  std::fclose(status);
+  return kib * 1024;
+}
+
+} // namespace
+
+void RankWeights::bind(const Plan &thePlan, int64_t rankIndex, const Checkpoint &ckpt,
+                       const std::function<void(int64_t)> &onBytesFn) {
+  plan = &thePlan;
+  rank = rankIndex;
+  coords = plan->ranks.at(rankIndex).coords;
+  onBytes = onBytesFn;
+  const PlanProgram *program = &plan->programOf(rankIndex);
+  PlanLayout layout = PlanLayout::load(plan->path);
+  slices.clear();
+  for (const PlanSlice &s : layout.ranks.at(rank))
+    slices.emplace(s.name, &s);
+  std::unordered_map<std::string, const PlanWeight *> logical;
+  for (const PlanWeight &w : plan->weights)
+    logical.emplace(w.name, &w);
+
+  std::vector<bool> used(program->weights.size(), false);
+  for (const PlanStep &s : program->steps)
+    for (int64_t w : s.weights)
+      used[w] = true;
+  weights_.assign(program->weights.size(), {});
+  owned.clear();
+  bound = loaded = 0;
+  // Bytes this rank reads (progress), and the resident memory loading
+  // adds (MOERT_LOAD_REPORT=1 prints it against the rank's shard bytes).
+  uint64_t toLoad = 0;
+  for (const PlanSlice &s : layout.ranks.at(rank))
+    toLoad += TensorView{s.dtype, s.shape, nullptr}.bytes();
+  uint64_t progressed = 0;
+  const int64_t rssBefore = residentBytes("VmRSS:");
+  Progress progress(fmt::format("load (rank {})", rank), toLoad, rank == 0);
+  for (size_t i = 0; i < program->weights.size(); ++i) {
+    if (!used[i])
+      continue;
+    const PlanWeight &local = program->weights[i];
+    const PlanWeight &global = *logical.at(local.name); // checked by Plan::load
+    if (local.experts == 0) {
+      weights_[i].view = bindOne(ckpt, local.name, global.shape, local.shape, local.dtype);
+      progress.add(static_cast<uint64_t>(loaded) - progressed);
+      progressed = static_cast<uint64_t>(loaded);
+      continue;
+    }
+    for (int64_t l = 0; l < local.experts; ++l) {
+      int64_t e = coords.ep * local.experts + l;
+      if (e >= global.experts)
+        inputError("{}: rank {} (ep {}) would hold expert {} of '{}', a stack of {}", plan->path,
+                   rank, coords.ep, e, global.name, global.experts);
+      TensorView v = bindOne(ckpt, global.expertName(e), global.tensorShape(), local.tensorShape(),
+                             local.dtype);
+      weights_[i].experts.push_back(v);
+      progress.add(static_cast<uint64_t>(loaded) - progressed);
+      progressed = static_cast<uint64_t>(loaded);
+    }
+  }
+  slices.clear(); // they point into `layout`
+  progress.finish();
+  const char *report = std::getenv("MOERT_LOAD_REPORT");
+  if (report && !std::strcmp(report, "1")) {
+    // Growth: the peak after loading over the resident set before it (an
+    // upper bound of what loading added at its peak).
+    const int64_t hwmAfter = residentBytes("VmHWM:");
+    fmt::print(stderr,
+               "moert: load: rank {}: shard bytes {}, RSS before {}, peak RSS after {} "
+               "(+{} bytes during load)\n",
+               rank, toLoad, rssBefore, hwmAfter, hwmAfter - rssBefore);
+    std::fflush(stderr);
+  }
+}
+
+/// One local tensor `name` of `localShape` from this rank's box of the
+/// checkpoint tensor (of `globalShape`): the tensor itself when the box is
+/// all of it and the local shape is its shape, else an owned copy of the
+/// box at the origin, zero elsewhere (vocabulary padding rows).
+TensorView RankWeights::bindOne(const Checkpoint &ckpt, const std::string &name,
+                                const std::vector<int64_t> &globalShape,
+                                const std::vector<int64_t> &localShape, DType dtype) {
+  TensorView localView{dtype, localShape, nullptr};
+  auto found = slices.find(name);
+  if (found == slices.end()) {
+    // Only a part of the vocabulary wholly past the checkpoint's rows
+    // (padding) has no box; it is all zeros.
+    bool padding = !localShape.empty() && globalShape[0] == plan->vocabSize &&
+                   coords.tp * localShape[0] >= plan->vocabSize;
+    if (!padding)
+      inputError("{}: rank {} holds no slice of '{}' (ranks[{}].weights)", plan->path, rank, name,
+                 rank);
+    return ownedCopy(localView);
+  }
+  const PlanSlice &slice = *found->second;
+  if (slice.globalShape != globalShape || slice.dtype != dtype)
+    inputError("{}: rank {}'s slice of '{}' is of a {} {} tensor but the plan's weight is {} {}",
+               plan->path, rank, name, dtypeName(slice.dtype), shapeString(slice.globalShape),
+               dtypeName(dtype), shapeString(globalShape));
+  // The plan's dtype is part of its memory figures: a checkpoint in
+  // another dtype is another model file.
+  TensorView whole = ckpt.info(name, globalShape);
+  if (whole.dtype != dtype)
+    inputError("{}: tensor '{}': expected dtype {} (the plan's) but found {}", ckpt.fileOf(name),
+               name, dtypeName(dtype), dtypeName(whole.dtype));
+  TensorView box{dtype, slice.shape, nullptr};
+  loaded += static_cast<int64_t>(box.bytes());
+
+  // A whole tensor of a Hugging Face checkpoint is used in place (a view
+  // into its mapping: no copy, its pages resident once touched); any other
+  // box is read (pread, only its bytes) into a buffer the device owns.
+  bool atOrigin =
+      std::all_of(slice.offset.begin(), slice.offset.end(), [](int64_t o) { return o == 0; });
+  if (ckpt.hasViews() && atOrigin && slice.shape == globalShape && localShape == globalShape) {
+    whole = ckpt.tensor(name, globalShape);
+    bound += static_cast<int64_t>(whole.bytes());
+    onBytes(static_cast<int64_t>(whole.bytes()));
+    return whole;
+  }
+  for (size_t d = 0; d < localShape.size(); ++d)
+    if (slice.shape.size() != localShape.size() || slice.shape[d] > localShape[d])
+      inputError("{}: rank {}'s box {} of '{}' does not fit the program's {} tensor", plan->path,
+                 rank, shapeString(slice.shape), name, shapeString(localShape));
+  TensorView copy = ownedCopy(localView);
+  ckpt.readBox(name, slice.offset, slice.shape, dtype,
+               static_cast<char *>(const_cast<void *>(copy.data)), localShape);
+  return copy;
+}
+
+/// A zeroed tensor of `view`'s dtype and shape that the device owns.
+TensorView RankWeights::ownedCopy(TensorView view) {
+  owned.emplace_back(new char[view.bytes()]());
+  view.data = owned.back().get();
+  bound += static_cast<int64_t>(view.bytes());
+  onBytes(static_cast<int64_t>(view.bytes()));
+  return view;
+}
+
+void RankWeights::release() {
+  owned.clear();
+  for (Weight &w : weights_) {
+    w.view.data = nullptr;
+    for (TensorView &e : w.experts)
+      e.data = nullptr;
+  }
+}
+
+} // namespace moert
