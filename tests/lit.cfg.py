@@ -38,3 +38,27 @@ config.substitutions.append(("%deadline", "%s %s" % (
     config.python_executable, os.path.join(config.moe_src_root, "tests", "tools", "deadline.py"))))
 if config.moe_have_cuda:
     config.available_features.add("cuda-toolkit")
+
+# The CUDA target (docs/cuda.md). The CPU execution layer of tests/cuda-host
+# builds emitted kernels with the host C++ compiler: no GPU, no CUDA toolkit.
+config.substitutions.append(("%cuda-host-cxx", "%s -std=c++17 -O1 -shared -fPIC -include %s -x c++" % (
+    getattr(config, "moe_cxx_compiler", "") or "c++",
+    os.path.join(config.moe_src_root, "tests", "cuda-host", "cuda_host.h"))))
+config.substitutions.append(("%cuda-host-exe", "%s -std=c++17 -O1 -include %s -x c++" % (
+    getattr(config, "moe_cxx_compiler", "") or "c++",
+    os.path.join(config.moe_src_root, "tests", "cuda-host", "cuda_host.h"))))
+config.substitutions.append(("%cuda-host-check", os.path.join(config.moe_obj_root, "tests", "cuda-host", "cuda-host-check")))
+# nvcc and cuobjdump (fatbin tests): the configured CUDA compiler, $MOE_NVCC,
+# or /usr/local/cuda.
+nvcc = os.environ.get("MOE_NVCC") or getattr(config, "moe_cuda_compiler", "") or "/usr/local/cuda/bin/nvcc"
+if nvcc and os.access(nvcc, os.X_OK):
+    config.available_features.add("nvcc")
+    config.environment["MOE_NVCC"] = nvcc
+    # Toolkits without cuobjdump: tests/tools/fatbin-list.py reads fatbins.
+    cuobjdump = os.path.join(os.path.dirname(nvcc), "cuobjdump")
+    if os.access(cuobjdump, os.X_OK):
+        config.available_features.add("cuobjdump")
+        config.substitutions.append(("%cuobjdump", cuobjdump))
+# A GPU is visible (tests that run kernels on one).
+if os.path.exists("/dev/nvidia0"):
+    config.available_features.add("gpu")

@@ -10,6 +10,7 @@
 #include "moe/InitAll.h"
 #include "moe/Pipelines.h"
 #include "moe/Analysis/Planner.h"
+#include "moe/Target/Cuda.h"
 #include "moe/Target/Distribution.h"
 #include "moe/Target/PlanWriter.h"
 #include "moe/Transforms/Passes.h"
@@ -24,6 +25,7 @@
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/WithColor.h"
 
@@ -60,8 +62,22 @@ cl::opt<std::string> compileOutput(
 cl::opt<std::string> compileTo(
     "compile-to",
     cl::desc("Stop after this phase and print its IR: import, workload, "
-             "partition, buffers (default: plan, which writes the plan file)"),
+             "partition, buffers (default: plan, which writes the plan file); "
+             "kernels: with --target cuda, write the CUDA sources (and the plan "
+             "with its kernel tables) to the -o directory, or the sources to "
+             "standard output, without running nvcc"),
     cl::value_desc("phase"), cl::init("plan"), cl::sub(compileCommand));
+cl::opt<std::string> compileTarget(
+    "target",
+    cl::desc("What the plan runs on: cpu (default) or cuda (each program's kernels "
+             "emitted as CUDA C++ beside the plan and compiled by nvcc into a fatbin; "
+             "docs/cuda.md)"),
+    cl::value_desc("target"), cl::init("cpu"), cl::sub(compileCommand));
+cl::opt<std::string> cudaArchs(
+    "cuda-arch",
+    cl::desc("With --target cuda: the GPU architectures to compile SASS for, plus PTX "
+             "(comma-separated, default sm_80,sm_90)"),
+    cl::value_desc("sm_XY,..."), cl::init("sm_80,sm_90"), cl::sub(compileCommand));
 cl::opt<int64_t> maxBatchTokens(
     "max-batch-tokens",
     cl::desc("Most tokens processed in one step; prompts longer than this are "
@@ -277,8 +293,102 @@ int runImport() {
   return writeIR(*imported->module, importOutput);
 }
 
+/// --target cuda: emits every program's kernels into `plan` (its "cuda"
+/// objects) and writes the sources into `dir` (named `prefix`stage<i>.cu);
+/// compiles each into a fatbin unless `nvcc` is empty. With an empty dir,
+/// prints the sources to standard output instead.
+Error emitCuda(json::Object &root, StringRef dir, StringRef prefix, StringRef nvcc,
+               const std::vector<std::string> &archs) {
+  json::Array *programs = root.getArray("programs");
+  if (!programs)
+    return createStringError(inconvertibleErrorCode(), "--target cuda: plan has no programs");
+  for (size_t i = 0; i < programs->size(); ++i) {
+    json::Object &program = *(*programs)[i].getAsObject();
+    Expected<cuda::EmittedProgram> emitted = cuda::emitProgram(root, program, int64_t(i));
+    if (!emitted)
+      return emitted.takeError();
+    std::string name = (prefix + "stage" + Twine(i)).str();
+    if (dir.empty()) {
+      outs() << "// ===== program " << i << " (" << name << ".cu) =====\n" << emitted->source;
+      continue;
+    }
+    SmallString<256> source(dir);
+    sys::path::append(source, name + ".cu");
+    {
+      std::error_code ec;
+      raw_fd_ostream os(source, ec);
+      if (ec)
+        return createStringError(ec, "%s: cannot write: %s", source.c_str(),
+                                 ec.message().c_str());
+      os << emitted->source;
+    }
+    emitted->table["source"] = name + ".cu";
+    if (!nvcc.empty()) {
+      SmallString<256> fatbin(dir);
+      sys::path::append(fatbin, name + ".fatbin");
+      std::string log;
+      Error compiled = cuda::compileFatbin(nvcc, source, fatbin, archs, log);
+      // ptxas' report beside the source (registers, shared memory, spills).
+      SmallString<256> logPath(dir);
+      sys::path::append(logPath, name + ".ptxas.txt");
+      {
+        std::error_code ec;
+        raw_fd_ostream os(logPath, ec);
+        if (!ec)
+          os << log;
+      }
+      if (compiled)
+        return compiled;
+      emitted->table["fatbin"] = name + ".fatbin";
+      emitted->table["ptxas_report"] = name + ".ptxas.txt";
+      json::Array archList;
+      for (const std::string &a : archs)
+        archList.push_back(a);
+      emitted->table["archs"] = std::move(archList);
+    }
+    program["cuda"] = std::move(emitted->table);
+  }
+  return Error::success();
+}
+
 int runCompile() {
-  std::optional<Phase> last = parsePhase(compileTo);
+  const bool kernelsOnly = compileTo == "kernels";
+  std::optional<Phase> last = kernelsOnly ? std::optional<Phase>(Phase::Plan) : parsePhase(compileTo);
+  if (compileTarget != "cpu" && compileTarget != "cuda")
+    return fail(createStringError(inconvertibleErrorCode(),
+                                  "--target: unknown target '%s' (expected cpu or cuda)",
+                                  compileTarget.c_str()));
+  const bool cudaTarget = compileTarget == "cuda";
+  if (kernelsOnly && !cudaTarget)
+    return fail(createStringError(inconvertibleErrorCode(),
+                                  "--compile-to=kernels: expected --target cuda"));
+  std::vector<std::string> archs;
+  std::string nvcc;
+  if (cudaTarget) {
+    SmallVector<StringRef> parts;
+    StringRef(cudaArchs).split(parts, ',', -1, false);
+    for (StringRef a : parts) {
+      a = a.trim();
+      unsigned number = 0;
+      if (!a.starts_with("sm_") || a.drop_front(3).getAsInteger(10, number) || number < 70)
+        return fail(createStringError(inconvertibleErrorCode(),
+                                      "--cuda-arch: '%s' is not an architecture like sm_80 "
+                                      "(sm_70 or later)",
+                                      a.str().c_str()));
+      archs.push_back(a.str());
+    }
+    if (archs.empty())
+      return fail(createStringError(inconvertibleErrorCode(),
+                                    "--cuda-arch: expected at least one architecture"));
+    if (!kernelsOnly) {
+      nvcc = cuda::findNvcc();
+      if (nvcc.empty())
+        return fail(createStringError(
+            inconvertibleErrorCode(),
+            "--target cuda: nvcc not found (set MOE_NVCC, or install the CUDA toolkit at "
+            "/usr/local/cuda; --compile-to=kernels writes the sources without nvcc)"));
+    }
+  }
   if (!last)
     return fail(createStringError(inconvertibleErrorCode(),
                                   "--compile-to: unknown phase '%s' (expected "
@@ -381,14 +491,41 @@ int runCompile() {
 
   if (*last != Phase::Plan)
     return writeIR(*module, compileOutput.empty() ? "-" : compileOutput.getValue());
-  if (compileOutput.empty() && !explain && !printJson)
+  if (compileOutput.empty() && !explain && !printJson && !kernelsOnly)
     return fail(createStringError(inconvertibleErrorCode(),
                                   "-o: expected the plan's output path"));
   Expected<json::Value> plan = buildPlan(*module);
   if (!plan)
     return fail(plan.takeError(), kExitFailure);
+  // Where the plan goes: -o, or DIR/plan.json for --compile-to=kernels -o DIR.
+  std::string planPath = compileOutput;
+  if (cudaTarget) {
+    SmallString<256> dir;
+    std::string prefix;
+    if (kernelsOnly && !compileOutput.empty()) {
+      dir = compileOutput.getValue();
+      if (std::error_code ec = sys::fs::create_directories(dir))
+        return fail(createStringError(ec, "%s: cannot create: %s", dir.c_str(),
+                                      ec.message().c_str()));
+      SmallString<256> p(dir);
+      sys::path::append(p, "plan.json");
+      planPath = p.str().str();
+    } else if (!kernelsOnly && !compileOutput.empty()) {
+      dir = sys::path::parent_path(compileOutput);
+      if (dir.empty())
+        dir = ".";
+      prefix = (sys::path::filename(compileOutput) + ".").str();
+    }
+    if (!kernelsOnly && compileOutput.empty())
+      return fail(createStringError(inconvertibleErrorCode(),
+                                    "--target cuda: expected the plan's output path (-o)"));
+    if (Error e = emitCuda(*plan->getAsObject(), dir, prefix, nvcc, archs))
+      return fail(std::move(e), kExitFailure);
+    if (kernelsOnly && compileOutput.empty())
+      return kExitOk;
+  }
   if (!planned) {
-    if (Error e = writePlanFile(*plan, compileOutput))
+    if (Error e = writePlanFile(*plan, planPath))
       return fail(std::move(e));
     return kExitOk;
   }
@@ -408,14 +545,14 @@ int runCompile() {
   root["weights"] = std::move(logical);
   if (chosen.layout.degrees.world() == 1) {
     mergeDistribution(root, distributionJson(*model, chosen));
-    if (Error e = writePlanFile(*plan, compileOutput))
+    if (Error e = writePlanFile(*plan, planPath))
       return fail(std::move(e));
     return kExitOk;
   }
   // Many ranks: the per-stage programs are in the plan; each rank's entry
   // (coords, program, slices) is streamed.
   root.erase("ranks");
-  if (Error e = writePlanFile(root, compileOutput, [&](json::OStream &J) {
+  if (Error e = writePlanFile(root, planPath, [&](json::OStream &J) {
         writeDistribution(J, *model, chosen);
       }))
     return fail(std::move(e));

@@ -110,4 +110,17 @@ def MoEVerifyCollectives : Pass<"moe-verify-collectives", "mlir::ModuleOp"> {
   }];
 }
 
+def MoEAnnotateKernels : Pass<"moe-annotate-kernels", "mlir::ModuleOp"> {
+  let summary = "attach the CUDA target's kernel-level lowering to every op";
+  let description = [{
+    The kernel-level view of the CUDA target (docs/cuda.md) in the IR: on a
+    module that went through the whole pipeline (workload, partitioning,
+    buffers), emits every program's kernels as `moec compile --target cuda`
+    does and attaches to each op of a program `moe.cuda.launches`: one string
+    per launch, in order: `KERNEL<<<(grid), block>>>(params)` for an emitted
+    kernel (grid in terms of the step's rows T or R), `gemm MxNxK (A, B ->
+    C)` for a cuBLAS call, `collective OP` for NCCL. Changes nothing else.
+  }];
+}
+
 #endif // MOE_TRANSFORMS_PASSES_TD

@@ -1,0 +1,49 @@
+//===- Cuda.h - the CUDA target: kernel emitter and nvcc driver -*- C++ -*-===//
+//
+// From a plan program (the JSON object PlanWriter builds: buffers, weights,
+// steps), emits one CUDA C++ source with an `extern "C" __global__` kernel per
+// non-GEMM piece of each step, specialised to the program's constants, and a
+// kernel table (the program's "cuda" object) that says, per step, which
+// kernels to launch with which geometry and parameters, and which GEMMs the
+// driver runs through cuBLAS. docs/cuda.md describes the table.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+#include "llvm/Support/JSON.h"
+
+#include <string>
+#include <vector>
+
+namespace moe::cuda {
+
+/// One program's emitted kernels.
+struct EmittedProgram {
+  std::string source;        ///< the .cu text
+  llvm::json::Object table;  ///< the kernel table (without "source"/"fatbin")
+  std::vector<std::string> kernels; ///< every __global__ kernel, in order
+};
+
+/// Emits program `index` of `plan` (the plan's root object: workload and
+/// model are read from it).
+llvm::Expected<EmittedProgram> emitProgram(const llvm::json::Object &plan,
+                                           const llvm::json::Object &program, int64_t index);
+
+/// The nvcc to use: $MOE_NVCC, else the CMake-configured CUDA compiler, else
+/// /usr/local/cuda/bin/nvcc, else `nvcc` on PATH; empty when none exists.
+std::string findNvcc();
+
+/// Compiles `source` (a file) into `fatbin` with SASS for each arch of
+/// `archs` ("sm_80", "sm_90") plus PTX, with `-Xptxas -v`; fails naming the
+/// kernel when any kernel spills or has a local-memory stack frame.
+/// `ptxasLog` receives ptxas' output.
+llvm::Error compileFatbin(llvm::StringRef nvcc, llvm::StringRef source, llvm::StringRef fatbin,
+                          const std::vector<std::string> &archs, std::string &ptxasLog);
+
+/// Checks ptxas -v output: an error naming the first kernel (and arch) with
+/// spill stores/loads or a stack frame above 0 bytes.
+llvm::Error checkPtxasLog(llvm::StringRef log);
+
+} // namespace moe::cuda

@@ -1,0 +1,569 @@
+// cuda-host-check PLAN KERNELS.so WEIGHTS [--program N] [--tol X] [--prefill A,B]
+//
+// Runs a plan program step by step on the CPU backend's kernels (moert::cpu,
+// called per step kind as runtime/src/cpu/CpuDevice.cpp calls them) and, for
+// every step, the step's entry of the plan's CUDA kernel table on the CPU
+// execution layer (cuda_host.h: the emitted kernels compiled by g++ into
+// KERNELS.so; GEMM entries on the CPU GEMM, cpu::linear), starting from the
+// buffers and KV caches the CPU backend had before the step. Compares every
+// output (f32: max abs diff <= --tol, default 1e-5; i32: exact; the KV
+// caches) and prints one line per step. Two forward passes: a prefill of two
+// sequences (--prefill A,B tokens, default 7,5), then a mixed decode/prefill
+// step (1 + 3 tokens) against the cache. Exit 0 when every step matched.
+#include "moert/Checkpoint.h"
+#include "moert/Plan.h"
+#include "moert/cpu/Kernels.h"
+
+#include <nlohmann/json.hpp>
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using namespace moert;
+using json = nlohmann::json;
+
+namespace {
+
+using Trampoline = void (*)(const unsigned long long *);
+using LaunchFn = void (*)(Trampoline, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                          const unsigned long long *);
+
+[[noreturn]] void die(const std::string &message) {
+  std::fprintf(stderr, "cuda-host-check: %s\n", message.c_str());
+  std::exit(1);
+}
+
+struct Weight {
+  TensorView view;
+  std::vector<cpu::Matrix> experts;
+};
+
+/// Activation state: plan buffers and KV caches.
+struct State {
+  std::vector<std::vector<float>> buffers;
+  std::vector<cpu::KVCache> caches;
+};
+
+struct BatchInput {
+  std::vector<int32_t> tokens, positions, slots, logitRows;
+};
+
+class Checker {
+public:
+  Checker(const Plan &plan, int64_t programIndex, const json &table, void *lib,
+          const Checkpoint &ckpt, double tol)
+      : plan(plan), program(plan.programs.at(programIndex)), table(table), lib(lib), tol(tol) {
+    launchFn = reinterpret_cast<LaunchFn>(dlsym(lib, "moe_host_launch"));
+    if (!launchFn)
+      die("kernels library has no moe_host_launch (built without cuda_host.h?)");
+    for (const PlanWeight &w : program.weights) {
+      Weight bound;
+      if (w.experts > 0) {
+        for (int64_t e = 0; e < w.experts; ++e)
+          bound.experts.push_back(cpu::Matrix::of(ckpt.tensor(w.expertName(e), w.tensorShape())));
+      } else {
+        bound.view = ckpt.tensor(w.name, w.shape);
+      }
+      weights.push_back(std::move(bound));
+    }
+    // Stacks as one contiguous tensor too (what a device holds).
+    for (size_t i = 0; i < program.buffers.size(); ++i)
+      cpu.buffers.emplace_back(program.buffers[i].rows * program.buffers[i].width, 0.0f);
+    for (const PlanCache &c : program.caches) {
+      cpu.caches.emplace_back();
+      cpu.caches.back().allocate(plan.maxSequences, plan.maxSeqLen, c.keyWidth, c.valueWidth);
+    }
+    for (const json &s : table.at("scratch"))
+      scratchBytes.push_back(s.at("bytes").get<int64_t>());
+    // Rope tables of the kernel table: the parameters of the steps that use
+    // them; cos/sin read back from cpu::RopeTable (unit vectors rotated).
+    const json &steps = table.at("steps");
+    std::map<int64_t, cpu::RopeParams> ropeOf;
+    for (size_t i = 0; i < steps.size(); ++i)
+      for (const json &l : steps[i].at("launches"))
+        if (l.contains("params"))
+          for (const json &p : l.at("params")) {
+            std::string ref = p.get<std::string>();
+            if (ref.rfind("rope_cos:", 0) == 0)
+              ropeOf[std::stoll(ref.substr(9))] = program.steps[i].rope;
+          }
+    ropeCos.resize(table.at("rope_tables").size());
+    ropeSin.resize(ropeCos.size());
+    for (auto &[id, params] : ropeOf) {
+      cpu::RopeTable rt(params, plan.maxSeqLen);
+      const int64_t R = params.rotaryDim, half = R / 2, P = plan.maxSeqLen;
+      std::vector<float> x(P * R, 0.0f);
+      std::vector<int32_t> pos(P);
+      for (int64_t p = 0; p < P; ++p) {
+        pos[p] = static_cast<int32_t>(p);
+        for (int64_t i = 0; i < half; ++i)
+          x[p * R + (params.interleaved ? 2 * i : i)] = 1.0f;
+      }
+      rt.apply(x.data(), P, R, R, pos.data());
+      ropeCos[id].resize(P * half);
+      ropeSin[id].resize(P * half);
+      for (int64_t p = 0; p < P; ++p)
+        for (int64_t i = 0; i < half; ++i) {
+          ropeCos[id][p * half + i] = x[p * R + (params.interleaved ? 2 * i : i)];
+          ropeSin[id][p * half + i] = x[p * R + (params.interleaved ? 2 * i + 1 : i + half)];
+        }
+    }
+  }
+
+  /// One forward pass; returns the number of mismatching steps.
+  int forward(const BatchInput &batch, const std::string &label) {
+    const int64_t T = static_cast<int64_t>(batch.tokens.size());
+    std::copy(batch.tokens.begin(), batch.tokens.end(), ints(cpu, program.tokensBuffer));
+    std::copy(batch.positions.begin(), batch.positions.end(), ints(cpu, program.positionsBuffer));
+    cpu::TokenLayout layout{batch.slots.data(), batch.positions.data(), T};
+    int64_t rows = T;
+    int failures = 0;
+    const json &steps = table.at("steps");
+    for (size_t i = 0; i < program.steps.size(); ++i) {
+      const PlanStep &s = program.steps[i];
+      State gpu = cpu; // the state before the step
+      int64_t after = runCpu(s, rows, layout, batch);
+      runKernels(steps.at(i), gpu, rows, batch);
+      double diff = 0;
+      std::string what;
+      bool ok = compare(s, gpu, rows, after, diff, what);
+      std::printf("%s step %zu %-14s %-5s max_abs_diff %.3g%s\n", label.c_str(), i,
+                  opName(s.op), ok ? "ok" : "FAIL", diff, what.c_str());
+      failures += ok ? 0 : 1;
+      rows = after;
+    }
+    // Greedy sampling kernel: argmax of the logit rows.
+    if (table.contains("sampling") && table.at("sampling").contains("argmax") &&
+        program.logitsBuffer >= 0) {
+      const int64_t R = rows, V = program.buffers[program.logitsBuffer].width;
+      std::vector<int32_t> got(R, -1);
+      State gpu = cpu;
+      argmaxOut = got.data();
+      launch(table.at("sampling").at("argmax"), gpu, R, R, batch);
+      bool ok = true;
+      for (int64_t r = 0; r < R; ++r)
+        ok = ok && got[r] == cpu::argmax(cpu.buffers[program.logitsBuffer].data() + r * V, V);
+      std::printf("%s argmax (%lld rows) %s\n", label.c_str(), static_cast<long long>(R),
+                  ok ? "ok" : "FAIL");
+      failures += ok ? 0 : 1;
+    }
+    return failures;
+  }
+
+private:
+  const Plan &plan;
+  const PlanProgram &program;
+  const json &table;
+  void *lib;
+  double tol;
+  LaunchFn launchFn = nullptr;
+  std::vector<Weight> weights;
+  State cpu;
+  std::vector<int64_t> scratchBytes;
+  std::vector<std::vector<float>> ropeCos, ropeSin;
+  std::vector<float> scratchCpu;
+  int32_t *argmaxOut = nullptr;
+
+  int64_t width(int64_t b) const { return program.buffers[b].width; }
+  int64_t bufRows(int64_t b) const { return program.buffers[b].rows; }
+  static float *f(State &st, int64_t b) { return st.buffers[b].data(); }
+  static int32_t *ints(State &st, int64_t b) {
+    return reinterpret_cast<int32_t *>(st.buffers[b].data());
+  }
+  const TensorView *optional(const PlanStep &s, size_t i) const {
+    return s.weights.size() > i ? &weights[s.weights[i]].view : nullptr;
+  }
+  const TensorView &w(const PlanStep &s, size_t i) const { return weights[s.weights[i]].view; }
+  std::map<std::string, std::unique_ptr<cpu::RopeTable>> ropeTables;
+  const cpu::RopeTable &ropeTable(const cpu::RopeParams &p) {
+    char key[512];
+    std::snprintf(key, sizeof key, "%d %g %lld %d %g %lld %g %g %g %g %g %g",
+                  static_cast<int>(p.kind), p.theta, static_cast<long long>(p.rotaryDim),
+                  p.interleaved, p.factor, static_cast<long long>(p.originalMaxPosition),
+                  p.lowFreqFactor, p.highFreqFactor, p.betaFast, p.betaSlow, p.mscale,
+                  p.mscaleAllDim);
+    auto &slot = ropeTables[key];
+    if (!slot)
+      slot = std::make_unique<cpu::RopeTable>(p, plan.maxSeqLen);
+    return *slot;
+  }
+
+  /// The CPU backend's step (as CpuDevice::run computes it, rank 0).
+  int64_t runCpu(const PlanStep &s, int64_t T, const cpu::TokenLayout &layout,
+                 const BatchInput &batch) {
+    State &st = cpu;
+    switch (s.op) {
+    case OpKind::Embedding: {
+      cpu::Matrix m = cpu::Matrix::of(w(s, 0));
+      std::vector<int32_t> ids(ints(st, s.in[0]), ints(st, s.in[0]) + T);
+      for (int32_t &id : ids)
+        if (id < 0 || id >= m.rows)
+          id = 0;
+      cpu::embedding(m, ids.data(), T, f(st, s.out[0]));
+      for (int64_t t = 0; t < T; ++t)
+        if (ints(st, s.in[0])[t] >= m.rows)
+          std::fill_n(f(st, s.out[0]) + t * m.cols, m.cols, 0.0f);
+      return T;
+    }
+    case OpKind::RMSNorm:
+      cpu::rmsNorm(f(st, s.in[0]), T, width(s.in[0]), w(s, 0), s.eps, f(st, s.out[0]));
+      return T;
+    case OpKind::LayerNorm:
+      cpu::layerNorm(f(st, s.in[0]), T, width(s.in[0]), w(s, 0), optional(s, 1), s.eps,
+                     f(st, s.out[0]));
+      return T;
+    case OpKind::Linear: {
+      cpu::Matrix m = cpu::Matrix::of(w(s, 0));
+      if (!s.head) {
+        cpu::linear(f(st, s.in[0]), T, m, optional(s, 1), f(st, s.out[0]));
+        return T;
+      }
+      const int64_t R = static_cast<int64_t>(batch.logitRows.size());
+      std::vector<float> rowsBuf(R * m.cols);
+      for (int64_t r = 0; r < R; ++r)
+        std::copy_n(f(st, s.in[0]) + batch.logitRows[r] * m.cols, m.cols,
+                    rowsBuf.data() + r * m.cols);
+      cpu::linear(rowsBuf.data(), R, m, optional(s, 1), f(st, s.out[0]));
+      return R;
+    }
+    case OpKind::Rope: {
+      const int64_t wd = width(s.in[0]);
+      if (s.out[0] != s.in[0])
+        std::copy_n(f(st, s.in[0]), T * wd, f(st, s.out[0]));
+      ropeTable(s.rope).apply(f(st, s.out[0]), T, wd, s.headDim, ints(st, s.in[1]));
+      return T;
+    }
+    case OpKind::Attention: {
+      const int64_t q = width(s.in[0]), v = width(s.in[2]);
+      cpu::attention(f(st, s.in[0]), f(st, s.in[1]), f(st, s.in[2]), layout, s.heads, s.kvHeads,
+                     q / s.heads, v / s.kvHeads, s.scale, s.slidingWindow, st.caches[s.kvCache],
+                     f(st, s.out[0]));
+      return T;
+    }
+    case OpKind::MLAttention: {
+      const int64_t r = width(s.in[2]);
+      const int64_t nope = width(s.in[0]) / s.heads - r;
+      const int64_t vdim = width(s.in[1]) / s.heads - nope;
+      cpu::mlaAttention(f(st, s.in[0]), f(st, s.in[1]), f(st, s.in[2]), layout, s.heads, nope, r,
+                        vdim, s.scale, ropeTable(s.rope), st.caches[s.kvCache], f(st, s.out[0]));
+      return T;
+    }
+    case OpKind::Split: {
+      const int64_t wd = width(s.in[0]);
+      int64_t offset = 0;
+      for (size_t o = 0; o < s.out.size(); ++o) {
+        for (int64_t t = 0; t < T; ++t)
+          std::copy_n(f(st, s.in[0]) + t * wd + offset, s.widths[o],
+                      f(st, s.out[o]) + t * width(s.out[o]));
+        offset += s.widths[o];
+      }
+      return T;
+    }
+    case OpKind::Add:
+      cpu::add(f(st, s.in[0]), f(st, s.in[1]), T * width(s.in[0]), f(st, s.out[0]));
+      return T;
+    case OpKind::SigmoidGate:
+      cpu::sigmoidGate(f(st, s.in[0]), f(st, s.in[1]), T, width(s.in[0]), f(st, s.out[0]));
+      return T;
+    case OpKind::MLP: {
+      cpu::Matrix g = cpu::Matrix::of(w(s, 0)), u = cpu::Matrix::of(w(s, 1)),
+                  d = cpu::Matrix::of(w(s, 2));
+      scratchCpu.resize(2 * T * g.rows);
+      cpu::mlp(f(st, s.in[0]), T, g, u, d, s.activation, scratchCpu.data(), f(st, s.out[0]));
+      return T;
+    }
+    case OpKind::Router: {
+      cpu::Matrix g = cpu::Matrix::of(w(s, 0));
+      std::vector<float> logits(T * g.rows);
+      cpu::linear(f(st, s.in[0]), T, g, nullptr, logits.data());
+      cpu::route(logits.data(), T, g.rows, optional(s, 1), s.routing, f(st, s.out[0]),
+                 ints(st, s.out[1]));
+      return T;
+    }
+    case OpKind::Experts:
+      cpu::experts(f(st, s.in[0]), T, width(s.in[0]), f(st, s.in[1]), ints(st, s.in[2]),
+                   width(s.in[1]), weights[s.weights[0]].experts, weights[s.weights[1]].experts,
+                   weights[s.weights[2]].experts, s.activation, f(st, s.out[0]));
+      return T;
+    case OpKind::Dispatch:
+      cpu::dispatch(f(st, s.in[0]), T, width(s.in[0]), ints(st, s.in[1]), width(s.in[1]),
+                    s.dispatch, 0, f(st, s.out[0]), ints(st, s.out[1]), ints(st, s.out[2]));
+      return T;
+    case OpKind::ExpertFFN: {
+      const Weight &g = weights[s.weights[0]], &u = weights[s.weights[1]],
+                   &d = weights[s.weights[2]];
+      const int64_t E = width(s.in[1]), El = static_cast<int64_t>(g.experts.size());
+      cpu::expertFfn(f(st, s.in[0]), ints(st, s.in[1]), E / El, El, bufRows(s.in[0]) / E,
+                     width(s.in[0]), g.experts, u.experts, d.experts, s.activation,
+                     f(st, s.out[0]));
+      return T;
+    }
+    case OpKind::Combine:
+      cpu::combine(f(st, s.in[0]), width(s.in[0]), ints(st, s.in[1]), f(st, s.in[2]), T,
+                   width(s.in[1]), f(st, s.out[0]));
+      return T;
+    default:
+      die(std::string("step kind not run by the check: ") + opName(s.op));
+    }
+  }
+
+  // Kernel-table execution on the CPU layer.
+  std::vector<std::vector<float>> scratch;
+  const BatchInput *currentBatch = nullptr;
+
+  void *resolve(const std::string &ref, State &st, int64_t rows, const BatchInput &batch,
+                bool &isScalar, long long &scalar) {
+    isScalar = false;
+    auto num = [&](size_t at) { return std::stoll(ref.substr(at)); };
+    if (ref == "null")
+      return nullptr;
+    if (ref == "T" || ref == "R") {
+      isScalar = true;
+      scalar = rows;
+      return nullptr;
+    }
+    if (ref.rfind("const:", 0) == 0) {
+      isScalar = true;
+      scalar = num(6);
+      return nullptr;
+    }
+    if (ref == "coord:tp") {
+      isScalar = true;
+      scalar = 0;
+      return nullptr;
+    }
+    if (ref.rfind("buf:", 0) == 0)
+      return st.buffers.at(num(4)).data();
+    if (ref.rfind("weight:", 0) == 0) {
+      const Weight &wt = weights.at(num(7));
+      if (!wt.experts.empty())
+        die("a kernel parameter names an expert stack: " + ref);
+      return const_cast<void *>(wt.view.data);
+    }
+    if (ref.rfind("scratch:", 0) == 0)
+      return scratch.at(num(8)).data();
+    if (ref.rfind("cache_keys:", 0) == 0)
+      return st.caches.at(num(11)).keys.data();
+    if (ref.rfind("cache_values:", 0) == 0)
+      return st.caches.at(num(13)).values.data();
+    if (ref.rfind("rope_cos:", 0) == 0)
+      return ropeCos.at(num(9)).data();
+    if (ref.rfind("rope_sin:", 0) == 0)
+      return ropeSin.at(num(9)).data();
+    if (ref == "batch:sequence")
+      return const_cast<int32_t *>(batch.slots.data());
+    if (ref == "batch:position")
+      return const_cast<int32_t *>(batch.positions.data());
+    if (ref == "batch:logit_rows")
+      return const_cast<int32_t *>(batch.logitRows.data());
+    if (ref == "batch:argmax")
+      return argmaxOut;
+    die("unknown parameter reference '" + ref + "'");
+  }
+
+  long long count(const json &v, int64_t rows) {
+    if (v.is_number_integer())
+      return v.get<long long>();
+    std::string s = v.get<std::string>();
+    if (s == "T" || s == "R")
+      return rows;
+    return std::stoll(s);
+  }
+
+  void gemm(const json &g, State &st, int64_t rows, const BatchInput &batch) {
+    bool sc;
+    long long dummy;
+    const float *A = static_cast<const float *>(resolve(g.at("a"), st, rows, batch, sc, dummy));
+    float *C = static_cast<float *>(resolve(g.at("c"), st, rows, batch, sc, dummy));
+    const std::string b = g.at("b");
+    const Weight &wt = weights.at(std::stoll(b.substr(7)));
+    const long long m = count(g.at("m"), rows), lda = g.at("lda"), ldc = g.at("ldc");
+    const long long batchCount = g.at("batch");
+    if (batchCount == 1) {
+      cpu::linear(A, m, cpu::Matrix::of(wt.view), nullptr, C, lda, ldc);
+      return;
+    }
+    const int32_t *counts = nullptr;
+    if (g.contains("rows_from_counts"))
+      counts = static_cast<const int32_t *>(
+          resolve(g.at("rows_from_counts"), st, rows, batch, sc, dummy));
+    const long long modulo = g.value("b_batch_modulo", batchCount);
+    const long long sa = g.at("stride_a"), scs = g.at("stride_c");
+    for (long long i = 0; i < batchCount; ++i) {
+      const long long r = counts ? counts[i] : m;
+      if (r > 0)
+        cpu::linear(A + i * sa, r, wt.experts.at(i % modulo), nullptr, C + i * scs, lda, ldc);
+    }
+  }
+
+  void launch(const json &l, State &st, int64_t rows, int64_t /*R*/, const BatchInput &batch) {
+    std::string name = l.at("kernel");
+    auto fn = reinterpret_cast<Trampoline>(dlsym(lib, (name + "__host").c_str()));
+    if (!fn)
+      die("kernels library has no " + name + "__host");
+    std::vector<unsigned long long> args;
+    for (const json &p : l.at("params")) {
+      bool isScalar;
+      long long scalar = 0;
+      void *ptr = resolve(p.get<std::string>(), st, rows, batch, isScalar, scalar);
+      args.push_back(isScalar ? static_cast<unsigned long long>(scalar)
+                              : reinterpret_cast<unsigned long long>(ptr));
+    }
+    unsigned grid[3];
+    for (int d = 0; d < 3; ++d) {
+      const json &g = l.at("grid")[d];
+      const long long a = g[0], div = g[1], c = g[2];
+      grid[d] = static_cast<unsigned>((a * rows + div - 1) / div + c);
+    }
+    if (grid[0] * grid[1] * grid[2] == 0)
+      return; // nothing to run (T = 0)
+    launchFn(fn, grid[0], grid[1], grid[2], l.at("block").get<unsigned>(), 1, 1, args.data());
+  }
+
+  void runKernels(const json &entry, State &st, int64_t rows, const BatchInput &batch) {
+    scratch.assign(scratchBytes.size(), {});
+    for (size_t i = 0; i < scratchBytes.size(); ++i)
+      scratch[i].assign(scratchBytes[i] / 4, std::nanf(""));
+    for (const json &l : entry.at("launches")) {
+      if (l.contains("collective"))
+        die("collective steps are not run by the check");
+      int64_t r = rows;
+      if (l.contains("rows") && l.at("rows") == "R")
+        r = static_cast<int64_t>(batch.logitRows.size());
+      if (l.contains("gemm"))
+        gemm(l.at("gemm"), st, r, batch);
+      else
+        launch(l, st, r, r, batch);
+    }
+  }
+
+  bool compareF32(const float *a, const float *b, int64_t n, double &diff) {
+    bool ok = true;
+    for (int64_t i = 0; i < n; ++i) {
+      double d = std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
+      if (std::isnan(a[i]) != std::isnan(b[i]) || !(d <= tol))
+        ok = false;
+      if (d > diff || std::isnan(d))
+        diff = std::isnan(d) ? INFINITY : std::max(diff, d);
+    }
+    return ok;
+  }
+
+  bool compare(const PlanStep &s, State &gpu, int64_t rowsBefore, int64_t rowsAfter,
+               double &diff, std::string &what) {
+    bool ok = true;
+    auto intsEqual = [&](int64_t b, int64_t n) {
+      if (std::memcmp(ints(gpu, b), ints(cpu, b), n * 4) != 0) {
+        what += " (i32 buffer " + std::to_string(b) + " differs)";
+        return false;
+      }
+      return true;
+    };
+    if (s.op == OpKind::Dispatch) {
+      const int64_t E = s.dispatch.numExperts, C = s.dispatch.capacity, H = width(s.out[0]);
+      ok = intsEqual(s.out[1], E) && intsEqual(s.out[2], rowsBefore * width(s.out[2]));
+      for (int64_t e = 0; ok && e < E; ++e)
+        ok = compareF32(f(gpu, s.out[0]) + e * C * H, f(cpu, s.out[0]) + e * C * H,
+                        ints(cpu, s.out[1])[e] * H, diff);
+      return ok;
+    }
+    if (s.op == OpKind::ExpertFFN) {
+      const int64_t E = width(s.in[1]), C = bufRows(s.in[0]) / E, H = width(s.out[0]);
+      for (int64_t e = 0; e < E; ++e)
+        ok = compareF32(f(gpu, s.out[0]) + e * C * H, f(cpu, s.out[0]) + e * C * H,
+                        ints(cpu, s.in[1])[e] * H, diff) && ok;
+      return ok;
+    }
+    for (int64_t b : s.out) {
+      const int64_t n = rowsAfter * width(b);
+      if (program.buffers[b].dtype == DType::I32)
+        ok = intsEqual(b, n) && ok;
+      else
+        ok = compareF32(f(gpu, b), f(cpu, b), n, diff) && ok;
+    }
+    if (s.kvCache >= 0) {
+      const cpu::KVCache &a = gpu.caches[s.kvCache], &b = cpu.caches[s.kvCache];
+      ok = compareF32(a.keys.data(), b.keys.data(), static_cast<int64_t>(a.keys.size()), diff) &&
+           ok;
+      ok = compareF32(a.values.data(), b.values.data(), static_cast<int64_t>(a.values.size()),
+                      diff) &&
+           ok;
+    }
+    return ok;
+  }
+};
+
+} // namespace
+
+int main(int argc, char **argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: cuda-host-check PLAN KERNELS.so WEIGHTS [--program N] [--tol X] [--prefill A,B]\n");
+    return 2;
+  }
+  int64_t programIndex = 0;
+  double tol = 1e-5;
+  int first = 7, second = 5;
+  for (int i = 4; i + 1 < argc; i += 2) {
+    if (std::string(argv[i]) == "--program")
+      programIndex = std::stoll(argv[i + 1]);
+    else if (std::string(argv[i]) == "--tol")
+      tol = std::stod(argv[i + 1]);
+    else if (std::string(argv[i]) == "--prefill" &&
+             std::sscanf(argv[i + 1], "%d,%d", &first, &second) == 2 && first > 0 && second > 0)
+      continue;
+    else
+      die(std::string("unknown option ") + argv[i]);
+  }
+  try {
+    Plan plan = Plan::load(argv[1]);
+    std::ifstream in(argv[1]);
+    json root = json::parse(in);
+    const json &table = root.at("programs").at(programIndex).at("cuda");
+    void *lib = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
+      die(std::string("dlopen: ") + dlerror());
+    auto ckpt = Checkpoint::open(argv[3]);
+    Checker checker(plan, programIndex, table, lib, *ckpt, tol);
+    const int64_t V = plan.vocabSize;
+    uint32_t seed = 12345;
+    auto token = [&] {
+      seed = seed * 1664525u + 1013904223u;
+      return static_cast<int32_t>((seed >> 8) % static_cast<uint32_t>(V));
+    };
+    // Prefill: sequence 0 (slot 0) 7 tokens, sequence 1 (slot 1) 5 tokens.
+    BatchInput prefill;
+    for (int p = 0; p < first; ++p) {
+      prefill.tokens.push_back(token());
+      prefill.positions.push_back(p);
+      prefill.slots.push_back(0);
+    }
+    for (int p = 0; p < second; ++p) {
+      prefill.tokens.push_back(token());
+      prefill.positions.push_back(p);
+      prefill.slots.push_back(1);
+    }
+    prefill.logitRows = {first - 1, first + second - 1};
+    // Decode of sequence 0 and three more prompt tokens of sequence 1.
+    BatchInput decode;
+    decode.tokens = {token(), token(), token(), token()};
+    decode.positions = {first, second, second + 1, second + 2};
+    decode.slots = {0, 1, 1, 1};
+    decode.logitRows = {0, 3};
+    int failures = checker.forward(prefill, "prefill");
+    failures += checker.forward(decode, "decode");
+    std::printf("%s: %d step(s) differ\n", failures ? "FAIL" : "PASS", failures);
+    return failures ? 1 : 0;
+  } catch (const std::exception &e) {
+    die(e.what());
+  }
+}
