@@ -62,3 +62,11 @@ if nvcc and os.access(nvcc, os.X_OK):
 # A GPU is visible (tests that run kernels on one).
 if os.path.exists("/dev/nvidia0"):
     config.available_features.add("gpu")
+# The CUDA driver without a GPU: the toolkit's stub libcuda (its cuInit says
+# there is no driver) lets a test load every symbol the CUDA device uses.
+if nvcc:
+    cuda_lib = os.path.normpath(os.path.join(os.path.dirname(nvcc), "..", "lib64"))
+    stubs = os.path.join(cuda_lib, "stubs")
+    if config.moe_have_cuda and os.path.exists(os.path.join(stubs, "libcuda.so")):
+        config.available_features.add("cuda-stubs")
+        config.substitutions.append(("%cuda-stub-path", stubs + ":" + cuda_lib))

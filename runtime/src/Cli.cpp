@@ -52,6 +52,9 @@ rank 0 prints the results and writes --logits-out.
                         complete within S seconds (default 300)
   --report-memory       print, per rank, the weights loaded and the peak memory
                         measured, against the plan's predictions
+  --device cpu|cuda     where to run (default: cuda for a plan compiled with
+                        moec --target cuda, else cpu); a CUDA plan also runs on
+                        the CPU
 
 `moert convert` writes the primary weight slices of every rank of PLAN, read
 from HF_DIR (or from a sharded checkpoint of any plan), as a sharded
@@ -115,6 +118,7 @@ int run(int argc, char **argv, Comm &comm) {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   double collectiveTimeout = 300;
   bool reportMemory = false;
+  std::string deviceName;
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
     auto value = [&]() -> const char * {
@@ -134,6 +138,7 @@ int run(int argc, char **argv, Comm &comm) {
     else if (arg == "--threads") threads = static_cast<int>(parseInt(arg, value()));
     else if (arg == "--collective-timeout") collectiveTimeout = parseDouble(arg, value());
     else if (arg == "--report-memory") reportMemory = true;
+    else if (arg == "--device") deviceName = value();
     else if (!arg.empty() && arg[0] == '-') inputError("unknown option '{}' (see moert --help)", arg);
     else if (planPath.empty()) planPath = arg;
     else inputError("unexpected argument '{}'", arg);
@@ -144,6 +149,8 @@ int run(int argc, char **argv, Comm &comm) {
     inputError("--weights: expected the checkpoint directory");
   if (threads < 1)
     inputError("--threads: expected a value >= 1");
+  if (!deviceName.empty() && deviceName != "cpu" && deviceName != "cuda")
+    inputError("--device {}: expected cpu or cuda", deviceName);
   if (!(collectiveTimeout > 0) || !std::isfinite(collectiveTimeout))
     inputError("--collective-timeout: expected a number of seconds > 0");
   if (options.sampling.temperature < 0 || options.sampling.topK < 0 ||
@@ -170,7 +177,13 @@ int run(int argc, char **argv, Comm &comm) {
   if (!checkpoint->modelType().empty() && checkpoint->modelType() != plan.modelType)
     inputError("{}/manifest.json: a checkpoint of a '{}' model, but the plan is for '{}'",
                weightsPath, checkpoint->modelType(), plan.modelType);
-  std::unique_ptr<Device> device = createCpuDevice();
+  if (deviceName.empty())
+    deviceName = planTargetsCuda(plan) ? "cuda" : "cpu";
+  if (deviceName == "cuda" && !planTargetsCuda(plan))
+    inputError("--device cuda: {} has no CUDA kernels (compile it with moec compile --target "
+               "cuda)",
+               planPath);
+  std::unique_ptr<Device> device = deviceName == "cuda" ? createCudaDevice() : createCpuDevice();
   device->prepare(plan, comm.rank(), *checkpoint, comm);
   checkNoUnexpectedTensors(plan, *checkpoint);
   Executor executor(plan, *device, comm, comm.rank());

@@ -556,6 +556,7 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
   program.activationBytes = memory.integer("activations", 0);
   program.cacheBytes = memory.integer("kv_cache", 0);
   program.weightBytes = memory.integer("weights", 0);
+  program.hasCudaTable = pr.has("cuda");
 
   const json &steps = pr.array("steps");
   int64_t heads = 0;

@@ -53,5 +53,11 @@ public:
 
 /// The CPU driver.
 std::unique_ptr<Device> createCpuDevice();
+/// The CUDA driver (docs/cuda.md): runs `moec --target cuda` plans. Its
+/// libraries load at run time, so without a GPU prepare() fails with a clear
+/// InputError; in a build without the CUDA toolkit this throws one saying so.
+std::unique_ptr<Device> createCudaDevice();
+/// True when the rank's program of `plan` carries a CUDA kernel table.
+bool planTargetsCuda(const Plan &plan);
 
 } // namespace moert

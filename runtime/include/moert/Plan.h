@@ -84,6 +84,9 @@ struct PlanProgram {
   int64_t tokensBuffer = 0, positionsBuffer = 0;
   int64_t logitsBuffer = -1; ///< -1: not the last stage
   std::vector<PlanStep> steps;
+  /// The program carries a CUDA kernel table (moec --target cuda; the CUDA
+  /// device reads it from the plan file, docs/cuda.md).
+  bool hasCudaTable = false;
   /// The compiler's figures (program.memory): local weights, activation
   /// buffers, KV caches.
   int64_t weightBytes = 0, activationBytes = 0, cacheBytes = 0;

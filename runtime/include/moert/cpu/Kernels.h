@@ -67,6 +67,10 @@ public:
   void apply(float *x, int64_t tokens, int64_t width, int64_t headDim,
              const int32_t *positions, int64_t ldx = 0) const;
   const RopeParams &params() const { return p; }
+  /// [maxPositions, rotaryDim / 2] cosines and sines (the CUDA device
+  /// uploads them, so that GPU rotations equal these).
+  const std::vector<float> &cosines() const { return cosTable; }
+  const std::vector<float> &sines() const { return sinTable; }
 
 private:
   RopeParams p;

@@ -1,0 +1,587 @@
+// The CUDA driver: runs one rank's program of a `moec --target cuda` plan on
+// a GPU, behind the same Device interface as the CPU driver (so batching,
+// chunked prefill, decode, sampling and the multi-rank executor are shared).
+//
+// - Libraries are loaded at run time (CudaApi.h): without a GPU or driver a
+//   CUDA plan is a clear error and CPU plans run as before.
+// - The program's kernel table (docs/cuda.md) drives everything: kernels of
+//   the plan's fatbin through cuLaunchKernel, GEMMs through cuBLAS
+//   (cublasGemmEx / cublasGemmStridedBatchedEx over [experts, capacity, .]
+//   blocks), collectives through NCCL (communicators split from one world
+//   communicator, bootstrapped through moert::Comm, i.e. MPI).
+// - Memory: one arena (cuMemAlloc) for weights, buffers, KV caches, scratch,
+//   rope tables and the batch's index arrays, sized from the plan.
+// - A step without host synchronisation (no all_to_all, which reads the
+//   exchanged counts) is captured into a CUDA graph per (T, R) and replayed
+//   (MOERT_CUDA_GRAPHS=0 turns this off).
+//
+// Verified here only as far as this machine allows (no GPU): it builds
+// against the CUDA 13 headers and reports a missing driver cleanly; the GPU
+// e2e tests carry the ctest label `gpu` (docs/cuda.md).
+#include "CudaApi.h"
+
+#include "moert/Device.h"
+#include "moert/Error.h"
+#include "moert/RankWeights.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <algorithm>
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace moert {
+namespace {
+
+using nlohmann::json;
+using cuda::check;
+
+std::string readFile(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    inputError("{}: cannot read the CUDA kernels (moec compile --target cuda writes them "
+               "beside the plan)",
+               path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string directoryOf(const std::string &path) {
+  size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
+}
+
+/// One allocation, sub-allocated in 256-byte aligned pieces.
+class Arena {
+public:
+  void reserve(int64_t bytes) { size += align(bytes); }
+  void allocate(const cuda::Api &api) {
+    if (size)
+      check(api.cuMemAlloc(&base, static_cast<size_t>(size)), "cuMemAlloc (the plan's arena)");
+  }
+  CUdeviceptr take(int64_t bytes) {
+    CUdeviceptr p = base + static_cast<CUdeviceptr>(used);
+    used += align(bytes);
+    if (used > size)
+      runtimeError("CUDA arena: {} bytes taken of {}", used, size);
+    return p;
+  }
+  void release(const cuda::Api &api) {
+    if (base)
+      api.cuMemFree(base);
+    base = 0;
+  }
+  int64_t bytes() const { return size; }
+
+private:
+  static int64_t align(int64_t n) { return (n + 255) / 256 * 256; }
+  CUdeviceptr base = 0;
+  int64_t size = 0, used = 0;
+};
+
+class CudaDevice final : public Device {
+public:
+  ~CudaDevice() override {
+    if (!api)
+      return;
+    for (auto &[key, exec] : graphs)
+      api->cuGraphExecDestroy(exec);
+    if (blas)
+      api->cublasDestroy(blas);
+    for (auto &[key, c] : groupComms)
+      api->ncclCommDestroy(c);
+    if (world)
+      api->ncclCommDestroy(world);
+    if (module)
+      api->cuModuleUnload(module);
+    arena.release(*api);
+    if (stream)
+      api->cuStreamDestroy(stream);
+    if (context)
+      api->cuDevicePrimaryCtxRelease(device);
+  }
+
+  std::string name() const override { return "cuda"; }
+
+  void prepare(const Plan &plan, int64_t rankIndex, const Checkpoint &ckpt, Comm &comm) override {
+    this->plan = &plan;
+    rank = rankIndex;
+    program = &plan.programOf(rankIndex);
+    readTable();
+    api = &cuda::Api::get(plan.worldSize > 1);
+    selectDevice();
+    loadModule();
+    allocate();
+    uploadWeights(ckpt);
+    uploadRopeTables();
+    if (plan.worldSize > 1)
+      connect(comm);
+    graphsEnabled = !hasHostSync;
+    if (const char *g = std::getenv("MOERT_CUDA_GRAPHS"); g && !std::strcmp(g, "0"))
+      graphsEnabled = false;
+  }
+
+  void forward(const Batch &batch, std::vector<float> &logits) override {
+    const int64_t T = batch.size(), R = static_cast<int64_t>(batch.logitRows.size());
+    if (T > plan->maxBatchTokens)
+      runtimeError("batch of {} tokens exceeds max_batch_tokens ({})", T, plan->maxBatchTokens);
+    // The batch's inputs: tokens and positions into their buffers, and the
+    // per-token / per-logit-row index arrays the kernels read.
+    auto upload = [&](CUdeviceptr dst, const std::vector<int32_t> &v) {
+      if (!v.empty())
+        check(api->cuMemcpyHtoDAsync(dst, v.data(), v.size() * 4, stream), "upload batch");
+    };
+    if (program->tokensBuffer >= 0)
+      upload(buffers[program->tokensBuffer], batch.tokens);
+    if (program->positionsBuffer >= 0)
+      upload(buffers[program->positionsBuffer], batch.positions);
+    upload(batchSequence, batch.slots);
+    upload(batchPosition, batch.positions);
+    std::vector<int32_t> rows(batch.logitRows.begin(), batch.logitRows.end());
+    upload(batchLogitRows, rows);
+
+    auto key = std::make_pair(T, R);
+    if (graphsEnabled && T > 0) {
+      auto found = graphs.find(key);
+      if (found == graphs.end()) {
+        check(api->cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+              "cuStreamBeginCapture");
+        runSteps(T, R);
+        CUgraph graph;
+        check(api->cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
+        CUgraphExec exec;
+        check(api->cuGraphInstantiate(&exec, graph, 0), "cuGraphInstantiate");
+        api->cuGraphDestroy(graph);
+        found = graphs.emplace(key, exec).first;
+      }
+      check(api->cuGraphLaunch(found->second, stream), "cuGraphLaunch");
+    } else {
+      runSteps(T, R);
+    }
+    if (program->logitsBuffer >= 0 && R > 0) {
+      logits.resize(static_cast<size_t>(R * plan->vocabSize));
+      check(api->cuMemcpyDtoHAsync(logits.data(), buffers[program->logitsBuffer],
+                                   logits.size() * 4, stream),
+            "download logits");
+    }
+    check(api->cuStreamSynchronize(stream), "forward step");
+  }
+
+  int64_t weightBytes() const override { return weightsOnDevice; }
+  int64_t workspaceBytes() const override { return arena.bytes() - weightsOnDevice; }
+  int64_t peakBytes() const override { return arena.bytes(); }
+  int64_t loadedWeightBytes() const override { return loaded; }
+
+private:
+  //===--------------------------------------------------------------------===//
+  // Setup
+  //===--------------------------------------------------------------------===//
+
+  void readTable() {
+    json root = json::parse(readFile(plan->path), nullptr, false);
+    const json *cudaTable = nullptr;
+    if (root.is_object() && root.contains("programs") &&
+        root["programs"].size() > static_cast<size_t>(plan->ranks[rank].program))
+      cudaTable = &root["programs"][plan->ranks[rank].program];
+    if (!cudaTable || !cudaTable->contains("cuda"))
+      inputError("{}: program {} has no CUDA kernel table (compile with moec compile --target "
+                 "cuda, or run it with --device cpu)",
+                 plan->path, plan->ranks[rank].program);
+    table = (*cudaTable)["cuda"];
+    if (table.value("format", 0) != 1 || !table.contains("steps") ||
+        table["steps"].size() != program->steps.size())
+      inputError("{}: programs[{}].cuda: expected a format 1 kernel table with one entry per "
+                 "step",
+                 plan->path, plan->ranks[rank].program);
+    for (const json &s : table["steps"])
+      for (const json &l : s["launches"])
+        if (l.contains("collective") && l["collective"] == "all_to_all")
+          hasHostSync = true;
+  }
+
+  void selectDevice() {
+    int count = 0;
+    check(api->cuDeviceGetCount(&count), "cuDeviceGetCount");
+    if (count == 0)
+      inputError("this plan runs on CUDA but no GPU is visible");
+    // Ranks of one node share its GPUs in order.
+    int local = rank;
+    if (const char *l = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK"))
+      local = std::atoi(l);
+    check(api->cuDeviceGet(&device, local % count), "cuDeviceGet");
+    check(api->cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
+    check(api->cuCtxSetCurrent(context), "cuCtxSetCurrent");
+    check(api->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    check(api->cublasCreate(&blas), "cublasCreate");
+    check(api->cublasSetStream(blas, reinterpret_cast<cudaStream_t>(stream)), "cublasSetStream");
+  }
+
+  void loadModule() {
+    std::string path = directoryOf(plan->path) + "/" + table.value("fatbin", std::string());
+    std::string image = readFile(path);
+    check(api->cuModuleLoadData(&module, image.data()), ("cuModuleLoadData " + path).c_str());
+    auto resolve = [&](const json &launch) {
+      if (!launch.contains("kernel"))
+        return;
+      std::string name = launch["kernel"];
+      if (functions.count(name))
+        return;
+      CUfunction f;
+      check(api->cuModuleGetFunction(&f, module, name.c_str()),
+            ("kernel " + name + " of " + path).c_str());
+      functions[name] = f;
+    };
+    for (const json &s : table["steps"])
+      for (const json &l : s["launches"])
+        resolve(l);
+  }
+
+  void allocate() {
+    const int64_t maxT = plan->maxBatchTokens;
+    for (const PlanBuffer &b : program->buffers)
+      arena.reserve(b.rows * b.width * 4);
+    for (const PlanCache &c : program->caches)
+      arena.reserve(2 * plan->maxSequences * plan->maxSeqLen * (c.keyWidth + c.valueWidth) * 4);
+    for (const json &s : table["scratch"])
+      arena.reserve(s["bytes"].get<int64_t>());
+    for (const json &r : table["rope_tables"])
+      arena.reserve(2 * r["positions"].get<int64_t>() * r["half"].get<int64_t>() * 4);
+    for (int i = 0; i < 4; ++i) // sequence, position, logit rows, argmax
+      arena.reserve(maxT * 4);
+    for (const PlanWeight &w : program->weights)
+      arena.reserve(w.bytes);
+    // all_gather lands member blocks here before they are laid out as columns.
+    for (size_t i = 0; i < program->steps.size(); ++i)
+      if (program->steps[i].op == OpKind::AllGather)
+        gatherBytes = std::max(gatherBytes,
+                               maxT * program->buffers[program->steps[i].out[0]].width * 4);
+    arena.reserve(gatherBytes);
+    arena.allocate(*api);
+
+    for (const PlanBuffer &b : program->buffers)
+      buffers.push_back(arena.take(b.rows * b.width * 4));
+    for (const PlanCache &c : program->caches) {
+      int64_t rows = plan->maxSequences * plan->maxSeqLen;
+      cacheKeys.push_back(arena.take(rows * c.keyWidth * 4));
+      cacheValues.push_back(arena.take(rows * c.valueWidth * 4));
+    }
+    for (const json &s : table["scratch"])
+      scratch.push_back(arena.take(s["bytes"].get<int64_t>()));
+    for (const json &r : table["rope_tables"]) {
+      int64_t n = r["positions"].get<int64_t>() * r["half"].get<int64_t>() * 4;
+      ropeCos.push_back(arena.take(n));
+      ropeSin.push_back(arena.take(n));
+    }
+    batchSequence = arena.take(maxT * 4);
+    batchPosition = arena.take(maxT * 4);
+    batchLogitRows = arena.take(maxT * 4);
+    batchArgmax = arena.take(maxT * 4);
+    for (const PlanWeight &w : program->weights)
+      weightPtrs.push_back(arena.take(w.bytes));
+    gatherTemp = gatherBytes ? arena.take(gatherBytes) : 0;
+  }
+
+  void uploadWeights(const Checkpoint &ckpt) {
+    RankWeights host;
+    host.bind(*plan, rank, ckpt, [](int64_t) {});
+    for (size_t i = 0; i < host.weights().size(); ++i) {
+      const RankWeights::Weight &w = host.weights()[i];
+      if (w.view.data) {
+        check(api->cuMemcpyHtoD(weightPtrs[i], w.view.data, w.view.bytes()), "upload weight");
+        weightsOnDevice += static_cast<int64_t>(w.view.bytes());
+      }
+      CUdeviceptr at = weightPtrs[i];
+      for (const TensorView &e : w.experts) {
+        check(api->cuMemcpyHtoD(at, e.data, e.bytes()), "upload expert weight");
+        at += e.bytes();
+        weightsOnDevice += static_cast<int64_t>(e.bytes());
+      }
+    }
+    loaded = host.loadedBytes();
+  }
+
+  /// cos/sin of each rope table, as the CPU backend computes them: the
+  /// parameters are those of the steps that use the table.
+  void uploadRopeTables() {
+    const json &steps = table["steps"];
+    for (size_t i = 0; i < steps.size(); ++i)
+      for (const json &l : steps[i]["launches"])
+        for (const json &p : l.value("params", json::array())) {
+          std::string ref = p.get<std::string>();
+          if (ref.rfind("rope_cos:", 0) != 0)
+            continue;
+          size_t id = std::stoul(ref.substr(9));
+          if (id >= ropeCos.size() || uploadedRope.count(id))
+            continue;
+          cpu::RopeTable rope(program->steps[i].rope, plan->maxSeqLen);
+          check(api->cuMemcpyHtoD(ropeCos[id], rope.cosines().data(), rope.cosines().size() * 4),
+                "upload rope table");
+          check(api->cuMemcpyHtoD(ropeSin[id], rope.sines().data(), rope.sines().size() * 4),
+                "upload rope table");
+          uploadedRope.insert(id);
+        }
+  }
+
+  /// NCCL: one world communicator (its id broadcast through moert::Comm),
+  /// then one per (mesh, axis) split from it, in the same order everywhere.
+  void connect(Comm &comm) {
+    ncclUniqueId id;
+    if (rank == 0)
+      check(api->ncclGetUniqueId(&id), "ncclGetUniqueId");
+    std::vector<int> all(static_cast<size_t>(plan->worldSize));
+    for (int r = 0; r < plan->worldSize; ++r)
+      all[r] = r;
+    comm.broadcast(&id, sizeof id, 0, all, "NCCL bootstrap (unique id)");
+    check(api->ncclCommInitRank(&world, static_cast<int>(plan->worldSize), id,
+                                static_cast<int>(rank)),
+          "ncclCommInitRank");
+    using M = CollectiveGroup::Mesh;
+    using A = CollectiveGroup::Axis;
+    const std::pair<M, A> kinds[] = {{M::Attention, A::PP}, {M::Attention, A::DP},
+                                     {M::Attention, A::TP}, {M::Experts, A::EDP},
+                                     {M::Experts, A::EP},    {M::Experts, A::ETP}};
+    for (auto [mesh, axis] : kinds) {
+      CollectiveGroup g{mesh, axis};
+      std::vector<int> members = plan->groupOf(rank, g);
+      int color = *std::min_element(members.begin(), members.end());
+      int key = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+      ncclComm_t split;
+      check(api->ncclCommSplit(world, color, key, &split, nullptr), "ncclCommSplit");
+      groupComms[{static_cast<int>(mesh), static_cast<int>(axis)}] = split;
+      groupSize[{static_cast<int>(mesh), static_cast<int>(axis)}] = static_cast<int>(members.size());
+    }
+  }
+
+  //===--------------------------------------------------------------------===//
+  // Steps
+  //===--------------------------------------------------------------------===//
+
+  void runSteps(int64_t T, int64_t R) {
+    const json &steps = table["steps"];
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const int64_t stepRows = steps[i].value("rows", std::string("T")) == "R" ? R : T;
+      for (const json &l : steps[i]["launches"]) {
+        int64_t rows = l.contains("rows") ? (l["rows"] == "R" ? R : T) : stepRows;
+        if (l.contains("collective"))
+          collective(i, program->steps[i], rows);
+        else if (l.contains("gemm"))
+          gemm(l["gemm"], rows, T, R);
+        else
+          launch(l, rows, T, R);
+      }
+    }
+  }
+
+  uint64_t resolve(const std::string &ref, int64_t T, int64_t R) {
+    auto num = [&](size_t prefix) { return static_cast<size_t>(std::stoull(ref.substr(prefix))); };
+    if (ref == "T") return static_cast<uint64_t>(T);
+    if (ref == "R") return static_cast<uint64_t>(R);
+    if (ref == "null") return 0;
+    if (ref == "coord:tp") return static_cast<uint64_t>(plan->ranks[rank].coords.tp);
+    if (ref.rfind("const:", 0) == 0) return static_cast<uint64_t>(std::stoll(ref.substr(6)));
+    if (ref.rfind("buf:", 0) == 0) return buffers.at(num(4));
+    if (ref.rfind("weight:", 0) == 0) return weightPtrs.at(num(7));
+    if (ref.rfind("scratch:", 0) == 0) return scratch.at(num(8));
+    if (ref.rfind("cache_keys:", 0) == 0) return cacheKeys.at(num(11));
+    if (ref.rfind("cache_values:", 0) == 0) return cacheValues.at(num(13));
+    if (ref.rfind("rope_cos:", 0) == 0) return ropeCos.at(num(9));
+    if (ref.rfind("rope_sin:", 0) == 0) return ropeSin.at(num(9));
+    if (ref == "batch:sequence") return batchSequence;
+    if (ref == "batch:position") return batchPosition;
+    if (ref == "batch:logit_rows") return batchLogitRows;
+    if (ref == "batch:argmax") return batchArgmax;
+    inputError("{}: kernel table: unknown parameter '{}'", plan->path, ref);
+  }
+
+  void launch(const json &l, int64_t rows, int64_t T, int64_t R) {
+    unsigned grid[3];
+    for (int d = 0; d < 3; ++d) {
+      const json &g = l["grid"][d];
+      const int64_t a = g[0], div = g[1], c = g[2];
+      grid[d] = static_cast<unsigned>((a * rows + div - 1) / div + c);
+    }
+    if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0)
+      return; // no rows (T = 0)
+    std::vector<uint64_t> values;
+    for (const json &p : l["params"])
+      values.push_back(resolve(p.get<std::string>(), T, R));
+    std::vector<void *> args;
+    for (uint64_t &v : values)
+      args.push_back(&v);
+    CUfunction f = functions.at(l["kernel"].get<std::string>());
+    check(api->cuLaunchKernel(f, grid[0], grid[1], grid[2], l["block"].get<unsigned>(), 1, 1,
+                              l.value("shared_bytes", 0u), stream, args.data(), nullptr),
+          ("cuLaunchKernel " + l["kernel"].get<std::string>()).c_str());
+  }
+
+  static cudaDataType weightType(const std::string &dtype) {
+    if (dtype == "BF16") return CUDA_R_16BF;
+    if (dtype == "F16") return CUDA_R_16F;
+    return CUDA_R_32F;
+  }
+
+  /// C[m, n] = A[m, k] B[n, k]^T (row-major A, C in f32; B the weight): in
+  /// cuBLAS' column-major terms C^T = B^T' A^T with op(B) = T.
+  void gemm(const json &g, int64_t rows, int64_t T, int64_t R) {
+    const json &mj = g["m"];
+    const int m = mj.is_string() ? static_cast<int>(mj == "R" ? R : (mj == "T" ? T : rows))
+                                 : mj.get<int>();
+    const int n = g["n"], k = g["k"], lda = g["lda"], ldb = g["ldb"], ldc = g["ldc"];
+    if (m == 0)
+      return;
+    const float alpha = 1.0f, beta = 0.0f;
+    const void *A = reinterpret_cast<const void *>(resolve(g["a"], T, R));
+    const void *B = reinterpret_cast<const void *>(resolve(g["b"], T, R));
+    void *C = reinterpret_cast<void *>(resolve(g["c"], T, R));
+    const cudaDataType bType = weightType(g.value("b_dtype", std::string("F32")));
+    const int batch = g.value("batch", 1);
+    if (batch == 1) {
+      check(api->cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, B, bType, ldb, A,
+                              CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT),
+            "cublasGemmEx");
+      return;
+    }
+    // Blocks b of a [blocks, C, .] buffer use expert b % modulo of the stack:
+    // one strided-batched call per source's run of `modulo` experts.
+    const int modulo = g.value("b_batch_modulo", batch);
+    const long long sa = g["stride_a"], sb = g["stride_b"], sc = g["stride_c"];
+    for (int first = 0; first < batch; first += modulo) {
+      const int count = std::min(modulo, batch - first);
+      check(api->cublasGemmStridedBatchedEx(
+                blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, B, bType, ldb, sb,
+                static_cast<const char *>(A) + first * sa * 4, CUDA_R_32F, lda, sa, &beta,
+                static_cast<char *>(C) + first * sc * 4, CUDA_R_32F, ldc, sc, count,
+                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmStridedBatchedEx");
+    }
+  }
+
+  ncclComm_t commOf(const CollectiveGroup &g) {
+    return groupComms.at({static_cast<int>(g.mesh), static_cast<int>(g.axis)});
+  }
+
+  void collective(size_t index, const PlanStep &s, int64_t rows) {
+    const std::string what = fmt::format("step {} ({})", index, opName(s.op));
+    auto width = [&](int64_t id) { return program->buffers[id].width; };
+    switch (s.op) {
+    case OpKind::AllReduce:
+      check(api->ncclAllReduce(reinterpret_cast<void *>(buffers[s.in[0]]),
+                               reinterpret_cast<void *>(buffers[s.out[0]]),
+                               static_cast<size_t>(rows * width(s.in[0])), ncclFloat, ncclSum,
+                               commOf(s.group), reinterpret_cast<cudaStream_t>(stream)),
+            what.c_str());
+      return;
+    case OpKind::AllGather: {
+      const int n = groupSize.at({static_cast<int>(s.group.mesh), static_cast<int>(s.group.axis)});
+      const int64_t w = width(s.in[0]);
+      check(api->ncclAllGather(reinterpret_cast<void *>(buffers[s.in[0]]),
+                               reinterpret_cast<void *>(gatherTemp),
+                               static_cast<size_t>(rows * w), ncclFloat, commOf(s.group),
+                               reinterpret_cast<cudaStream_t>(stream)),
+            what.c_str());
+      // Member q's [rows, w] block becomes columns [q w, (q+1) w).
+      for (int q = 0; q < n && rows > 0; ++q) {
+        CUDA_MEMCPY2D copy{};
+        copy.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+        copy.srcDevice = gatherTemp + static_cast<CUdeviceptr>(q * rows * w * 4);
+        copy.srcPitch = static_cast<size_t>(w * 4);
+        copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+        copy.dstDevice = buffers[s.out[0]] + static_cast<CUdeviceptr>(q * w * 4);
+        copy.dstPitch = static_cast<size_t>(n * w * 4);
+        copy.WidthInBytes = static_cast<size_t>(w * 4);
+        copy.Height = static_cast<size_t>(rows);
+        check(api->cuMemcpy2DAsync(&copy, stream), what.c_str());
+      }
+      return;
+    }
+    case OpKind::AllToAll: {
+      // Counts first (El per member), then each expert's counted rows.
+      ncclComm_t c = commOf(s.group);
+      const int n = groupSize.at({static_cast<int>(s.group.mesh), static_cast<int>(s.group.axis)});
+      const int64_t E = program->buffers[s.in[1]].width, El = E / n, H = width(s.in[0]);
+      const int64_t C = program->buffers[s.in[0]].rows / E;
+      const CUdeviceptr counts = buffers[s.in[1]], countsOut = buffers[s.out[1]];
+      auto cs = reinterpret_cast<cudaStream_t>(stream);
+      check(api->ncclGroupStart(), what.c_str());
+      for (int q = 0; q < n; ++q) {
+        check(api->ncclSend(reinterpret_cast<void *>(counts + q * El * 4), El, ncclInt32, q, c, cs),
+              what.c_str());
+        check(api->ncclRecv(reinterpret_cast<void *>(countsOut + q * El * 4), El, ncclInt32, q, c,
+                            cs),
+              what.c_str());
+      }
+      check(api->ncclGroupEnd(), what.c_str());
+      std::vector<int32_t> sent(E), received(E);
+      check(api->cuMemcpyDtoHAsync(sent.data(), counts, E * 4, stream), what.c_str());
+      check(api->cuMemcpyDtoHAsync(received.data(), countsOut, E * 4, stream), what.c_str());
+      check(api->cuStreamSynchronize(stream), what.c_str());
+      check(api->ncclGroupStart(), what.c_str());
+      for (int q = 0; q < n; ++q)
+        for (int64_t l = 0; l < El; ++l) {
+          const int64_t e = q * El + l;
+          const CUdeviceptr at = static_cast<CUdeviceptr>(e * C * H * 4);
+          if (sent[e] > 0)
+            check(api->ncclSend(reinterpret_cast<void *>(buffers[s.in[0]] + at), sent[e] * H,
+                                ncclFloat, q, c, cs),
+                  what.c_str());
+          if (received[e] > 0)
+            check(api->ncclRecv(reinterpret_cast<void *>(buffers[s.out[0]] + at),
+                                received[e] * H, ncclFloat, q, c, cs),
+                  what.c_str());
+        }
+      check(api->ncclGroupEnd(), what.c_str());
+      return;
+    }
+    case OpKind::Send:
+    case OpKind::Recv: {
+      const int64_t stage = plan->ranks[rank].coords.pp + (s.op == OpKind::Send ? 1 : -1);
+      const int peer = static_cast<int>(plan->stageRank(rank, stage));
+      const int64_t id = s.op == OpKind::Send ? s.in[0] : s.out[0];
+      void *data = reinterpret_cast<void *>(buffers[id]);
+      const size_t count = static_cast<size_t>(rows * width(id));
+      auto cs = reinterpret_cast<cudaStream_t>(stream);
+      check(s.op == OpKind::Send ? api->ncclSend(data, count, ncclFloat, peer, world, cs)
+                                 : api->ncclRecv(data, count, ncclFloat, peer, world, cs),
+            what.c_str());
+      return;
+    }
+    default:
+      runtimeError("{}: {} is not a collective", plan->path, what);
+    }
+  }
+
+  const Plan *plan = nullptr;
+  int64_t rank = 0;
+  const PlanProgram *program = nullptr;
+  json table;
+  const cuda::Api *api = nullptr;
+  CUdevice device = 0;
+  CUcontext context = nullptr;
+  CUstream stream = nullptr;
+  CUmodule module = nullptr;
+  cublasHandle_t blas = nullptr;
+  ncclComm_t world = nullptr;
+  std::map<std::pair<int, int>, ncclComm_t> groupComms;
+  std::map<std::pair<int, int>, int> groupSize;
+  std::map<std::string, CUfunction> functions;
+  Arena arena;
+  std::vector<CUdeviceptr> buffers, cacheKeys, cacheValues, scratch, ropeCos, ropeSin, weightPtrs;
+  std::set<size_t> uploadedRope;
+  CUdeviceptr batchSequence = 0, batchPosition = 0, batchLogitRows = 0, batchArgmax = 0;
+  CUdeviceptr gatherTemp = 0;
+  int64_t gatherBytes = 0, weightsOnDevice = 0, loaded = 0;
+  bool hasHostSync = false, graphsEnabled = false;
+  std::map<std::pair<int64_t, int64_t>, CUgraphExec> graphs;
+};
+
+} // namespace
+
+std::unique_ptr<Device> createCudaDevice() { return std::make_unique<CudaDevice>(); }
+
+} // namespace moert
