@@ -43,9 +43,7 @@ using cuda::check;
 std::string readFile(const std::string &path) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
-    inputError("{}: cannot read the CUDA kernels (moec compile --target cuda writes them "
-               "beside the plan)",
-               path);
+    inputError("{}: cannot read it", path);
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
@@ -223,8 +221,11 @@ private:
 
   void loadModule() {
     std::string path = directoryOf(plan->path) + "/" + table.value("fatbin", std::string());
-    std::string image = readFile(path);
-    check(api->cuModuleLoadData(&module, image.data()), ("cuModuleLoadData " + path).c_str());
+    if (!std::ifstream(path))
+      inputError("{}: cannot read the CUDA kernels (moec compile --target cuda writes them "
+                 "beside the plan)",
+                 path);
+    check(api->cuModuleLoad(&module, path.c_str()), ("cuModuleLoad " + path).c_str());
     auto resolve = [&](const json &launch) {
       if (!launch.contains("kernel"))
         return;
