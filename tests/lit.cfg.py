@@ -70,3 +70,17 @@ if nvcc:
     if config.moe_have_cuda and os.path.exists(os.path.join(stubs, "libcuda.so")):
         config.available_features.add("cuda-stubs")
         config.substitutions.append(("%cuda-stub-path", stubs + ":" + cuda_lib))
+# A fake CUDA driver + cuBLAS that run on the host (tests/cuda-host/fake):
+# moert's CUDA device end to end without a GPU. %fake-cuda-env puts it first
+# on the library path, with the host compile of the kernels' source and a
+# cache of the compiled kernels shared by the tests.
+fake_cuda = os.path.join(config.moe_obj_root, "tests", "cuda-host", "fake")
+if os.path.exists(os.path.join(fake_cuda, "libcuda.so.1")):
+    config.available_features.add("fake-cuda")
+    config.substitutions.append(("%fake-cuda-dir", fake_cuda))
+    config.substitutions.append(("%fake-cuda-env", "env LD_LIBRARY_PATH=%s MOE_FAKE_CUDA_CACHE=%s MOE_FAKE_CUDA_STATS=1" % (
+        fake_cuda, os.path.join(fake_cuda, "kernel-cache"))))
+    config.substitutions.append(("%check-fixture", "%s %s" % (
+        config.python_executable, os.path.join(config.moe_src_root, "tests", "tools", "check-fixture.py"))))
+if "fake-cuda" in config.available_features and nvcc:
+    config.substitutions.append(("%cuda-include", os.path.normpath(os.path.join(os.path.dirname(nvcc), "..", "include"))))

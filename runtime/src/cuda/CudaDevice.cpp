@@ -15,9 +15,11 @@
 //   exchanged counts) is captured into a CUDA graph per (T, R) and replayed
 //   (MOERT_CUDA_GRAPHS=0 turns this off).
 //
-// Verified here only as far as this machine allows (no GPU): it builds
-// against the CUDA 13 headers and reports a missing driver cleanly; the GPU
-// e2e tests carry the ctest label `gpu` (docs/cuda.md).
+// Without a GPU it runs end to end on a fake CUDA driver + cuBLAS that
+// execute on the host (tests/cuda-host/fake, tests/cuda/fake-e2e-*.test:
+// every fixture against the transformers references, graphs on and off,
+// chunked prefill, capacity-limited dispatch against the CPU device); the
+// GPU e2e tests carry the ctest label `gpu` (docs/cuda.md).
 #include "CudaApi.h"
 
 #include "moert/Device.h"
@@ -246,16 +248,31 @@ private:
     const int64_t maxT = plan->maxBatchTokens;
     for (const PlanBuffer &b : program->buffers)
       arena.reserve(b.rows * b.width * 4);
-    for (const PlanCache &c : program->caches)
-      arena.reserve(2 * plan->maxSequences * plan->maxSeqLen * (c.keyWidth + c.valueWidth) * 4);
+    // Every piece is reserved as it is taken below (each is rounded up to
+    // the arena's alignment): KV caches are [max_sequences, max_seq_len,
+    // width] keys and values, as the CPU's.
+    for (const PlanCache &c : program->caches) {
+      arena.reserve(plan->maxSequences * plan->maxSeqLen * c.keyWidth * 4);
+      arena.reserve(plan->maxSequences * plan->maxSeqLen * c.valueWidth * 4);
+    }
     for (const json &s : table["scratch"])
       arena.reserve(s["bytes"].get<int64_t>());
     for (const json &r : table["rope_tables"])
-      arena.reserve(2 * r["positions"].get<int64_t>() * r["half"].get<int64_t>() * 4);
+      for (int i = 0; i < 2; ++i) // cos, sin
+        arena.reserve(r["positions"].get<int64_t>() * r["half"].get<int64_t>() * 4);
     for (int i = 0; i < 4; ++i) // sequence, position, logit rows, argmax
       arena.reserve(maxT * 4);
-    for (const PlanWeight &w : program->weights)
-      arena.reserve(w.bytes);
+    // cuBLAS' GemmEx takes A and B of one type (f32 activations here): a
+    // BF16/F16 weight that is a GEMM operand is held widened to f32 (as the
+    // CPU backend computes it), and as stored too where a kernel reads it.
+    weightUse(widened, stored);
+    for (size_t i = 0; i < program->weights.size(); ++i) {
+      const PlanWeight &w = program->weights[i];
+      if (widened.count(i))
+        arena.reserve(w.bytes / dtypeSize(w.dtype) * 4);
+      if (stored.count(i) || !widened.count(i))
+        arena.reserve(w.bytes);
+    }
     // all_gather lands member blocks here before they are laid out as columns.
     for (size_t i = 0; i < program->steps.size(); ++i)
       if (program->steps[i].op == OpKind::AllGather)
@@ -282,9 +299,44 @@ private:
     batchPosition = arena.take(maxT * 4);
     batchLogitRows = arena.take(maxT * 4);
     batchArgmax = arena.take(maxT * 4);
-    for (const PlanWeight &w : program->weights)
-      weightPtrs.push_back(arena.take(w.bytes));
+    for (size_t i = 0; i < program->weights.size(); ++i) {
+      const PlanWeight &w = program->weights[i];
+      weightF32Ptrs.push_back(widened.count(i) ? arena.take(w.bytes / dtypeSize(w.dtype) * 4)
+                                               : 0);
+      weightPtrs.push_back(stored.count(i) || !widened.count(i) ? arena.take(w.bytes) : 0);
+    }
     gatherTemp = gatherBytes ? arena.take(gatherBytes) : 0;
+  }
+
+  /// Weights that are the B operand of a GEMM in a 16-bit type (`widened`)
+  /// and weights that a kernel reads as stored (`stored`).
+  void weightUse(std::set<size_t> &widened, std::set<size_t> &stored) const {
+    auto id = [](const std::string &ref) -> int64_t {
+      return ref.rfind("weight:", 0) == 0 ? std::stoll(ref.substr(7)) : -1;
+    };
+    auto visit = [&](const json &l) {
+      if (l.contains("gemm")) {
+        const json &g = l["gemm"];
+        if (int64_t w = id(g.value("b", std::string())); w >= 0) {
+          if (g.value("b_dtype", std::string("F32")) != "F32")
+            widened.insert(static_cast<size_t>(w));
+          else
+            stored.insert(static_cast<size_t>(w));
+        }
+        for (const char *operand : {"a", "c"})
+          if (int64_t w = id(g.value(operand, std::string())); w >= 0)
+            stored.insert(static_cast<size_t>(w));
+      }
+      for (const json &p : l.value("params", json::array()))
+        if (int64_t w = id(p.get<std::string>()); w >= 0)
+          stored.insert(static_cast<size_t>(w));
+    };
+    for (const json &s : table["steps"])
+      for (const json &l : s["launches"])
+        visit(l);
+    if (table.contains("sampling"))
+      for (auto &[name, l] : table["sampling"].items())
+        visit(l);
   }
 
   void uploadWeights(const Checkpoint &ckpt) {
@@ -292,6 +344,23 @@ private:
     host.bind(*plan, rank, ckpt, [](int64_t) {});
     for (size_t i = 0; i < host.weights().size(); ++i) {
       const RankWeights::Weight &w = host.weights()[i];
+      if (weightF32Ptrs[i]) {
+        std::vector<float> wide;
+        auto append = [&](const TensorView &v) {
+          const int64_t n = v.numel();
+          for (int64_t j = 0; j < n; ++j)
+            wide.push_back(v.at(j));
+        };
+        if (w.view.data)
+          append(w.view);
+        for (const TensorView &e : w.experts)
+          append(e);
+        check(api->cuMemcpyHtoD(weightF32Ptrs[i], wide.data(), wide.size() * 4),
+              "upload weight (widened)");
+        weightsOnDevice += static_cast<int64_t>(wide.size() * 4);
+      }
+      if (!weightPtrs[i])
+        continue;
       if (w.view.data) {
         check(api->cuMemcpyHtoD(weightPtrs[i], w.view.data, w.view.bytes()), "upload weight");
         weightsOnDevice += static_cast<int64_t>(w.view.bytes());
@@ -320,6 +389,12 @@ private:
           if (id >= ropeCos.size() || uploadedRope.count(id))
             continue;
           cpu::RopeTable rope(program->steps[i].rope, plan->maxSeqLen);
+          const json &t = table["rope_tables"][id];
+          if (rope.cosines().size() > t["positions"].get<size_t>() * t["half"].get<size_t>() ||
+              rope.sines().size() != rope.cosines().size())
+            inputError("{}: rope table {} holds {} x {} values, the step's rope needs {}",
+                       plan->path, id, t["positions"].get<int64_t>(), t["half"].get<int64_t>(),
+                       rope.cosines().size());
           check(api->cuMemcpyHtoD(ropeCos[id], rope.cosines().data(), rope.cosines().size() * 4),
                 "upload rope table");
           check(api->cuMemcpyHtoD(ropeSin[id], rope.sines().data(), rope.sines().size() * 4),
@@ -437,9 +512,14 @@ private:
       return;
     const float alpha = 1.0f, beta = 0.0f;
     const void *A = reinterpret_cast<const void *>(resolve(g["a"], T, R));
-    const void *B = reinterpret_cast<const void *>(resolve(g["b"], T, R));
+    const std::string bRef = g["b"];
+    cudaDataType bType = weightType(g.value("b_dtype", std::string("F32")));
+    const void *B = reinterpret_cast<const void *>(resolve(bRef, T, R));
+    if (bRef.rfind("weight:", 0) == 0 && bType != CUDA_R_32F) {
+      B = reinterpret_cast<const void *>(weightF32Ptrs.at(std::stoull(bRef.substr(7))));
+      bType = CUDA_R_32F; // widened at upload (weightUse)
+    }
     void *C = reinterpret_cast<void *>(resolve(g["c"], T, R));
-    const cudaDataType bType = weightType(g.value("b_dtype", std::string("F32")));
     const int batch = g.value("batch", 1);
     if (batch == 1) {
       check(api->cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, B, bType, ldb, A,
@@ -573,6 +653,8 @@ private:
   std::map<std::string, CUfunction> functions;
   Arena arena;
   std::vector<CUdeviceptr> buffers, cacheKeys, cacheValues, scratch, ropeCos, ropeSin, weightPtrs;
+  std::vector<CUdeviceptr> weightF32Ptrs; ///< f32 copies of 16-bit GEMM weights (or 0)
+  std::set<size_t> widened, stored;      ///< weightUse()
   std::set<size_t> uploadedRope;
   CUdeviceptr batchSequence = 0, batchPosition = 0, batchLogitRows = 0, batchArgmax = 0;
   CUdeviceptr gatherTemp = 0;
