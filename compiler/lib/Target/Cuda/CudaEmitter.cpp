@@ -206,6 +206,9 @@ MOE_DEVICE void moe_copy_row(float *dst, const float *src, int n, int tid, int n
 }
 )";
 
+/// The integer list `key` of a step ("in", "out", "weights").
+std::vector<int64_t> ids(const Object &s, llvm::StringRef key);
+
 /// A kernel parameter: its C declaration and what the table calls it.
 struct Param {
   std::string decl; // e.g. "const float *__restrict__ x"
@@ -332,10 +335,32 @@ private:
 
   llvm::Error step(int64_t i, const Object &s, Array &launches, std::string &rowsName);
 
+  /// Whether `norm` (the step after `add`) is an rms_norm or layer_norm of
+  /// the add's result with the add's row width, so that one kernel can do
+  /// both. Its output may be the add's buffer (the sum dies at the norm).
+  bool fusesWithAdd(const Object &add, const Object &norm) const {
+    llvm::StringRef op = norm.getString("op").value_or("");
+    if (op != "rms_norm" && op != "layer_norm")
+      return false;
+    std::vector<int64_t> ai = ids(add, "in"), ao = ids(add, "out");
+    std::vector<int64_t> ni = ids(norm, "in"), no = ids(norm, "out"), nw = ids(norm, "weights");
+    if (ai.size() != 2 || ao.size() != 1 || ni.size() != 1 || no.size() != 1 || nw.empty() ||
+        ni[0] != ao[0])
+      return false;
+    const int64_t W = width(ao[0]);
+    if (width(ai[0]) != W || width(ai[1]) != W || width(no[0]) != W)
+      return false;
+    if (op == "layer_norm")
+      return numel(nw[0]) == W && (nw.size() < 2 || numel(nw[1]) == W);
+    const int64_t G = numel(nw[0]);
+    return G > 0 && W % G == 0;
+  }
+
   // Kernel builders.
   Object embedding(int64_t i, int64_t out, int64_t ids, int64_t table, bool shard);
   Object rmsNorm(int64_t i, int64_t in, int64_t w, int64_t out, double eps);
   Object layerNorm(int64_t i, int64_t in, int64_t w, int64_t b, int64_t out, double eps);
+  Object addNorm(int64_t i, int64_t a, int64_t b, int64_t sum, const Object &norm);
   Object rope(int64_t i, std::string in, std::string out, std::string positions, int64_t width,
               int64_t headDim, int64_t headStride, int64_t headOffset, const Object &rope,
               llvm::StringRef what);
@@ -450,6 +475,108 @@ Object Emitter::layerNorm(int64_t i, int64_t in, int64_t w, int64_t b, int64_t o
   params.push_back({"float *out", "buf:" + str(out)});
   params.push_back({"long long T", "T"});
   return kernel(i, "layer_norm", params, body, grid1(dim(1)), B);
+}
+
+/// The residual `add` (step i: sum = a + b) fused with the norm step that
+/// reads its result (`norm`: rms_norm or layer_norm, the next step). One
+/// block per (token, group) row, like rms_norm's (layer_norm: per token):
+/// each thread reads its a and b values once (float4 when the group width
+/// allows), keeps the sums in registers (compile-time indexed, unrolled),
+/// writes them to `sum` unless the norm writes over the add's buffer (then
+/// the sum dies at the norm and is not stored), and normalises them as the
+/// unfused kernels do. Every read precedes the block reduction's barrier and
+/// every thread writes only the elements it read, so a, b, sum and out may
+/// alias (in-place add, norm output in a buffer the add freed).
+Object Emitter::addNorm(int64_t i, int64_t a, int64_t b, int64_t sum, const Object &norm) {
+  const bool layer = *norm.getString("op") == "layer_norm";
+  const Object &attrs = *norm.getObject("attrs");
+  std::vector<int64_t> w = ids(norm, "weights"), out = ids(norm, "out");
+  const int64_t W = width(sum), G = layer ? W : numel(w[0]), groups = W / G;
+  const bool v4 = G % 4 == 0, storeSum = out[0] != sum;
+  const int64_t NV = v4 ? G / 4 : G;
+  int64_t B = blockFor(NV);
+  if ((NV + B - 1) / B > 8)
+    B = blockFor((NV + 7) / 8, 1024);
+  const int64_t PER = (NV + B - 1) / B;
+  WeightType wt = weightType(dtype(w[0]));
+  const int64_t bias = layer && w.size() > 1 ? w[1] : -1;
+  WeightType bt = bias >= 0 ? weightType(dtype(bias)) : wt;
+  const char *comps[4] = {"x", "y", "z", "w"};
+  // Per-component code: @C@ is the component (v4) and @K@ its offset.
+  auto each = [&](const std::string &code) {
+    if (!v4)
+      return subst(code, {{"C", ""}, {"K", "0"}, {"DOT", ""}});
+    std::string all;
+    for (int c = 0; c < 4; ++c)
+      all += subst(code, {{"C", comps[c]}, {"K", str(c)}, {"DOT", "."}});
+    return all;
+  };
+  std::string load =
+      v4 ? "      const float4 x = reinterpret_cast<const float4 *>(a + base)[i], y = "
+           "reinterpret_cast<const float4 *>(b + base)[i];\n"
+           "      v[j] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);\n"
+         : "      v[j] = a[base + i] + b[base + i];\n";
+  std::string store = !storeSum ? ""
+                      : v4      ? "      reinterpret_cast<float4 *>(sum + base)[i] = v[j];\n"
+                                : "      sum[base + i] = v[j];\n";
+  std::string element = v4 ? "4 * i + @K@" : "i";
+  std::string reduce, normalise;
+  if (!layer) {
+    reduce = each("      s = __fadd_rn(s, __fmul_rn(v[j]@DOT@@C@, v[j]@DOT@@C@));\n");
+    normalise = "  const float mean = moe_block_sum(s, red, @B@) / static_cast<float>(@G@);\n"
+                "  const float rstd = 1.0f / sqrtf(mean + @EPS@);\n";
+  } else {
+    reduce = each("      s += v[j]@DOT@@C@;\n");
+    normalise = "  const float mean = moe_block_sum(s, red, @B@) / static_cast<float>(@G@);\n"
+                "  float q = 0.0f;\n#pragma unroll\n  for (int j = 0; j < @PER@; ++j) {\n"
+                "    const int i = threadIdx.x + j * @B@;\n    if (i < @NV@) {\n" +
+                each("      { const float d = v[j]@DOT@@C@ - mean; q += d * d; }\n") +
+                "    }\n  }\n"
+                "  const float var = moe_block_sum(q, red, @B@) / static_cast<float>(@G@);\n"
+                "  const float rstd = static_cast<float>(1.0 / sqrt(static_cast<double>(var) + "
+                "@EPSD@));\n";
+  }
+  std::string value =
+      layer ? "__fadd_rn(__fmul_rn(__fmul_rn(v[j]@DOT@@C@ - mean, rstd), @LOAD@(w[" + element +
+                  "])), " + (bias >= 0 ? bt.load + "(bias[" + element + "])" : "0.0f") + ")"
+            : "__fmul_rn(@LOAD@(w[" + element + "]), __fmul_rn(v[j]@DOT@@C@, rstd))";
+  std::string write =
+      v4 ? "      reinterpret_cast<float4 *>(out + base)[i] = make_float4(" +
+               subst(value, {{"C", "x"}, {"K", "0"}, {"DOT", "."}}) + ", " +
+               subst(value, {{"C", "y"}, {"K", "1"}, {"DOT", "."}}) + ", " +
+               subst(value, {{"C", "z"}, {"K", "2"}, {"DOT", "."}}) + ", " +
+               subst(value, {{"C", "w"}, {"K", "3"}, {"DOT", "."}}) + ");\n"
+         : "      out[base + i] = " + subst(value, {{"C", ""}, {"K", "0"}, {"DOT", ""}}) + ";\n";
+  std::string body = subst(std::string(R"(  __shared__ float red[32];
+  const long long row = blockIdx.x;
+  if (row >= T * @NG@) return;
+  const long long base = row * @G@;
+  @VT@ v[@PER@];
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < @PER@; ++j) {
+    const int i = threadIdx.x + j * @B@;
+    if (i < @NV@) {
+)") + load + reduce + "    }\n  }\n" + normalise +
+                               "#pragma unroll\n  for (int j = 0; j < @PER@; ++j) {\n"
+                               "    const int i = threadIdx.x + j * @B@;\n    if (i < @NV@) {\n" +
+                               store + write + "    }\n  }\n",
+                           {{"NG", str(groups)}, {"G", str(G)}, {"B", str(B)}, {"NV", str(NV)},
+                            {"PER", str(PER)}, {"VT", v4 ? "float4" : "float"},
+                            {"EPS", floatLit(*attrs.getNumber("eps"))},
+                            {"EPSD", doubleLit(*attrs.getNumber("eps"))}, {"LOAD", wt.load}});
+  std::vector<Param> params = {{"const float *a", "buf:" + str(a)},
+                               {"const float *b", "buf:" + str(b)},
+                               {"const " + wt.type + " *__restrict__ w", "weight:" + str(w[0])}};
+  if (layer)
+    params.push_back({"const " + bt.type + " *__restrict__ bias",
+                      bias >= 0 ? "weight:" + str(bias) : std::string("null")});
+  if (storeSum)
+    params.push_back({"float *sum", "buf:" + str(sum)});
+  params.push_back({"float *out", "buf:" + str(out[0])});
+  params.push_back({"long long T", "T"});
+  return kernel(i, layer ? "add_layer_norm" : "add_rms_norm", params, body, grid1(dim(groups)),
+                B);
 }
 
 /// Rotates, per head of `headStride` values starting at `headOffset`, the
@@ -1119,6 +1246,27 @@ llvm::Expected<EmittedProgram> Emitter::run() {
     Array launches;
     std::string before = rowsName;
     scratchCursor = 0;
+    // The residual add fused with the norm that reads its result: the add's
+    // entry launches the fused kernel (it writes the add's output, unless
+    // the norm writes over it, and the norm's), the norm's entry has no
+    // launches and "fused_into" the add's step.
+    const Object *next = i + 1 < steps->size() ? (*steps)[i + 1].getAsObject() : nullptr;
+    if (rowsName == "T" && *s.getString("op") == "add" && next && fusesWithAdd(s, *next)) {
+      launches.push_back(addNorm(static_cast<int64_t>(i), ids(s, "in")[0], ids(s, "in")[1],
+                                 ids(s, "out")[0], *next));
+      table.push_back(Object{{"step", static_cast<int64_t>(i)},
+                             {"op", *s.getString("op")},
+                             {"rows", before},
+                             {"fuses", static_cast<int64_t>(i + 1)},
+                             {"launches", std::move(launches)}});
+      table.push_back(Object{{"step", static_cast<int64_t>(i + 1)},
+                             {"op", *next->getString("op")},
+                             {"rows", before},
+                             {"fused_into", static_cast<int64_t>(i)},
+                             {"launches", Array{}}});
+      ++i;
+      continue;
+    }
     if (llvm::Error e = step(static_cast<int64_t>(i), s, launches, rowsName))
       return std::move(e);
     table.push_back(Object{{"step", static_cast<int64_t>(i)},
