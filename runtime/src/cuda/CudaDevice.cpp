@@ -40,6 +40,9 @@ namespace moert {
 namespace {
 
 using nlohmann::json;
+
+/// Steps of at most this many tokens are captured into CUDA graphs.
+constexpr int64_t kGraphMaxTokens = 64;
 using cuda::check;
 
 std::string readFile(const std::string &path) {
@@ -146,12 +149,14 @@ public:
     upload(batchLogitRows, rows);
 
     auto key = std::make_pair(T, R);
-    if (graphsEnabled && T > 0) {
+    // Small steps (decode) replay a captured graph; large ones (prefill) run
+    // directly, with the dropless expert GEMMs grouped over counted rows.
+    if (graphsEnabled && T > 0 && T <= kGraphMaxTokens) {
       auto found = graphs.find(key);
       if (found == graphs.end()) {
         check(api->cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
               "cuStreamBeginCapture");
-        runSteps(T, R);
+        runSteps(T, R, /*capturing=*/true);
         CUgraph graph;
         check(api->cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
         CUgraphExec exec;
@@ -161,7 +166,7 @@ public:
       }
       check(api->cuGraphLaunch(found->second, stream), "cuGraphLaunch");
     } else {
-      runSteps(T, R);
+      runSteps(T, R, /*capturing=*/false);
     }
     if (program->logitsBuffer >= 0 && R > 0) {
       logits.resize(static_cast<size_t>(R * plan->vocabSize));
@@ -202,6 +207,17 @@ private:
       for (const json &l : s["launches"])
         if (l.contains("collective") && l["collective"] == "all_to_all")
           hasHostSync = true;
+    // Dropless expert GEMMs (moe.experts, or expert_ffn after a dispatch
+    // with capacity factor 0) are grouped over the counted rows: their
+    // buffers have max_batch_tokens rows per expert, mostly empty.
+    grouped.assign(program->steps.size(), false);
+    double factor = -1;
+    for (size_t i = 0; i < program->steps.size(); ++i) {
+      const PlanStep &step = program->steps[i];
+      if (step.op == OpKind::Dispatch)
+        factor = step.dispatch.capacityFactor;
+      grouped[i] = step.op == OpKind::Experts || (step.op == OpKind::ExpertFFN && factor == 0);
+    }
   }
 
   void selectDevice() {
@@ -437,7 +453,8 @@ private:
   // Steps
   //===--------------------------------------------------------------------===//
 
-  void runSteps(int64_t T, int64_t R) {
+  void runSteps(int64_t T, int64_t R, bool capturing) {
+    countsStep = -1;
     const json &steps = table["steps"];
     for (size_t i = 0; i < steps.size(); ++i) {
       const int64_t stepRows = steps[i].value("rows", std::string("T")) == "R" ? R : T;
@@ -446,7 +463,8 @@ private:
         if (l.contains("collective"))
           collective(i, program->steps[i], rows);
         else if (l.contains("gemm"))
-          gemm(l["gemm"], rows, T, R);
+          gemm(l["gemm"], T, R,
+               grouped[i] && !capturing ? static_cast<int64_t>(i) : -1);
         else
           launch(l, rows, T, R);
       }
@@ -503,10 +521,19 @@ private:
 
   /// C[m, n] = A[m, k] B[n, k]^T (row-major A, C in f32; B the weight): in
   /// cuBLAS' column-major terms C^T = B^T' A^T with op(B) = T.
-  void gemm(const json &g, int64_t rows, int64_t T, int64_t R) {
+  /// `groupedStep` >= 0: a dropless expert GEMM of that step, run as a
+  /// grouped GEMM over each block's counted rows only (the counts are read
+  /// back once per step: such programs are not captured into graphs).
+  void gemm(const json &g, int64_t T, int64_t R, int64_t groupedStep) {
     const json &mj = g["m"];
-    const int m = mj.is_string() ? static_cast<int>(mj == "R" ? R : (mj == "T" ? T : rows))
-                                 : mj.get<int>();
+    int m = mj.is_number() ? mj.get<int>()
+            : mj == "T"    ? static_cast<int>(T)
+            : mj == "R"    ? static_cast<int>(R)
+                           : std::stoi(mj.get<std::string>());
+    // Expert blocks hold at most c(T) <= T counted rows: rows past T are
+    // never computed (a decode step multiplies E x T rows, not E x C).
+    if (g.value("batch", 1) > 1 && g.contains("rows_from_counts"))
+      m = std::min<int>(m, static_cast<int>(T));
     const int n = g["n"], k = g["k"], lda = g["lda"], ldb = g["ldb"], ldc = g["ldc"];
     if (m == 0)
       return;
@@ -532,6 +559,29 @@ private:
     // one strided-batched call per source's run of `modulo` experts.
     const int modulo = g.value("b_batch_modulo", batch);
     const long long sa = g["stride_a"], sb = g["stride_b"], sc = g["stride_c"];
+    if (groupedStep >= 0 && g.contains("rows_from_counts")) {
+      if (countsStep != groupedStep) {
+        stepCounts.assign(static_cast<size_t>(batch), 0);
+        check(api->cuMemcpyDtoHAsync(stepCounts.data(), resolve(g["rows_from_counts"], T, R),
+                                     stepCounts.size() * 4, stream),
+              "grouped GEMM counts");
+        check(api->cuStreamSynchronize(stream), "grouped GEMM counts");
+        countsStep = groupedStep;
+      }
+      const size_t bElement = bType == CUDA_R_32F ? 4 : 2;
+      for (int b = 0; b < batch; ++b) {
+        const int r = stepCounts[b];
+        if (r <= 0)
+          continue;
+        check(api->cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, n, r, k, &alpha,
+                                static_cast<const char *>(B) + (b % modulo) * sb * bElement,
+                                bType, ldb, static_cast<const char *>(A) + b * sa * 4, CUDA_R_32F,
+                                lda, &beta, static_cast<char *>(C) + b * sc * 4, CUDA_R_32F, ldc,
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              "cublasGemmEx (grouped expert GEMM)");
+      }
+      return;
+    }
     for (int first = 0; first < batch; first += modulo) {
       const int count = std::min(modulo, batch - first);
       check(api->cublasGemmStridedBatchedEx(
@@ -660,6 +710,9 @@ private:
   CUdeviceptr gatherTemp = 0;
   int64_t gatherBytes = 0, weightsOnDevice = 0, loaded = 0;
   bool hasHostSync = false, graphsEnabled = false;
+  std::vector<bool> grouped;         // per step: dropless expert GEMMs
+  std::vector<int32_t> stepCounts;   // the counts of the grouped step in flight
+  int64_t countsStep = -1;
   std::map<std::pair<int64_t, int64_t>, CUgraphExec> graphs;
 };
 
