@@ -84,3 +84,11 @@ if os.path.exists(os.path.join(fake_cuda, "libcuda.so.1")):
         config.python_executable, os.path.join(config.moe_src_root, "tests", "tools", "check-fixture.py"))))
 if "fake-cuda" in config.available_features and nvcc:
     config.substitutions.append(("%cuda-include", os.path.normpath(os.path.join(os.path.dirname(nvcc), "..", "include"))))
+# The fake NCCL over MPI beside the fake driver (tests/cuda-host/fake,
+# fake_nccl.cpp): multi-rank runs of the CUDA device under mpirun. The
+# fake's environment reaches every rank by mpirun -x.
+if "fake-cuda" in config.available_features and os.path.exists(os.path.join(fake_cuda, "libnccl.so.2")):
+    config.available_features.add("fake-nccl")
+    config.substitutions.append(("%fake-nccl-mpirun-args", "-x LD_LIBRARY_PATH -x MOE_FAKE_CUDA_CACHE -x MOE_FAKE_CUDA_STATS"))
+    config.substitutions.append(("%check-ranks", "%s %s" % (
+        config.python_executable, os.path.join(config.moe_src_root, "tests", "tools", "check-ranks.py"))))

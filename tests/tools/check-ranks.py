@@ -20,6 +20,16 @@ FIXTURE_DIR/reference.json as one batch with `moert run` (the layouts under
                        (with dp > 1 the reference is a single-rank run of
                        each replica's prompts: capacity is per replica step)
   --compile-args "…"   extra moec compile arguments
+  --mpirun-args "…"    extra mpirun arguments (e.g. "-x LD_LIBRARY_PATH" to
+                       pass an environment variable to every rank)
+  --cuda-peak          the plans are CUDA plans run on the CUDA device: its
+                       peak is its one arena (cuMemAlloc), which holds the
+                       plan's predicted weights, buffers and KV caches plus
+                       what only the CUDA kernel table knows of: its scratch,
+                       the rope tables, the batch's four index arrays and
+                       the all_gather staging. The measured peak is held to
+                       the prediction plus those (each piece rounded up to
+                       256 bytes), within the same 10%
 Uses the Python standard library only.
 """
 import argparse
@@ -45,6 +55,8 @@ def main():
     parser.add_argument("--capacity-factor", default="")
     parser.add_argument("--expect-drops", action="store_true")
     parser.add_argument("--compile-args", default="")
+    parser.add_argument("--mpirun-args", default="")
+    parser.add_argument("--cuda-peak", action="store_true")
     args = parser.parse_args()
 
     reference, prompts = fixture_prompts(args.fixture)
@@ -68,7 +80,7 @@ def main():
             if subset is None or i in subset:
                 command += ["--tokens", p]
         if world > 1:
-            command = mpirun_prefix(args.mpirun, world) + command
+            command = mpirun_prefix(args.mpirun, world) + shlex.split(args.mpirun_args) + command
         out = subprocess.run(command, capture_output=True, text=True)
         if out.returncode != 0:
             print(f"FAIL {name}: moert exited {out.returncode}: {out.stderr.strip()[-2000:]}")
@@ -108,6 +120,24 @@ def main():
         if status == "FAIL":
             return 1
 
+    def cuda_extra(plan, rank):
+        """Bytes of the CUDA device's arena beyond the plan's prediction
+        (--cuda-peak): the kernel table's scratch, rope tables (cos, sin),
+        four [max_batch_tokens] int32 index arrays, the all_gather staging
+        ([max_batch_tokens, width] f32). F32 weights only (16-bit GEMM
+        weights would add their f32 copies)."""
+        import json
+        p = json.load(open(plan))
+        program = p["programs"][p["ranks"][rank]["program"]]
+        table, max_t = program["cuda"], p["workload"]["max_batch_tokens"]
+        align = lambda n: (n + 255) // 256 * 256
+        extra = sum(align(s["bytes"]) for s in table["scratch"])
+        extra += sum(2 * align(r["positions"] * r["half"] * 4) for r in table["rope_tables"])
+        extra += 4 * align(max_t * 4)
+        gather = max([max_t * program["buffers"][s["out"][0]]["width"] * 4
+                      for s in program["steps"] if s["op"] == "all_gather"] + [0])
+        return extra + align(gather)
+
     failures = 0
     memory_line = re.compile(r"rank (\d+): weights loaded (\d+) bytes \(plan (\d+)\), peak "
                              r"measured ([\d.]+) MiB, predicted ([\d.]+) MiB")
@@ -120,7 +150,8 @@ def main():
         for axis, value in degrees.items():
             options += ["--" + axis, value]
         name = layout.replace(",", "-").replace("=", "")
-        tokens, logits, memory = run(compile_plan(name, options), world, name)
+        plan = compile_plan(name, options)
+        tokens, logits, memory = run(plan, world, name)
         want_tokens, want_logits = base_tokens, base_logits
         if capacity and int(degrees.get("dp", 1)) > 1:
             want_tokens, want_logits = per_replica(int(degrees["dp"]))
@@ -138,6 +169,8 @@ def main():
                 continue
             rank, loaded, planned = int(m[1]), int(m[2]), int(m[3])
             measured, predicted = float(m[4]), float(m[5])
+            if args.cuda_peak:
+                predicted += cuda_extra(plan, rank) / (1 << 20)
             if loaded != planned:
                 problems.append(f"rank {rank} loaded {loaded} weight bytes, the plan says {planned}")
             error = abs(measured - predicted) / predicted
@@ -151,6 +184,7 @@ def main():
               f"{diff:.2e} (tolerance {args.tolerance:g}), greedy "
               f"{'identical' if same_tokens else f'differs: {tokens} vs {want_tokens}'}, "
               f"weights loaded = plan, peak within {100 * worst:.1f}% of predicted"
+              + (" (+ CUDA arena extras)" if args.cuda_peak else "")
               + ("" if not problems else "; " + "; ".join(problems)))
     print(f"{len(args.layouts) - failures} passed, {failures} failed")
     return 1 if failures else 0

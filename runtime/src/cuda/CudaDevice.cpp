@@ -18,8 +18,11 @@
 // Without a GPU it runs end to end on a fake CUDA driver + cuBLAS that
 // execute on the host (tests/cuda-host/fake, tests/cuda/fake-e2e-*.test:
 // every fixture against the transformers references, graphs on and off,
-// chunked prefill, capacity-limited dispatch against the CPU device); the
-// GPU e2e tests carry the ctest label `gpu` (docs/cuda.md).
+// chunked prefill, capacity-limited dispatch against the CPU device), and on
+// several ranks under mpirun with a fake NCCL over MPI (fake-ranks-*.test:
+// dp/ep, tp, pp, tp+ep, chunked, capacity, graphs on and off, against the
+// single-rank run); the GPU e2e tests carry the ctest label `gpu`
+// (docs/cuda.md).
 #include "CudaApi.h"
 
 #include "moert/Device.h"
@@ -455,8 +458,11 @@ private:
 
   void runSteps(int64_t T, int64_t R, bool capturing) {
     countsStep = -1;
+    exchangedRows = -1;
     const json &steps = table["steps"];
     for (size_t i = 0; i < steps.size(); ++i) {
+      if (program->steps[i].op == OpKind::Dispatch)
+        exchangedRows = -1; // blocks filled from this rank's T tokens (until an all_to_all)
       const int64_t stepRows = steps[i].value("rows", std::string("T")) == "R" ? R : T;
       for (const json &l : steps[i]["launches"]) {
         int64_t rows = l.contains("rows") ? (l["rows"] == "R" ? R : T) : stepRows;
@@ -532,8 +538,12 @@ private:
                            : std::stoi(mj.get<std::string>());
     // Expert blocks hold at most c(T) <= T counted rows: rows past T are
     // never computed (a decode step multiplies E x T rows, not E x C).
+    // After an all_to_all the blocks hold the sources' rows, whose T is
+    // theirs (EP spans DP replicas, which step different batches, or none:
+    // a replica with T = 0 still computes the rows it received): the bound
+    // is then the most rows any received block holds.
     if (g.value("batch", 1) > 1 && g.contains("rows_from_counts"))
-      m = std::min<int>(m, static_cast<int>(T));
+      m = std::min<int>(m, static_cast<int>(exchangedRows >= 0 ? exchangedRows : T));
     const int n = g["n"], k = g["k"], lda = g["lda"], ldb = g["ldb"], ldc = g["ldc"];
     if (m == 0)
       return;
@@ -652,6 +662,9 @@ private:
       check(api->cuMemcpyDtoHAsync(sent.data(), counts, E * 4, stream), what.c_str());
       check(api->cuMemcpyDtoHAsync(received.data(), countsOut, E * 4, stream), what.c_str());
       check(api->cuStreamSynchronize(stream), what.c_str());
+      exchangedRows = 0;
+      for (int32_t r : received)
+        exchangedRows = std::max<int64_t>(exchangedRows, r);
       check(api->ncclGroupStart(), what.c_str());
       for (int q = 0; q < n; ++q)
         for (int64_t l = 0; l < El; ++l) {
@@ -713,6 +726,7 @@ private:
   std::vector<bool> grouped;         // per step: dropless expert GEMMs
   std::vector<int32_t> stepCounts;   // the counts of the grouped step in flight
   int64_t countsStep = -1;
+  int64_t exchangedRows = -1; // most rows of a block received by the last all_to_all (-1: none)
   std::map<std::pair<int64_t, int64_t>, CUgraphExec> graphs;
 };
 

@@ -31,6 +31,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -521,6 +522,24 @@ CUresult cuGraphLaunch(CUgraphExec exec, CUstream hs) {
     for (const Op &op : g->ops)
       op();
   });
+}
+
+// For the fake NCCL (fake_nccl.cpp, which links this library): whether a
+// stream is capturing, and recording one of its operations into the graph
+// (run at each replay; `release` frees `arg` with the last copy of the op).
+int moe_fake_cuda_capturing(CUstream hs) {
+  auto *s = reinterpret_cast<Stream *>(hs);
+  return s && s->capturing;
+}
+
+CUresult moe_fake_cuda_record(CUstream hs, void (*run)(void *), void *arg,
+                              void (*release)(void *)) {
+  auto *s = reinterpret_cast<Stream *>(hs);
+  if (!s || !s->capturing)
+    return CUDA_ERROR_ILLEGAL_STATE;
+  std::shared_ptr<void> owned(arg, release);
+  s->graph->ops.push_back([run, owned] { run(owned.get()); });
+  return CUDA_SUCCESS;
 }
 
 CUresult cuGraphExecDestroy(CUgraphExec exec) {
