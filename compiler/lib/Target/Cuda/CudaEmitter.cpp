@@ -109,58 +109,43 @@ MOE_DEVICE float moe_round_bf16(float v) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return __uint_as_float(u & 0xffff0000u);
 }
-MOE_DEVICE float moe_warp_sum(float v) {
+struct moe_op_add {
+  template <typename T> MOE_DEVICE T operator()(T a, T b) const { return a + b; }
+};
+struct moe_op_max {
+  MOE_DEVICE float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+/// `op` over the 32 lanes of a warp; every lane gets the result.
+template <typename T, typename Op> MOE_DEVICE T moe_warp_reduce(T v, Op op) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1)
-    v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-MOE_DEVICE double moe_warp_sum_d(double v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-    v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-MOE_DEVICE float moe_warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-/// Sum over a block of `nthreads` (a multiple of 32); `red` is 32 shared
-/// floats. Every thread gets the sum.
-MOE_DEVICE float moe_block_sum(float v, float *red, int nthreads) {
+/// `op` over a block of `nthreads` (a multiple of 32); `red` is 32 shared
+/// values; `identity` fills the lanes past the block's warps. Every thread
+/// gets the result.
+template <typename T, typename Op>
+MOE_DEVICE T moe_block_reduce(T v, T *red, int nthreads, Op op, T identity) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = moe_warp_sum(v);
+  v = moe_warp_reduce(v, op);
   if (lane == 0)
     red[warp] = v;
   __syncthreads();
-  float r = lane < (nthreads >> 5) ? red[lane] : 0.0f;
-  r = moe_warp_sum(r);
+  T r = lane < (nthreads >> 5) ? red[lane] : identity;
+  r = moe_warp_reduce(r, op);
   __syncthreads();
   return r;
+}
+MOE_DEVICE float moe_warp_sum(float v) { return moe_warp_reduce(v, moe_op_add()); }
+MOE_DEVICE float moe_block_sum(float v, float *red, int nthreads) {
+  return moe_block_reduce(v, red, nthreads, moe_op_add(), 0.0f);
 }
 MOE_DEVICE double moe_block_sum_d(double v, double *red, int nthreads) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = moe_warp_sum_d(v);
-  if (lane == 0)
-    red[warp] = v;
-  __syncthreads();
-  double r = lane < (nthreads >> 5) ? red[lane] : 0.0;
-  r = moe_warp_sum_d(r);
-  __syncthreads();
-  return r;
+  return moe_block_reduce(v, red, nthreads, moe_op_add(), 0.0);
 }
 MOE_DEVICE float moe_block_max(float v, float *red, int nthreads) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = moe_warp_max(v);
-  if (lane == 0)
-    red[warp] = v;
-  __syncthreads();
-  float r = lane < (nthreads >> 5) ? red[lane] : -INFINITY;
-  r = moe_warp_max(r);
-  __syncthreads();
-  return r;
+  return moe_block_reduce(v, red, nthreads, moe_op_max(), -INFINITY);
 }
 /// (key, index) ordering of the router and argmax: the larger key, then
 /// the lower index; index < 0 is "none" and loses to everything.
