@@ -21,14 +21,12 @@ import subprocess
 import sys
 import tempfile
 
-from fixture_runs import read_npy
+from fixture_runs import add_tool_arguments, read_npy
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("fixture")
-    parser.add_argument("--moec", default="moec")
-    parser.add_argument("--moert", default="moert")
+    add_tool_arguments(parser)
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--batched", action="store_true")

@@ -40,16 +40,12 @@ import subprocess
 import sys
 import tempfile
 
-from fixture_runs import fixture_prompts, mpirun_prefix, read_npy
+from fixture_runs import add_tool_arguments, fixture_prompts, mpirun_prefix, read_npy
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("fixture")
-    parser.add_argument("layouts", nargs="+")
-    parser.add_argument("--moec", default="moec")
-    parser.add_argument("--moert", default="moert")
-    parser.add_argument("--mpirun", default="mpirun")
+    add_tool_arguments(parser, layouts=True, mpirun=True)
     parser.add_argument("--tolerance", type=float, default=1e-5)
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--capacity-factor", default="")

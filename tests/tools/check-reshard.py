@@ -28,16 +28,12 @@ import subprocess
 import sys
 import tempfile
 
-from fixture_runs import fixture_prompts, mpirun_prefix
+from fixture_runs import add_tool_arguments, fixture_prompts, mpirun_prefix
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("fixture")
-    parser.add_argument("layouts", nargs="+")
-    parser.add_argument("--moec", default="moec")
-    parser.add_argument("--moert", default="moert")
-    parser.add_argument("--mpirun", default="mpirun")
+    add_tool_arguments(parser, layouts=True, mpirun=True)
     parser.add_argument("--write-layout", default="dp=2,ep=2")
     args = parser.parse_args()
     reference, prompts = fixture_prompts(args.fixture)

@@ -32,3 +32,15 @@ def fixture_prompts(fixture):
 def mpirun_prefix(mpirun, ranks):
     """The launcher of an N-rank job in this container (root, 2 cores)."""
     return [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(ranks)]
+
+
+def add_tool_arguments(parser, layouts=False, mpirun=False):
+    """The arguments every check script takes: the fixture directory (and,
+    for multi-rank checks, the layouts), the tools, the MPI launcher."""
+    parser.add_argument("fixture")
+    if layouts:
+        parser.add_argument("layouts", nargs="+")
+    parser.add_argument("--moec", default="moec")
+    parser.add_argument("--moert", default="moert")
+    if mpirun:
+        parser.add_argument("--mpirun", default="mpirun")
