@@ -261,6 +261,14 @@ private:
     for (const json &s : table["steps"])
       for (const json &l : s["launches"])
         resolve(l);
+    // BF16 weights meet bf16 activations in their GEMMs (the f32 operand is
+    // rounded by moe_pack_bf16 first): weights stay as stored, half the
+    // memory of widening them. MOERT_CUDA_F32_GEMM=1 widens them to f32
+    // instead (the CPU backend's numerics), as do plans without the kernel.
+    const char *f32 = std::getenv("MOERT_CUDA_F32_GEMM");
+    if (!(f32 && !std::strcmp(f32, "1")) &&
+        api->cuModuleGetFunction(&packBf16, module, "moe_pack_bf16") == CUDA_SUCCESS)
+      bf16Gemm = true;
   }
 
   void allocate() {
@@ -298,6 +306,7 @@ private:
         gatherBytes = std::max(gatherBytes,
                                maxT * program->buffers[program->steps[i].out[0]].width * 4);
     arena.reserve(gatherBytes);
+    arena.reserve(packBytes);
     arena.allocate(*api);
 
     for (const PlanBuffer &b : program->buffers)
@@ -325,11 +334,12 @@ private:
       weightPtrs.push_back(stored.count(i) || !widened.count(i) ? arena.take(w.bytes) : 0);
     }
     gatherTemp = gatherBytes ? arena.take(gatherBytes) : 0;
+    packScratch = packBytes ? arena.take(packBytes) : 0;
   }
 
   /// Weights that are the B operand of a GEMM in a 16-bit type (`widened`)
   /// and weights that a kernel reads as stored (`stored`).
-  void weightUse(std::set<size_t> &widened, std::set<size_t> &stored) const {
+  void weightUse(std::set<size_t> &widened, std::set<size_t> &stored) {
     auto id = [](const std::string &ref) -> int64_t {
       return ref.rfind("weight:", 0) == 0 ? std::stoll(ref.substr(7)) : -1;
     };
@@ -337,10 +347,23 @@ private:
       if (l.contains("gemm")) {
         const json &g = l["gemm"];
         if (int64_t w = id(g.value("b", std::string())); w >= 0) {
-          if (g.value("b_dtype", std::string("F32")) != "F32")
-            widened.insert(static_cast<size_t>(w));
-          else
+          const std::string dtype = g.value("b_dtype", std::string("F32"));
+          if (dtype == "BF16" && bf16Gemm) {
             stored.insert(static_cast<size_t>(w));
+            // The packed operand: every block's rows of k bf16 values.
+            const json &m = g["m"];
+            const int64_t rows =
+                m.is_number() ? m.get<int64_t>()
+                : (m == "T" || m == "R") ? plan->maxBatchTokens
+                                         : std::stoll(m.get<std::string>());
+            packBytes = std::max(packBytes, g.value("batch", int64_t(1)) *
+                                                std::max(rows, plan->maxBatchTokens) *
+                                                g["k"].get<int64_t>() * 2);
+          } else if (dtype != "F32") {
+            widened.insert(static_cast<size_t>(w));
+          } else {
+            stored.insert(static_cast<size_t>(w));
+          }
         }
         for (const char *operand : {"a", "c"})
           if (int64_t w = id(g.value(operand, std::string())); w >= 0)
@@ -552,15 +575,39 @@ private:
     const std::string bRef = g["b"];
     cudaDataType bType = weightType(g.value("b_dtype", std::string("F32")));
     const void *B = reinterpret_cast<const void *>(resolve(bRef, T, R));
+    cudaDataType aType = CUDA_R_32F;
+    int64_t aElement = 4;
     if (bRef.rfind("weight:", 0) == 0 && bType != CUDA_R_32F) {
-      B = reinterpret_cast<const void *>(weightF32Ptrs.at(std::stoull(bRef.substr(7))));
-      bType = CUDA_R_32F; // widened at upload (weightUse)
+      if (bType == CUDA_R_16BF && bf16Gemm) {
+        aType = CUDA_R_16BF; // A rounded into packScratch below
+        aElement = 2;
+      } else {
+        B = reinterpret_cast<const void *>(weightF32Ptrs.at(std::stoull(bRef.substr(7))));
+        bType = CUDA_R_32F; // widened at upload (weightUse)
+      }
     }
     void *C = reinterpret_cast<void *>(resolve(g["c"], T, R));
     const int batch = g.value("batch", 1);
+    long long sa = g.value("stride_a", 0LL);
+    int ldA = lda;
+    if (aType == CUDA_R_16BF) {
+      // Round the m rows of every block of A to bf16, packed: row stride k,
+      // block stride m k.
+      long long rows = m, blocks = batch, sx = sa, sy = static_cast<long long>(m) * k;
+      long long kk = k, la = lda;
+      uint64_t x = reinterpret_cast<uint64_t>(A), y = packScratch;
+      void *args[] = {&x, &la, &sx, &y, &sy, &rows, &kk};
+      check(api->cuLaunchKernel(packBf16, static_cast<unsigned>(rows),
+                                static_cast<unsigned>(blocks), 1, 256, 1, 1, 0, stream, args,
+                                nullptr),
+            "cuLaunchKernel moe_pack_bf16");
+      A = reinterpret_cast<const void *>(packScratch);
+      ldA = k;
+      sa = sy;
+    }
     if (batch == 1) {
       check(api->cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, B, bType, ldb, A,
-                              CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                              aType, ldA, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT),
             "cublasGemmEx");
       return;
@@ -568,7 +615,7 @@ private:
     // Blocks b of a [blocks, C, .] buffer use expert b % modulo of the stack:
     // one strided-batched call per source's run of `modulo` experts.
     const int modulo = g.value("b_batch_modulo", batch);
-    const long long sa = g["stride_a"], sb = g["stride_b"], sc = g["stride_c"];
+    const long long sb = g["stride_b"], sc = g["stride_c"];
     if (groupedStep >= 0 && g.contains("rows_from_counts")) {
       if (countsStep != groupedStep) {
         stepCounts.assign(static_cast<size_t>(batch), 0);
@@ -585,9 +632,9 @@ private:
           continue;
         check(api->cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, n, r, k, &alpha,
                                 static_cast<const char *>(B) + (b % modulo) * sb * bElement,
-                                bType, ldb, static_cast<const char *>(A) + b * sa * 4, CUDA_R_32F,
-                                lda, &beta, static_cast<char *>(C) + b * sc * 4, CUDA_R_32F, ldc,
-                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                bType, ldb, static_cast<const char *>(A) + b * sa * aElement,
+                                aType, ldA, &beta, static_cast<char *>(C) + b * sc * 4,
+                                CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
               "cublasGemmEx (grouped expert GEMM)");
       }
       return;
@@ -596,7 +643,7 @@ private:
       const int count = std::min(modulo, batch - first);
       check(api->cublasGemmStridedBatchedEx(
                 blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, B, bType, ldb, sb,
-                static_cast<const char *>(A) + first * sa * 4, CUDA_R_32F, lda, sa, &beta,
+                static_cast<const char *>(A) + first * sa * aElement, aType, ldA, sa, &beta,
                 static_cast<char *>(C) + first * sc * 4, CUDA_R_32F, ldc, sc, count,
                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             "cublasGemmStridedBatchedEx");
@@ -717,6 +764,10 @@ private:
   Arena arena;
   std::vector<CUdeviceptr> buffers, cacheKeys, cacheValues, scratch, ropeCos, ropeSin, weightPtrs;
   std::vector<CUdeviceptr> weightF32Ptrs; ///< f32 copies of 16-bit GEMM weights (or 0)
+  bool bf16Gemm = false;         ///< BF16 weights multiply bf16-rounded activations
+  CUfunction packBf16 = nullptr; ///< moe_pack_bf16 of the module
+  CUdeviceptr packScratch = 0;   ///< the rounded A operand
+  int64_t packBytes = 0;
   std::set<size_t> widened, stored;      ///< weightUse()
   std::set<size_t> uploadedRope;
   CUdeviceptr batchSequence = 0, batchPosition = 0, batchLogitRows = 0, batchArgmax = 0;

@@ -189,6 +189,24 @@ MOE_DEVICE void moe_copy_row(float *dst, const float *src, int n, int tid, int n
       dst[i] = src[i];
   }
 }
+/// A GEMM's f32 operand rounded to bf16 for a bf16 x bf16 -> f32 GEMM (the
+/// driver's default for BF16 weights, docs/cuda.md): grid (rows, blocks);
+/// row r of block b of x (row stride lda, block stride sx) into y (row
+/// stride k, block stride sy).
+extern "C" __global__ void __launch_bounds__(256) moe_pack_bf16(
+    const float *__restrict__ x, long long lda, long long sx, unsigned short *__restrict__ y,
+    long long sy, long long rows, long long k) {
+  const long long b = blockIdx.y, r = blockIdx.x;
+  if (r >= rows)
+    return;
+  const float *src = x + b * sx + r * lda;
+  unsigned short *dst = y + b * sy + r * k;
+  for (long long c = threadIdx.x; c < k; c += 256)
+    dst[c] = static_cast<unsigned short>(__float_as_uint(moe_round_bf16(src[c])) >> 16);
+}
+#ifdef MOE_HOST_EMULATION
+extern "C" void moe_pack_bf16__host(const unsigned long long *args) { moe_pack_bf16((const float *)args[0], (long long)args[1], (long long)args[2], (unsigned short *)args[3], (long long)args[4], (long long)args[5], (long long)args[6]); }
+#endif
 )";
 
 /// The integer list `key` of a step ("in", "out", "weights").
