@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <initializer_list>
 #include <sstream>
@@ -59,10 +60,12 @@ cpu::RopeParams parseRope(const JsonFields &r) {
   p.highFreqFactor = r.number("high_freq_factor");
   p.betaFast = r.number("beta_fast");
   p.betaSlow = r.number("beta_slow");
-  p.mscale = r.number("mscale");
-  p.mscaleAllDim = r.number("mscale_all_dim");
+  p.truncate = r.boolean("truncate");
+  p.attentionFactor = r.number("attention_factor");
   if (!(p.theta > 0) || !(p.factor > 0))
     r.fail("theta", "expected theta > 0 and factor > 0");
+  if (!(p.attentionFactor > 0) || !std::isfinite(p.attentionFactor))
+    r.fail("attention_factor", "expected a finite value > 0");
   return p;
 }
 
@@ -845,6 +848,13 @@ void checkNoUnexpectedTensors(const Plan &plan, const Checkpoint &checkpoint) {
     const std::string suffix = ".rotary_emb.inv_freq";
     unused |= name.size() > suffix.size() &&
               name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    // A tensor without elements carries nothing to compute with (transformers
+    // saves DeepSeek's shared experts as [0, H] tensors when
+    // n_shared_experts is 0).
+    if (!unused) {
+      const std::vector<int64_t> shape = checkpoint.shapeOf(name);
+      unused = std::find(shape.begin(), shape.end(), 0) != shape.end();
+    }
     if (!unused)
       inputError("{}: unexpected tensor '{}': the plan's model has no such weight (a checkpoint "
                  "of another model?)",

@@ -235,11 +235,11 @@ private:
   std::map<std::string, std::unique_ptr<cpu::RopeTable>> ropeTables;
   const cpu::RopeTable &ropeTable(const cpu::RopeParams &p) {
     char key[512];
-    std::snprintf(key, sizeof key, "%d %g %lld %d %g %lld %g %g %g %g %g %g",
+    std::snprintf(key, sizeof key, "%d %.17g %lld %d %.17g %lld %.17g %.17g %.17g %.17g %d %.17g",
                   static_cast<int>(p.kind), p.theta, static_cast<long long>(p.rotaryDim),
                   p.interleaved, p.factor, static_cast<long long>(p.originalMaxPosition),
-                  p.lowFreqFactor, p.highFreqFactor, p.betaFast, p.betaSlow, p.mscale,
-                  p.mscaleAllDim);
+                  p.lowFreqFactor, p.highFreqFactor, p.betaFast, p.betaSlow, p.truncate,
+                  p.attentionFactor);
     auto &slot = ropeTables[key];
     if (!slot)
       slot = std::make_unique<cpu::RopeTable>(p, plan.maxSeqLen);

@@ -113,7 +113,7 @@ func.func @add_and_sigmoid_gate(%x: tensor<?x64xbf16>, %y: tensor<?x64xbf16>, %g
 // CHECK:         moe.rope %[[X]], %[[P]] head_dim = 32 <kind = linear, theta = 1.000000e+04, rotary_dim = 32, factor = 2.000000e+00> : tensor<?x128xbf16>, tensor<?xi32>
 // CHECK:         moe.rope %[[X]], %[[P]] head_dim = 32 <kind = dynamic, theta = 1.000000e+04, rotary_dim = 32, factor = 4.000000e+00, original_max_position = 2048> : tensor<?x128xbf16>, tensor<?xi32>
 // CHECK:         moe.rope %[[X]], %[[P]] head_dim = 32 <kind = llama3, theta = 5.000000e+05, rotary_dim = 32, factor = 8.000000e+00, original_max_position = 8192, low_freq_factor = 2.000000e+00, high_freq_factor = 8.000000e+00> : tensor<?x128xbf16>, tensor<?xi32>
-// CHECK:         moe.rope %[[X]], %[[P]] head_dim = 32 <kind = yarn, theta = 1.000000e+04, rotary_dim = 32, interleaved = true, factor = 4.000000e+01, original_max_position = 4096, beta_fast = 1.600000e+01, beta_slow = 2.000000e+00, mscale = 7.070000e-01, mscale_all_dim = 7.070000e-01> : tensor<?x128xbf16>, tensor<?xi32>
+// CHECK:         moe.rope %[[X]], %[[P]] head_dim = 32 <kind = yarn, theta = 1.000000e+04, rotary_dim = 32, interleaved = true, factor = 4.000000e+01, original_max_position = 4096, beta_fast = 1.600000e+01, beta_slow = 2.000000e+00, attention_factor = 7.070000e-01, truncate = false> : tensor<?x128xbf16>, tensor<?xi32>
 func.func @rope(%x: tensor<?x128xbf16>, %p: tensor<?xi32>) {
   %0 = moe.rope %x, %p head_dim = 32 <kind = default, theta = 1.0e4, rotary_dim = 32> : tensor<?x128xbf16>, tensor<?xi32>
   // Partial rotary embedding; explicit defaults are dropped when printed.
@@ -121,7 +121,7 @@ func.func @rope(%x: tensor<?x128xbf16>, %p: tensor<?xi32>) {
   %2 = moe.rope %x, %p head_dim = 32 <kind = linear, theta = 1.0e4, rotary_dim = 32, factor = 2.0> : tensor<?x128xbf16>, tensor<?xi32>
   %3 = moe.rope %x, %p head_dim = 32 <kind = dynamic, theta = 1.0e4, rotary_dim = 32, factor = 4.0, original_max_position = 2048> : tensor<?x128xbf16>, tensor<?xi32>
   %4 = moe.rope %x, %p head_dim = 32 <kind = llama3, theta = 5.0e5, rotary_dim = 32, factor = 8.0, original_max_position = 8192, low_freq_factor = 2.0, high_freq_factor = 8.0> : tensor<?x128xbf16>, tensor<?xi32>
-  %5 = moe.rope %x, %p head_dim = 32 <kind = yarn, theta = 1.0e4, rotary_dim = 32, interleaved = true, factor = 40.0, original_max_position = 4096, beta_fast = 16.0, beta_slow = 2.0, mscale = 0.707, mscale_all_dim = 0.707> : tensor<?x128xbf16>, tensor<?xi32>
+  %5 = moe.rope %x, %p head_dim = 32 <kind = yarn, theta = 1.0e4, rotary_dim = 32, interleaved = true, factor = 40.0, original_max_position = 4096, beta_fast = 16.0, beta_slow = 2.0, attention_factor = 0.707, truncate = false> : tensor<?x128xbf16>, tensor<?xi32>
   return
 }
 
@@ -141,10 +141,10 @@ func.func @attention(%q: tensor<?x128xbf16>, %k: tensor<?x64xbf16>, %v: tensor<?
 // values; result 2 x 24.
 // CHECK-LABEL: func.func @mla_attention
 // CHECK-SAME:    (%[[Q:[^:]+]]: tensor<?x48xbf16>, %[[KV:[^:]+]]: tensor<?x80xbf16>, %[[KR:[^:]+]]: tensor<?x8xbf16>, %[[P:[^:]+]]: tensor<?xi32>)
-// CHECK:         %[[A:.+]] = moe.mla_attention %[[Q]], %[[KV]], %[[KR]], %[[P]] heads = 2 scale = 2.500000e-01 <kind = yarn, theta = 1.000000e+04, rotary_dim = 8, interleaved = true, factor = 4.000000e+01, original_max_position = 4096, mscale_all_dim = 1.000000e+00> : tensor<?x48xbf16>, tensor<?x80xbf16>, tensor<?x8xbf16>, tensor<?xi32> -> tensor<?x48xbf16>
+// CHECK:         %[[A:.+]] = moe.mla_attention %[[Q]], %[[KV]], %[[KR]], %[[P]] heads = 2 scale = 2.500000e-01 <kind = yarn, theta = 1.000000e+04, rotary_dim = 8, interleaved = true, factor = 4.000000e+01, original_max_position = 4096, attention_factor = 1.250000e+00> : tensor<?x48xbf16>, tensor<?x80xbf16>, tensor<?x8xbf16>, tensor<?xi32> -> tensor<?x48xbf16>
 // CHECK:         return %[[A]]
 func.func @mla_attention(%q: tensor<?x48xbf16>, %kv: tensor<?x80xbf16>, %k_rope: tensor<?x8xbf16>, %p: tensor<?xi32>) -> tensor<?x48xbf16> {
-  %0 = moe.mla_attention %q, %kv, %k_rope, %p heads = 2 scale = 0.25 <kind = yarn, theta = 1.0e4, rotary_dim = 8, interleaved = true, factor = 40.0, original_max_position = 4096, mscale_all_dim = 1.0> : tensor<?x48xbf16>, tensor<?x80xbf16>, tensor<?x8xbf16>, tensor<?xi32> -> tensor<?x48xbf16>
+  %0 = moe.mla_attention %q, %kv, %k_rope, %p heads = 2 scale = 0.25 <kind = yarn, theta = 1.0e4, rotary_dim = 8, interleaved = true, factor = 40.0, original_max_position = 4096, attention_factor = 1.25> : tensor<?x48xbf16>, tensor<?x80xbf16>, tensor<?x8xbf16>, tensor<?xi32> -> tensor<?x48xbf16>
   return %0 : tensor<?x48xbf16>
 }
 
@@ -213,11 +213,11 @@ func.func @experts(%x: tensor<?x64xbf16>, %gate: tensor<8x64xbf16>) -> (tensor<?
 // and the enum attributes (in the `#moe<mnemonic value>` form).
 // CHECK-LABEL: func.func @attributes
 // CHECK-SAME:    test.enums = [#moe<scoring sigmoid>, #moe<topk_on logits>, #moe<group_score max>, #moe<rope_kind default>, #moe<rope_kind yarn>]
-// CHECK-SAME:    test.rope = #moe.rope<kind = yarn, theta = 1.000000e+04, rotary_dim = 64, interleaved = true, factor = 4.000000e+01, original_max_position = 4096, low_freq_factor = 2.000000e+00, high_freq_factor = 3.000000e+00, beta_fast = 1.600000e+01, beta_slow = 5.000000e-01, mscale = 7.070000e-01, mscale_all_dim = 1.000000e+00>
+// CHECK-SAME:    test.rope = #moe.rope<kind = yarn, theta = 1.000000e+04, rotary_dim = 64, interleaved = true, factor = 4.000000e+01, original_max_position = 4096, low_freq_factor = 2.000000e+00, high_freq_factor = 3.000000e+00, beta_fast = 1.600000e+01, beta_slow = 5.000000e-01, attention_factor = 7.070000e-01, truncate = false>
 // CHECK-SAME:    test.routing = #moe.routing<scoring = softmax, top_k = 6, topk_on = logits, normalize = true, scaling_factor = 1.600000e+01, num_groups = 8, topk_groups = 3, group_score = max, compute_type = f64>
 func.func @attributes() attributes {
     test.enums = [#moe<scoring sigmoid>, #moe<topk_on logits>, #moe<group_score max>, #moe<rope_kind default>, #moe<rope_kind yarn>],
-    test.rope = #moe.rope<kind = yarn, theta = 10000.0, rotary_dim = 64, interleaved = true, factor = 40.0, original_max_position = 4096, low_freq_factor = 2.0, high_freq_factor = 3.0, beta_fast = 16.0, beta_slow = 0.5, mscale = 0.707, mscale_all_dim = 1.0>,
+    test.rope = #moe.rope<kind = yarn, theta = 10000.0, rotary_dim = 64, interleaved = true, factor = 40.0, original_max_position = 4096, low_freq_factor = 2.0, high_freq_factor = 3.0, beta_fast = 16.0, beta_slow = 0.5, attention_factor = 0.707, truncate = false>,
     test.routing = #moe.routing<scoring = softmax, top_k = 6, topk_on = logits, normalize = true, scaling_factor = 16.0, num_groups = 8, topk_groups = 3, group_score = max, compute_type = f64>} {
   return
 }

@@ -233,7 +233,7 @@ json logicalWeights() {
 }
 
 json header(int64_t worldSize, json degrees, json weights, json programs, json ranks) {
-  return {{"format", "moe-plan"}, {"version", 2}, {"producer", "test"},
+  return {{"format", "moe-plan"}, {"version", 3}, {"producer", "test"},
           {"model", {{"model_type", "mixtral"}, {"source", "/m/config.json"},
                      {"vocab_size", kVocab}, {"max_position_embeddings", 64},
                      {"eos_token_ids", {2}}}},

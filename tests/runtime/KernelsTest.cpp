@@ -264,6 +264,7 @@ TEST(RopeTest, YarnMatchesTransformersWithAttentionFactor) {
   p.rotaryDim = 128;
   p.factor = 4.0;
   p.originalMaxPosition = 32768;
+  p.attentionFactor = 0.1 * std::log(4.0) + 1.0; // what moec derives
   expectMatchesTransformers(
       p, 2048, {0, 10, 25, 40, 63},
       {1.0f, 0.115478203f, 0.0041317381f, 4.44569851e-05f, 3.10234441e-07f},
@@ -285,8 +286,7 @@ TEST(RopeTest, YarnDeepSeekV3MatchesTransformers) {
   p.originalMaxPosition = 4096;
   p.betaFast = 32;
   p.betaSlow = 1;
-  p.mscale = 1.0;
-  p.mscaleAllDim = 1.0;
+  p.attentionFactor = 1.0; // mscale / mscale_all_dim, as moec derives it
   expectMatchesTransformers(
       p, 2048, {0, 5, 12, 20, 31},
       {1.0f, 0.237137362f, 0.0268793609f, 0.000790569407f, 3.33380353e-06f},

@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char *kHeader = R"("format": "moe-plan", "version": 2,
+const char *kHeader = R"("format": "moe-plan", "version": 3,
   "model": {"model_type": "mixtral", "source": "/m/config.json"},
   "degrees": {"dp": 2, "tp": 2},)";
 

@@ -161,7 +161,7 @@ json minimalPlan() {
                {"coords", {{"dp", 0}, {"pp", 0}, {"tp", 0}, {"edp", 0}, {"ep", 0}, {"etp", 0}}},
                {"memory", {{"weights", 0}, {"peak", 0}}}};
   return {{"format", "moe-plan"},
-          {"version", 2},
+          {"version", 3},
           {"producer", "test"},
           {"model", {{"model_type", "mixtral"}, {"source", "/m/config.json"}, {"vocab_size", 8},
                      {"max_position_embeddings", 64}, {"eos_token_ids", {2}}}},
@@ -224,7 +224,7 @@ TEST(PlanLoad, MinimalPlanLoads) {
 TEST(PlanLoad, BadFieldsAreNamed) {
   EXPECT_EQ(loadError([](json &) {}), "");
   EXPECT_EQ(loadError([](json &p) { p["version"] = 1; }),
-            "PLAN: version: this moert reads plan format 2 but the plan is format 1");
+            "PLAN: version: this moert reads plan format 3 but the plan is format 1");
   EXPECT_EQ(loadError([](json &p) { p["ranks"][0]["program"] = 1; }),
             "PLAN: ranks[0].program: program 1 out of range (the plan has 1)");
   EXPECT_EQ(loadError([](json &p) { p["programs"][0]["steps"][4]["in"][1] = 11; }),

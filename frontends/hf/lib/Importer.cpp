@@ -59,9 +59,12 @@ private:
     return b.create<moe::LinearOp>(loc, acts(out, resultElement), x, w, bv);
   }
   Value rmsNorm(Value x, const std::string &prefix, int64_t size) {
+    return rmsNorm(x, prefix, size, c.normEps);
+  }
+  Value rmsNorm(Value x, const std::string &prefix, int64_t size, double eps) {
     Value w = weight(prefix + ".weight", {size});
     return b.create<moe::RMSNormOp>(loc, x.getType(), x, w,
-                                    b.getF64FloatAttr(c.normEps));
+                                    b.getF64FloatAttr(eps));
   }
   Value mlp(Value x, const std::string &prefix, int64_t inter);
 
@@ -103,14 +106,12 @@ moe::RopeAttr ModelImporter::rope(int64_t rotaryDim, bool interleaved) {
   if (kind == moe::RopeKind::plain)
     return moe::RopeAttr::get(&ctx, kind, F(c.ropeTheta), rotaryDim,
                               interleaved, F(1.0), 0, F(1.0), F(4.0), F(32.0),
-                              F(1.0), F(1.0), F(0.0));
-  // Transformers ignores `mscale` unless `mscale_all_dim` is set too.
-  double mscale = s.mscaleAllDim != 0.0 ? s.mscale : 1.0;
+                              F(1.0), F(1.0), true);
   return moe::RopeAttr::get(&ctx, kind, F(c.ropeTheta), rotaryDim, interleaved,
                             F(s.factor), s.originalMaxPosition,
                             F(s.lowFreqFactor), F(s.highFreqFactor),
-                            F(s.betaFast), F(s.betaSlow), F(mscale),
-                            F(s.mscaleAllDim));
+                            F(s.betaFast), F(s.betaSlow),
+                            F(ropeAttentionFactor(s)), s.truncate);
 }
 
 Value ModelImporter::mlp(Value x, const std::string &prefix, int64_t inter) {
@@ -153,7 +154,7 @@ Value ModelImporter::latentAttention(Value x, const std::string &p) {
   Value q;
   if (c.qLoraRank > 0) {
     Value qa = linear(x, p + ".q_a_proj", c.qLoraRank, h, c.qkvBias);
-    qa = rmsNorm(qa, p + ".q_a_layernorm", c.qLoraRank);
+    qa = rmsNorm(qa, p + ".q_a_layernorm", c.qLoraRank, c.latentNormEps);
     q = linear(qa, p + ".q_b_proj", heads * qHead, c.qLoraRank, false);
   } else {
     q = linear(x, p + ".q_proj", heads * qHead, h, false);
@@ -162,21 +163,24 @@ Value ModelImporter::latentAttention(Value x, const std::string &p) {
                      h, c.qkvBias);
   auto split = b.create<moe::SplitOp>(
       loc, TypeRange{acts(c.kvLoraRank), acts(c.qkRopeHeadDim)}, kva);
-  Value latent = rmsNorm(split.getResult(0), p + ".kv_a_layernorm", c.kvLoraRank);
+  Value latent = rmsNorm(split.getResult(0), p + ".kv_a_layernorm", c.kvLoraRank,
+                         c.latentNormEps);
   Value kv = linear(latent, p + ".kv_b_proj", heads * (c.qkNopeHeadDim + c.vHeadDim),
                     c.kvLoraRank, false);
   // DeepSeek scales the softmax by mscale(factor, mscale_all_dim)^2 on top of
-  // 1/sqrt(qk head dim) when YaRN is on.
+  // 1/sqrt(qk head dim) whenever the config scales RoPE (any kind) and sets
+  // mscale_all_dim: DeepSeek's own V2/V3 code and transformers 5.x for both
+  // versions; transformers 4.57's V2 port leaves it out (docs/conformance.md).
   double scale = 1.0 / std::sqrt(static_cast<double>(qHead));
   const RopeScaling &s = c.ropeScaling;
-  if (s.kind == RopeScalingKind::Yarn && s.mscaleAllDim != 0.0 && s.factor > 1.0) {
-    double m = 0.1 * s.mscaleAllDim * std::log(s.factor) + 1.0;
+  if (s.present && s.mscaleAllDim) {
+    double m = yarnMscale(s.factor, *s.mscaleAllDim);
     scale *= m * m;
   }
   auto attn = b.create<moe::MLAttentionOp>(
       loc, acts(heads * c.vHeadDim), q, kv, split.getResult(1), positions,
       b.getI64IntegerAttr(heads), b.getF64FloatAttr(scale),
-      rope(c.qkRopeHeadDim, /*interleaved=*/true));
+      rope(c.qkRopeHeadDim, c.ropeInterleave));
   return linear(attn, p + ".o_proj", h, heads * c.vHeadDim, c.oBias);
 }
 

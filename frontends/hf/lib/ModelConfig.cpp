@@ -7,20 +7,53 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 
+#include <cmath>
+
 using namespace llvm;
 using namespace moe::hf;
 using moe::json_fields::Fields;
 
 namespace {
 
+/// An optional number where transformers treats 0 and null as absent
+/// (`mscale`, `mscale_all_dim`, `attention_factor`: `if mscale and ...`).
+Error optionalNumber(const Fields &f, StringRef field,
+                     std::optional<double> &out) {
+  if (!f.has(field))
+    return Error::success();
+  double v;
+  MOE_ASSIGN(v, f.number(field, 0.0));
+  if (!std::isfinite(v))
+    return f.fail(field, formatv("expected a finite number but got {0}", v));
+  if (v != 0.0)
+    out = v;
+  return Error::success();
+}
+
+/// RoPE: transformers 4.x writes a top-level `rope_theta` and an optional
+/// `rope_scaling` block; 5.x writes one `rope_parameters` block holding
+/// `rope_type`, `rope_theta` and the scaling fields. 5.x reads
+/// `rope_scaling` first when a file has both, and takes `rope_theta` from the
+/// block before the top level; both dialects read the same here.
 Error parseRopeScaling(const Fields &f, ModelConfig &c) {
   std::optional<Fields> rs;
   MOE_ASSIGN(rs, f.nested("rope_scaling"));
   if (!rs)
+    MOE_ASSIGN(rs, f.nested("rope_parameters"));
+  if (!rs)
     return Error::success();
+  MOE_ASSIGN(c.ropeTheta, rs->positiveNumber("rope_theta", c.ropeTheta));
+  if (rs->has("partial_rotary_factor")) {
+    double prf;
+    MOE_ASSIGN(prf, rs->number("partial_rotary_factor", 1.0));
+    if (prf != 1.0)
+      c.unsupportedFeature =
+          formatv("partial_rotary_factor = {0} (rotary embedding on part of "
+                  "each head)", prf).str();
+  }
   std::string type;
   // Transformers accepts both spellings; `rope_type` wins when both are set.
-  MOE_ASSIGN(type, rs->string("type", ""));
+  MOE_ASSIGN(type, rs->string("type", "default"));
   MOE_ASSIGN(type, rs->string("rope_type", type));
   RopeScaling &s = c.ropeScaling;
   std::optional<RopeScalingKind> kind =
@@ -37,24 +70,57 @@ Error parseRopeScaling(const Fields &f, ModelConfig &c) {
                                      "' (expected default, linear, dynamic, "
                                      "llama3, yarn or longrope)");
   s.kind = *kind;
+  s.present = s.kind != RopeScalingKind::None;
+  if (s.kind == RopeScalingKind::None)
+    return Error::success();
   if (s.kind == RopeScalingKind::LongRope) {
     c.unsupportedFeature = "longrope rotary scaling";
     return Error::success();
   }
-  MOE_ASSIGN(s.factor, rs->positiveNumber("factor", 1.0));
   MOE_ASSIGN(s.originalMaxPosition,
              rs->positiveOr("original_max_position_embeddings",
                             c.maxPositionEmbeddings));
+  // YaRN without `factor`: transformers 5.x derives it from the two lengths.
+  double defaultFactor = 1.0;
+  if (s.kind == RopeScalingKind::Yarn && !rs->has("factor"))
+    defaultFactor = static_cast<double>(c.maxPositionEmbeddings) /
+                    static_cast<double>(s.originalMaxPosition);
+  else if (!rs->has("factor"))
+    return rs->fail("factor", "missing (required for " + type + " scaling)");
+  MOE_ASSIGN(s.factor, rs->positiveNumber("factor", defaultFactor));
+  if (!std::isfinite(s.factor))
+    return rs->fail("factor", "expected a finite number");
+  if (s.kind == RopeScalingKind::Dynamic) {
+    // transformers' dynamic NTK grows the base past max_position_embeddings
+    // (its rotary module's original_max_seq_len), whatever the block says.
+    s.originalMaxPosition = c.maxPositionEmbeddings;
+  }
   MOE_ASSIGN(s.lowFreqFactor, rs->positiveNumber("low_freq_factor", 1.0));
   MOE_ASSIGN(s.highFreqFactor, rs->positiveNumber("high_freq_factor", 4.0));
-  MOE_ASSIGN(s.betaFast, rs->positiveNumber("beta_fast", 32.0));
-  MOE_ASSIGN(s.betaSlow, rs->positiveNumber("beta_slow", 1.0));
-  MOE_ASSIGN(s.mscale, rs->number("mscale", 1.0));
-  MOE_ASSIGN(s.mscaleAllDim, rs->number("mscale_all_dim", 0.0));
+  // `beta_fast or 32`: transformers treats 0 as absent.
+  MOE_ASSIGN(s.betaFast, rs->number("beta_fast", 32.0));
+  MOE_ASSIGN(s.betaSlow, rs->number("beta_slow", 1.0));
+  if (s.betaFast == 0.0)
+    s.betaFast = 32.0;
+  if (s.betaSlow == 0.0)
+    s.betaSlow = 1.0;
+  MOE_ASSIGN(s.truncate, rs->boolean("truncate", true));
+  if (Error e = optionalNumber(*rs, "mscale", s.mscale))
+    return e;
+  if (Error e = optionalNumber(*rs, "mscale_all_dim", s.mscaleAllDim))
+    return e;
+  if (Error e = optionalNumber(*rs, "attention_factor", s.attentionFactor))
+    return e;
+  if (s.attentionFactor && !(*s.attentionFactor > 0))
+    return rs->fail("attention_factor",
+                    formatv("expected a value > 0 but got {0}", *s.attentionFactor));
   if (s.kind == RopeScalingKind::Llama3 && !(s.highFreqFactor > s.lowFreqFactor))
     return rs->fail("high_freq_factor",
                     formatv("expected > low_freq_factor ({0}) but got {1}",
                             s.lowFreqFactor, s.highFreqFactor));
+  if (s.kind == RopeScalingKind::Yarn && !(s.betaFast > s.betaSlow))
+    return rs->fail("beta_fast", formatv("expected > beta_slow ({0}) but got {1}",
+                                         s.betaSlow, s.betaFast));
   return Error::success();
 }
 
@@ -135,7 +201,11 @@ Error parseMixtral(const Fields &f, ModelConfig &c) {
 /// `mlp_only_layers`.
 Error parseQwenMoE(const Fields &f, ModelConfig &c, bool qwen3) {
   MOE_ASSIGN(c.intermediateSize, f.positive("intermediate_size"));
-  if (Error e = parseExperts(f, c, "num_experts"))
+  // transformers 5.x writes Qwen3-MoE's expert count as num_local_experts.
+  StringRef expertsField = "num_experts";
+  if (qwen3 && !f.has("num_experts") && f.has("num_local_experts"))
+    expertsField = "num_local_experts";
+  if (Error e = parseExperts(f, c, expertsField))
     return e;
   MOE_ASSIGN(c.moeIntermediateSize, f.positive("moe_intermediate_size"));
   MOE_ASSIGN(c.normTopK, f.boolean("norm_topk_prob", false));
@@ -152,7 +222,8 @@ Error parseQwenMoE(const Fields &f, ModelConfig &c, bool qwen3) {
     MOE_ASSIGN(c.qkvBias, f.boolean("attention_bias", false));
     c.oBias = c.qkvBias;
   } else {
-    c.qkvBias = true; // Qwen2 attention: biased q/k/v, unbiased o
+    // Qwen2 attention: q/k/v biased unless `qkv_bias` says otherwise, o not.
+    MOE_ASSIGN(c.qkvBias, f.boolean("qkv_bias", true));
     MOE_ASSIGN(c.sharedExpertIntermediateSize,
                f.positive("shared_expert_intermediate_size"));
     c.numSharedExperts = 1;
@@ -203,31 +274,65 @@ Error parseDeepSeek(const Fields &f, ModelConfig &c, bool v3) {
   int64_t firstDense, freq;
   MOE_ASSIGN(firstDense, f.nonNegativeOr("first_k_dense_replace", 0));
   MOE_ASSIGN(freq, f.positiveOr("moe_layer_freq", 1));
+  // transformers makes every layer from first_k_dense_replace on an MoE
+  // layer; DeepSeek's code also requires layer % moe_layer_freq == 0. Every
+  // published config has 1, where the two agree.
+  if (freq != 1)
+    c.unsupportedFeature = formatv("moe_layer_freq = {0} (transformers ignores "
+                                   "it, DeepSeek's code honours it)", freq).str();
   c.moeLayers.assign(c.numLayers, false);
   for (int64_t i = 0; i < c.numLayers; ++i)
-    c.moeLayers[i] = i >= firstDense && i % freq == 0;
+    c.moeLayers[i] = i >= firstDense;
+  bool mlpBias;
+  MOE_ASSIGN(mlpBias, f.boolean("mlp_bias", false));
+  if (mlpBias)
+    c.unsupportedFeature = "mlp_bias = true (biased expert and MLP projections)";
+  if (v3)
+    MOE_ASSIGN(c.ropeInterleave, f.boolean("rope_interleave", true));
+  // The routing transformers' ports compute, whatever the config says:
+  // V3 scores with a sigmoid, adds e_score_correction_bias for the choice,
+  // keeps topk_group of n_group groups by the sum of their top-2 scores
+  // (noaux_tc) and honours norm_topk_prob; V2 scores with a softmax, honours
+  // topk_method greedy / group_limited_greedy (groups by their maximum) and
+  // never normalises. Other values are refused, not reinterpreted.
   std::string scoring, method;
   MOE_ASSIGN(scoring, f.string("scoring_func", v3 ? "sigmoid" : "softmax"));
   MOE_ASSIGN(method, f.string("topk_method", v3 ? "noaux_tc" : "greedy"));
-  if (scoring == "softmax")
-    c.scoring = Scoring::Softmax;
-  else if (scoring == "sigmoid")
+  auto refuse = [&](StringRef field, StringRef value, StringRef why) {
+    if (c.unsupportedFeature.empty())
+      c.unsupportedFeature = formatv("{0} = {1} ({2})", field, value, why).str();
+  };
+  if (v3) {
     c.scoring = Scoring::Sigmoid;
-  else
-    return f.fail("scoring_func",
-                  "expected softmax or sigmoid but got '" + scoring + "'");
+    if (scoring != "sigmoid")
+      refuse("scoring_func", scoring, "transformers' deepseek_v3 always scores "
+                                      "with a sigmoid");
+    if (method != "noaux_tc")
+      refuse("topk_method", method, "transformers' deepseek_v3 always routes "
+                                    "noaux_tc");
+  } else {
+    c.scoring = Scoring::Softmax;
+    if (scoring != "softmax")
+      refuse("scoring_func", scoring, "transformers' deepseek_v2 always scores "
+                                      "with a softmax");
+    if (method != "greedy" && method != "group_limited_greedy")
+      refuse("topk_method", method, "transformers' deepseek_v2 routes greedy "
+                                    "or group_limited_greedy");
+    if (c.normTopK)
+      refuse("norm_topk_prob", "true", "transformers' deepseek_v2 never "
+                                       "normalises; DeepSeek's code then skips "
+                                       "routed_scaling_factor");
+    c.normTopK = false;
+  }
   MOE_ASSIGN(c.numGroups, f.positiveOr("n_group", 1));
   MOE_ASSIGN(c.topkGroups, f.positiveOr("topk_group", 1));
-  if (method == "greedy") {
-    c.numGroups = c.topkGroups = 1;
-  } else if (method == "group_limited_greedy") {
-    c.groupScoring = GroupScoring::Max;
-  } else if (method == "noaux_tc") {
+  if (v3) {
     c.groupScoring = GroupScoring::Top2Sum;
     c.scoreCorrectionBias = true;
+  } else if (method == "group_limited_greedy") {
+    c.groupScoring = GroupScoring::Max;
   } else {
-    return f.fail("topk_method", "expected greedy, group_limited_greedy or "
-                                 "noaux_tc but got '" + method + "'");
+    c.numGroups = c.topkGroups = 1;
   }
   if (c.topkGroups > c.numGroups)
     return f.fail("topk_group", formatv("expected at most n_group ({0}) but got {1}",
@@ -252,6 +357,8 @@ Error parseLlama(const Fields &f, ModelConfig &c) {
   MOE_ASSIGN(c.qkvBias, f.boolean("attention_bias", false));
   c.oBias = c.qkvBias;
   MOE_ASSIGN(c.mlpBias, f.boolean("mlp_bias", false));
+  if (c.mlpBias)
+    c.unsupportedFeature = "mlp_bias = true (biased MLP projections)";
   c.moeLayers.assign(c.numLayers, false);
   return Error::success();
 }
@@ -343,6 +450,20 @@ Error parseSwitch(const Fields &f, ModelConfig &c) {
 }
 
 } // namespace
+
+double moe::hf::yarnMscale(double scale, double m) {
+  return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+}
+
+double moe::hf::ropeAttentionFactor(const RopeScaling &s) {
+  if (s.kind != RopeScalingKind::Yarn)
+    return 1.0;
+  if (s.attentionFactor)
+    return *s.attentionFactor;
+  if (s.mscale && s.mscaleAllDim)
+    return yarnMscale(s.factor, *s.mscale) / yarnMscale(s.factor, *s.mscaleAllDim);
+  return yarnMscale(s.factor, 1.0);
+}
 
 int64_t ModelConfig::numMoELayers() const {
   return llvm::count(moeLayers, true);

@@ -116,6 +116,8 @@ public:
   const std::string &fileOf(const std::string &name) const;
   /// Every tensor name of the checkpoint.
   std::vector<std::string> names() const;
+  /// The stored shape of tensor `name` (InputError naming it when missing).
+  std::vector<int64_t> shapeOf(const std::string &name) const;
   const std::string &path() const { return path_; }
 
 private:

@@ -12,7 +12,7 @@
 
 namespace moert {
 
-constexpr int kPlanFormatVersion = 2;
+constexpr int kPlanFormatVersion = 3;
 
 struct PlanWeight {
   std::string name; ///< checkpoint name; with "{e}" for an expert stack

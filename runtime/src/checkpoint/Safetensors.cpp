@@ -633,6 +633,13 @@ void Checkpoint::readBox(const std::string &name, const std::vector<int64_t> &of
     f->readBox(name, offset, shape, dst, into, std::vector<int64_t>(shape.size(), 0));
 }
 
+std::vector<int64_t> Checkpoint::shapeOf(const std::string &name) const {
+  fileOf(name); // InputError when missing
+  if (sharded)
+    return sharded->tensors()[shardedIndex.at(name)].shape;
+  return files[fileIndex.at(name)]->entry(name).shape;
+}
+
 std::vector<std::string> Checkpoint::names() const {
   return sharded ? sortedKeys(shardedIndex) : sortedKeys(fileIndex);
 }

@@ -186,14 +186,7 @@ private:
   // Steps
   //===--------------------------------------------------------------------===//
 
-  static bool same(const cpu::RopeParams &a, const cpu::RopeParams &b) {
-    return a.kind == b.kind && a.theta == b.theta && a.rotaryDim == b.rotaryDim &&
-           a.interleaved == b.interleaved && a.factor == b.factor &&
-           a.originalMaxPosition == b.originalMaxPosition &&
-           a.lowFreqFactor == b.lowFreqFactor && a.highFreqFactor == b.highFreqFactor &&
-           a.betaFast == b.betaFast && a.betaSlow == b.betaSlow && a.mscale == b.mscale &&
-           a.mscaleAllDim == b.mscaleAllDim;
-  }
+  static bool same(const cpu::RopeParams &a, const cpu::RopeParams &b) { return a == b; }
 
   const cpu::RopeTable &table(const cpu::RopeParams &p) {
     for (auto &[params, t] : ropeTables)

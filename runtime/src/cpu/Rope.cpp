@@ -101,15 +101,20 @@ std::vector<float> staticInvFreq(const RopeParams &p) {
   }
   case Kind::Yarn: {
     const float factor = static_cast<float>(p.factor);
-    // find_correction_range in Python doubles, truncated (transformers'
-    // default `truncate = True`) to integers.
+    // find_correction_range in Python doubles, rounded outwards to integers
+    // unless `truncate` is false (transformers' default is true).
     auto correctionDim = [&](double rotations) {
       return (static_cast<double>(dim) *
               std::log(static_cast<double>(p.originalMaxPosition) / (rotations * 2 * kPi))) /
              (2 * std::log(p.theta));
     };
-    double low = std::max(std::floor(correctionDim(p.betaFast)), 0.0);
-    double high = std::min(std::ceil(correctionDim(p.betaSlow)), static_cast<double>(dim - 1));
+    double low = correctionDim(p.betaFast), high = correctionDim(p.betaSlow);
+    if (p.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, static_cast<double>(dim - 1));
     if (low == high)
       high += 0.001; // transformers' guard against a zero-width ramp
     const float lowF = static_cast<float>(low), width = static_cast<float>(high - low);
@@ -125,18 +130,6 @@ std::vector<float> staticInvFreq(const RopeParams &p) {
   }
   }
   return inv;
-}
-
-/// The factor cos and sin are multiplied by (yarn's attention_factor; 1
-/// otherwise). As in transformers, `mscale` only counts together with a
-/// non-zero `mscale_all_dim`; otherwise it is get_mscale(factor).
-double attentionFactor(const RopeParams &p) {
-  if (p.kind != Kind::Yarn)
-    return 1.0;
-  auto getMscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
-  if (p.mscale != 0.0 && p.mscaleAllDim != 0.0)
-    return getMscale(p.factor, p.mscale) / getMscale(p.factor, p.mscaleAllDim);
-  return getMscale(p.factor, 1.0);
 }
 
 void checkParams(const RopeParams &p, int64_t maxPositions) {
@@ -155,6 +148,8 @@ void checkParams(const RopeParams &p, int64_t maxPositions) {
     inputError("rope: dynamic scaling needs rotary_dim > 2");
   if (p.kind == Kind::Llama3 && !(p.highFreqFactor > p.lowFreqFactor))
     inputError("rope: llama3 needs high_freq_factor > low_freq_factor");
+  if (!(p.attentionFactor > 0) || !std::isfinite(p.attentionFactor))
+    inputError("rope: attention_factor must be finite and positive, got {}", p.attentionFactor);
 }
 
 } // namespace
@@ -166,7 +161,7 @@ RopeTable::RopeTable(const RopeParams &params, int64_t maxPositions)
   const std::vector<float> inv = staticInvFreq(p);
   // cos/sin are f32 tensors multiplied by the Python-double attention factor
   // (an f32 multiply; exact when it is 1).
-  const float scaling = static_cast<float>(attentionFactor(p));
+  const float scaling = static_cast<float>(p.attentionFactor);
   cosTable.resize(static_cast<size_t>(maxPositions * half));
   sinTable.resize(cosTable.size());
   parallelFor(maxPositions, [&](int64_t begin, int64_t end) {

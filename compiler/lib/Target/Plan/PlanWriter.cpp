@@ -51,8 +51,8 @@ Object ropeJson(moe::RopeAttr rope) {
                 {"high_freq_factor", rope.getHighFreqFactor().convertToDouble()},
                 {"beta_fast", rope.getBetaFast().convertToDouble()},
                 {"beta_slow", rope.getBetaSlow().convertToDouble()},
-                {"mscale", rope.getMscale().convertToDouble()},
-                {"mscale_all_dim", rope.getMscaleAllDim().convertToDouble()}};
+                {"truncate", rope.getTruncate()},
+                {"attention_factor", rope.getAttentionFactor().convertToDouble()}};
 }
 
 Object routingJson(moe::RoutingAttr r) {

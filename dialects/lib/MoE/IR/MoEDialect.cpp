@@ -4,6 +4,8 @@
 
 #include "llvm/ADT/TypeSwitch.h"
 
+#include <cmath>
+
 using namespace mlir;
 using namespace moe;
 
@@ -33,7 +35,7 @@ LogicalResult RopeAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                bool interleaved, APFloat factorF,
                                int64_t originalMaxPosition, APFloat lowF,
                                APFloat highF, APFloat betaFastF, APFloat betaSlowF,
-                               APFloat mscale, APFloat mscaleAllDim) {
+                               APFloat attentionFactorF, bool truncate) {
   double theta = thetaF.convertToDouble(), factor = factorF.convertToDouble();
   double lowFreqFactor = lowF.convertToDouble();
   double highFreqFactor = highF.convertToDouble();
@@ -41,6 +43,10 @@ LogicalResult RopeAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   double betaSlow = betaSlowF.convertToDouble();
   if (!(theta > 0))
     return emitError() << "expected rope theta > 0 but got " << theta;
+  double attentionFactor = attentionFactorF.convertToDouble();
+  if (!(attentionFactor > 0) || !std::isfinite(attentionFactor))
+    return emitError() << "expected a finite attention_factor > 0 but got "
+                       << attentionFactor;
   if (rotaryDim <= 0 || rotaryDim % 2 != 0)
     return emitError() << "expected an even rotary_dim > 0 but got " << rotaryDim;
   if (kind != RopeKind::plain && !(factor > 0))

@@ -55,7 +55,16 @@ struct RopeParams {
   double factor = 1.0;
   int64_t originalMaxPosition = 0;
   double lowFreqFactor = 1.0, highFreqFactor = 4.0;
-  double betaFast = 32.0, betaSlow = 1.0, mscale = 1.0, mscaleAllDim = 0.0;
+  double betaFast = 32.0, betaSlow = 1.0;
+  bool truncate = true;          ///< yarn: correction range rounded to integers
+  double attentionFactor = 1.0;  ///< cos and sin are multiplied by it
+  bool operator==(const RopeParams &o) const {
+    return kind == o.kind && theta == o.theta && rotaryDim == o.rotaryDim &&
+           interleaved == o.interleaved && factor == o.factor &&
+           originalMaxPosition == o.originalMaxPosition && lowFreqFactor == o.lowFreqFactor &&
+           highFreqFactor == o.highFreqFactor && betaFast == o.betaFast && betaSlow == o.betaSlow &&
+           truncate == o.truncate && attentionFactor == o.attentionFactor;
+  }
 };
 /// Precomputed cos/sin for positions [0, maxPositions), as transformers
 /// computes them (inv_freq in f32, the attention scaling of yarn folded in).

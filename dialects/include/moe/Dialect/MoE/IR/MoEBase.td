@@ -110,6 +110,15 @@ class MoE_BoolParam<string desc> : DefaultValuedParameter<"bool", "false", desc>
                                 "expected 'true' or 'false'"); }() }];
   let printer = [{ $_printer << ($_self ? "true" : "false") }];
 }
+/// A bool printed as `true` / `false`, true when omitted.
+class MoE_TrueParam<string desc> : DefaultValuedParameter<"bool", "true", desc> {
+  let parser = [{ [&]() -> ::mlir::FailureOr<bool> {
+      if (::mlir::succeeded($_parser.parseOptionalKeyword("true"))) return true;
+      if (::mlir::succeeded($_parser.parseOptionalKeyword("false"))) return false;
+      return $_parser.emitError($_parser.getCurrentLocation(),
+                                "expected 'true' or 'false'"); }() }];
+  let printer = [{ $_printer << ($_self ? "true" : "false") }];
+}
 class MoE_F64DefaultParam<string value, string desc> : MoE_F64Param<desc> {
   let defaultValue = "::llvm::APFloat(" # value # ")";
 }
@@ -135,9 +144,10 @@ def MoE_RopeAttr : AttrDef<MoE_Dialect, "Rope"> {
       (1-s)*inv_freq/factor + s*inv_freq.
     - `yarn`: inv_freq blends extrapolated and interpolated frequencies with a
       linear ramp between the correction dims given by `beta_fast` and
-      `beta_slow`; cos and sin are multiplied by
-      `mscale(factor, mscale) / mscale(factor, mscale_all_dim)` where
-      `mscale(s, m) = 0.1 * m * ln(s) + 1` (1 when s <= 1).
+      `beta_slow` (rounded outwards to integers unless `truncate` is false).
+    cos and sin are multiplied by `attention_factor` (1 unless the frontend
+    derived another, e.g. YaRN's `mscale(factor, mscale) /
+    mscale(factor, mscale_all_dim)`).
     `interleaved` selects the pairing: false rotates (x[i], x[i + R/2])
     (the "rotate_half" layout), true rotates (x[2i], x[2i+1]).
   }];
@@ -152,8 +162,8 @@ def MoE_RopeAttr : AttrDef<MoE_Dialect, "Rope"> {
     MoE_F64DefaultParam<"4.0", "llama3 high_freq_factor">:$high_freq_factor,
     MoE_F64DefaultParam<"32.0", "yarn beta_fast">:$beta_fast,
     MoE_F64DefaultParam<"1.0", "yarn beta_slow">:$beta_slow,
-    MoE_F64DefaultParam<"1.0", "yarn mscale">:$mscale,
-    MoE_F64DefaultParam<"0.0", "yarn mscale_all_dim">:$mscale_all_dim
+    MoE_F64DefaultParam<"1.0", "factor on cos and sin">:$attention_factor,
+    MoE_TrueParam<"yarn: correction range rounded to integers">:$truncate
   );
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;

@@ -20,14 +20,28 @@ namespace moe::hf {
 
 enum class RopeScalingKind { None, Linear, Dynamic, Llama3, Yarn, LongRope };
 
+/// `rope_scaling` (transformers 4.x) or `rope_parameters` (5.x), as read.
 struct RopeScaling {
   RopeScalingKind kind = RopeScalingKind::None;
   double factor = 1.0;
   int64_t originalMaxPosition = 0;
   double lowFreqFactor = 1.0, highFreqFactor = 4.0; // llama3
   double betaFast = 32.0, betaSlow = 1.0;           // yarn
-  double mscale = 1.0, mscaleAllDim = 0.0;          // yarn (DeepSeek)
+  bool truncate = true;                             // yarn
+  /// Absent (or 0, which transformers treats as absent) when not given.
+  std::optional<double> mscale, mscaleAllDim, attentionFactor;
+  /// The config has a rope_scaling / rope_parameters block at all (DeepSeek
+  /// scales its softmax from it whatever the kind).
+  bool present = false;
 };
+
+/// The factor transformers multiplies cos and sin by (its `attention_factor`):
+/// YaRN's explicit `attention_factor`, else mscale(factor, mscale) /
+/// mscale(factor, mscale_all_dim) when both are set, else mscale(factor, 1);
+/// 1 for the other kinds.
+double ropeAttentionFactor(const RopeScaling &s);
+/// mscale(s, m) = 0.1 * m * ln(s) + 1, or 1 when s <= 1 (YaRN's get_mscale).
+double yarnMscale(double scale, double m);
 
 enum class NormKind { RMSNorm, LayerNorm };
 /// Where q/k normalisation applies: nowhere, per head (Qwen3), or over the
@@ -57,6 +71,13 @@ struct ModelConfig {
   // Multi-head latent attention (DeepSeek); kvLoraRank == 0 means plain MHA.
   int64_t qLoraRank = 0, kvLoraRank = 0;
   int64_t qkNopeHeadDim = 0, qkRopeHeadDim = 0, vHeadDim = 0;
+  /// eps of q_a_layernorm / kv_a_layernorm: DeepSeek's code (and
+  /// transformers' port) builds them with the RMSNorm default 1e-6 whatever
+  /// `rms_norm_eps` says.
+  double latentNormEps = 1e-6;
+  /// MLA's RoPE pairs (2i, 2i+1) (DeepSeek-V2 always; V3's `rope_interleave`,
+  /// default true) instead of (i, i + R/2).
+  bool ropeInterleave = true;
   bool isMLA() const { return kvLoraRank > 0; }
 
   // Norms, RoPE.
