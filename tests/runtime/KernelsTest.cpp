@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -688,7 +689,8 @@ Routed refRoute(const std::vector<float> &logitsIn, const std::vector<float> *bi
     }
     auto groups = byKey(groupScore);
     for (int64_t i = p.topkGroups; i < p.numGroups; ++i)
-      std::fill(key.begin() + groups[i] * size, key.begin() + (groups[i] + 1) * size, 0.0);
+      std::fill(key.begin() + groups[i] * size, key.begin() + (groups[i] + 1) * size,
+                -std::numeric_limits<double>::infinity());
   }
   Routed r;
   auto order = byKey(key);
@@ -832,17 +834,18 @@ TEST(RouteTest, GroupScoreTop2SumAndMaxChooseDifferentGroups) {
   EXPECT_EQ(runRoute(logits, nullptr, p).experts, (std::vector<int32_t>{0, 1}));
 }
 
-TEST(RouteTest, MaskedExpertsKeepKeyZeroLikeMaskedFill) {
-  // Kept group 0 has negative keys (score 0.5 + bias -1); the masked
-  // experts' keys are 0.0 and outrank them, as in transformers.
+TEST(RouteTest, MaskedExpertsAreNeverChosen) {
+  // Kept group 0 has negative keys (score 0.5 + bias -1); the dropped
+  // group's keys are -inf, so its experts never win (DeepSeek's inference
+  // code, transformers 5.x); 4.57's masked_fill(0.0) would pick 2 and 3.
   RoutingParams p;
   p.sigmoid = true;
-  p.topK = 3;
+  p.topK = 2;
   p.numGroups = 2;
   p.topkGroups = 1;
   const std::vector<float> bias = {-1.0f, -1.0f, -2.0f, -2.0f};
   Routed r = runRoute({0.0f, 0.0f, 0.0f, 0.0f}, &bias, p);
-  EXPECT_EQ(r.experts, (std::vector<int32_t>{2, 3, 0}));
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{0, 1}));
   for (double w : r.weights)
     EXPECT_EQ(w, 0.5);
 }

@@ -35,7 +35,20 @@ Error optionalNumber(const Fields &f, StringRef field,
 /// `rope_type`, `rope_theta` and the scaling fields. 5.x reads
 /// `rope_scaling` first when a file has both, and takes `rope_theta` from the
 /// block before the top level; both dialects read the same here.
+Error checkPartialRotary(const Fields &f, ModelConfig &c) {
+  if (!f.has("partial_rotary_factor"))
+    return Error::success();
+  double prf;
+  MOE_ASSIGN(prf, f.number("partial_rotary_factor", 1.0));
+  if (prf != 1.0)
+    c.unsupportedFeature = formatv("partial_rotary_factor = {0} (rotary "
+                                   "embedding on part of each head)", prf).str();
+  return Error::success();
+}
+
 Error parseRopeScaling(const Fields &f, ModelConfig &c) {
+  if (Error e = checkPartialRotary(f, c))
+    return e;
   std::optional<Fields> rs;
   MOE_ASSIGN(rs, f.nested("rope_scaling"));
   if (!rs)
@@ -43,14 +56,8 @@ Error parseRopeScaling(const Fields &f, ModelConfig &c) {
   if (!rs)
     return Error::success();
   MOE_ASSIGN(c.ropeTheta, rs->positiveNumber("rope_theta", c.ropeTheta));
-  if (rs->has("partial_rotary_factor")) {
-    double prf;
-    MOE_ASSIGN(prf, rs->number("partial_rotary_factor", 1.0));
-    if (prf != 1.0)
-      c.unsupportedFeature =
-          formatv("partial_rotary_factor = {0} (rotary embedding on part of "
-                  "each head)", prf).str();
-  }
+  if (Error e = checkPartialRotary(*rs, c))
+    return e;
   std::string type;
   // Transformers accepts both spellings; `rope_type` wins when both are set.
   MOE_ASSIGN(type, rs->string("type", "default"));
@@ -90,6 +97,18 @@ Error parseRopeScaling(const Fields &f, ModelConfig &c) {
   MOE_ASSIGN(s.factor, rs->positiveNumber("factor", defaultFactor));
   if (!std::isfinite(s.factor))
     return rs->fail("factor", "expected a finite number");
+  if ((s.kind == RopeScalingKind::Yarn || s.kind == RopeScalingKind::Llama3) &&
+      f.has("original_max_position_embeddings")) {
+    // transformers 5.x takes a top-level original_max_position_embeddings
+    // over the block's; 4.57 reads only the block.
+    int64_t top;
+    MOE_ASSIGN(top, f.positive("original_max_position_embeddings"));
+    if (top != s.originalMaxPosition)
+      c.unsupportedFeature =
+          formatv("original_max_position_embeddings = {0} at the top level "
+                  "and {1} for the rotary scaling (transformers 4.x and 5.x "
+                  "read different ones)", top, s.originalMaxPosition).str();
+  }
   if (s.kind == RopeScalingKind::Dynamic) {
     // transformers' dynamic NTK grows the base past max_position_embeddings
     // (its rotary module's original_max_seq_len), whatever the block says.
@@ -124,16 +143,50 @@ Error parseRopeScaling(const Fields &f, ModelConfig &c) {
   return Error::success();
 }
 
+/// What transformers' config class of a family assumes for a field that a
+/// config.json leaves out (4.57 and 5.x agree on these).
+struct FamilyDefaults {
+  int64_t maxPositionEmbeddings = 2048;
+  double rmsNormEps = 1e-6, ropeTheta = 10000.0;
+  int64_t expertsPerToken = 0; ///< 0: required
+};
+
+FamilyDefaults familyDefaults(StringRef type) {
+  FamilyDefaults d;
+  if (type == "mixtral") {
+    d.maxPositionEmbeddings = 4096 * 32;
+    d.rmsNormEps = 1e-5;
+    d.ropeTheta = 1e6;
+    d.expertsPerToken = 2;
+  } else if (type == "qwen2_moe") {
+    d.maxPositionEmbeddings = 32768;
+    d.expertsPerToken = 4;
+  } else if (type == "qwen3_moe") {
+    d.maxPositionEmbeddings = 32768;
+    d.expertsPerToken = 8;
+  } else if (type == "olmoe") {
+    d.maxPositionEmbeddings = 4096;
+    d.rmsNormEps = 1e-5;
+    d.expertsPerToken = 8;
+  } else if (type == "deepseek_v3") {
+    d.maxPositionEmbeddings = 4096;
+    d.expertsPerToken = 8;
+  }
+  return d;
+}
+
 /// Fields shared by the Llama-style families.
 Error parseDecoderCommon(const Fields &f, ModelConfig &c) {
+  const FamilyDefaults d = familyDefaults(c.modelType);
   MOE_ASSIGN(c.vocabSize, f.positive("vocab_size"));
   MOE_ASSIGN(c.hiddenSize, f.positive("hidden_size"));
   MOE_ASSIGN(c.numLayers, f.positive("num_hidden_layers"));
   MOE_ASSIGN(c.numHeads, f.positive("num_attention_heads"));
   MOE_ASSIGN(c.numKVHeads, f.positiveOr("num_key_value_heads", c.numHeads));
-  MOE_ASSIGN(c.maxPositionEmbeddings, f.positiveOr("max_position_embeddings", 2048));
-  MOE_ASSIGN(c.normEps, f.positiveNumber("rms_norm_eps", 1e-6));
-  MOE_ASSIGN(c.ropeTheta, f.positiveNumber("rope_theta", 10000.0));
+  MOE_ASSIGN(c.maxPositionEmbeddings,
+             f.positiveOr("max_position_embeddings", d.maxPositionEmbeddings));
+  MOE_ASSIGN(c.normEps, f.positiveNumber("rms_norm_eps", d.rmsNormEps));
+  MOE_ASSIGN(c.ropeTheta, f.positiveNumber("rope_theta", d.ropeTheta));
   MOE_ASSIGN(c.tieWordEmbeddings, f.boolean("tie_word_embeddings", false));
   // transformers >= 4.56 writes `dtype`; older checkpoints `torch_dtype`.
   MOE_ASSIGN(c.dtype, f.string("torch_dtype", "float32"));
@@ -174,7 +227,11 @@ Error parseDecoderCommon(const Fields &f, ModelConfig &c) {
 
 Error parseExperts(const Fields &f, ModelConfig &c, StringRef expertsField) {
   MOE_ASSIGN(c.numExperts, f.positive(expertsField));
-  MOE_ASSIGN(c.expertsPerToken, f.positive("num_experts_per_tok"));
+  int64_t defaultK = familyDefaults(c.modelType).expertsPerToken;
+  if (defaultK > 0)
+    MOE_ASSIGN(c.expertsPerToken, f.positiveOr("num_experts_per_tok", defaultK));
+  else
+    MOE_ASSIGN(c.expertsPerToken, f.positive("num_experts_per_tok"));
   if (c.expertsPerToken > c.numExperts)
     return f.fail("num_experts_per_tok",
                   formatv("expected at most {0} ({1}) but got {2}", c.numExperts,
@@ -254,7 +311,8 @@ Error parseOlmoe(const Fields &f, ModelConfig &c) {
 
 Error parseDeepSeek(const Fields &f, ModelConfig &c, bool v3) {
   MOE_ASSIGN(c.kvLoraRank, f.positive("kv_lora_rank"));
-  MOE_ASSIGN(c.qLoraRank, f.nonNegativeOr("q_lora_rank", 0));
+  // Absent: transformers' class default (1536); null: no low-rank query.
+  MOE_ASSIGN(c.qLoraRank, f.nonNegativeOr("q_lora_rank", f.isNull("q_lora_rank") ? 0 : 1536));
   MOE_ASSIGN(c.qkNopeHeadDim, f.positive("qk_nope_head_dim"));
   MOE_ASSIGN(c.qkRopeHeadDim, f.positive("qk_rope_head_dim"));
   MOE_ASSIGN(c.vHeadDim, f.positive("v_head_dim"));
@@ -267,12 +325,17 @@ Error parseDeepSeek(const Fields &f, ModelConfig &c, bool v3) {
   if (Error e = parseExperts(f, c, "n_routed_experts"))
     return e;
   MOE_ASSIGN(c.moeIntermediateSize, f.positive("moe_intermediate_size"));
-  MOE_ASSIGN(c.numSharedExperts, f.nonNegativeOr("n_shared_experts", 0));
+  // Absent: the class default (V2 2, V3 1); null: none (DeepSeek's code;
+  // transformers 4.57 crashes on it and 5.x refuses it).
+  MOE_ASSIGN(c.numSharedExperts,
+             f.nonNegativeOr("n_shared_experts",
+                             f.isNull("n_shared_experts") ? 0 : (v3 ? 1 : 2)));
   c.sharedExpertIntermediateSize = c.numSharedExperts * c.moeIntermediateSize;
-  MOE_ASSIGN(c.normTopK, f.boolean("norm_topk_prob", false));
-  MOE_ASSIGN(c.routedScalingFactor, f.positiveNumber("routed_scaling_factor", 1.0));
+  MOE_ASSIGN(c.normTopK, f.boolean("norm_topk_prob", v3));
+  MOE_ASSIGN(c.routedScalingFactor,
+             f.positiveNumber("routed_scaling_factor", v3 ? 2.5 : 1.0));
   int64_t firstDense, freq;
-  MOE_ASSIGN(firstDense, f.nonNegativeOr("first_k_dense_replace", 0));
+  MOE_ASSIGN(firstDense, f.nonNegativeOr("first_k_dense_replace", v3 ? 3 : 0));
   MOE_ASSIGN(freq, f.positiveOr("moe_layer_freq", 1));
   // transformers makes every layer from first_k_dense_replace on an MoE
   // layer; DeepSeek's code also requires layer % moe_layer_freq == 0. Every
@@ -324,8 +387,8 @@ Error parseDeepSeek(const Fields &f, ModelConfig &c, bool v3) {
                                        "routed_scaling_factor");
     c.normTopK = false;
   }
-  MOE_ASSIGN(c.numGroups, f.positiveOr("n_group", 1));
-  MOE_ASSIGN(c.topkGroups, f.positiveOr("topk_group", 1));
+  MOE_ASSIGN(c.numGroups, f.positiveOr("n_group", v3 ? 8 : 1));
+  MOE_ASSIGN(c.topkGroups, f.positiveOr("topk_group", v3 ? 4 : 1));
   if (v3) {
     c.groupScoring = GroupScoring::Top2Sum;
     c.scoreCorrectionBias = true;

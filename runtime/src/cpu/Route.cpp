@@ -2,7 +2,7 @@
 // weights. Each step is the f32 arithmetic of the transformers router it
 // stands for (Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE: softmax then top-k;
 // DeepSeek-V2: group max; DeepSeek-V3: sigmoid, bias for the choice only,
-// top-2-sum group scores, masked_fill(0.0), +1e-20, routed scaling).
+// top-2-sum group scores, dropped groups masked to -inf, +1e-20, routed scaling).
 #include "moert/Error.h"
 #include "moert/Parallel.h"
 #include "moert/cpu/Kernels.h"
@@ -91,8 +91,9 @@ void route(const float *logits, int64_t tokens, int64_t numExperts,
       for (int64_t e = 0; e < E; ++e)
         key[e] = bias.empty() ? base[e] : base[e] + bias[e];
       // 3. Group limit: keep the best topk_groups groups, set the other keys
-      //    to 0.0 (which, like transformers' masked_fill, can still outrank
-      //    negative keys of kept groups).
+      //    to -inf so that no expert of a dropped group is chosen (DeepSeek's
+      //    inference code and transformers 5.x; 4.57's masked_fill(0.0) let
+      //    a dropped expert outrank negative keys: docs/conformance.md).
       if (groups > 1) {
         for (int64_t g = 0; g < groups; ++g) {
           const float *gk = key.data() + g * groupSize;
@@ -119,7 +120,8 @@ void route(const float *logits, int64_t tokens, int64_t numExperts,
           kept[order[i]] = 1;
         for (int64_t g = 0; g < groups; ++g)
           if (!kept[g])
-            std::fill(key.begin() + g * groupSize, key.begin() + (g + 1) * groupSize, 0.0f);
+            std::fill(key.begin() + g * groupSize, key.begin() + (g + 1) * groupSize,
+                      -std::numeric_limits<float>::infinity());
       }
       // 4. Top-k in descending key order, lower index first on ties.
       std::iota(order.begin(), order.begin() + E, 0);

@@ -1110,7 +1110,7 @@ llvm::Error Emitter::step(int64_t i, const Object &s, Array &launches, std::stri
       }
     __syncthreads();
     for (int e = threadIdx.x; e < @E@; e += @B@)
-      if (!kept[e / (@E@ / @NG@)]) key[e] = 0.0f;
+      if (!kept[e / (@E@ / @NG@)]) key[e] = -INFINITY;
     __syncthreads();
   }
   for (int j = 0; j < @K@; ++j) {

@@ -95,6 +95,14 @@ public:
            (nulls == Nulls::AreValues || v->kind() != llvm::json::Value::Null);
   }
 
+  /// Present with the value null (where null and absent mean different
+  /// things, e.g. DeepSeek's q_lora_rank: absent takes the class default,
+  /// null means none).
+  bool isNull(llvm::StringRef field) const {
+    const llvm::json::Value *v = get(field);
+    return v && v->kind() == llvm::json::Value::Null;
+  }
+
   /// Fails on the first field not in `known`.
   llvm::Error checkKnown(llvm::ArrayRef<llvm::StringRef> known) const {
     for (const auto &kv : *objectPtr)
