@@ -24,7 +24,7 @@ namespace {
 const char *kUsage = R"(usage: moert run PLAN --weights DIR --tokens IDS [--tokens IDS ...] [options]
        mpirun -np N moert run PLAN ...   (a plan of N ranks)
        moert convert PLAN --weights HF_DIR --out CKPT
-       moert export CKPT --hf-out DIR [--max-shard-bytes N]
+       moert export CKPT --hf-out DIR [--max-shard-bytes N] [--expert-layout per-expert|fused]
        moert --version
 
 Runs a plan written by `moec compile` on the CPU and prints, per prompt, the
@@ -62,7 +62,10 @@ checkpoint CKPT (docs/checkpoint-format.md); under `mpirun -np N` (N = the
 plan's ranks) each rank writes its own file and rank 0 the manifest, last.
 `moert export` writes a sharded checkpoint back as a Hugging Face directory
 (one model.safetensors, or shards of at most --max-shard-bytes, default 5 GB,
-with model.safetensors.index.json). Convert, export and loading weights show
+with model.safetensors.index.json), its routed experts as the checkpoint it
+was converted from stored them (per-expert tensors as transformers 4.x
+writes them, or 5.x's fused gate_up_proj / down_proj) unless
+--expert-layout says otherwise. Convert, export and loading weights show
 a progress bar when stderr is a terminal; MOERT_PROGRESS=1 prints plain lines
 instead (at most one a second), MOERT_PROGRESS=0 nothing.
 
@@ -259,14 +262,16 @@ int convert(int argc, char **argv, Comm &comm) {
 }
 
 int exportHf(int argc, char **argv) {
-  std::map<std::string, std::string> options{{"--hf-out", ""}, {"--max-shard-bytes", "5000000000"}};
+  std::map<std::string, std::string> options{
+      {"--hf-out", ""}, {"--max-shard-bytes", "5000000000"}, {"--expert-layout", ""}};
   std::string ckpt = parseCommand(argc, argv, options);
   if (ckpt.empty() || options["--hf-out"].empty())
     inputError("expected moert export CKPT --hf-out DIR");
   int64_t maxShard = parseInt("--max-shard-bytes", options["--max-shard-bytes"].c_str());
   if (maxShard < 1)
     inputError("--max-shard-bytes: expected a value >= 1");
-  exportCheckpoint(ckpt, options["--hf-out"], static_cast<uint64_t>(maxShard));
+  exportCheckpoint(ckpt, options["--hf-out"], static_cast<uint64_t>(maxShard),
+                   options["--expert-layout"]);
   return 0;
 }
 

@@ -833,10 +833,17 @@ int64_t Plan::stageRank(int64_t rank, int64_t stage) const {
 void checkNoUnexpectedTensors(const Plan &plan, const Checkpoint &checkpoint) {
   std::unordered_set<std::string> known;
   for (const PlanWeight &w : plan.weights) {
+    // A checkpoint with fused experts holds them under the fused names.
+    auto add = [&](const std::string &name) {
+      known.insert(name);
+      const std::string stored = checkpoint.storedName(name);
+      if (!stored.empty())
+        known.insert(stored);
+    };
     if (w.experts == 0)
-      known.insert(w.name);
+      add(w.name);
     for (int64_t e = 0; e < w.experts; ++e)
-      known.insert(w.expertName(e));
+      add(w.expertName(e));
   }
   for (const std::string &name : checkpoint.names()) {
     if (known.count(name))

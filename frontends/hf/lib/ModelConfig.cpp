@@ -8,6 +8,7 @@
 #include "llvm/Support/MemoryBuffer.h"
 
 #include <cmath>
+#include <cstdio>
 
 using namespace llvm;
 using namespace moe::hf;
@@ -35,6 +36,13 @@ Error optionalNumber(const Fields &f, StringRef field,
 /// `rope_type`, `rope_theta` and the scaling fields. 5.x reads
 /// `rope_scaling` first when a file has both, and takes `rope_theta` from the
 /// block before the top level; both dialects read the same here.
+/// A double as a config file would spell it (0.5, 1e-06).
+std::string spell(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.10g", v);
+  return text;
+}
+
 Error checkPartialRotary(const Fields &f, ModelConfig &c) {
   if (!f.has("partial_rotary_factor"))
     return Error::success();
@@ -42,7 +50,7 @@ Error checkPartialRotary(const Fields &f, ModelConfig &c) {
   MOE_ASSIGN(prf, f.number("partial_rotary_factor", 1.0));
   if (prf != 1.0)
     c.unsupportedFeature = formatv("partial_rotary_factor = {0} (rotary "
-                                   "embedding on part of each head)", prf).str();
+                                   "embedding on part of each head)", spell(prf)).str();
   return Error::success();
 }
 

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -118,9 +119,28 @@ public:
   std::vector<std::string> names() const;
   /// The stored shape of tensor `name` (InputError naming it when missing).
   std::vector<int64_t> shapeOf(const std::string &name) const;
+  /// The tensor of the files that holds `name`: itself, or, in a checkpoint
+  /// with fused expert tensors (transformers 5.x, ExpertLayout.h), the fused
+  /// tensor of a per-expert name or the new name of a renamed one. Every
+  /// method above accepts such per-expert names: info and shapeOf give the
+  /// per-expert shape, tensor a view into the fused tensor, readBox reads
+  /// from it. "" when the checkpoint holds no such tensor.
+  std::string storedName(const std::string &name) const;
+  /// Whether the files store routed experts as fused tensors.
+  bool hasFusedExperts() const;
   const std::string &path() const { return path_; }
 
 private:
+  /// A tensor name the files hold under another (a fused expert slot).
+  struct Alias {
+    std::string stored;
+    int64_t expert = -1; ///< -1: a plain rename
+    int64_t parts = 1, part = 0;
+  };
+  std::optional<Alias> alias(const std::string &name) const;
+  /// The per-expert shape of an alias, checked against the stored tensor.
+  std::vector<int64_t> aliasShape(const std::string &name, const Alias &a) const;
+
   std::string path_;
   std::vector<std::unique_ptr<SafetensorsFile>> files;
   std::unordered_map<std::string, size_t> fileIndex; // tensor -> files[i]

@@ -72,6 +72,10 @@ public:
   const std::string &manifestPath() const { return manifest; }
   const std::string &modelType() const { return modelType_; }
   const std::string &configJson() const { return config; }
+  /// How the Hugging Face checkpoint it was converted from stored routed
+  /// experts: "per-expert" (transformers 4.x names) or "fused" (5.x's
+  /// gate_up_proj / down_proj); `moert export` writes it back that way.
+  const std::string &expertLayout() const { return expertLayout_; }
   const std::vector<Tensor> &tensors() const { return tensors_; }
   /// Copies the box (offset, shape) of `tensor` into `dst` (row-major, of
   /// `dstShape`, box at its origin): only the intersections of the box with
@@ -87,7 +91,7 @@ public:
   void verifyAll() const;
 
 private:
-  std::string dir, manifest, modelType_, config;
+  std::string dir, manifest, modelType_, config, expertLayout_ = "per-expert";
   std::vector<std::unique_ptr<SafetensorsFile>> files;
   std::vector<std::string> recordedCrc, holds;
   mutable std::vector<bool> verified;
@@ -111,8 +115,10 @@ void convertCheckpoint(const std::string &planPath, const std::string &source,
 /// `moert export`: writes the sharded checkpoint `ckptDir` as a Hugging Face
 /// directory (config.json, model.safetensors or shards above `maxShardBytes`
 /// with model.safetensors.index.json) with the original names and shapes,
-/// one tensor at a time.
+/// one tensor at a time. `expertLayout` "per-expert" or "fused" writes the
+/// routed experts that way; "" as the checkpoint records it
+/// (ShardedCheckpoint::expertLayout).
 void exportCheckpoint(const std::string &ckptDir, const std::string &outDir,
-                      uint64_t maxShardBytes);
+                      uint64_t maxShardBytes, const std::string &expertLayout = "");
 
 } // namespace moert

@@ -5,6 +5,7 @@
 // bad offset found later would be a crash (or silent garbage) inside a kernel
 // rather than a message naming the file and the tensor.
 #include "moert/Checkpoint.h"
+#include "ExpertLayout.h"
 
 #include "moert/Error.h"
 #include "moert/ShardedCheckpoint.h"
@@ -562,16 +563,63 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string &path) {
   return checkpoint;
 }
 
+std::optional<Checkpoint::Alias> Checkpoint::alias(const std::string &name) const {
+  // Sharded checkpoints store the plan's logical names; only Hugging Face
+  // files can hold the fused layout.
+  if (sharded || fileIndex.count(name))
+    return std::nullopt;
+  if (std::optional<FusedSlot> slot = fusedSlotOf(name))
+    if (fileIndex.count(slot->fused))
+      return Alias{slot->fused, slot->expert, slot->parts, slot->part};
+  if (std::optional<std::string> renamed = fusedLayoutRename(name))
+    if (fileIndex.count(*renamed))
+      return Alias{*renamed, -1, 1, 0};
+  return std::nullopt;
+}
+
+std::vector<int64_t> Checkpoint::aliasShape(const std::string &name, const Alias &a) const {
+  const SafetensorsFile::Entry &e = files[fileIndex.at(a.stored)]->entry(a.stored);
+  if (a.expert < 0)
+    return e.shape;
+  if (e.shape.size() != 3 || e.shape[1] % a.parts != 0)
+    inputError("{}: tensor '{}' (the fused experts holding '{}'): expected a shape [experts, "
+               "{} x rows, columns] but found {}",
+               files[fileIndex.at(a.stored)]->path(), a.stored, name, a.parts,
+               shapeString(e.shape));
+  if (a.expert >= e.shape[0])
+    inputError("{}: tensor '{}' holds {} experts, not expert {} ('{}')",
+               files[fileIndex.at(a.stored)]->path(), a.stored, e.shape[0], a.expert, name);
+  return {e.shape[1] / a.parts, e.shape[2]};
+}
+
+std::string Checkpoint::storedName(const std::string &name) const {
+  if (fileIndex.count(name) || shardedIndex.count(name))
+    return name;
+  std::optional<Alias> a = alias(name);
+  return a ? a->stored : std::string();
+}
+
+bool Checkpoint::hasFusedExperts() const {
+  const std::string suffix = ".mlp.experts.gate_up_proj";
+  for (const auto &entry : fileIndex)
+    if (endsWith(entry.first, suffix))
+      return true;
+  return false;
+}
+
 bool Checkpoint::has(const std::string &name) const {
-  return fileIndex.count(name) != 0 || shardedIndex.count(name) != 0;
+  return fileIndex.count(name) != 0 || shardedIndex.count(name) != 0 || alias(name);
 }
 
 const std::string &Checkpoint::fileOf(const std::string &name) const {
   if (shardedIndex.count(name))
     return manifestPath;
   auto it = fileIndex.find(name);
-  if (it == fileIndex.end())
+  if (it == fileIndex.end()) {
+    if (std::optional<Alias> a = alias(name))
+      return files[fileIndex.at(a->stored)]->path();
     inputError("{}: missing tensor '{}'", path_, name);
+  }
   return files[it->second]->path();
 }
 
@@ -582,17 +630,26 @@ TensorView Checkpoint::info(const std::string &name, const std::vector<int64_t> 
     const ShardedCheckpoint::Tensor &t = sharded->tensors()[shardedIndex.at(name)];
     view.dtype = t.dtype;
     view.shape = t.shape;
+  } else if (std::optional<Alias> a = alias(name)) {
+    view.dtype = files[fileIndex.at(a->stored)]->entry(a->stored).dtype;
+    view.shape = aliasShape(name, *a);
   } else {
     const SafetensorsFile::Entry &e = files[fileIndex.at(name)]->entry(name);
     view.dtype = e.dtype;
     view.shape = e.shape;
   }
+  std::string what = name;
+  if (std::optional<Alias> a = alias(name))
+    what += fmt::format("' (stored in '{}'", a->stored) +
+            (a->expert >= 0 ? fmt::format(", expert {})", a->expert) : std::string(")"));
+  else
+    what += "'";
   if (view.shape != shape)
-    inputError("{}: tensor '{}': expected shape {} but found {}", file, name, shapeString(shape),
+    inputError("{}: tensor '{}: expected shape {} but found {}", file, what, shapeString(shape),
                shapeString(view.shape));
   if (view.dtype != DType::F32 && view.dtype != DType::BF16 && view.dtype != DType::F16)
-    inputError("{}: tensor '{}': dtype {} is not a float type (expected F32, BF16 or F16)", file,
-               name, dtypeName(view.dtype));
+    inputError("{}: tensor '{}: dtype {} is not a float type (expected F32, BF16 or F16)", file,
+               what, dtypeName(view.dtype));
   return view;
 }
 
@@ -601,6 +658,15 @@ TensorView Checkpoint::tensor(const std::string &name, const std::vector<int64_t
   if (sharded)
     runtimeError("{}: tensor '{}': a sharded checkpoint has no whole-tensor views (read boxes)",
                  manifestPath, name);
+  if (std::optional<Alias> a = alias(name)) {
+    // Expert e's part is one contiguous block of the fused tensor.
+    const char *base =
+        static_cast<const char *>(files[fileIndex.at(a->stored)]->tensor(a->stored).data);
+    const int64_t block = view.numel();
+    const int64_t index = a->expert < 0 ? 0 : a->expert * a->parts + a->part;
+    view.data = base + static_cast<size_t>(index * block) * dtypeSize(view.dtype);
+    return view;
+  }
   view.data = files[fileIndex.at(name)]->tensor(name).data;
   return view;
 }
@@ -608,6 +674,27 @@ TensorView Checkpoint::tensor(const std::string &name, const std::vector<int64_t
 void Checkpoint::readBox(const std::string &name, const std::vector<int64_t> &offset,
                          const std::vector<int64_t> &shape, DType expected, char *dst,
                          const std::vector<int64_t> &dstShape) const {
+  if (std::optional<Alias> a = alias(name)) {
+    if (a->expert < 0) {
+      readBox(a->stored, offset, shape, expected, dst, dstShape);
+      return;
+    }
+    // The box of expert e's part: one more leading dimension.
+    const std::vector<int64_t> rows = aliasShape(name, *a);
+    const std::vector<int64_t> &into = dstShape.empty() ? shape : dstShape;
+    if (offset.size() != 2 || shape.size() != 2 || into.size() != 2)
+      inputError("{}: tensor '{}': a box of rank {} of a {} tensor", fileOf(name), name,
+                 offset.size(), shapeString(rows));
+    for (size_t d = 0; d < 2; ++d)
+      if (offset[d] < 0 || shape[d] < 0 || offset[d] + shape[d] > rows[d] || shape[d] > into[d])
+        inputError("{}: tensor '{}': box at offset {} of shape {} (into {}) does not fit its "
+                   "shape {}",
+                   fileOf(name), name, shapeString(offset), shapeString(shape),
+                   shapeString(into), shapeString(rows));
+    readBox(a->stored, {a->expert, a->part * rows[0] + offset[0], offset[1]},
+            {1, shape[0], shape[1]}, expected, dst, {1, into[0], into[1]});
+    return;
+  }
   const std::string &file = fileOf(name);
   const ShardedCheckpoint::Tensor *t =
       sharded ? &sharded->tensors()[shardedIndex.at(name)] : nullptr;
@@ -637,6 +724,8 @@ std::vector<int64_t> Checkpoint::shapeOf(const std::string &name) const {
   fileOf(name); // InputError when missing
   if (sharded)
     return sharded->tensors()[shardedIndex.at(name)].shape;
+  if (std::optional<Alias> a = alias(name))
+    return aliasShape(name, *a);
   return files[fileIndex.at(name)]->entry(name).shape;
 }
 
