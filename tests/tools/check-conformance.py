@@ -15,10 +15,12 @@ A case may instead be refused: `moec compile` exits 2 with one line, e.g.
 refused; anything else fails. Plans are compiled for the longest prompt plus
 its continuation.
 
-  --layouts L [L ...]  also run the first --ranked cases of the family under
-                       each layout with check-ranks.py (partitioned execution
-                       equals the single-rank run)
-  --ranked N           how many cases (in name order, refused ones skipped)
+  --layouts L [L ...]  also run --ranked cases of the family under each layout
+                       with check-ranks.py (partitioned execution equals the
+                       single-rank run)
+  --ranked N           how many cases: the first in name order that ran and
+                       that every layout can partition (e.g. tp=2 needs an
+                       even number of KV heads)
 Prints one line per case and "N passed, M failed". Standard library only.
 """
 import argparse
@@ -114,9 +116,29 @@ def main():
         failed += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {case}: "
               f"{'refused: ' if status == 'refused' else ''}{detail}")
+    def partitions(case):
+        for layout in args.layouts:
+            degrees = dict(item.split("=") for item in layout.split(","))
+            world = 1
+            for axis in ("dp", "pp", "tp"):
+                world *= int(degrees.get(axis, 1))
+            options = ["--world-size", str(world), "--gpu", "cpu"]
+            for axis, value in degrees.items():
+                options += ["--" + axis, value]
+            out = subprocess.run([args.moec, "compile", os.path.join(args.root, case, "config.json"),
+                                  "-o", os.path.join(work, "layout.plan"), "--max-seq-len", "64"]
+                                 + options, capture_output=True, text=True)
+            if out.returncode != 0:
+                return False
+        return True
+
     if args.layouts:
         here = os.path.dirname(os.path.abspath(__file__))
-        for case in runnable[:args.ranked]:
+        ranked = [case for case in runnable if partitions(case)][:args.ranked]
+        if len(ranked) < args.ranked:
+            print(f"FAIL only {len(ranked)} cases can be partitioned as {' '.join(args.layouts)}")
+            failed += 1
+        for case in ranked:
             out = subprocess.run(
                 [sys.executable, os.path.join(here, "check-ranks.py"), "--moec", args.moec,
                  "--moert", args.moert, "--mpirun", args.mpirun,

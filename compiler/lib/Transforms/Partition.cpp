@@ -22,6 +22,7 @@
 #include "mlir/Dialect/Mesh/IR/MeshOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
 
 #include <cmath>
@@ -137,6 +138,14 @@ private:
   // Per stage function being built.
   DenseMap<Value, Mapped> values;
   DenseMap<Operation *, Value> weights;
+  /// Weights whose vocabulary rows are split over tp (embedding, LM head):
+  /// sharded even when a rank's padded part has as many rows as the real
+  /// vocabulary (vocab 64 padded to 128 over tp = 2: rank 1 holds padding).
+  DenseSet<Operation *> vocabSharded;
+  bool isVocabSharded(Value v) {
+    Operation *w = weightOpOf(v);
+    return w && vocabSharded.contains(w);
+  }
   Block *entry = nullptr;
 };
 
@@ -232,6 +241,7 @@ FailureOr<Value> Partitioner::weight(Value v, Operation *user) {
           // The vocabulary: padded rows per rank (the runtime zero-fills
           // rows past the checkpoint's).
           type = withDim(type, dim, paddedVocab / parts);
+          vocabSharded.insert(w);
           continue;
         }
         if (size % parts)
@@ -387,7 +397,7 @@ LogicalResult Partitioner::rewrite(Operation &op) {
     mapAsIs();
     Operation *copy = cloneAs(Dist::Replicated);
     auto table = cast<RankedTensorType>(mapping.lookup(embedding.getTable()).getType());
-    if (d.tp > 1 && table.getDimSize(0) != vocab) {
+    if (isVocabSharded(embedding.getTable())) {
       copy->setAttr("moe.vocab_shard", b.getUnitAttr());
       set(embedding.getResult(), copy->getResult(0), Dist::Partial);
     }
@@ -410,11 +420,12 @@ LogicalResult Partitioner::rewrite(Operation &op) {
     if (failed(mapReplicated()))
       return failure();
     Operation *copy = cloneAs(Dist::Replicated);
-    if (w.getDimSize(0) == outGlobal)
+    const bool vocabParallel = isVocabSharded(linear.getWeight());
+    if (w.getDimSize(0) == outGlobal && !vocabParallel)
       return success();
     copy->getResult(0).setType(withDim(
         cast<RankedTensorType>(copy->getResult(0).getType()), 1, w.getDimSize(0)));
-    if (outGlobal != vocab || d.tp == 1) {
+    if (!vocabParallel) {
       set(linear.getResult(), copy->getResult(0), Dist::Local);
       return success();
     }

@@ -412,6 +412,11 @@ Error parseDeepSeek(const Fields &f, ModelConfig &c, bool v3) {
     return f.fail("n_group", formatv("expected a divisor of n_routed_experts "
                                      "({0}) but got {1}",
                                      c.numExperts, c.numGroups));
+  if (v3 && c.numExperts / c.numGroups < 2)
+    return f.fail("n_group", formatv("expected groups of at least 2 experts (noaux_tc "
+                                     "scores a group by its top 2) but got {0} groups of "
+                                     "{1} routed experts",
+                                     c.numGroups, c.numExperts));
   if (c.topkGroups * (c.numExperts / c.numGroups) < c.expertsPerToken)
     return f.fail("topk_group",
                   formatv("expected the {0} kept groups of {1} experts to hold "
