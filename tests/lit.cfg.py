@@ -33,7 +33,11 @@ import shutil
 mpirun = shutil.which("mpirun", path=path)
 if mpirun:
     config.available_features.add("mpi")
-    config.substitutions.append(("%mpirun", mpirun))
+    # Each mpirun gets a TMPDIR (Open MPI session directory) of its own, so
+    # concurrently running tests never race creating one.
+    config.environment["MOE_MPIRUN"] = mpirun
+    config.substitutions.append(("%mpirun", os.path.join(config.moe_src_root, "tests", "tools",
+                                                         "mpirun-isolated")))
 config.substitutions.append(("%deadline", "%s %s" % (
     config.python_executable, os.path.join(config.moe_src_root, "tests", "tools", "deadline.py"))))
 if config.moe_have_cuda:
