@@ -70,7 +70,7 @@ a progress bar when stderr is a terminal; MOERT_PROGRESS=1 prints plain lines
 instead (at most one a second), MOERT_PROGRESS=0 nothing.
 
 Exit codes: 0 ok, 1 internal failure, 2 bad input (plan, checkpoint, option, prompt).
-Under mpirun, an error on any rank ends the whole job (MPI_Abort, status 1)
+Under mpirun, an error on any rank ends the whole job (MPI_Abort with the same status)
 after the rank prints it as `moert: error: rank R: ...`.
 )";
 
@@ -292,7 +292,7 @@ int moertMain(int argc, char **argv) {
   auto fail = [&](const std::string &message, bool internal) {
     std::string text = internal ? "internal error: " + message : message;
     if (comm && comm->size() > 1)
-      comm->abort(text); // "moert: error: rank R: ...", the job's status 1
+      comm->abort(text, internal ? 1 : 2); // "moert: error: rank R: ...", the job's status
     fmt::print(stderr, "moert: {}{}\n", internal ? "" : "error: ", text);
     return internal ? 1 : 2;
   };

@@ -150,11 +150,11 @@ public:
     fault.tick(0, what);
     return value;
   }
-  [[noreturn]] void abort(const std::string &message) override {
+  [[noreturn]] void abort(const std::string &message, int status = 1) override {
     std::fflush(stdout);
     fmt::print(stderr, "moert: error: {}\n", message);
     std::fflush(stderr);
-    std::exit(1);
+    std::exit(status);
   }
 
 private:
@@ -366,12 +366,12 @@ public:
     return result;
   }
 
-  [[noreturn]] void abort(const std::string &message) override {
+  [[noreturn]] void abort(const std::string &message, int status = 1) override {
     std::fflush(stdout);
     fmt::print(stderr, "moert: error: rank {}: {}\n", worldRank, message);
     std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::_Exit(1);
+    MPI_Abort(MPI_COMM_WORLD, status);
+    std::_Exit(status);
   }
 
 private:

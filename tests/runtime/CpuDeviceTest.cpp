@@ -66,7 +66,7 @@ public:
   void recv(void *, int64_t, int, const std::string &) override {}
   void broadcast(void *, int64_t, int, const std::vector<int> &, const std::string &) override {}
   int64_t allReduceMax(int64_t value, const std::string &) override { return value; }
-  void abort(const std::string &message) override { throw RuntimeError(message); }
+  void abort(const std::string &message, int) override { throw RuntimeError(message); }
 };
 
 /// Ranks as threads of one process: each collective is a meeting of its
@@ -184,7 +184,7 @@ public:
     std::memcpy(data, copy.data(), copy.size());
   }
   int64_t allReduceMax(int64_t value, const std::string &) override { return value; }
-  void abort(const std::string &message) override { throw RuntimeError(message); }
+  void abort(const std::string &message, int) override { throw RuntimeError(message); }
 
 private:
   /// Everyone posts `mine`; `read` sees every member's post (in group

@@ -56,8 +56,10 @@ public:
                          const std::string &what) = 0;
   /// Max of one value over the whole world (e.g. "does any rank have work").
   virtual int64_t allReduceMax(int64_t value, const std::string &what) = 0;
-  /// Ends every rank of the job with `message` (rank 0's exit status 1).
-  [[noreturn]] virtual void abort(const std::string &message) = 0;
+  /// Ends every rank of the job with `message` and exit status `status`
+  /// (under mpirun: MPI_Abort's error code, which mpirun exits with; 2 for
+  /// bad input, 1 for an internal failure).
+  [[noreturn]] virtual void abort(const std::string &message, int status = 1) = 0;
 };
 
 /// True when this process was started by mpirun (OMPI_COMM_WORLD_SIZE set).
