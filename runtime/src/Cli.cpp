@@ -15,6 +15,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <map>
 #include <thread>
 
@@ -310,6 +311,13 @@ int moertMain(int argc, char **argv) {
     return run(argc, argv, *comm);
   } catch (const InputError &e) {
     return fail(e.what(), false);
+  } catch (const std::bad_alloc &) {
+    // The plan's sizes are within moert's limits but this machine's memory
+    // is not: a property of the input on this machine, not a bug.
+    return fail("out of memory: the plan's weights, KV caches and buffers do not fit this "
+                "machine (see moec --explain and moert --report-memory; a smaller "
+                "--max-seq-len, --max-sequences or --max-batch-tokens shrinks them)",
+                false);
   } catch (const std::exception &e) {
     return fail(e.what(), true);
   }

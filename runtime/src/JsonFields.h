@@ -46,6 +46,13 @@ public:
       fail(field, fmt::format("expected a value >= {} but got {}", min, i));
     return i;
   }
+  /// An integer in [min, max]; above max the error names the limit.
+  int64_t bounded(const std::string &field, int64_t min, int64_t max) const {
+    int64_t i = integer(field, min);
+    if (i > max)
+      fail(field, fmt::format("expected a value <= {} (moert's limit) but got {}", max, i));
+    return i;
+  }
   uint64_t unsignedInteger(const std::string &field) const {
     const json &v = get(field);
     if (!v.is_number_unsigned())

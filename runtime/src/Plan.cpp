@@ -18,6 +18,14 @@
 
 namespace moert {
 namespace {
+// Limits on the sizes a plan may ask for (docs/plan-format.md).
+constexpr int64_t kMaxBatchTokens = int64_t(1) << 20;
+constexpr int64_t kMaxSeqLen = int64_t(1) << 24;
+constexpr int64_t kMaxSequences = int64_t(1) << 16;
+constexpr int64_t kMaxWorldSize = int64_t(1) << 16;
+constexpr int64_t kMaxWidth = int64_t(1) << 20;
+} // namespace
+namespace {
 
 using nlohmann::json;
 
@@ -525,8 +533,16 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
   const json &caches = pr.array("kv_caches");
   for (size_t i = 0; i < caches.size(); ++i) {
     JsonFields c = pr.element("kv_caches", i);
-    program.caches.push_back({c.integer("key_width", 1), c.integer("value_width", 1),
-                              c.integer("bytes", 0)});
+    program.caches.push_back({c.bounded("key_width", 1, kMaxWidth),
+                              c.bounded("value_width", 1, kMaxWidth), c.integer("bytes", 0)});
+    // max_sequences x max_seq_len rows of keys and values, f32: at most
+    // 2^16 x 2^24 x 2^21 x 4 bytes, no overflow in int64.
+    const PlanCache &kv = program.caches.back();
+    const int64_t bytes =
+        plan.maxSequences * plan.maxSeqLen * (kv.keyWidth + kv.valueWidth) * 4;
+    if (kv.bytes != bytes)
+      c.fail("bytes", fmt::format("expected max_sequences x max_seq_len x (key_width + "
+                                  "value_width) x 4 = {}", bytes));
   }
   auto bufferId = [&](const JsonFields &reader, const std::string &field, int64_t id) {
     if (id < 0 || id >= static_cast<int64_t>(program.buffers.size()))
@@ -696,10 +712,12 @@ Plan Plan::load(const std::string &path) {
     }
   }
   JsonFields workload = r.child("workload");
-  plan.maxBatchTokens = workload.integer("max_batch_tokens", 1);
-  plan.maxSeqLen = workload.integer("max_seq_len", 1);
-  plan.maxSequences = workload.integer("max_sequences", 1);
-  plan.worldSize = r.integer("world_size", 1);
+  // Limits keep every size computed from them far from overflow
+  // (docs/plan-format.md).
+  plan.maxBatchTokens = workload.bounded("max_batch_tokens", 1, kMaxBatchTokens);
+  plan.maxSeqLen = workload.bounded("max_seq_len", 1, kMaxSeqLen);
+  plan.maxSequences = workload.bounded("max_sequences", 1, kMaxSequences);
+  plan.worldSize = r.bounded("world_size", 1, kMaxWorldSize);
 
   // Degrees: absent ones are 1; edp follows from the others when absent
   // (both folds cover the same ranks: dp x tp = edp x ep x etp).
