@@ -38,6 +38,14 @@ if mpirun:
     config.environment["MOE_MPIRUN"] = mpirun
     config.substitutions.append(("%mpirun", os.path.join(config.moe_src_root, "tests", "tools",
                                                          "mpirun-isolated")))
+# Full-disk tests mount a small tmpfs in a mount namespace of their own.
+import subprocess
+try:
+    if subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=4k tmpfs /mnt"],
+                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0:
+        config.available_features.add("small-disk")
+except OSError:
+    pass
 config.substitutions.append(("%deadline", "%s %s" % (
     config.python_executable, os.path.join(config.moe_src_root, "tests", "tools", "deadline.py"))))
 if config.moe_have_cuda:

@@ -5,6 +5,7 @@
 #include "moert/Error.h"
 
 #include "JsonFields.h"
+#include "InputFile.h"
 
 #include <nlohmann/json.hpp>
 
@@ -24,6 +25,7 @@ constexpr int64_t kMaxSeqLen = int64_t(1) << 24;
 constexpr int64_t kMaxSequences = int64_t(1) << 16;
 constexpr int64_t kMaxWorldSize = int64_t(1) << 16;
 constexpr int64_t kMaxWidth = int64_t(1) << 20;
+constexpr uint64_t kMaxPlanBytes = uint64_t(1) << 30;
 } // namespace
 namespace {
 
@@ -678,12 +680,9 @@ std::vector<int64_t> PlanWeight::tensorShape() const {
 }
 
 Plan Plan::load(const std::string &path) {
-  std::ifstream file(path);
-  if (!file)
-    inputError("{}: cannot read the plan", path);
-  std::stringstream text;
-  text << file.rdbuf();
-  json root = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  const std::string text = readInputFile(path, kMaxPlanBytes, "a plan");
+  checkJsonDepth(text, path);
+  json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded() || !root.is_object())
     inputError("{}: not a plan (expected a JSON object written by moec compile)", path);
 

@@ -1,5 +1,6 @@
 // Reading the rank slice lists of a plan (docs/plan-format.md), validated in
 // full: a box outside its tensor would be an out-of-bounds copy in convert.
+#include "InputFile.h"
 #include "moert/PlanLayout.h"
 #include "moert/Error.h"
 #include "moert/Plan.h"
@@ -60,14 +61,11 @@ PlanSlice readSlice(const JsonFields &w) {
 } // namespace
 
 PlanLayout PlanLayout::load(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    inputError("{}: cannot open the plan", path);
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = readInputFile(path, uint64_t(1) << 30, "a plan");
+  checkJsonDepth(text, path);
   json root;
   try {
-    root = json::parse(text.str());
+    root = json::parse(text);
   } catch (const json::parse_error &e) {
     inputError("{}: malformed JSON: {}", path, e.what());
   }

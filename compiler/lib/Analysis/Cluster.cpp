@@ -272,11 +272,10 @@ Expected<Cluster> moe::sharding::parseClusterJSON(StringRef text,
 }
 
 Expected<Cluster> moe::sharding::loadClusterFile(StringRef path) {
-  ErrorOr<std::unique_ptr<MemoryBuffer>> buffer = MemoryBuffer::getFile(path);
+  Expected<std::unique_ptr<MemoryBuffer>> buffer =
+      moe::json_fields::readInputFile(path, 16 << 20);
   if (!buffer)
-    return createStringError(buffer.getError(), "%s: cannot read: %s",
-                             path.str().c_str(),
-                             buffer.getError().message().c_str());
+    return buffer.takeError();
   return parseClusterJSON((*buffer)->getBuffer(), path);
 }
 

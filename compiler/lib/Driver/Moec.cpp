@@ -258,6 +258,13 @@ int writeIR(mlir::ModuleOp module, StringRef path) {
                                   ec.message().c_str()));
   module->print(out.os());
   out.os() << "\n";
+  out.os().flush();
+  if (out.os().has_error()) {
+    std::string why = out.os().error().message();
+    out.os().clear_error(); // else the stream's destructor aborts the process
+    return fail(createStringError(inconvertibleErrorCode(), "%s: cannot write: %s",
+                                  path.str().c_str(), why.c_str()));
+  }
   out.keep();
   return kExitOk;
 }

@@ -599,10 +599,10 @@ Expected<ModelConfig> moe::hf::parseModelConfig(StringRef text, StringRef path) 
 }
 
 Expected<ModelConfig> moe::hf::loadModelConfig(StringRef path) {
-  ErrorOr<std::unique_ptr<MemoryBuffer>> buffer = MemoryBuffer::getFile(path);
+  // A config.json is a few KiB; 16 MiB leaves room for anything real.
+  Expected<std::unique_ptr<MemoryBuffer>> buffer =
+      moe::json_fields::readInputFile(path, 16 << 20);
   if (!buffer)
-    return createStringError(buffer.getError(), "%s: cannot read: %s",
-                             path.str().c_str(),
-                             buffer.getError().message().c_str());
+    return buffer.takeError();
   return parseModelConfig((*buffer)->getBuffer(), path);
 }

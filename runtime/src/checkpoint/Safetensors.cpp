@@ -4,6 +4,7 @@
 // become resident. Every field of the header is checked up front, because a
 // bad offset found later would be a crash (or silent garbage) inside a kernel
 // rather than a message naming the file and the tensor.
+#include "../InputFile.h"
 #include "moert/Checkpoint.h"
 #include "ExpertLayout.h"
 
@@ -44,6 +45,7 @@ std::string errnoText(int error) { return std::generic_category().message(error)
 /// destructor closes it, also when validation throws later), checks that it
 /// is a regular file long enough for a header length, and sets `bytes`.
 void openFile(const std::string &path, int &fd, size_t &bytes) {
+  checkRegularFile(path); // before open(): a FIFO would block it forever
   fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     inputError("{}: cannot open: {}", path, errnoText(errno));
@@ -437,12 +439,8 @@ Opened openSingle(const std::string &path) {
 }
 
 json readIndex(const std::string &indexPath) {
-  std::ifstream in(indexPath, std::ios::binary);
-  if (!in)
-    inputError("{}: cannot open: {}", indexPath, errnoText(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  const std::string content = text.str();
+  const std::string content = readInputFile(indexPath, uint64_t(1) << 28, "an index");
+  checkJsonDepth(content, indexPath);
   return parseJsonObject(indexPath, content.data(), content.data() + content.size(), "index");
 }
 

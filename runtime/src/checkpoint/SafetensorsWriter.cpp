@@ -70,6 +70,20 @@ void writeSafetensors(const std::string &path, const std::vector<TensorToWrite> 
   };
   if (::ftruncate(fd, static_cast<off_t>(total)) != 0)
     fail("size the file");
+  // Reserve every block now: a write through the shared mapping into a
+  // block the file system cannot provide would end the process with SIGBUS
+  // instead of an error. Where the file system has no fallocate, the
+  // mapping is still used (as before).
+  if (int error = ::posix_fallocate(fd, 0, static_cast<off_t>(total))) {
+    if (error != EOPNOTSUPP && error != EINVAL) {
+      ::close(fd);
+      std::remove(temp.c_str());
+      if (error == ENOSPC)
+        inputError("{}: no space left on the device for its {} bytes (nothing was written)",
+                   path, total);
+      inputError("{}: cannot reserve its {} bytes ({})", path, total, std::strerror(error));
+    }
+  }
   std::string head(8, '\0');
   uint64_t length = text.size();
   std::memcpy(head.data(), &length, 8); // little-endian on every supported host

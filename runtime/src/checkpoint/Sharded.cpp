@@ -1,6 +1,7 @@
 // Sharded checkpoints: writing (convert, by one process or rank by rank),
 // validating (open) and reading boxes of any layout (readBox), and exporting
 // back to Hugging Face layout. Format: docs/checkpoint-format.md.
+#include "../InputFile.h"
 #include "moert/ShardedCheckpoint.h"
 #include "ExpertLayout.h"
 
@@ -210,13 +211,11 @@ void checkBoxCover(const std::string &where, const std::string &tensor,
 
 namespace {
 
+/// A manifest or config.json: a regular file of bounded size and nesting.
 std::string readText(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    inputError("{}: cannot open: {}", path, std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  std::string text = readInputFile(path, uint64_t(1) << 30, "a checkpoint manifest");
+  checkJsonDepth(text, path);
+  return text;
 }
 
 std::string hex32(uint32_t v) { return fmt::format("{:08x}", v); }
@@ -479,6 +478,54 @@ void makeDirectory(const std::string &dir) {
 
 } // namespace
 
+namespace {
+
+/// Removes the rank files and temporary files in `dir` that `keep` does not
+/// name: what earlier saves left when they were killed.
+void collectStaleFiles(const std::string &dir, const std::set<std::string> &keep) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    bool rankFileName = name.rfind("rank-", 0) == 0 &&
+                        (name.find(".safetensors.tmp-") != std::string::npos ||
+                         (name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0));
+    bool manifestTemp = name.rfind("manifest.json.tmp-", 0) == 0;
+    if ((rankFileName || manifestTemp) && !keep.count(name)) {
+      std::error_code removeError;
+      fs::remove(it->path(), removeError);
+    }
+  }
+}
+
+/// Before a save into `dir`: the files of killed saves go first, so that
+/// their garbage cannot fill the disk this save needs. The current
+/// checkpoint's files stay (its manifest names them); when the manifest
+/// cannot be read, only temporary files go.
+void collectBeforeSave(const std::string &dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return;
+  std::set<std::string> keep;
+  const fs::path manifest = fs::path(dir) / "manifest.json";
+  if (fs::exists(manifest, ec)) {
+    try {
+      json root = json::parse(readText(manifest.string()));
+      for (const json &f : root.at("files"))
+        keep.insert(f.at("name").get<std::string>());
+    } catch (const std::exception &) {
+      // Not readable: keep every complete rank file, drop temporaries only.
+      for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        if (name.find(".tmp-") == std::string::npos)
+          keep.insert(name);
+      }
+    }
+  }
+  collectStaleFiles(dir, keep);
+}
+
+} // namespace
+
 void convertCheckpoint(const std::string &planPath, const std::string &hfDir,
                        const std::string &outDir, Comm *comm) {
   PlanLayout layout = PlanLayout::load(planPath);
@@ -511,6 +558,10 @@ void convertCheckpoint(const std::string &planPath, const std::string &hfDir,
   // last, and only then do files that no manifest names go. A save killed at
   // any moment leaves the previous checkpoint whole.
   // Under mpirun every rank uses rank 0's tag.
+  // Rank 0 collects what killed saves left before any rank writes (the
+  // other ranks wait for its tag).
+  if (!distributed || me == 0)
+    collectBeforeSave(outDir);
   std::random_device entropy;
   uint32_t tag = entropy() ^ static_cast<uint32_t>(::getpid());
   if (distributed)
@@ -594,12 +645,24 @@ void convertCheckpoint(const std::string &planPath, const std::string &hfDir,
         toWrite += TensorView{s->dtype, s->shape, nullptr}.bytes();
   {
     Progress progress("convert", toWrite, me == 0);
-    for (size_t r = 0; r < perRank.size(); ++r) {
-      if (perRank[r].empty() || (distributed && r != me))
-        continue;
-      std::string file = (fs::path(outDir) / rankFile(r)).string();
-      writeSafetensors(file, writesOf(r), [&](uint64_t n) { progress.add(n); });
-      written[r] = {fs::file_size(file), crc32cOfFile(file)};
+    std::vector<std::string> mine;
+    try {
+      for (size_t r = 0; r < perRank.size(); ++r) {
+        if (perRank[r].empty() || (distributed && r != me))
+          continue;
+        std::string file = (fs::path(outDir) / rankFile(r)).string();
+        writeSafetensors(file, writesOf(r), [&](uint64_t n) { progress.add(n); });
+        mine.push_back(file);
+        written[r] = {fs::file_size(file), crc32cOfFile(file)};
+      }
+    } catch (...) {
+      // A failed save (a full disk, a bad source) leaves nothing of its
+      // own generation behind; the current checkpoint was never touched.
+      for (const std::string &file : mine) {
+        std::error_code removeError;
+        fs::remove(file, removeError);
+      }
+      throw;
     }
   }
   if (distributed) {
@@ -664,17 +727,7 @@ void convertCheckpoint(const std::string &planPath, const std::string &hfDir,
   std::set<std::string> current;
   for (const auto &f : files)
     current.insert(f["name"].get<std::string>());
-  for (fs::directory_iterator it(outDir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    bool rankFileName = name.rfind("rank-", 0) == 0 &&
-                        (name.find(".safetensors.tmp-") != std::string::npos ||
-                         (name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0));
-    bool manifestTemp = name.rfind("manifest.json.tmp-", 0) == 0;
-    if ((rankFileName || manifestTemp) && !current.count(name)) {
-      std::error_code removeError;
-      fs::remove(it->path(), removeError);
-    }
-  }
+  collectStaleFiles(outDir, current);
   if (distributed)
     comm->allReduceMax(0, "moert convert (waiting for rank 0's manifest)");
 }

@@ -13,6 +13,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+
 using namespace mlir;
 using llvm::json::Array;
 using llvm::json::Object;
@@ -441,10 +444,18 @@ static llvm::Error writeAtomically(llvm::StringRef path,
     llvm::raw_fd_ostream os(fd, /*shouldClose=*/false);
     write(os);
     os.flush();
-    if (os.has_error() || ::fsync(fd) != 0) {
+    std::string why;
+    if (os.has_error()) {
+      why = os.error().message();
+      os.clear_error(); // else the stream's destructor aborts the process
+    } else if (::fsync(fd) != 0) {
+      why = std::strerror(errno);
+    }
+    if (!why.empty()) {
       ::close(fd);
       llvm::sys::fs::remove(temp);
-      return planError(llvm::formatv("{0}: cannot write the plan", path));
+      return planError(llvm::formatv("{0}: cannot write the plan: {1} (nothing was written)",
+                                     path, why));
     }
   }
   ::close(fd);

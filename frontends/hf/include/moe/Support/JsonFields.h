@@ -15,7 +15,9 @@
 #include "llvm/ADT/Twine.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
 
 #include <cmath>
 #include <cstdint>
@@ -40,10 +42,66 @@ inline const char *kindName(const llvm::json::Value &v) {
   return "a value";
 }
 
+/// The deepest nesting of arrays and objects a JSON input may have: llvm::json
+/// parses recursively, so a deeper one would overflow the stack.
+constexpr int kMaxJsonDepth = 256;
+
+/// The error for `text` nested deeper than kMaxJsonDepth, or success (a scan
+/// outside strings; malformed text is left to the parser).
+inline llvm::Error checkJsonDepth(llvm::StringRef text, llvm::StringRef path) {
+  int depth = 0;
+  bool inString = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (inString) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        inString = false;
+    } else if (c == '"') {
+      inString = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth)
+        return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                       "%s: JSON nested deeper than %d levels",
+                                       path.str().c_str(), kMaxJsonDepth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return llvm::Error::success();
+}
+
+/// Reads an input file of at most `maxBytes`: a regular file (a FIFO or a
+/// device would block or never end), named in every error.
+inline llvm::Expected<std::unique_ptr<llvm::MemoryBuffer>>
+readInputFile(llvm::StringRef path, uint64_t maxBytes) {
+  llvm::sys::fs::file_status status;
+  if (std::error_code ec = llvm::sys::fs::status(path, status))
+    return llvm::createStringError(ec, "%s: cannot read: %s", path.str().c_str(),
+                                   ec.message().c_str());
+  if (status.type() != llvm::sys::fs::file_type::regular_file)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "%s: not a regular file", path.str().c_str());
+  if (status.getSize() > maxBytes)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(), "%s: %llu bytes, more than the %llu a file of its kind may have",
+        path.str().c_str(), static_cast<unsigned long long>(status.getSize()),
+        static_cast<unsigned long long>(maxBytes));
+  llvm::ErrorOr<std::unique_ptr<llvm::MemoryBuffer>> buffer =
+      llvm::MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
+  if (!buffer)
+    return llvm::createStringError(buffer.getError(), "%s: cannot read: %s",
+                                   path.str().c_str(), buffer.getError().message().c_str());
+  return std::move(*buffer);
+}
+
 /// Parses `text` as a JSON object. Errors: "FILE:LINE:COLUMN: malformed JSON:
 /// message" and "FILE: expected a JSON object at the top level but got ...".
 inline llvm::Expected<llvm::json::Object> parseObject(llvm::StringRef text,
                                                       llvm::StringRef path) {
+  if (llvm::Error e = checkJsonDepth(text, path))
+    return std::move(e);
   llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(text);
   if (!parsed) {
     // llvm::json reports "[LINE:COLUMN, byte=N]: message"; say it the way
