@@ -16,6 +16,9 @@ using moe::json_fields::Fields;
 
 namespace {
 
+/// The most decoder layers a config may have (moec's limit; see checkLimits).
+constexpr int64_t kMaxLayers = 1024;
+
 /// An optional number where transformers treats 0 and null as absent
 /// (`mscale`, `mscale_all_dim`, `attention_factor`: `if mscale and ...`).
 Error optionalNumber(const Fields &f, StringRef field,
@@ -189,6 +192,9 @@ Error parseDecoderCommon(const Fields &f, ModelConfig &c) {
   MOE_ASSIGN(c.vocabSize, f.positive("vocab_size"));
   MOE_ASSIGN(c.hiddenSize, f.positive("hidden_size"));
   MOE_ASSIGN(c.numLayers, f.positive("num_hidden_layers"));
+  if (c.numLayers > kMaxLayers) // before anything is sized by it
+    return f.fail("num_hidden_layers", formatv("expected a value <= {0} (moec's limit) but got {1}",
+                                       kMaxLayers, c.numLayers));
   MOE_ASSIGN(c.numHeads, f.positive("num_attention_heads"));
   MOE_ASSIGN(c.numKVHeads, f.positiveOr("num_key_value_heads", c.numHeads));
   MOE_ASSIGN(c.maxPositionEmbeddings,
@@ -477,6 +483,9 @@ Error parseDbrx(const Fields &f, ModelConfig &c) {
   MOE_ASSIGN(c.vocabSize, f.positive("vocab_size"));
   MOE_ASSIGN(c.hiddenSize, f.positive("d_model"));
   MOE_ASSIGN(c.numLayers, f.positive("n_layers"));
+  if (c.numLayers > kMaxLayers) // before anything is sized by it
+    return f.fail("n_layers", formatv("expected a value <= {0} (moec's limit) but got {1}",
+                                       kMaxLayers, c.numLayers));
   MOE_ASSIGN(c.numHeads, f.positive("n_heads"));
   MOE_ASSIGN(c.maxPositionEmbeddings, f.positiveOr("max_seq_len", 2048));
   MOE_ASSIGN(c.tieWordEmbeddings, f.boolean("tie_word_embeddings", false));
@@ -512,6 +521,9 @@ Error parseSwitch(const Fields &f, ModelConfig &c) {
   MOE_ASSIGN(c.vocabSize, f.positive("vocab_size"));
   MOE_ASSIGN(c.hiddenSize, f.positive("d_model"));
   MOE_ASSIGN(c.numLayers, f.positive("num_layers"));
+  if (c.numLayers > kMaxLayers) // before anything is sized by it
+    return f.fail("num_layers", formatv("expected a value <= {0} (moec's limit) but got {1}",
+                                       kMaxLayers, c.numLayers));
   MOE_ASSIGN(c.numHeads, f.positive("num_heads"));
   c.numKVHeads = c.numHeads;
   MOE_ASSIGN(c.headDim, f.positive("d_kv"));
@@ -540,6 +552,55 @@ double moe::hf::ropeAttentionFactor(const RopeScaling &s) {
     return yarnMscale(s.factor, *s.mscale) / yarnMscale(s.factor, *s.mscaleAllDim);
   return yarnMscale(s.factor, 1.0);
 }
+
+namespace {
+
+/// moec's limits on sizes from config.json (docs/conformance.md): far above
+/// every published model (DeepSeek-V3: 61 layers, 256 experts, hidden 7168,
+/// vocab 129280), and low enough that every count and byte size computed
+/// from them fits in 64 bits (experts x layers x 3 x width x hidden < 2^61)
+/// and that listing a checkpoint's tensors stays cheap.
+Error checkLimits(const Fields &f, const ModelConfig &c) {
+  StringRef type = c.modelType;
+  StringRef expertsField = type.starts_with("deepseek")       ? "n_routed_experts"
+                           : type == "qwen2_moe" || type == "olmoe" ||
+                                   type == "switch_transformers"
+                               ? "num_experts"
+                           : type == "dbrx" ? "ffn_config.moe_num_experts"
+                                            : "num_local_experts";
+  struct Limit {
+    int64_t value;
+    StringRef field;
+    int64_t max;
+  };
+  const Limit limits[] = {
+      {c.numExperts, expertsField, 4096},
+      {c.expertsPerToken, "num_experts_per_tok", 4096},
+      {c.hiddenSize, "hidden_size", 1 << 17},
+      {c.vocabSize, "vocab_size", 1 << 23},
+      {c.numHeads, "num_attention_heads", 4096},
+      {c.numKVHeads, "num_key_value_heads", 4096},
+      {c.headDim, "head_dim", 1 << 13},
+      {c.intermediateSize, "intermediate_size", 1 << 19},
+      {c.moeIntermediateSize, "moe_intermediate_size", 1 << 19},
+      {c.sharedExpertIntermediateSize, "shared_expert_intermediate_size", 1 << 20},
+      {c.maxPositionEmbeddings, "max_position_embeddings", 1 << 27},
+      {c.qLoraRank, "q_lora_rank", 1 << 16},
+      {c.kvLoraRank, "kv_lora_rank", 1 << 16},
+      {c.qkNopeHeadDim, "qk_nope_head_dim", 1 << 13},
+      {c.qkRopeHeadDim, "qk_rope_head_dim", 1 << 13},
+      {c.vHeadDim, "v_head_dim", 1 << 13},
+      {c.numMTPLayers, "num_nextn_predict_layers", 64},
+      {c.numGroups, "n_group", 4096},
+  };
+  for (const Limit &l : limits)
+    if (l.value > l.max)
+      return f.fail(l.field, formatv("expected a value <= {0} (moec's limit) but got {1}",
+                                     l.max, l.value));
+  return Error::success();
+}
+
+} // namespace
 
 int64_t ModelConfig::numMoELayers() const {
   return llvm::count(moeLayers, true);
@@ -595,6 +656,8 @@ Expected<ModelConfig> moe::hf::parseModelConfig(StringRef text, StringRef path) 
     return std::move(e);
   if (c.isMoE() && c.moeIntermediateSize <= 0)
     return f.fail("moe_intermediate_size", "expected a value > 0");
+  if (Error e = checkLimits(f, c))
+    return std::move(e);
   return c;
 }
 
