@@ -1,6 +1,7 @@
 // Loading and validating a plan. Nothing in the file is trusted: the checks
 // here are what make the executor's indexing safe.
 #include "moert/Plan.h"
+#include "moert/PlanSeal.h"
 #include "moert/Checkpoint.h"
 #include "moert/Error.h"
 
@@ -596,7 +597,13 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
       if (id >= static_cast<int64_t>(program.weights.size()))
         s.fail("weights", fmt::format("weight {} out of range", id));
     JsonFields a = s.child("attrs");
-    if (a.has("eps")) step.eps = a.number("eps");
+    if (a.has("eps")) {
+      step.eps = a.number("eps");
+      // A norm's epsilon: positive and small (transformers' are 1e-5..1e-6;
+      // 1e308 would turn every norm into a constant).
+      if (!(step.eps > 0 && step.eps <= 1))
+        a.fail("eps", fmt::format("expected a value in (0, 1] but got {}", step.eps));
+    }
     if (a.has("scale")) step.scale = a.number("scale");
     if (a.has("head_dim")) step.headDim = a.integer("head_dim", 1);
     if (a.has("heads")) step.heads = a.integer("heads", 1);
@@ -695,6 +702,7 @@ Plan Plan::load(const std::string &path) {
   if (version != kPlanFormatVersion)
     r.fail("version", fmt::format("this moert reads plan format {} but the plan is format {}",
                                   kPlanFormatVersion, version));
+  checkPlanSeal(text, path); // after the version: another format may seal otherwise
   JsonFields model = r.child("model");
   plan.modelType = model.string("model_type");
   plan.vocabSize = model.integer("vocab_size", 1);

@@ -2,6 +2,7 @@
 // full: a box outside its tensor would be an out-of-bounds copy in convert.
 #include "InputFile.h"
 #include "moert/PlanLayout.h"
+#include "moert/PlanSeal.h"
 #include "moert/Error.h"
 #include "moert/Plan.h"
 
@@ -78,6 +79,7 @@ PlanLayout PlanLayout::load(const std::string &path) {
   if (version != kPlanFormatVersion)
     top.fail("version", fmt::format("this moert reads plan format {} but the plan is format {}",
                                     kPlanFormatVersion, version));
+  checkPlanSeal(text, path);
   PlanLayout layout;
   layout.path = path;
   JsonFields model = top.child(top.get("model"), "model");

@@ -8,6 +8,7 @@
 // each rank's logits equal those of the kernels called directly on the
 // whole model; an empty batch runs; the memory figures add up.
 #include "moert/Checkpoint.h"
+#include "moert/PlanSeal.h"
 #include "moert/Comm.h"
 #include "moert/Device.h"
 #include "moert/Error.h"
@@ -435,7 +436,7 @@ void expectNear(const std::vector<float> &got, const std::vector<float> &want,
 
 TEST(CpuDevice, CapacityExpertsAndPaddedHead) {
   TempDir dir;
-  std::ofstream(dir.path / "plan.json") << singleRankPlan().dump();
+  std::ofstream(dir.path / "plan.json") << sealPlanText(singleRankPlan().dump());
   Plan plan = Plan::load((dir.path / "plan.json").string());
   Model model(dir.path);
   auto ckpt = Checkpoint::open(dir.path.string());
@@ -462,7 +463,7 @@ TEST(CpuDevice, CapacityExpertsAndPaddedHead) {
 TEST(CpuDevice, TensorAndExpertParallelRanks) {
   ThreadCount serial(1); // the kernels' pool serves one caller at a time
   TempDir dir;
-  std::ofstream(dir.path / "plan.json") << tensorExpertPlan().dump();
+  std::ofstream(dir.path / "plan.json") << sealPlanText(tensorExpertPlan().dump());
   Plan plan = Plan::load((dir.path / "plan.json").string());
   Model model(dir.path);
   auto ckpt = Checkpoint::open(dir.path.string());

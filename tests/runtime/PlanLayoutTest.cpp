@@ -2,6 +2,7 @@
 // weights_of_rank replicas), the whole tensors of single-rank plans, and one
 // malformed field per check, each message naming the plan and the field.
 #include "moert/Error.h"
+#include "moert/PlanSeal.h"
 #include "moert/PlanLayout.h"
 
 #include "gtest/gtest.h"
@@ -32,7 +33,7 @@ std::string writePlan(const std::string &body) {
   int fd = ::mkstemp(path.data());
   EXPECT_GE(fd, 0);
   ::close(fd);
-  std::ofstream(path) << "{" << kHeader << body << "}";
+  std::ofstream(path) << sealPlanText(std::string("{") + kHeader + body + "}");
   return path;
 }
 

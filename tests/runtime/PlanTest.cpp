@@ -3,6 +3,7 @@
 // minimal hand-written plan that loads, and malformed variants of it, each
 // failing with the plan and the field named.
 #include "moert/Error.h"
+#include "moert/PlanSeal.h"
 #include "moert/Plan.h"
 
 #include "PlanJson.h"
@@ -180,7 +181,7 @@ std::string writePlan(const json &plan) {
   int fd = ::mkstemp(path.data());
   EXPECT_GE(fd, 0);
   ::close(fd);
-  std::ofstream(path) << plan.dump();
+  std::ofstream(path) << sealPlanText(plan.dump());
   return path;
 }
 
@@ -286,7 +287,7 @@ TEST(PlanLoad, PipelineStages) {
   EXPECT_EQ(loaded.stageRank(0, 1), 1);
 
   plan["programs"][1]["steps"][0]["out"] = {3}; // a recv of width 2 for a send of 4
-  std::ofstream(path) << plan.dump();
+  std::ofstream(path) << sealPlanText(plan.dump());
   std::string message;
   try {
     Plan::load(path);

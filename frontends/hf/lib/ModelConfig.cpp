@@ -200,6 +200,9 @@ Error parseDecoderCommon(const Fields &f, ModelConfig &c) {
   MOE_ASSIGN(c.maxPositionEmbeddings,
              f.positiveOr("max_position_embeddings", d.maxPositionEmbeddings));
   MOE_ASSIGN(c.normEps, f.positiveNumber("rms_norm_eps", d.rmsNormEps));
+  if (c.normEps > 1)
+    return f.fail("rms_norm_eps", formatv("expected a value in (0, 1] but got {0}",
+                                          spell(c.normEps)));
   MOE_ASSIGN(c.ropeTheta, f.positiveNumber("rope_theta", d.ropeTheta));
   MOE_ASSIGN(c.tieWordEmbeddings, f.boolean("tie_word_embeddings", false));
   // transformers >= 4.56 writes `dtype`; older checkpoints `torch_dtype`.

@@ -441,8 +441,23 @@ static llvm::Error writeAtomically(llvm::StringRef path,
     return planError(llvm::formatv("{0}: cannot create a temporary file: {1}",
                                    path, ec.message()));
   {
+    // The plan, then its integrity seal (runtime/include/moert/PlanSeal.h):
+    // `,"integrity":"fnv1a64:<hex>"` before the last '}', the 64-bit FNV-1a
+    // hash of every other byte.
+    std::string text;
+    {
+      llvm::raw_string_ostream buffer(text);
+      write(buffer);
+    }
+    size_t brace = text.rfind('}');
+    uint64_t hash = 0xcbf29ce484222325ull;
+    for (char c : text) {
+      hash ^= static_cast<unsigned char>(c);
+      hash *= 0x100000001b3ull;
+    }
+    text.insert(brace, llvm::formatv(",\"integrity\":\"fnv1a64:{0:x-16}\"", hash).str());
     llvm::raw_fd_ostream os(fd, /*shouldClose=*/false);
-    write(os);
+    os << text;
     os.flush();
     std::string why;
     if (os.has_error()) {
