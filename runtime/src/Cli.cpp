@@ -12,11 +12,14 @@
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstring>
-#include <new>
 #include <map>
+#include <new>
 #include <thread>
 
 namespace moert {
@@ -87,8 +90,8 @@ int64_t parseInt(const std::string &option, const char *text) {
 double parseDouble(const std::string &option, const char *text) {
   char *end;
   double value = std::strtod(text, &end);
-  if (end == text || *end)
-    inputError("{}: expected a number but got '{}'", option, text);
+  if (end == text || *end || !std::isfinite(value))
+    inputError("{}: expected a finite number but got '{}'", option, text);
   return value;
 }
 
@@ -151,8 +154,8 @@ int run(int argc, char **argv, Comm &comm) {
     inputError("expected a plan (moert run PLAN --weights DIR --tokens IDS)");
   if (weightsPath.empty())
     inputError("--weights: expected the checkpoint directory");
-  if (threads < 1)
-    inputError("--threads: expected a value >= 1");
+  if (threads < 1 || threads > 1024)
+    inputError("--threads: expected a value in [1, 1024] but got {}", threads);
   if (!deviceName.empty() && deviceName != "cpu" && deviceName != "cuda")
     inputError("--device {}: expected cpu or cuda", deviceName);
   if (!(collectiveTimeout > 0) || !std::isfinite(collectiveTimeout))
@@ -161,6 +164,15 @@ int run(int argc, char **argv, Comm &comm) {
       !(options.sampling.topP > 0 && options.sampling.topP <= 1))
     inputError("expected --temperature >= 0, --top-k >= 0 and 0 < --top-p <= 1");
   options.keepPromptLogits = !logitsOut.empty();
+  if (!logitsOut.empty()) {
+    // Found out now, not after the generation: the directory must take it.
+    std::string dir = logitsOut.find('/') == std::string::npos
+                          ? std::string(".")
+                          : logitsOut.substr(0, logitsOut.rfind('/') + 1);
+    if (::access(dir.c_str(), W_OK) != 0)
+      inputError("--logits-out {}: cannot write into {} ({})", logitsOut, dir,
+                 std::strerror(errno));
+  }
   setNumThreads(threads);
   comm.setTimeout(collectiveTimeout);
 

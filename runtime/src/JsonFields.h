@@ -12,10 +12,36 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
 namespace moert {
+
+/// Parses JSON text, refusing an object with two members of one name: JSON
+/// leaves their meaning open (Python keeps the last, other readers the
+/// first), so a file that has them means different things to different
+/// tools. InputError "PATH: WHAT: duplicate key 'K'". Parse errors are
+/// nlohmann's json::parse_error.
+inline nlohmann::json parseJsonNoDuplicateKeys(const char *begin, const char *end,
+                                               const std::string &path, const char *what) {
+  std::vector<std::unordered_set<std::string>> keys; // per open object
+  auto callback = [&](int, nlohmann::json::parse_event_t event, nlohmann::json &parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (event == E::object_start) {
+      keys.emplace_back();
+    } else if (event == E::object_end) {
+      keys.pop_back();
+    } else if (event == E::key && !keys.empty()) {
+      const std::string &key = parsed.get_ref<const std::string &>();
+      if (!keys.back().insert(key).second)
+        inputError("{}: {}: duplicate key '{}'", path, what,
+                   key.size() > 80 ? key.substr(0, 80) + "..." : key);
+    }
+    return true;
+  };
+  return nlohmann::json::parse(begin, end, callback);
+}
 
 class JsonFields {
 public:

@@ -39,6 +39,14 @@ Error optionalNumber(const Fields &f, StringRef field,
 /// `rope_type`, `rope_theta` and the scaling fields. 5.x reads
 /// `rope_scaling` first when a file has both, and takes `rope_theta` from the
 /// block before the top level; both dialects read the same here.
+/// A string value for a message: at most 64 characters of it (a config may
+/// hold megabytes in one field).
+std::string clip(StringRef value) {
+  if (value.size() <= 64)
+    return value.str();
+  return (value.take_front(64) + formatv("... ({0} bytes)", value.size())).str();
+}
+
 /// A double as a config file would spell it (0.5, 1e-06).
 std::string spell(double v) {
   char text[32];
@@ -84,7 +92,7 @@ Error parseRopeScaling(const Fields &f, ModelConfig &c) {
           .Cases("longrope", "su", RopeScalingKind::LongRope)
           .Default(std::nullopt);
   if (!kind)
-    return rs->fail("rope_type", "unknown rope scaling type '" + type +
+    return rs->fail("rope_type", "unknown rope scaling type '" + clip(type) +
                                      "' (expected default, linear, dynamic, "
                                      "llama3, yarn or longrope)");
   s.kind = *kind;
@@ -104,7 +112,7 @@ Error parseRopeScaling(const Fields &f, ModelConfig &c) {
     defaultFactor = static_cast<double>(c.maxPositionEmbeddings) /
                     static_cast<double>(s.originalMaxPosition);
   else if (!rs->has("factor"))
-    return rs->fail("factor", "missing (required for " + type + " scaling)");
+    return rs->fail("factor", "missing (required for " + clip(type) + " scaling)");
   MOE_ASSIGN(s.factor, rs->positiveNumber("factor", defaultFactor));
   if (!std::isfinite(s.factor))
     return rs->fail("factor", "expected a finite number");
@@ -213,7 +221,7 @@ Error parseDecoderCommon(const Fields &f, ModelConfig &c) {
   if (c.hiddenAct != "silu" && c.hiddenAct != "gelu" && c.hiddenAct != "relu" &&
       c.hiddenAct != "gelu_pytorch_tanh")
     return f.fail("hidden_act", "expected silu, gelu, gelu_pytorch_tanh or relu "
-                                "but got '" + c.hiddenAct + "'");
+                                "but got '" + clip(c.hiddenAct) + "'");
   if (f.has("bos_token_id")) {
     int64_t bos;
     MOE_ASSIGN(bos, f.integer("bos_token_id"));
@@ -238,7 +246,7 @@ Error parseDecoderCommon(const Fields &f, ModelConfig &c) {
                           c.numHeads, c.numKVHeads));
   if (c.dtype != "float32" && c.dtype != "bfloat16" && c.dtype != "float16")
     return f.fail("torch_dtype", "expected float32, bfloat16 or float16 but got '" +
-                                     c.dtype + "'");
+                                     clip(c.dtype) + "'");
   return parseRopeScaling(f, c);
 }
 
@@ -651,7 +659,7 @@ Expected<ModelConfig> moe::hf::parseModelConfig(StringRef text, StringRef path) 
     e = parseSwitch(f, c);
   else
     return f.fail("model_type",
-                  "unknown model_type '" + c.modelType +
+                  "unknown model_type '" + clip(c.modelType) +
                       "' (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, "
                       "deepseek_v2, deepseek_v3, llama; parsed only: phimoe, "
                       "gpt_oss, granitemoe, dbrx, switch_transformers)");

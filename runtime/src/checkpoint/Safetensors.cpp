@@ -5,6 +5,7 @@
 // bad offset found later would be a crash (or silent garbage) inside a kernel
 // rather than a message naming the file and the tensor.
 #include "../InputFile.h"
+#include "../JsonFields.h"
 #include "moert/Checkpoint.h"
 #include "ExpertLayout.h"
 
@@ -100,7 +101,7 @@ json parseJsonObject(const std::string &path, const char *begin, const char *end
                      const char *what) {
   json value;
   try {
-    value = json::parse(begin, end);
+    value = parseJsonNoDuplicateKeys(begin, end, path, what);
   } catch (const json::parse_error &e) {
     inputError("{}: {} is not valid JSON: {}", path, what, jsonMessage(e));
   }

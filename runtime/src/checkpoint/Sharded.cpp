@@ -14,6 +14,8 @@
 #include "Progress.h"
 
 #include <fmt/ranges.h>
+
+#include <cctype>
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
@@ -242,7 +244,8 @@ std::unique_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string &di
   const std::string &path = ckpt->manifest;
   json root;
   try {
-    root = json::parse(readText(path));
+    const std::string text = readText(path);
+    root = parseJsonNoDuplicateKeys(text.data(), text.data() + text.size(), path, "manifest");
   } catch (const json::parse_error &e) {
     inputError("{}: malformed JSON: {}", path, e.what());
   }
@@ -305,7 +308,13 @@ std::unique_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string &di
     if (size != f.unsignedInteger("bytes"))
       inputError("{}: {} bytes but the manifest records {} (truncated or replaced file; holds {})",
                  file, size, f.unsignedInteger("bytes"), holds);
-    ckpt->recordedCrc.push_back(f.string("crc32c"));
+    // Hex digits in either case (other tools write upper case).
+    std::string recorded = f.string("crc32c");
+    for (char &c : recorded)
+      c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (recorded.size() != 8 || recorded.find_first_not_of("0123456789abcdef") != std::string::npos)
+      f.fail("crc32c", fmt::format("expected 8 hex digits but got \"{}\"", f.string("crc32c")));
+    ckpt->recordedCrc.push_back(recorded);
     ckpt->holds.push_back(holds);
     ckpt->verified.push_back(false);
     // Only the header is read here (pread); the checksum is verified when a

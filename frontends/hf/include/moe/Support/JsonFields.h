@@ -19,8 +19,11 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
 #include <cstdint>
+#include <unordered_set>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -72,6 +75,65 @@ inline llvm::Error checkJsonDepth(llvm::StringRef text, llvm::StringRef path) {
   return llvm::Error::success();
 }
 
+/// What Python's json (transformers' reader) refuses or reads differently,
+/// and llvm::json accepts: numbers with a leading zero or '+', and objects
+/// with two members of one name (Python keeps the last, llvm::json the
+/// first). Checked with nlohmann::json, which follows RFC 8259 strictly.
+/// (The compiler is built without exceptions: a SAX pass, which reports
+/// errors by return value.)
+class StrictJsonChecker {
+public:
+  using json = nlohmann::json;
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(json::number_integer_t) { return true; }
+  bool number_unsigned(json::number_unsigned_t) { return true; }
+  bool number_float(json::number_float_t, const json::string_t &) { return true; }
+  bool string(json::string_t &) { return true; }
+  bool binary(json::binary_t &) { return true; }
+  bool start_object(std::size_t) {
+    keys.emplace_back();
+    return true;
+  }
+  bool key(json::string_t &key) {
+    if (!keys.empty() && !keys.back().insert(key).second) {
+      duplicate = key.size() > 80 ? key.substr(0, 80) + "..." : key;
+      return false;
+    }
+    return true;
+  }
+  bool end_object() {
+    keys.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) { return true; }
+  bool end_array() { return true; }
+  bool parse_error(std::size_t, const std::string &,
+                   const nlohmann::detail::exception &ex) {
+    // "[json.exception.parse_error.101] parse error at line 3, column 20: ..."
+    error = llvm::StringRef(ex.what()).split("] ").second.str();
+    return false;
+  }
+
+  std::vector<std::unordered_set<std::string>> keys;
+  std::string duplicate, error;
+};
+
+inline llvm::Error checkStrictJson(llvm::StringRef text, llvm::StringRef path) {
+  StrictJsonChecker checker;
+  nlohmann::json::sax_parse(text.begin(), text.end(), &checker);
+  if (!checker.error.empty())
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "%s: malformed JSON: %s", path.str().c_str(),
+                                   checker.error.c_str());
+  if (!checker.duplicate.empty())
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "%s: duplicate key '%s' (JSON readers disagree on "
+                                   "which value counts)",
+                                   path.str().c_str(), checker.duplicate.c_str());
+  return llvm::Error::success();
+}
+
 /// Reads an input file of at most `maxBytes`: a regular file (a FIFO or a
 /// device would block or never end), named in every error.
 inline llvm::Expected<std::unique_ptr<llvm::MemoryBuffer>>
@@ -116,6 +178,9 @@ inline llvm::Expected<llvm::json::Object> parseObject(llvm::StringRef text,
         llvm::inconvertibleErrorCode(), "%s:%s: malformed JSON: %s",
         path.str().c_str(), position.str().c_str(), rest.str().c_str());
   }
+  // What llvm::json accepts but Python's json reads otherwise or refuses.
+  if (llvm::Error e = checkStrictJson(text, path))
+    return std::move(e);
   llvm::json::Object *object = parsed->getAsObject();
   if (!object)
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
