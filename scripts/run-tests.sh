@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs the whole test suite: ctest runs the lit suite
-# (IR, diagnostics, tools, end to end) and the GoogleTest units. Tests that
+# (IR, diagnostics, tools, end to end) and the GoogleTest units, after the
+# fuzzers have run for FUZZ_SECONDS (default 30) each. Tests that
 # need a GPU carry the ctest label `gpu` and are skipped without one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+# Every input reader under libFuzzer + ASan + UBSan for a bounded time
+# (a longer run: scripts/fuzz.sh 3600).
+./scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" --timeout 1200

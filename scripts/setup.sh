@@ -9,7 +9,8 @@ packages=(cmake ninja-build ccache g++ python3 pkg-config
           llvm-19-dev libmlir-19-dev mlir-19-tools llvm-19-tools
           libzstd-dev zlib1g-dev libedit-dev libcurl4-openssl-dev libffi-dev libxml2-dev
           libfmt-dev libgtest-dev nlohmann-json3-dev
-          libopenmpi-dev openmpi-bin)
+          libopenmpi-dev openmpi-bin
+          clang-19 libclang-rt-19-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -67,7 +67,7 @@ PlanLayout PlanLayout::load(const std::string &path) {
   json root;
   try {
     root = json::parse(text);
-  } catch (const json::parse_error &e) {
+  } catch (const json::exception &e) { // parse_error, and out_of_range for a number like 1e512
     inputError("{}: malformed JSON: {}", path, e.what());
   }
   if (!root.is_object())

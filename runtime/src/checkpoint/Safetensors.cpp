@@ -102,7 +102,7 @@ json parseJsonObject(const std::string &path, const char *begin, const char *end
   json value;
   try {
     value = parseJsonNoDuplicateKeys(begin, end, path, what);
-  } catch (const json::parse_error &e) {
+  } catch (const json::exception &e) { // parse_error, and out_of_range for a number like 1e512
     inputError("{}: {} is not valid JSON: {}", path, what, jsonMessage(e));
   }
   if (!value.is_object())

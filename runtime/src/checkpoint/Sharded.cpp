@@ -246,7 +246,7 @@ std::unique_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string &di
   try {
     const std::string text = readText(path);
     root = parseJsonNoDuplicateKeys(text.data(), text.data() + text.size(), path, "manifest");
-  } catch (const json::parse_error &e) {
+  } catch (const json::exception &e) { // parse_error, and out_of_range for a number like 1e512
     inputError("{}: malformed JSON: {}", path, e.what());
   }
   if (!root.is_object())

@@ -242,9 +242,13 @@ public:
       return fail(field, "missing (required)");
     if (std::optional<int64_t> i = v->getAsInteger())
       return *i;
-    if (std::optional<double> d = v->getAsNumber())
-      if (*d == static_cast<double>(static_cast<int64_t>(*d)))
+    if (std::optional<double> d = v->getAsNumber()) {
+      // Integral and within int64 (the cast of anything else is undefined).
+      if (*d >= -9.2e18 && *d <= 9.2e18 &&
+          *d == static_cast<double>(static_cast<int64_t>(*d)))
         return static_cast<int64_t>(*d);
+      return fail(field, llvm::formatv("expected an integer but got {0}", *d));
+    }
     return fail(field,
                 llvm::Twine("expected an integer but got ") + kindName(*v));
   }
