@@ -689,8 +689,17 @@ std::vector<int64_t> PlanWeight::tensorShape() const {
 Plan Plan::load(const std::string &path) {
   const std::string text = readInputFile(path, kMaxPlanBytes, "a plan");
   checkJsonDepth(text, path);
-  json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded() || !root.is_object())
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::exception &e) {
+    // "[json.exception.parse_error.101] parse error at line 3, column 20: ..."
+    std::string what = e.what();
+    size_t bracket = what.find("] ");
+    inputError("{}: malformed JSON: {}", path,
+               bracket == std::string::npos ? what : what.substr(bracket + 2));
+  }
+  if (!root.is_object())
     inputError("{}: not a plan (expected a JSON object written by moec compile)", path);
 
   Plan plan;
