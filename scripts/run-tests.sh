@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs the whole test suite: ctest runs the lit suite
 # (IR, diagnostics, tools, end to end) and the GoogleTest units, after the
-# fuzzers have run for FUZZ_SECONDS (default 30) each. Tests that
+# fuzzers have run for FUZZ_SECONDS (default 30) each and the runtime's
+# sanitizer build has passed its units and end-to-end fixtures. Tests that
 # need a GPU carry the ctest label `gpu` and are skipped without one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,4 +10,7 @@ cd "$(dirname "$0")/.."
 # Every input reader under libFuzzer + ASan + UBSan for a bounded time
 # (a longer run: scripts/fuzz.sh 3600).
 ./scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
+# moert and its units under ASan + UBSan: the unit tests, every fixture and
+# the transformers 5.x conformance fixtures end to end.
+./scripts/asan.sh
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" --timeout 1200

@@ -44,6 +44,13 @@ using namespace moert::test;
 
 namespace {
 
+/// memcpy that accepts empty copies from null pointers (an empty batch's
+/// buffers), which memcpy itself does not.
+void copyBytes(void *dst, const void *src, size_t bytes) {
+  if (bytes)
+    std::memcpy(dst, src, bytes);
+}
+
 /// A world of one: every group is this rank; collectives copy.
 class SoloComm final : public Comm {
 public:
@@ -114,7 +121,7 @@ public:
     mailArrived.wait(lock, [&] { return !box.empty(); });
     if (static_cast<int64_t>(box.front().size()) != bytes)
       throw RuntimeError("recv of another size than the send");
-    std::memcpy(data, box.front().data(), static_cast<size_t>(bytes));
+    copyBytes(data, box.front().data(), static_cast<size_t>(bytes));
     box.pop_front();
   }
 
@@ -148,9 +155,9 @@ public:
     std::vector<char> all(static_cast<size_t>(bytes) * group.size());
     meet(group, in, [&](const std::vector<const void *> &posted) {
       for (size_t q = 0; q < posted.size(); ++q)
-        std::memcpy(all.data() + q * bytes, posted[q], static_cast<size_t>(bytes));
+        copyBytes(all.data() + q * bytes, posted[q], static_cast<size_t>(bytes));
     });
-    std::memcpy(out, all.data(), all.size());
+    copyBytes(out, all.data(), all.size());
   }
   void allToAllV(const void *send, const std::vector<int64_t> &sendBytes,
                  const std::vector<int64_t> &sendOffsets, void *recv,
@@ -164,7 +171,7 @@ public:
         const Posted &from = *static_cast<const Posted *>(posted[m]);
         if ((*from.bytes)[q] != recvBytes[m])
           throw RuntimeError(what + ": received another size than expected");
-        std::memcpy(static_cast<char *>(recv) + recvOffsets[m],
+        copyBytes(static_cast<char *>(recv) + recvOffsets[m],
                     static_cast<const char *>(from.send) + (*from.offsets)[q],
                     static_cast<size_t>(recvBytes[m]));
       }
@@ -180,9 +187,9 @@ public:
                  const std::string &) override {
     std::vector<char> copy(static_cast<size_t>(bytes));
     meet(group, data, [&](const std::vector<const void *> &posted) {
-      std::memcpy(copy.data(), posted[root], copy.size());
+      copyBytes(copy.data(), posted[root], copy.size());
     });
-    std::memcpy(data, copy.data(), copy.size());
+    copyBytes(data, copy.data(), copy.size());
   }
   int64_t allReduceMax(int64_t value, const std::string &) override { return value; }
   void abort(const std::string &message, int) override { throw RuntimeError(message); }

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# moert and its unit tests built with AddressSanitizer + UndefinedBehavior-
+# Sanitizer into build-asan/ (the compiler is not: MLIR's libraries are not
+# instrumented, and moec only writes the plans), then run: the GoogleTest
+# units, every fixture end to end against the transformers references, and
+# the conformance fixtures saved by transformers 5.x, single rank. Any
+# sanitizer report fails. Needs build/ (scripts/setup.sh) for moec.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${ASAN_DIR:-build-asan}
+build=${BUILD_DIR:-build}
+san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+if [ ! -f "$out/build.ninja" ]; then
+  cmake -G Ninja -S . -B "$out" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DMLIR_DIR="$(llvm-config-19 --cmakedir)/../mlir" \
+    -DCMAKE_CXX_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="$san" -DCMAKE_SHARED_LINKER_FLAGS="$san" \
+    > "$out.configure.log" 2>&1 || { cat "$out.configure.log"; exit 1; }
+fi
+cmake --build "$out" --target moert moert-unit-tests -j "$(nproc)"
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
+moert="$out/tools/moert/moert" moec="$build/tools/moec/moec"
+"$out/tests/runtime/moert-unit-tests" --gtest_brief=1
+status=0
+for fixture in tests/fixtures/models/*/; do
+  extra=()
+  [[ "$fixture" == *bf16* ]] && extra=(--reference f32compute)
+  python3 tests/tools/check-fixture.py --moec "$moec" --moert "$moert" "${extra[@]}" "$fixture" \
+    | tail -1 | sed "s|^|asan: $(basename "$fixture"): |" || status=1
+done
+for family in mixtral qwen2_moe qwen3_moe olmoe deepseek_v2 deepseek_v3 llama; do
+  python3 tests/tools/check-conformance.py --moec "$moec" --moert "$moert" \
+    --refusals tests/fixtures/conformance/refusals.json tests/fixtures/conformance/v5 "$family" \
+    | tail -1 | sed "s|^|asan: conformance v5 $family: |" || status=1
+done
+exit $status
