@@ -119,10 +119,18 @@ TensorView RankWeights::bindOne(const Checkpoint &ckpt, const std::string &name,
     return ownedCopy(localView);
   }
   const PlanSlice &slice = *found->second;
-  if (slice.globalShape != globalShape || slice.dtype != dtype)
+  // Say what differs (the shape, the dtype or both), not two equal halves.
+  if (slice.globalShape != globalShape && slice.dtype != dtype)
     inputError("{}: rank {}'s slice of '{}' is of a {} {} tensor but the plan's weight is {} {}",
                plan->path, rank, name, dtypeName(slice.dtype), shapeString(slice.globalShape),
                dtypeName(dtype), shapeString(globalShape));
+  if (slice.globalShape != globalShape)
+    inputError("{}: rank {}'s slice of '{}' is of a tensor of shape {} but the plan's weight has "
+               "shape {}",
+               plan->path, rank, name, shapeString(slice.globalShape), shapeString(globalShape));
+  if (slice.dtype != dtype)
+    inputError("{}: rank {}'s slice of '{}' is of a {} tensor but the plan's weight is {}",
+               plan->path, rank, name, dtypeName(slice.dtype), dtypeName(dtype));
   // The plan's dtype is part of its memory figures: a checkpoint in
   // another dtype is another model file.
   TensorView whole = ckpt.info(name, globalShape);
