@@ -633,6 +633,30 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
   }
   if (last && heads == 0)
     pr.fail("steps", "the last stage has no LM head (a linear with \"head\": true)");
+  // Data flow: a step reads only buffers an earlier step (or the program's
+  // token and position inputs) wrote, and each KV cache is one attention's
+  // (a step dropped or reordered, or two layers on one cache, would
+  // otherwise compute another model from stale values).
+  std::vector<bool> written(program.buffers.size(), false);
+  for (int64_t input : {program.tokensBuffer, program.positionsBuffer})
+    if (input >= 0)
+      written[input] = true;
+  std::vector<int64_t> cacheStep(program.caches.size(), -1);
+  for (size_t i = 0; i < program.steps.size(); ++i) {
+    const PlanStep &step = program.steps[i];
+    JsonFields s = pr.element("steps", i);
+    for (int64_t id : step.in)
+      if (!written[id])
+        s.fail("in", fmt::format("buffer {} is read before any step writes it", id));
+    for (int64_t id : step.out)
+      written[id] = true;
+    if (step.kvCache >= 0) {
+      if (cacheStep[step.kvCache] >= 0)
+        s.fail("attrs.kv_cache", fmt::format("KV cache {} is also step {}'s", step.kvCache,
+                                             cacheStep[step.kvCache]));
+      cacheStep[step.kvCache] = static_cast<int64_t>(i);
+    }
+  }
   return program;
 }
 
