@@ -286,7 +286,10 @@ TEST(PlanLoad, PipelineStages) {
   EXPECT_EQ(loaded.programOf(0).logitsBuffer, -1);
   EXPECT_EQ(loaded.stageRank(0, 1), 1);
 
-  plan["programs"][1]["steps"][0]["out"] = {3}; // a recv of width 2 for a send of 4
+  // A second recv (of width 2) that no send matches; the head still reads
+  // what the first recv wrote.
+  plan["programs"][1]["steps"] = {step("recv", {}, {}, {3}), step("recv", {}, {}, {9}),
+                                  step("linear", {9}, {5}, {10}, {{"head", true}})};
   std::ofstream(path) << sealPlanText(plan.dump());
   std::string message;
   try {
@@ -295,6 +298,6 @@ TEST(PlanLoad, PipelineStages) {
     message = e.what();
   }
   fs::remove(path);
-  EXPECT_EQ(message, path + ": programs[1]: its recvs (widths [2]) differ from the sends of "
+  EXPECT_EQ(message, path + ": programs[1]: its recvs (widths [2, 4]) differ from the sends of "
                             "programs[0] (widths [4])");
 }
