@@ -11,10 +11,11 @@ out=${ASAN_DIR:-build-asan}
 build=${BUILD_DIR:-build}
 san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 if [ ! -f "$out/build.ninja" ]; then
+  mkdir -p "$out"
   cmake -G Ninja -S . -B "$out" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DMLIR_DIR="$(llvm-config-19 --cmakedir)/../mlir" \
     -DCMAKE_CXX_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="$san" -DCMAKE_SHARED_LINKER_FLAGS="$san" \
-    > "$out.configure.log" 2>&1 || { cat "$out.configure.log"; exit 1; }
+    > "$out/configure.log" 2>&1 || { cat "$out/configure.log"; exit 1; }
 fi
 cmake --build "$out" --target moert moert-unit-tests -j "$(nproc)"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
