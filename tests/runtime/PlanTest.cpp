@@ -262,15 +262,41 @@ TEST(PlanLoad, BadFieldsAreNamed) {
 
 // Two pipeline stages of one rank each: stage 0 embeds and sends, stage 1
 // receives and runs the head; the recvs must match the sends.
+// Issue 11: a weight id swapped for another of the same shape, or bound
+// twice, passes every shape check; the binding order catches it.
+TEST(PlanLoad, WeightsAreBoundOnceInOrder) {
+  // The embedding table and the LM head are both [8, 4].
+  EXPECT_EQ(loadError([](json &p) {
+              p["programs"][0]["steps"][0]["weights"] = {5};
+              p["programs"][0]["steps"][5]["weights"] = {0};
+            }),
+            "PLAN: programs[0].steps[0].weights: weight 5 ('head') is bound before weight 0 "
+            "('embed'); steps bind a program's weights in order (a swapped weight id?)");
+  // The experts' gate stack [2, 3, 4] in place of the up stack.
+  EXPECT_EQ(loadError([](json &p) { p["programs"][0]["steps"][3]["weights"] = {2, 2, 4}; }),
+            "PLAN: programs[0].steps[3].weights: weight 2 ('e.{e}.w1') is already bound by "
+            "step 3; only a tied embedding table is shared (with the LM head)");
+  EXPECT_EQ(loadError([](json &p) { p["programs"][0]["steps"][5]["weights"] = {0}; }),
+            "PLAN: programs[0].weights: weight 5 ('head') is bound by no step");
+  // Tied embeddings: the LM head reuses the embedding table.
+  EXPECT_EQ(loadError([](json &p) {
+              p["programs"][0]["steps"][5]["weights"] = {0};
+              p["programs"][0]["weights"].erase(5);
+            }),
+            "");
+}
+
 TEST(PlanLoad, PipelineStages) {
   json plan = minimalPlan();
   json first = plan["programs"][0], second = first;
   first["stage"] = 0;
   first["logits"] = -1;
   first["steps"] = {step("embedding", {0}, {0}, {2}), step("send", {2}, {}, {})};
+  first["weights"] = {first["weights"][0]}; // each stage holds the weights it binds
+  second["weights"] = {second["weights"][5]};
   second["stage"] = 1;
   second["inputs"]["tokens"] = -1;
-  second["steps"] = {step("recv", {}, {}, {9}), step("linear", {9}, {5}, {10}, {{"head", true}})};
+  second["steps"] = {step("recv", {}, {}, {9}), step("linear", {9}, {0}, {10}, {{"head", true}})};
   plan["programs"] = {first, second};
   plan["world_size"] = 2;
   plan["degrees"]["pp"] = 2;
@@ -289,7 +315,7 @@ TEST(PlanLoad, PipelineStages) {
   // A second recv (of width 2) that no send matches; the head still reads
   // what the first recv wrote.
   plan["programs"][1]["steps"] = {step("recv", {}, {}, {3}), step("recv", {}, {}, {9}),
-                                  step("linear", {9}, {5}, {10}, {{"head", true}})};
+                                  step("linear", {9}, {0}, {10}, {{"head", true}})};
   std::ofstream(path) << sealPlanText(plan.dump());
   std::string message;
   try {

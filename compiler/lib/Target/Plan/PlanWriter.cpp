@@ -278,8 +278,26 @@ llvm::Expected<Object> programJson(func::FuncOp fn, int64_t stage, int64_t maxTo
     }
     steps.push_back(std::move(step));
   }
+  // Weights are numbered in the order the steps first bind them; moert
+  // checks that order (a weight id swapped for another of the same shape is
+  // then out of order).
+  std::vector<int64_t> bound(weights.size(), -1);
+  Array ordered;
+  for (llvm::json::Value &step : steps)
+    for (llvm::json::Value &id : *step.getAsObject()->getArray("weights")) {
+      int64_t old = *id.getAsInteger();
+      if (bound[old] < 0) {
+        bound[old] = static_cast<int64_t>(ordered.size());
+        ordered.push_back(weights[old]);
+      }
+      id = bound[old];
+    }
+  for (auto [old, id] : llvm::enumerate(bound))
+    if (id < 0)
+      return planError(llvm::formatv("@{0}: weight '{1}' is bound by no op", fn.getSymName(),
+                                     *weights[old].getAsObject()->getString("name")));
   return Object{{"stage", stage},
-                {"weights", std::move(weights)},
+                {"weights", std::move(ordered)},
                 {"buffers", std::move(buffers)},
                 {"kv_caches", std::move(caches)},
                 {"inputs", Object{{"tokens", argBuffers[0]}, {"positions", argBuffers[1]}}},
