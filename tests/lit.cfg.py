@@ -14,6 +14,15 @@ config.excludes = ["Inputs", "fixtures", "CMakeLists.txt", "lit.cfg.py", "lit.si
 tool_dirs = [
     os.path.join(config.moe_obj_root, "tools", name) for name in ("moec", "moert", "moe-opt")
 ]
+# MOE_MOERT_DIR: another moert (scripts/asan.sh runs end-to-end tests with
+# its sanitized build) ahead of the build tree's.
+if os.environ.get("MOE_MOERT_DIR"):
+    tool_dirs.insert(0, os.path.abspath(os.environ["MOE_MOERT_DIR"]))
+    config.available_features.add("sanitized-moert")
+    for name in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS",
+                 "OMPI_MCA_mca_base_component_disable_dlclose"):
+        if name in os.environ:
+            config.environment[name] = os.environ[name]
 path = os.pathsep.join(tool_dirs + [config.llvm_tools_dir, config.environment.get("PATH", os.environ["PATH"])])
 config.environment["PATH"] = path
 
