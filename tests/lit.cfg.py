@@ -47,6 +47,15 @@ if mpirun:
     config.environment["MOE_MPIRUN"] = mpirun
     config.substitutions.append(("%mpirun", os.path.join(config.moe_src_root, "tests", "tools",
                                                          "mpirun-isolated")))
+# The instruction-set levels of the CPU kernels this CPU runs (moert
+# --version): features isa-generic, isa-avx2, isa-avx512, isa-avx512bf16.
+moert_bin = shutil.which("moert", path=path)
+if moert_bin:
+    import subprocess, re
+    out = subprocess.run([moert_bin, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"this CPU runs ([a-z0-9, ]+)\)", out)
+    for level in (m.group(1).split(", ") if m else []):
+        config.available_features.add("isa-" + level)
 # Full-disk tests mount a small tmpfs in a mount namespace of their own.
 import subprocess
 try:

@@ -8,6 +8,7 @@
 #include "moert/Parallel.h"
 #include "moert/ShardedCheckpoint.h"
 #include "moert/Version.h"
+#include "moert/cpu/Isa.h"
 
 #include <fmt/core.h>
 #include <fmt/ranges.h>
@@ -18,6 +19,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <map>
 #include <new>
 #include <thread>
@@ -72,6 +74,9 @@ writes them, or 5.x's fused gate_up_proj / down_proj) unless
 --expert-layout says otherwise. Convert, export and loading weights show
 a progress bar when stderr is a terminal; MOERT_PROGRESS=1 prints plain lines
 instead (at most one a second), MOERT_PROGRESS=0 nothing.
+
+The CPU kernels use the best instruction-set level the CPU has (moert --version
+says which); MOERT_ISA=generic|avx2|avx512|avx512bf16 forces a lower one.
 
 Exit codes: 0 ok, 1 internal failure, 2 bad input (plan, checkpoint, option, prompt).
 Under mpirun, an error on any rank ends the whole job (MPI_Abort with the same status)
@@ -295,10 +300,6 @@ int moertMain(int argc, char **argv) {
     fmt::print("{}", kUsage);
     return argc < 2 ? 2 : 0;
   }
-  if (!std::strcmp(argv[1], "--version")) {
-    fmt::print("moert {}\n", version());
-    return 0;
-  }
   // `moert run` starts MPI first when under mpirun (createComm). An error on
   // any rank of a job of several ends the whole job with the message.
   std::unique_ptr<Comm> comm;
@@ -310,6 +311,15 @@ int moertMain(int argc, char **argv) {
     return internal ? 1 : 2;
   };
   try {
+    const cpu::Isa isa = cpu::activeIsa(); // MOERT_ISA checked before anything runs
+    if (!std::strcmp(argv[1], "--version")) {
+      std::string levels;
+      for (cpu::Isa level : cpu::supportedIsas())
+        levels += std::string(levels.empty() ? "" : ", ") + cpu::isaName(level);
+      fmt::print("moert {}\ncpu kernels: {} (this CPU runs {})\n", version(), cpu::isaName(isa),
+                 levels);
+      return 0;
+    }
     if (!std::strcmp(argv[1], "convert")) {
       comm = createComm(&argc, &argv);
       return convert(argc, argv, *comm);

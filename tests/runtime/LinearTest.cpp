@@ -87,10 +87,12 @@ struct Threads {
   ~Threads() { setNumThreads(1); }
 };
 
-/// Forces the portable kernels for a scope.
+/// Forces the portable kernels for a scope (every level the CPU has is
+/// tested by running the whole suite under MOERT_ISA: tests/runtime/CMakeLists.txt).
 struct NoAvx512 {
-  NoAvx512() { gemm::setAvx512Enabled(false); }
-  ~NoAvx512() { gemm::setAvx512Enabled(true); }
+  NoAvx512() : saved(activeIsa()) { setIsa(Isa::Generic); }
+  ~NoAvx512() { setIsa(saved); }
+  Isa saved;
 };
 
 /// f32 sums of n products: within a small multiple of n * eps of the sum of

@@ -6,6 +6,7 @@
 // recomputation would.
 #include "moert/Error.h"
 #include "moert/Parallel.h"
+#include "moert/cpu/Isa.h"
 #include "moert/cpu/Kernels.h"
 
 #include <algorithm>
@@ -346,7 +347,7 @@ void attendCached(const float *q, int64_t ldq, const TokenLayout &layout, int64_
                   int64_t kvHeads, int64_t dq, int64_t dv, double scale, int64_t window,
                   const KVCache &cache, float *out) {
 #ifdef MOERT_ATTN_AVX512
-  if (__builtin_cpu_supports("avx512f")) {
+  if (activeIsa() >= Isa::Avx512) {
     attendTiled(q, ldq, layout, heads, kvHeads, dq, dv, scale, window, cache, out);
     return;
   }

@@ -10,6 +10,7 @@
 #include "moert/cpu/Dispatch.h"
 
 #include "moert/Error.h"
+#include "moert/cpu/Isa.h"
 #include "moert/Parallel.h"
 #include "moert/Tensor.h"
 
@@ -64,10 +65,7 @@ void dotsScalar(const uint16_t *x, int64_t rowsCount, int64_t hidden, const uint
 
 #if MOERT_DISPATCH_X86
 bool haveBf16Kernels() {
-  static const bool have = __builtin_cpu_supports("avx512f") &&
-                           __builtin_cpu_supports("avx512bw") &&
-                           __builtin_cpu_supports("avx512bf16");
-  return have;
+  return activeIsa() >= Isa::Avx512Bf16;
 }
 
 /// The gate re-laid for the kernel: experts in blocks of 8, and within a

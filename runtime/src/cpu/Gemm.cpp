@@ -526,24 +526,7 @@ void columnsAvx512(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
 }
 #endif // MOERT_X86
 
-std::atomic<bool> avx512Enabled{true};
-
 } // namespace
-
-bool haveAvx512() {
-#ifdef MOERT_X86
-  static const bool cpuHas = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
-  }();
-  return cpuHas && avx512Enabled.load(std::memory_order_relaxed);
-#else
-  return false;
-#endif
-}
-
-void setAvx512Enabled(bool enabled) { avx512Enabled.store(enabled); }
 
 void columns(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
              int64_t n0, int64_t n1, float *y, int64_t ldy) {

@@ -2,16 +2,18 @@
 // `linear`, `mlp` and `experts` split between threads (src/cpu/Linear.cpp).
 #pragma once
 
+#include "moert/cpu/Isa.h"
 #include "moert/cpu/Kernels.h"
 
 #include <cstdint>
 
 #if defined(__x86_64__) || defined(__i386__)
 #define MOERT_X86 1
-/// For functions using AVX-512 intrinsics: the build has no -march flag, so
-/// they are compiled for AVX-512 one by one and only called when
-/// haveAvx512() says the CPU has it.
+/// For functions using AVX-512 (AVX2) intrinsics: the build has no -march
+/// flag, so they are compiled for their level one by one and only called
+/// when haveAvx512() (haveAvx2()) says the kernels of that level run.
 #define MOERT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+#define MOERT_AVX2 __attribute__((target("avx2,fma,f16c")))
 #endif
 
 // GCC 12's intrinsic headers start vectors as `__Y = __Y`, which
@@ -28,12 +30,11 @@ namespace moert::cpu::gemm {
 /// width of the GEMM micro-kernel's tile), so no two threads share a tile.
 constexpr int64_t kColumnBlock = 32;
 
-/// Whether the AVX-512 kernels run: the CPU has them (checked once) and
-/// they are not switched off.
-bool haveAvx512();
-/// Switches the AVX-512 kernels off (false) or back on where the CPU has
-/// them, so tests can check the portable path on any machine.
-void setAvx512Enabled(bool enabled);
+/// Whether the AVX-512 kernels run (moert/cpu/Isa.h: the CPU has them and
+/// no lower level is forced).
+inline bool haveAvx512() { return activeIsa() >= Isa::Avx512; }
+/// Whether the AVX2 + FMA kernels run (or better ones).
+inline bool haveAvx2() { return activeIsa() >= Isa::Avx2; }
 
 /// y[t, n] = x[t, :] . w[n, :] (+ bias[n]) for every token t and the output
 /// columns n in [n0, n1), on the calling thread only. x has row stride ldx,

@@ -1,0 +1,35 @@
+// The x86 instruction-set level the CPU kernels use, chosen at run time.
+// Every kernel has a path per level (docs/cpu-kernels.md); the build has no
+// -march flag, so one binary runs on any x86-64 CPU and uses what it has.
+// MOERT_ISA=generic|avx2|avx512|avx512bf16 forces a lower level than the
+// CPU's (tests run each level the machine has against the same fixtures).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace moert::cpu {
+
+enum class Isa : int {
+  Generic = 0,    ///< portable C++ (what the compiler makes of it for x86-64)
+  Avx2 = 1,       ///< AVX2 + FMA + F16C (Haswell, Zen 1-3)
+  Avx512 = 2,     ///< AVX-512 F/BW/VL/DQ (Skylake-SP, Zen 4)
+  Avx512Bf16 = 3, ///< AVX-512 + BF16 dot products (Cooper Lake, Zen 4)
+};
+
+/// The best level this CPU has.
+Isa cpuIsa();
+/// The level the kernels use: MOERT_ISA if set (checked once; a level the
+/// CPU lacks or a misspelling is bad input), else cpuIsa(); setIsa changes it.
+Isa activeIsa();
+/// Uses `isa` from now on (tests, benchmarks); an InputError if the CPU
+/// lacks it.
+void setIsa(Isa isa);
+/// "generic", "avx2", "avx512", "avx512bf16".
+const char *isaName(Isa isa);
+/// Every level this CPU can run, lowest first.
+std::vector<Isa> supportedIsas();
+/// Whether `name` names a level (sets `isa`).
+bool parseIsa(const std::string &name, Isa &isa);
+
+} // namespace moert::cpu
