@@ -1,6 +1,7 @@
 // The matrix products under `linear`: a packed, register-blocked AVX-512 GEMM
 // for many tokens, a weight-streaming GEMV for a few, and a portable scalar
-// version of both for CPUs without AVX-512.
+// version of both; GemmAvx2.cpp has the AVX2 + FMA ones. The level is
+// chosen at run time (moert/cpu/Isa.h).
 //
 // GEMM (y = x w^T, x [T, K] f32, w [N, K] any float dtype), BLIS-style:
 //   for each chunk of kNC output columns, for each kKC-deep slice of K:
@@ -44,45 +45,7 @@ constexpr int64_t kKC = 256;            // K slice: x's packed block (16 KiB) st
 constexpr int64_t kNC = 512;            // column chunk: packed weights (512 KiB) stay in L2
 constexpr int64_t kGemvMaxTokens = 16; // up to here the GEMV beats packing the weights
 
-/// A reusable 64-byte aligned scratch buffer, one per thread (pool threads
-/// live as long as the process, so it is allocated once).
-class Scratch {
-public:
-  ~Scratch() { std::free(ptr); }
-  float *get(size_t count) {
-    if (count > size) {
-      std::free(ptr);
-      size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
-      ptr = static_cast<float *>(std::aligned_alloc(64, bytes));
-      if (!ptr)
-        throw std::bad_alloc();
-      size = count;
-    }
-    return ptr;
-  }
-
-private:
-  float *ptr = nullptr;
-  size_t size = 0;
-};
-
 thread_local Scratch packedWeights, packedTokens, widenedRow;
-
-const char *rowAddress(const Matrix &w, int64_t row, int64_t col) {
-  return static_cast<const char *>(w.data) +
-         (row * w.rowStride + col) * static_cast<int64_t>(dtypeSize(w.dtype));
-}
-
-template <DType D>
-constexpr int64_t kElementSize = D == DType::F32 ? 4 : 2;
-
-/// Splits `total` into `parts` near-equal pieces, each a multiple of `unit`
-/// (but the last): the size of all pieces but the last.
-int64_t balancedStep(int64_t total, int64_t maxStep, int64_t unit) {
-  int64_t parts = (total + maxStep - 1) / maxStep;
-  int64_t step = (total + parts - 1) / parts;
-  return (step + unit - 1) / unit * unit;
-}
 
 //===----------------------------------------------------------------------===//
 // Portable scalar versions
@@ -546,6 +509,8 @@ void columns(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const
     case DType::F16: return columnsAvx512<DType::F16>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
     default: break;
     }
+  if (haveAvx2() && (w.dtype == DType::F32 || w.dtype == DType::BF16 || w.dtype == DType::F16))
+    return columnsAvx2(x, ldx, tokens, w, bias, n0, n1, y, ldy);
 #endif
   columnsScalar(x, ldx, tokens, w, bias, n0, n1, y, ldy);
 }
@@ -559,6 +524,8 @@ void widen(DType dtype, const void *src, int64_t n, float *out) {
     case DType::F16: return widenAvx512<DType::F16>(src, n, out);
     default: break;
     }
+  if (haveAvx2() && (dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16))
+    return widenAvx2(dtype, src, n, out);
 #endif
   widenScalar(dtype, src, n, out);
 }

@@ -6,6 +6,8 @@
 #include "moert/cpu/Kernels.h"
 
 #include <cstdint>
+#include <cstdlib>
+#include <new>
 
 #if defined(__x86_64__) || defined(__i386__)
 #define MOERT_X86 1
@@ -35,6 +37,54 @@ constexpr int64_t kColumnBlock = 32;
 inline bool haveAvx512() { return activeIsa() >= Isa::Avx512; }
 /// Whether the AVX2 + FMA kernels run (or better ones).
 inline bool haveAvx2() { return activeIsa() >= Isa::Avx2; }
+
+//===----------------------------------------------------------------------===//
+// Shared by the kernels of every level
+//===----------------------------------------------------------------------===//
+
+/// A reusable 64-byte aligned scratch buffer, one per thread (pool threads
+/// live as long as the process, so it is allocated once).
+class Scratch {
+public:
+  ~Scratch() { std::free(ptr); }
+  float *get(size_t count) {
+    if (count > size) {
+      std::free(ptr);
+      size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
+      ptr = static_cast<float *>(std::aligned_alloc(64, bytes));
+      if (!ptr)
+        throw std::bad_alloc();
+      size = count;
+    }
+    return ptr;
+  }
+
+private:
+  float *ptr = nullptr;
+  size_t size = 0;
+};
+
+inline const char *rowAddress(const Matrix &w, int64_t row, int64_t col) {
+  return static_cast<const char *>(w.data) +
+         (row * w.rowStride + col) * static_cast<int64_t>(dtypeSize(w.dtype));
+}
+
+template <DType D>
+constexpr int64_t kElementSize = D == DType::F32 ? 4 : 2;
+
+/// Splits `total` into `parts` near-equal pieces, each a multiple of `unit`
+/// (but the last): the size of all pieces but the last.
+inline int64_t balancedStep(int64_t total, int64_t maxStep, int64_t unit) {
+  int64_t parts = (total + maxStep - 1) / maxStep;
+  int64_t step = (total + parts - 1) / parts;
+  return (step + unit - 1) / unit * unit;
+}
+
+/// The AVX2 + FMA (+ F16C) kernels (GemmAvx2.cpp), with the contracts of
+/// columns() and widen() below; called only when haveAvx2().
+void columnsAvx2(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
+                 int64_t n0, int64_t n1, float *y, int64_t ldy);
+void widenAvx2(DType dtype, const void *src, int64_t n, float *out);
 
 /// y[t, n] = x[t, :] . w[n, :] (+ bias[n]) for every token t and the output
 /// columns n in [n0, n1), on the calling thread only. x has row stride ldx,
