@@ -74,7 +74,7 @@ public:
     const int64_t pieces = n / std::max<int64_t>(grain, 1);
     const int chunks =
         static_cast<int>(std::clamp<int64_t>(pieces, 1, int64_t(size) * kChunksPerThread));
-    if (chunks <= 1 || inParallel) {
+    if (chunks <= 1 || size == 1 || inParallel) {
       body(0, n);
       return;
     }

@@ -118,3 +118,16 @@ TEST(ParallelTest, ResizeRightAfterStart) {
   Threads pool(2);
   checkCoverage(50, 1);
 }
+
+TEST(ParallelTest, OneThreadRunsTheLoopInline) {
+  // One call over the whole range on the calling thread (a pool never
+  // resized once crashed here).
+  setNumThreads(1);
+  int calls = 0;
+  parallelFor(100, [&](int64_t b, int64_t e) {
+    ++calls;
+    EXPECT_EQ(b, 0);
+    EXPECT_EQ(e, 100);
+  });
+  EXPECT_EQ(calls, 1);
+}
