@@ -9,6 +9,8 @@
 #include "moert/cpu/Isa.h"
 #include "moert/cpu/Kernels.h"
 
+#include "AttentionTile.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -94,11 +96,6 @@ MOERT_AVX512 inline __m512 exp16(__m512 x) {
 /// dim from 0, the scale, a masked max, e^(s - max), a running sum over keys
 /// in order, a value sum over keys in order, one division) never depends on
 /// the other rows, so a token gets the same bits in any tile.
-struct TileScratch {
-  std::vector<float> qt, s;
-  std::vector<int32_t> first, last;
-};
-
 MOERT_AVX512 void attendTile(const float *const *qrow, float *const *orow, const int32_t *firstRow,
                              const int32_t *lastRow, int64_t rows, const float *keys, int64_t kw,
                              const float *values, int64_t vw, int64_t j0, int64_t nk, int64_t dq,
@@ -251,12 +248,17 @@ MOERT_AVX512 void attendTile(const float *const *qrow, float *const *orow, const
   }
 }
 
-/// The AVX-512 path of attendCached: a work item is a tile of up to `tq`
-/// consecutive batch tokens of one slot times the query heads of one kv
-/// head, against every cached row any of them sees.
-void attendTiled(const float *q, int64_t ldq, const TokenLayout &layout, int64_t heads,
-                 int64_t kvHeads, int64_t dq, int64_t dv, double scale, int64_t window,
-                 const KVCache &cache, float *out) {
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
+/// The vector path of attendCached (AVX-512 or AVX2 `tile`): a work item is
+/// a tile of up to `tq` consecutive batch tokens of one slot times the query
+/// heads of one kv head, against every cached row any of them sees.
+void attendTiled(AttendTile tile, const float *q, int64_t ldq, const TokenLayout &layout,
+                 int64_t heads, int64_t kvHeads, int64_t dq, int64_t dv, double scale,
+                 int64_t window, const KVCache &cache, float *out) {
   const int64_t group = heads / kvHeads, T = layout.tokens;
   const int64_t kw = cache.keyWidth, vw = cache.valueWidth;
   const float scaleF = static_cast<float>(scale);
@@ -318,17 +320,12 @@ void attendTiled(const float *q, int64_t ldq, const TokenLayout &layout, int64_t
         }
         const float *keys = cache.keys.data() + (slot * cache.maxSeqLen + lo) * kw + g * dq;
         const float *values = cache.values.data() + (slot * cache.maxSeqLen + lo) * vw + g * dv;
-        attendTile(qrow.data(), orow.data(), firstRow.data(), lastRow.data(),
+        tile(qrow.data(), orow.data(), firstRow.data(), lastRow.data(),
                    static_cast<int64_t>(qrow.size()), keys, kw, values, vw, lo, hi - lo + 1, dq,
                    dv, scaleF, ts);
       }
   });
 }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-#endif
-
 /// out[t, h*dv..] = softmax(q_h . K^T * scale) V over the cached rows of t's
 /// slot in [pos - window + 1, pos] (from 0 without a window). Query head h
 /// reads kv head h / (heads / kvHeads). The score of row j is the f32 dot
@@ -340,17 +337,19 @@ void attendTiled(const float *q, int64_t ldq, const TokenLayout &layout, int64_t
 /// so each cached key and value row is read once for all of them; the run is
 /// shortened only when there would be fewer items than threads. Each head's
 /// arithmetic is the same whatever the run, so results never depend on the
-/// batch or the thread count. This is the portable path; on AVX-512 CPUs
-/// attendTiled does the same (in its own, equally batch-independent, f32
+/// batch or the thread count. This is the portable path; on AVX2 and AVX-512
+/// CPUs attendTiled does the same (in its own, equally batch-independent, f32
 /// arithmetic) for tiles of tokens at once.
 void attendCached(const float *q, int64_t ldq, const TokenLayout &layout, int64_t heads,
                   int64_t kvHeads, int64_t dq, int64_t dv, double scale, int64_t window,
                   const KVCache &cache, float *out) {
 #ifdef MOERT_ATTN_AVX512
-  if (activeIsa() >= Isa::Avx512) {
-    attendTiled(q, ldq, layout, heads, kvHeads, dq, dv, scale, window, cache, out);
-    return;
-  }
+  if (activeIsa() >= Isa::Avx512)
+    return attendTiled(attendTile, q, ldq, layout, heads, kvHeads, dq, dv, scale, window, cache,
+                       out);
+  if (activeIsa() >= Isa::Avx2)
+    return attendTiled(attendTileAvx2, q, ldq, layout, heads, kvHeads, dq, dv, scale, window,
+                       cache, out);
 #endif
   const int64_t group = heads / kvHeads;
   const int64_t kw = cache.keyWidth, vw = cache.valueWidth;
