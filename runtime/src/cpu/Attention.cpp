@@ -101,16 +101,7 @@ MOERT_AVX512 void attendTile(const float *const *qrow, float *const *orow, const
                              const float *values, int64_t vw, int64_t j0, int64_t nk, int64_t dq,
                              int64_t dv, float scale, TileScratch &ts) {
   const int64_t blocks = (rows + 15) / 16, ld = blocks * 16;
-  ts.qt.assign(static_cast<size_t>(dq * ld), 0.0f);
-  ts.s.resize(static_cast<size_t>(nk * ld));
-  ts.first.assign(static_cast<size_t>(ld), 1);
-  ts.last.assign(static_cast<size_t>(ld), 0);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t d = 0; d < dq; ++d)
-      ts.qt[d * ld + r] = qrow[r][d];
-    ts.first[r] = static_cast<int32_t>(firstRow[r] - j0);
-    ts.last[r] = static_cast<int32_t>(lastRow[r] - j0);
-  }
+  ts.prepare(qrow, firstRow, lastRow, rows, ld, j0, nk, dq);
   float *S = ts.s.data();
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int64_t b = 0; b < blocks; ++b) {

@@ -113,16 +113,7 @@ MOERT_AVX2 void attendTileAvx2(const float *const *qrow, float *const *orow,
                                int64_t j0, int64_t nk, int64_t dq, int64_t dv, float scale,
                                TileScratch &ts) {
   const int64_t blocks = (rows + 7) / 8, ld = blocks * 8;
-  ts.qt.assign(static_cast<size_t>(dq * ld), 0.0f);
-  ts.s.resize(static_cast<size_t>(nk * ld));
-  ts.first.assign(static_cast<size_t>(ld), 1);
-  ts.last.assign(static_cast<size_t>(ld), 0);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t d = 0; d < dq; ++d)
-      ts.qt[d * ld + r] = qrow[r][d];
-    ts.first[r] = static_cast<int32_t>(firstRow[r] - j0);
-    ts.last[r] = static_cast<int32_t>(lastRow[r] - j0);
-  }
+  ts.prepare(qrow, firstRow, lastRow, rows, ld, j0, nk, dq);
   float *S = ts.s.data();
   const __m256 vscale = _mm256_set1_ps(scale);
   // Scores: lane r of a vector is query row r; 8 keys at a time.
