@@ -7,9 +7,10 @@
 //   for each chunk of kNC output columns, for each kKC-deep slice of K:
 //     pack the weights' slice, widened to f32 and transposed, into panels of
 //     kNR = 16 columns ([k][16], 256 KiB in all: L2-resident);
-//     for each block of <= 6 tokens: pack x's slice ([k][8], L1) and run the
-//       micro-kernel over every panel: a 6 x 16 tile of y in 12 registers,
-//       per k two panel loads and six broadcasts feeding 12 FMAs.
+//     for each block of <= 6 tokens, run the micro-kernel over every panel:
+//       a 6 x 16 tile of y in 12 registers, per k two panel loads and six
+//       broadcasts from x's rows (6 x kc floats, L1-resident for all the
+//       panels; packing them cost more than it saved) feeding 12 FMAs.
 // GEMV (tokens <= kGemvMaxTokens, decode): every weight row is read from
 // memory once, widened on the fly, and dotted with up to 6 tokens' x.
 #include "Gemm.h"
@@ -131,24 +132,11 @@ MOERT_AVX2 void packWeights(const Matrix &w, int64_t n0, int64_t nc, int64_t k0,
   }
 }
 
-/// Packs x rows [0, mr) x columns [0, kc) as [k][8] (rows past mr are zero).
-MOERT_AVX2 void packTokens(const float *x, int64_t ldx, int mr, int64_t kc, float *out) {
-  for (int64_t kk = 0; kk < kc; kk += 8) {
-    const int64_t depth = std::min<int64_t>(8, kc - kk);
-    __m256 r[8];
-    for (int i = 0; i < 8; ++i)
-      r[i] = i < mr ? load8Partial<DType::F32>(x + i * ldx + kk, depth) : _mm256_setzero_ps();
-    transpose8(r);
-    for (int64_t j = 0; j < depth; ++j)
-      _mm256_store_ps(out + (kk + j) * 8, r[j]);
-  }
-}
-
-/// c[MR, nvalid] (row stride ldc) = a-panel x b-panel over kc, plus c when
+/// c[MR, nvalid] (row stride ldc) = a (MR rows of x, stride lda) x b-panel over kc, plus c when
 /// `accumulate` (later K slices), plus bias (the last K slice) when not null.
 template <int MR>
-MOERT_AVX2 void microKernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
-                            int64_t nvalid, bool accumulate, const float *bias) {
+MOERT_AVX2 void microKernel(int64_t kc, const float *a, int64_t lda, const float *b, float *c,
+                            int64_t ldc, int64_t nvalid, bool accumulate, const float *bias) {
   // Every loop over the tile is unrolled: an accumulator indexed at run
   // time would live in memory, stored on every k.
   __m256 acc[MR][2];
@@ -160,7 +148,7 @@ MOERT_AVX2 void microKernel(int64_t kc, const float *a, const float *b, float *c
     const __m256 b0 = _mm256_load_ps(b + k * kNR), b1 = _mm256_load_ps(b + k * kNR + 8);
 #pragma GCC unroll 6
     for (int r = 0; r < MR; ++r) {
-      const __m256 av = _mm256_broadcast_ss(a + k * 8 + r);
+      const __m256 av = _mm256_broadcast_ss(a + r * lda + k);
       acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
       acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
     }
@@ -187,8 +175,8 @@ MOERT_AVX2 void microKernel(int64_t kc, const float *a, const float *b, float *c
   }
 }
 
-using MicroKernel = void (*)(int64_t, const float *, const float *, float *, int64_t, int64_t,
-                             bool, const float *);
+using MicroKernel = void (*)(int64_t, const float *, int64_t, const float *, float *, int64_t,
+                             int64_t, bool, const float *);
 
 template <size_t... MR>
 constexpr auto microKernelTable(std::index_sequence<MR...>) {
@@ -206,7 +194,6 @@ MOERT_AVX2 void gemm(const float *x, int64_t ldx, int64_t tokens, const Matrix &
   const int64_t kStep = balancedStep(K, kKC, 8);
   const int64_t nStep = balancedStep(n1 - n0, kNC, kNR);
   float *weights = packedWeights.get(static_cast<size_t>(kStep * nStep));
-  float *panelX = packedTokens.get(static_cast<size_t>(kStep * 8));
   for (int64_t jc = n0; jc < n1; jc += nStep) {
     const int64_t nc = std::min(nStep, n1 - jc);
     for (int64_t pc = 0; pc < K; pc += kStep) {
@@ -216,10 +203,9 @@ MOERT_AVX2 void gemm(const float *x, int64_t ldx, int64_t tokens, const Matrix &
       for (int64_t blk = 0; blk < tokenBlocks; ++blk) {
         const int64_t t0 = tokens * blk / tokenBlocks, t1 = tokens * (blk + 1) / tokenBlocks;
         const int mr = static_cast<int>(t1 - t0);
-        packTokens(x + t0 * ldx + pc, ldx, mr, kc, panelX);
         MicroKernel kernel = kMicroKernels[mr - 1];
         for (int64_t jp = 0; jp < nc; jp += kNR)
-          kernel(kc, panelX, weights + jp * kc, y + t0 * ldy + jc + jp, ldy,
+          kernel(kc, x + t0 * ldx + pc, ldx, weights + jp * kc, y + t0 * ldy + jc + jp, ldy,
                  std::min<int64_t>(kNR, nc - jp), pc > 0, lastBias ? lastBias + jp : nullptr);
       }
     }
