@@ -318,6 +318,10 @@ int routing(int argc, char **argv) {
   if (const char *t = option(argc, argv, "--tokens", nullptr))
     counts = {std::atoll(t)};
   int threads = std::atoi(option(argc, argv, "--threads", "2"));
+  // The DRAM bound: per token, x read twice (routing, then the copies) and
+  // k rows written (non-temporal) at the measured STREAM triad bandwidth.
+  const double triad = measureMachine(threads).triad;
+  const double bytesPerToken = static_cast<double>(hidden) * 2 * (2 + k);
   setNumThreads(threads);
   // 64-byte-aligned views into vectors (the copies then stream whole lines).
   auto aligned = [](std::vector<uint16_t> &v) {
@@ -348,9 +352,13 @@ int routing(int argc, char **argv) {
       once();
       best = std::min(best, seconds(t0, Clock::now()));
     }
-    fmt::print("routing + dispatch (hidden {}, {} experts, top-{}, bf16, {} tokens, {} threads): "
-               "{:.2f} M tokens/s\n",
-               hidden, experts, k, tokens, threads, tokens / best / 1e6);
+    const double rate = tokens / best;
+    fmt::print("routing + dispatch (hidden {}, {} experts, top-{}, bf16, {} tokens, {} threads, "
+               "{}): {:.2f} M tokens/s, {:.0f}% of the DRAM bound ({:.2f} M tokens/s: {:.0f} KiB "
+               "per token at {:.1f} GB/s)\n",
+               hidden, experts, k, tokens, threads, cpu::isaName(cpu::activeIsa()), rate / 1e6,
+               100 * rate / (triad / bytesPerToken), triad / bytesPerToken / 1e6,
+               bytesPerToken / 1024, triad / 1e9);
   }
   return 0;
 }

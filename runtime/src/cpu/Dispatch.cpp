@@ -27,6 +27,7 @@
 #define MOERT_DISPATCH_X86 1
 #define MOERT_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
 #define MOERT_AVX512BW_TARGET __attribute__((target("avx512f,avx512bw")))
+#define MOERT_AVX2_TARGET __attribute__((target("avx2,fma")))
 // GCC 12's intrinsic headers start vectors as `__Y = __Y`, which
 // -Wmaybe-uninitialized reports once inlined into a target function.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -195,6 +196,89 @@ MOERT_BF16_TARGET void dotsAvx512(const uint16_t *x, int64_t r0, int64_t r1, int
       dotsBf16Block<1>(x + r * hidden, hidden, gate.block(e), std::min<int64_t>(8, E - e),
                        nullptr, out + (r - r0) * ldo + e, ldo);
 }
+
+//===----------------------------------------------------------------------===//
+// Router logits, AVX2
+//===----------------------------------------------------------------------===//
+
+/// The gate widened to f32 once per call, rows `ld` floats apart.
+struct WidenedGate {
+  std::vector<float> data;
+  int64_t ld = 0;
+  WidenedGate(const uint16_t *gate, int64_t E, int64_t hidden)
+      : data(static_cast<size_t>(E * hidden)), ld(hidden) {
+    for (int64_t i = 0; i < E * hidden; ++i)
+      data[i] = bf16ToFloat(gate[i]);
+  }
+};
+
+/// R token rows against NE gate rows. Lane l of acc[r][e] sums the products
+/// of the columns i = l (mod 8) in order, and the lanes are added as
+/// dotsScalar adds its eight partial sums: bf16 products are exact in f32,
+/// so an FMA rounds as the portable multiply-then-add does and the logits
+/// are bitwise the portable ones.
+template <int R, int NE>
+MOERT_AVX2_TARGET void dotsAvx2Tile(const uint16_t *x, int64_t hidden, const float *g, int64_t ldg,
+                                    float *out, int64_t ldo) {
+  __m256 acc[R][NE];
+#pragma GCC unroll 3
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int e = 0; e < NE; ++e)
+      acc[r][e] = _mm256_setzero_ps();
+  const int64_t full = hidden / 8 * 8;
+  for (int64_t i = 0; i < full; i += 8) {
+    __m256 xv[R];
+#pragma GCC unroll 3
+    for (int r = 0; r < R; ++r)
+      xv[r] = _mm256_castsi256_ps(_mm256_slli_epi32(
+          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(x + r * hidden + i))),
+          16));
+#pragma GCC unroll 4
+    for (int e = 0; e < NE; ++e) {
+      const __m256 gv = _mm256_loadu_ps(g + e * ldg + i);
+#pragma GCC unroll 3
+      for (int r = 0; r < R; ++r)
+        acc[r][e] = _mm256_fmadd_ps(xv[r], gv, acc[r][e]);
+    }
+  }
+#pragma GCC unroll 3
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int e = 0; e < NE; ++e) {
+      alignas(32) float lane[8];
+      _mm256_store_ps(lane, acc[r][e]);
+      for (int64_t i = full; i < hidden; ++i)
+        lane[0] += bf16ToFloat(x[r * hidden + i]) * g[e * ldg + i];
+      out[r * ldo + e] = ((lane[0] + lane[4]) + (lane[1] + lane[5])) +
+                         ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+    }
+}
+
+using DotsTile = void (*)(const uint16_t *, int64_t, const float *, int64_t, float *, int64_t);
+
+template <int R>
+DotsTile dotsAvx2TileFor(int64_t ne) {
+  return ne >= 4 ? dotsAvx2Tile<R, 4> : ne == 3 ? dotsAvx2Tile<R, 3>
+       : ne == 2 ? dotsAvx2Tile<R, 2> : dotsAvx2Tile<R, 1>;
+}
+
+/// Logits of rows [r0, r1) of x into out (row stride ldo): tiles of 3
+/// tokens x 4 experts (12 accumulators).
+void dotsAvx2(const uint16_t *x, int64_t r0, int64_t r1, int64_t hidden, const WidenedGate &gate,
+              int64_t E, float *out, int64_t ldo) {
+  for (int64_t r = r0; r < r1;) {
+    const int64_t rows = std::min<int64_t>(3, r1 - r);
+    for (int64_t e = 0; e < E; e += 4) {
+      const int64_t ne = std::min<int64_t>(4, E - e);
+      DotsTile tile = rows == 3 ? dotsAvx2TileFor<3>(ne)
+                    : rows == 2 ? dotsAvx2TileFor<2>(ne) : dotsAvx2TileFor<1>(ne);
+      tile(x + r * hidden, hidden, gate.data.data() + e * gate.ld, gate.ld, out + (r - r0) * ldo + e,
+           ldo);
+    }
+    r += rows;
+  }
+}
 #endif
 
 //===----------------------------------------------------------------------===//
@@ -311,6 +395,26 @@ MOERT_AVX512BW_TARGET void copyBytesAvx512(uint8_t *dst, const uint8_t *src, int
     _mm512_mask_storeu_epi8(dst + i, m, _mm512_maskz_loadu_epi8(m, src + i));
   }
 }
+
+/// copyBytesAvx512 for AVX2: with `stream`, every whole 32-byte block of dst
+/// is written with a non-temporal store.
+MOERT_AVX2_TARGET void copyBytesAvx2(uint8_t *dst, const uint8_t *src, int64_t n, bool stream) {
+  if (!stream) {
+    std::memcpy(dst, src, static_cast<size_t>(n));
+    return;
+  }
+  const int64_t head = std::min<int64_t>(n, (32 - (reinterpret_cast<uintptr_t>(dst) & 31)) & 31);
+  std::memcpy(dst, src, static_cast<size_t>(head));
+  int64_t i = head;
+  for (; i + 128 <= n; i += 128)
+    for (int v = 0; v < 4; ++v)
+      _mm256_stream_si256(reinterpret_cast<__m256i *>(dst + i + 32 * v),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + i + 32 * v)));
+  for (; i + 32 <= n; i += 32)
+    _mm256_stream_si256(reinterpret_cast<__m256i *>(dst + i),
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + i)));
+  std::memcpy(dst + i, src + i, static_cast<size_t>(n - i));
+}
 #endif
 
 /// Bytes (input + output) beyond which the copies bypass the caches: half
@@ -346,8 +450,9 @@ void routeAndDispatchBf16(const uint16_t *x, int64_t tokens, int64_t hidden,
     inputError("routeAndDispatchBf16: {} rows exceed the int32 row indices", tokens * k);
 #if MOERT_DISPATCH_X86
   const bool vector = kernel == DispatchKernel::Auto && haveBf16Kernels();
+  const bool avx2 = kernel == DispatchKernel::Auto && !vector && activeIsa() >= Isa::Avx2;
 #else
-  const bool vector = false;
+  const bool vector = false, avx2 = false;
   (void)kernel;
 #endif
   const int64_t rowBytes = hidden * 2;
@@ -365,6 +470,9 @@ void routeAndDispatchBf16(const uint16_t *x, int64_t tokens, int64_t hidden,
   std::unique_ptr<InterleavedGate> interleaved;
   if (vector)
     interleaved = std::make_unique<InterleavedGate>(gate, E, hidden);
+  std::unique_ptr<WidenedGate> widened;
+  if (avx2)
+    widened = std::make_unique<WidenedGate>(gate, E, hidden);
 #endif
   // Pass 1: logits, top-k, weights, per-chunk per-expert counts.
   parallelFor(chunks, [&](int64_t c0, int64_t c1) {
@@ -379,6 +487,8 @@ void routeAndDispatchBf16(const uint16_t *x, int64_t tokens, int64_t hidden,
 #if MOERT_DISPATCH_X86
         if (vector)
           dotsAvx512(x, t0, t0 + n, end, hidden, *interleaved, E, l, E);
+        else if (avx2)
+          dotsAvx2(x, t0, t0 + n, hidden, *widened, E, l, E);
         else
 #endif
           dotsScalar(x + t0 * hidden, n, hidden, gate, E, l, E);
@@ -424,13 +534,17 @@ void routeAndDispatchBf16(const uint16_t *x, int64_t tokens, int64_t hidden,
             copyBytesAvx512(dst, src, rowBytes, stream, j == k - 1 ? next : nullptr);
             continue;
           }
+          if (avx2) {
+            copyBytesAvx2(dst, src, rowBytes, stream);
+            continue;
+          }
 #endif
           std::memcpy(dst, src, rowBytes);
         }
       }
     }
 #if MOERT_DISPATCH_X86
-    if (vector && stream)
+    if ((vector || avx2) && stream)
       _mm_sfence();
 #endif
   }, 1);
