@@ -130,12 +130,67 @@ MOERT_AVX512 void gatedProductAvx512(Activation act, float *g, const float *u, i
   }
 }
 
+/// 2^k for integer lanes k in [-126, 127].
+MOERT_AVX2 inline __m256 pow2Avx2(__m256i k) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
+}
+
+/// exp512 for 8 lanes: 2^n applied in two halves (AVX2 has no scalef; one
+/// factor cannot reach 2^-150 or 2^128).
+MOERT_AVX2 inline __m256 exp256(__m256 x) {
+  x = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-104.0f), x));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723212e-6f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i ni = _mm256_cvtps_epi32(n), h = _mm256_srai_epi32(ni, 1);
+  return _mm256_mul_ps(_mm256_mul_ps(p, pow2Avx2(h)), pow2Avx2(_mm256_sub_epi32(ni, h)));
+}
+
+/// gatedProductAvx512 for AVX2: g = act(g) * u over n values.
+MOERT_AVX2 void gatedProductAvx2(Activation act, float *g, const float *u, int64_t n) {
+  if (act == Activation::Gelu)
+    return gatedProductScalar(act, g, u, n);
+  const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(g + i);
+    __m256 a;
+    switch (act) {
+    case Activation::Silu:
+      a = _mm256_div_ps(v, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), v))));
+      break;
+    case Activation::GeluTanh: {
+      const __m256 v3 = _mm256_mul_ps(_mm256_mul_ps(v, v), v);
+      const __m256 s = _mm256_mul_ps(_mm256_set1_ps(2 * 0.79788456080286536f),
+                                     _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), v3, v));
+      const __m256 tanh =
+          _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(one, exp256(s))));
+      a = _mm256_mul_ps(_mm256_mul_ps(half, v), _mm256_add_ps(one, tanh));
+      break;
+    }
+    default: a = _mm256_max_ps(v, _mm256_setzero_ps()); break;
+    }
+    _mm256_storeu_ps(g + i, _mm256_mul_ps(a, _mm256_loadu_ps(u + i)));
+  }
+  gatedProductScalar(act, g + i, u + i, n - i);
+}
+
 #endif // MOERT_X86
 
 void gatedProduct(Activation act, float *g, const float *u, int64_t n) {
 #ifdef MOERT_X86
   if (gemm::haveAvx512())
     return gatedProductAvx512(act, g, u, n);
+  if (gemm::haveAvx2())
+    return gatedProductAvx2(act, g, u, n);
 #endif
   gatedProductScalar(act, g, u, n);
 }
