@@ -315,6 +315,20 @@ TEST(SafetensorsErrors, OverlappingEntries) {
                  {"bad.safetensors", "'a'", "'b'", "overlap"});
 }
 
+// Issue 11: the data bytes are tiled exactly, as the format and its
+// reference reader require (bytes no tensor owns mean a damaged file).
+TEST(SafetensorsErrors, GapsAndTrailingBytes) {
+  TempDir dir;
+  expectMentions(openError(dir,
+                           R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                               "b": {"dtype": "F32", "shape": [2], "data_offsets": [16, 24]}})",
+                           std::string(24, '\0')),
+                 {"bad.safetensors", "data bytes [8, 16) belong to no tensor", "'b'"});
+  expectMentions(openError(dir, R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
+                           std::string(12, '\0')),
+                 {"bad.safetensors", "4 bytes after the last tensor's data"});
+}
+
 TEST(SafetensorsErrors, MisalignedElements) {
   TempDir dir;
   expectMentions(openError(dir, R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [2, 10]}})",

@@ -228,23 +228,36 @@ void checkMetadata(const std::string &path, const json &value) {
                  it.value().type_name());
 }
 
-/// Two tensors sharing bytes would alias each other's weights. Empty tensors
-/// own no bytes and cannot overlap anything.
-void checkNoOverlap(const std::string &path, const std::map<std::string, EntryInfo> &entries) {
+/// The tensors tile the data bytes exactly, as the safetensors format (and
+/// its reference reader) requires: two tensors sharing bytes would alias
+/// each other's weights, and bytes no tensor owns (a gap, or bytes after the
+/// last tensor) mean a damaged or partly overwritten file.
+void checkTiling(const std::string &path, const std::map<std::string, EntryInfo> &entries,
+                 uint64_t dataBytes) {
   struct Span { uint64_t begin, end; const std::string *name; };
   std::vector<Span> spans;
   for (const auto &[name, entry] : entries)
-    if (entry.begin != entry.end)
-      spans.push_back({entry.begin, entry.end, &name});
+    spans.push_back({entry.begin, entry.end, &name});
   std::sort(spans.begin(), spans.end(), [](const Span &a, const Span &b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
-  for (size_t i = 1; i < spans.size(); ++i)
-    if (spans[i].begin < spans[i - 1].end)
-      inputError("{}: tensors '{}' (data_offsets [{}, {}]) and '{}' (data_offsets [{}, {}]) "
-                 "overlap",
-                 path, *spans[i - 1].name, spans[i - 1].begin, spans[i - 1].end, *spans[i].name,
-                 spans[i].begin, spans[i].end);
+  uint64_t covered = 0;
+  const std::string *previous = nullptr;
+  for (const Span &span : spans) {
+    if (span.begin < covered)
+      inputError("{}: tensors '{}' and '{}' (data_offsets [{}, {}]) overlap", path, *previous,
+                 *span.name, span.begin, span.end);
+    if (span.begin > covered)
+      inputError("{}: data bytes [{}, {}) belong to no tensor (before '{}'): the format has no "
+                 "gaps (a damaged file?)",
+                 path, covered, span.begin, *span.name);
+    covered = span.end;
+    previous = span.name;
+  }
+  if (covered != dataBytes)
+    inputError("{}: {} bytes after the last tensor's data: the format has none (a damaged or "
+               "partly overwritten file?)",
+               path, dataBytes - covered);
 }
 
 template <typename Map> std::vector<std::string> sortedKeys(const Map &map) {
@@ -298,7 +311,7 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string &path, 
     else
       parsed.emplace(it.key(), parseEntry(path, it.key(), it.value(), dataBytes, dataFileOffset));
   }
-  checkNoOverlap(path, parsed);
+  checkTiling(path, parsed, dataBytes);
 
   file->dataOffset = dataFileOffset;
   if (file->mapping)
