@@ -25,7 +25,13 @@ header = json.loads(raw[8:8 + n])
 data = raw[8 + n:]
 
 if action == "drop":
-    del header[name]
+    # Its bytes go too (the format has no gaps): a well-formed file that
+    # lacks the tensor.
+    b, e = header.pop(name)["data_offsets"]
+    data = data[:b] + data[e:]
+    for entry in header.values():
+        if isinstance(entry, dict) and "data_offsets" in entry and entry["data_offsets"][0] >= e:
+            entry["data_offsets"] = [o - (e - b) for o in entry["data_offsets"]]
 elif action == "extra":
     header[name] = {"dtype": "F32", "shape": [4], "data_offsets": [len(data), len(data) + 16]}
     data += b"\0" * 16
