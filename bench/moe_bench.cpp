@@ -7,7 +7,7 @@
 //       prefill of 512 and 128 tokens (last position's logits only, as
 //       llama.cpp measures), decode of 128 tokens, peak RSS
 //   moe-bench machine [--threads N]
-//       measured fp32 FMA peak and STREAM triad bandwidth
+//       measured fp32 FMA peak, STREAM triad and read-only bandwidth
 //   moe-bench routing [--tokens T] [--threads N]
 //       router GEMM + softmax + top-2 + renormalise + per-expert positions +
 //       gather into expert order, at Mixtral-8x7B's sizes (hidden 4096,
@@ -101,6 +101,19 @@ int makeWeights(int argc, char **argv) {
 
 // ---------------------------------------------------------------- machine
 
+/// The sum of 12 accumulators' lanes (through memory: GCC 12 warns about
+/// _mm512_reduce_add_ps's internals).
+__attribute__((target("avx512f"))) double sum12(const __m512 (&acc)[12]) {
+  alignas(64) float lanes[16];
+  float sum = 0;
+  for (int i = 0; i < 12; ++i) {
+    _mm512_store_ps(lanes, acc[i]);
+    for (float lane : lanes)
+      sum += lane;
+  }
+  return sum;
+}
+
 /// `iterations` x 12 FMAs of 16 (AVX-512) or 8 (AVX2) lanes: 12 independent
 /// accumulators hide the FMA latency (4-5 cycles x 2 ports).
 __attribute__((target("avx512f"))) double fmaLoopAvx512(int64_t iterations) {
@@ -111,15 +124,7 @@ __attribute__((target("avx512f"))) double fmaLoopAvx512(int64_t iterations) {
   for (int64_t it = 0; it < iterations; ++it)
     for (int i = 0; i < 12; ++i)
       acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-  // Sum through memory: GCC 12 warns about _mm512_reduce_add_ps's internals.
-  alignas(64) float lanes[16];
-  float sum = 0;
-  for (int i = 0; i < 12; ++i) {
-    _mm512_store_ps(lanes, acc[i]);
-    for (float lane : lanes)
-      sum += lane;
-  }
-  return sum;
+  return sum12(acc);
 }
 
 __attribute__((target("avx2,fma"))) double fmaLoopAvx2(int64_t iterations) {
@@ -140,6 +145,19 @@ __attribute__((target("avx2,fma"))) double fmaLoopAvx2(int64_t iterations) {
   return sum;
 }
 
+/// `iterations` x 12 vdpbf16ps: each is 32 bf16 products summed pairwise
+/// into 16 f32 lanes (64 FLOP).
+__attribute__((target("avx512f,avx512bf16"))) double bf16DotLoop(int64_t iterations) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i)
+    acc[i] = _mm512_set1_ps(0.001f * i);
+  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);
+  for (int64_t it = 0; it < iterations; ++it)
+    for (int i = 0; i < 12; ++i)
+      acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  return sum12(acc);
+}
+
 /// Multiply-adds of the generic kernels (what the compiler makes of plain
 /// C++ for x86-64: no FMA instruction; counted as scalar).
 double fmaLoopScalar(int64_t iterations) {
@@ -155,14 +173,34 @@ double fmaLoopScalar(int64_t iterations) {
   return sum;
 }
 
+/// Sum of n floats with 4 independent accumulators (a read stream).
+__attribute__((target("avx2"))) double sumAvx2(const float *p, int64_t n) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int j = 0; j < 4; ++j)
+      acc[j] = _mm256_add_ps(acc[j], _mm256_loadu_ps(p + i + 8 * j));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  double sum = 0;
+  for (float lane : lanes)
+    sum += lane;
+  for (; i < n; ++i)
+    sum += p[i];
+  return sum;
+}
+
 struct MachineFigures {
-  double flops, triad;
-  cpu::Isa isa;
+  double flops = 0, triad = 0;
+  double read = 0; // read-only streaming (what decode's weight reads are)
+  double bf16Flops = 0; // the bf16 dot instruction's peak, where the level has one
+  cpu::Isa isa = cpu::Isa::Generic;
 };
 
 MachineFigures measureMachine(int threads) {
   setNumThreads(threads);
-  MachineFigures m{0, 0, cpu::activeIsa()};
+  MachineFigures m;
+  m.isa = cpu::activeIsa();
   // The FMA peak of the vector width the kernels use (moert/cpu/Isa.h).
   const int lanes = m.isa >= cpu::Isa::Avx512 ? 16 : m.isa == cpu::Isa::Avx2 ? 8 : 1;
   const int64_t iterations = lanes == 1 ? 50'000'000 : 20'000'000;
@@ -181,6 +219,19 @@ MachineFigures measureMachine(int threads) {
     bestFlops = std::max(bestFlops, threads * iterations * 12.0 * lanes * 2 / s);
   }
   m.flops = bestFlops;
+  if (m.isa >= cpu::Isa::Avx512Bf16) {
+    for (int rep = 0; rep < 3; ++rep) {
+      auto t0 = Clock::now();
+      parallelFor(threads, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          volatile double sink = bf16DotLoop(iterations);
+          (void)sink;
+        }
+      });
+      double s = seconds(t0, Clock::now());
+      m.bf16Flops = std::max(m.bf16Flops, threads * iterations * 12.0 * 64 / s);
+    }
+  }
   // STREAM triad a = b + s*c over arrays far larger than the caches.
   const int64_t n = 32 << 20;
   std::vector<float> a(n, 1), b(n, 2), c(n, 3);
@@ -194,14 +245,31 @@ MachineFigures measureMachine(int threads) {
     best = std::max(best, 3.0 * n * 4 / seconds(t0, Clock::now()));
   }
   m.triad = best;
+  // Read-only: the sum of b (decode reads its weights and writes little).
+  best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    std::vector<double> sums(64, 0);
+    auto t0 = Clock::now();
+    parallelFor(n, [&](int64_t lo, int64_t hi) {
+      volatile double sink = m.isa >= cpu::Isa::Avx2 ? sumAvx2(b.data() + lo, hi - lo) : 0;
+      (void)sink;
+    });
+    best = std::max(best, n * 4.0 / seconds(t0, Clock::now()));
+  }
+  m.read = m.isa >= cpu::Isa::Avx2 ? best : 0;
   return m;
 }
 
 int machine(int argc, char **argv) {
   int threads = std::atoi(option(argc, argv, "--threads", "2"));
   MachineFigures m = measureMachine(threads);
-  fmt::print("machine ({} threads): fp32 FMA peak {:.0f} GFLOP/s ({}), STREAM triad {:.1f} GB/s\n",
+  fmt::print("machine ({} threads): fp32 FMA peak {:.0f} GFLOP/s ({}), STREAM triad {:.1f} GB/s",
              threads, m.flops / 1e9, cpu::isaName(m.isa), m.triad / 1e9);
+  if (m.read > 0)
+    fmt::print(", read {:.1f} GB/s", m.read / 1e9);
+  if (m.bf16Flops > 0)
+    fmt::print(", bf16 dot peak {:.0f} GFLOP/s (vdpbf16ps)", m.bf16Flops / 1e9);
+  fmt::print("\n");
   return 0;
 }
 

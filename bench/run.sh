@@ -1,41 +1,35 @@
 #!/usr/bin/env bash
-# The CPU benchmark of issue 3: a random-weight model with
+# The CPU benchmark (issues 3 and 13): a random-weight model with
 # ../shared/bench/bench-moe/config.json (Mixtral layout, ~640M parameters),
-# in BF16 and F32, at 2 threads, idle and beside one busy process, with the
-# machine's measured limits (FMA peak of the ISA level in use, STREAM triad). Usage: bench/run.sh [BUILD_DIR]  (after scripts/setup.sh)
+# in BF16 and F32, at 2 threads, moert interleaved with its peers in the same
+# run (llama.cpp and PyTorch eager, fetched from PyPI and built into
+# ~/.cache/moe-bench by bench/peers/setup.sh; their logits are checked against
+# moert's first), medians of several rounds, each figure as a fraction of the
+# machine's measured limits (FMA peak of the ISA level in use, STREAM triad),
+# then moert beside one busy process, then routing + dispatch.
+# Usage: bench/run.sh [BUILD_DIR] [--rounds N] [--no-peers]  (after scripts/setup.sh)
+#   --no-peers: moert alone (no download, no peer build), e.g. offline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${1:-build}
+build=build
+args=()
+peers=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) args+=(--rounds "$2"); shift 2 ;;
+    --no-peers) peers=0; args+=(--no-peers); shift ;;
+    *) build=$1; shift ;;
+  esac
+done
 config=${BENCH_CONFIG:-../shared/bench/bench-moe/config.json}
-work=$(mktemp -d /tmp/moe-bench.XXXXXX)
-trap 'rm -rf "$work"' EXIT
-# A plan per weight dtype (the dtype is part of the plan).
-for dtype in bf16 f32; do
-  python3 -c "import json,sys; c=json.load(open(sys.argv[1])); c['torch_dtype']={'bf16':'bfloat16','f32':'float32'}[sys.argv[2]]; json.dump(c, open(sys.argv[3],'w'))" \
-    "$config" "$dtype" "$work/config-$dtype.json"
-  "$build/tools/moec/moec" compile "$work/config-$dtype.json" -o "$work/$dtype.plan" \
-    --max-batch-tokens 512 --max-seq-len 1024 --max-sequences 1
-done
-echo "== machine"
-lscpu | grep -E "Model name" || true
-"$build/bench/moe-bench" machine --threads 2
-# Peers (llama.cpp, PyTorch) are not measured by this script yet: no
-# figure of theirs is printed rather than a remembered one (issue 13).
-echo "moert $("$build/tools/moert/moert" --version | tail -1)"
-for dtype in bf16 f32; do
-  mkdir -p "$work/$dtype"
-  "$build/bench/moe-bench" weights "$work/$dtype.plan" "$work/$dtype" --dtype "$dtype" > /dev/null
-  echo "== moert $dtype"
-  "$build/bench/moe-bench" run "$work/$dtype.plan" "$work/$dtype" --threads 2
-  # The same with one competing busy process (a shell loop on a core of its
-  # own choosing): the pool should keep at least 45% of the idle figures.
-  echo "== moert $dtype, one competing busy process"
-  sh -c 'while :; do :; done' &
-  busy=$!
-  "$build/bench/moe-bench" run "$work/$dtype.plan" "$work/$dtype" --threads 2 | grep -E "prefill|decode"
-  kill "$busy"
-  wait "$busy" 2>/dev/null || true
-  rm -rf "${work:?}/$dtype"
-done
+if [ "$peers" = 1 ]; then
+  cache=$(bench/peers/setup.sh | tail -1)
+  python=$cache/venv/bin/python
+else
+  cache=/nonexistent
+  python=python3
+fi
+"$python" bench/compare.py --build "$build" --cache "$cache" --config "$config" "${args[@]}"
+echo
 echo "== routing + dispatch at Mixtral-8x7B sizes (a GPU routing kernel: 1.2 M tokens/s)"
 "$build/bench/moe-bench" routing --threads 2

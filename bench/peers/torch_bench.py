@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""PyTorch eager (transformers' MixtralForCausalLM) on the benchmark model.
+
+  torch_bench.py logits CONFIG.json MODEL.safetensors OUT.f32 ID,ID,...
+      float32 logits [prompt length][vocab] of one prompt, row-major
+  torch_bench.py run CONFIG.json MODEL.safetensors [--threads N]
+      prints JSON: prefill 512 and 128 tokens (best of 3, last position's
+      logits only), decode 128 tokens after a 16-token prompt (greedy, KV
+      cache), tokens/s, the same workload bench/moe_bench.cpp times for moert
+"""
+import json
+import sys
+import time
+
+import torch
+from safetensors.torch import load_file
+from transformers import MixtralConfig, MixtralForCausalLM
+
+
+def load(config_path, model_path):
+    cfg = MixtralConfig(**json.load(open(config_path)))
+    state = load_file(model_path)
+    dtype = next(iter(state.values())).dtype
+    with torch.device("meta"):
+        model = MixtralForCausalLM(cfg)
+    model = model.to_empty(device="cpu").to(dtype)
+    model.load_state_dict(state, strict=True)
+    # load_state_dict does not touch non-persistent buffers (RoPE's inv_freq).
+    model.model.rotary_emb.__init__(cfg)
+    return model.eval()
+
+
+def main():
+    mode, config_path, model_path = sys.argv[1:4]
+    threads = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 2
+    torch.set_num_threads(threads)
+    model = load(config_path, model_path)
+    vocab = model.config.vocab_size
+    with torch.inference_mode():
+        if mode == "logits":
+            ids = torch.tensor([[int(t) for t in sys.argv[5].split(",")]])
+            model(ids).logits[0].float().numpy().tofile(sys.argv[4])
+            return
+        gen = torch.Generator().manual_seed(7)
+        prompt = lambda n: torch.randint(0, vocab, (1, n), generator=gen)
+        model(prompt(16), logits_to_keep=1)  # warm-up
+        out = {"torch": torch.__version__, "threads": threads}
+        for n in (512, 128):
+            best = 1e30
+            for _ in range(3):
+                ids = prompt(n)
+                t0 = time.perf_counter()
+                model(ids, logits_to_keep=1)
+                best = min(best, time.perf_counter() - t0)
+            out[f"prefill{n}"] = n / best
+        past = model(prompt(16), use_cache=True, logits_to_keep=1).past_key_values
+        token = torch.tensor([[1]])
+        t0 = time.perf_counter()
+        for _ in range(128):
+            r = model(token, past_key_values=past, use_cache=True)
+            past = r.past_key_values
+            token = r.logits[:, -1].argmax(-1, keepdim=True)
+        out["decode128"] = 128 / (time.perf_counter() - t0)
+        print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
