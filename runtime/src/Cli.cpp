@@ -54,6 +54,12 @@ rank 0 prints the results and writes --logits-out.
   --top-p P             sample within the smallest set of probability >= P (default 1)
   --seed S              seed of the sampler (default 0); same seed, same tokens
   --threads N           worker threads (default: all cores)
+  --matmul-precision bf16|f32  inputs of the products with BF16 weights on the
+                        CPU: bf16 (default; activations rounded to bf16 and the
+                        bf16 dot instruction used, as PyTorch computes a BF16
+                        matmul; only where the CPU has it, else f32) or f32
+                        (exact products, the same result on every CPU);
+                        also MOERT_MATMUL_PRECISION
   --collective-timeout S  end the job when a collective between ranks does not
                         complete within S seconds (default 300)
   --report-memory       print, per rank, the weights loaded and the peak memory
@@ -151,6 +157,13 @@ int run(int argc, char **argv, Comm &comm) {
     else if (arg == "--collective-timeout") collectiveTimeout = parseDouble(arg, value());
     else if (arg == "--report-memory") reportMemory = true;
     else if (arg == "--device") deviceName = value();
+    else if (arg == "--matmul-precision") {
+      std::string name = value();
+      cpu::MatmulPrecision precision;
+      if (!cpu::parseMatmulPrecision(name, precision))
+        inputError("--matmul-precision: expected bf16 or f32 but got '{}'", name);
+      cpu::setMatmulPrecision(precision);
+    }
     else if (!arg.empty() && arg[0] == '-') inputError("unknown option '{}' (see moert --help)", arg);
     else if (planPath.empty()) planPath = arg;
     else inputError("unexpected argument '{}'", arg);
@@ -312,12 +325,13 @@ int moertMain(int argc, char **argv) {
   };
   try {
     const cpu::Isa isa = cpu::activeIsa(); // MOERT_ISA checked before anything runs
+    cpu::requestedMatmulPrecision();        // and MOERT_MATMUL_PRECISION
     if (!std::strcmp(argv[1], "--version")) {
       std::string levels;
       for (cpu::Isa level : cpu::supportedIsas())
         levels += std::string(levels.empty() ? "" : ", ") + cpu::isaName(level);
-      fmt::print("moert {}\ncpu kernels: {} (this CPU runs {})\n", version(), cpu::isaName(isa),
-                 levels);
+      fmt::print("moert {}\ncpu kernels: {} (this CPU runs {}), BF16 weights times {} inputs\n",
+                 version(), cpu::isaName(isa), levels, cpu::bf16Products() ? "bf16" : "f32");
       return 0;
     }
     if (!std::strcmp(argv[1], "convert")) {

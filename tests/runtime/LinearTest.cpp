@@ -117,11 +117,13 @@ void checkLinear(DType dtype, int64_t T, int64_t N, int64_t K, bool withBias, bo
   std::vector<float> y(static_cast<size_t>(std::max<int64_t>(1, T * ldy)), sentinel);
   linear(x.data(), T, w.matrix(), withBias ? &bias : nullptr, y.data(), strided ? ldx : 0,
          strided ? ldy : 0);
+  const bool roundX = gemm::roundsToBf16(dtype); // the kernels' contract
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t n = 0; n < N; ++n) {
       double ref = withBias ? b.at(0, n) : 0.0, absSum = std::fabs(ref);
       for (int64_t k = 0; k < K; ++k) {
-        double p = static_cast<double>(x[t * ldx + k]) * w.at(n, k);
+        float xk = x[t * ldx + k];
+        double p = static_cast<double>(roundX ? roundBf16(xk) : xk) * w.at(n, k);
         ref += p;
         absSum += std::fabs(p);
       }
@@ -179,6 +181,44 @@ TEST(LinearTest, PortableFallback) {
       checkLinear(dtype, T, 67, 251, true, true, rng, 3);
 }
 
+/// Sets the matmul precision for a scope.
+struct Precision {
+  explicit Precision(MatmulPrecision p) : saved(requestedMatmulPrecision()) { setMatmulPrecision(p); }
+  ~Precision() { setMatmulPrecision(saved); }
+  MatmulPrecision saved;
+};
+
+TEST(LinearTest, MatmulPrecisionOfBf16Weights) {
+  std::mt19937 rng(12);
+  Threads pool(2);
+  {
+    // f32 products on every level: the references keep x exact.
+    Precision f32(MatmulPrecision::F32);
+    EXPECT_FALSE(gemm::roundsToBf16(DType::BF16));
+    for (int64_t T : {3, 40})
+      checkLinear(DType::BF16, T, 67, 251, true, true, rng);
+  }
+  Precision bf16(MatmulPrecision::Bf16);
+  EXPECT_FALSE(gemm::roundsToBf16(DType::F32));
+  EXPECT_FALSE(gemm::roundsToBf16(DType::F16));
+  EXPECT_EQ(gemm::roundsToBf16(DType::BF16), activeIsa() >= Isa::Avx512Bf16);
+  if (activeIsa() < Isa::Avx512Bf16)
+    GTEST_SKIP() << "bf16 products need avx512bf16; this level is " << isaName(activeIsa());
+  // Where they are used, they differ from the f32 products (the references
+  // above and in the other tests are not the same computation twice).
+  TestMatrix w(DType::BF16, 64, 256, rng);
+  for (int64_t T : {2, 40}) { // GEMV and GEMM
+    std::vector<float> x = randomVector(T * 256, rng), yBf16(T * 64), yF32(T * 64);
+    linear(x.data(), T, w.matrix(), nullptr, yBf16.data());
+    {
+      Precision f32(MatmulPrecision::F32);
+      linear(x.data(), T, w.matrix(), nullptr, yF32.data());
+    }
+    EXPECT_NE(yBf16, yF32) << "T=" << T;
+    checkLinear(DType::BF16, T, 64, 256, false, false, rng);
+  }
+}
+
 TEST(LinearTest, MatrixOfAndSliceRows) {
   std::mt19937 rng(6);
   TestMatrix w(DType::BF16, 10, 7, rng);
@@ -195,7 +235,8 @@ TEST(LinearTest, MatrixOfAndSliceRows) {
     for (int64_t n = 0; n < 4; ++n) {
       double ref = 0;
       for (int64_t k = 0; k < 7; ++k)
-        ref += x[t * 7 + k] * w.at(3 + n, k);
+        ref += (gemm::roundsToBf16(DType::BF16) ? roundBf16(x[t * 7 + k]) : x[t * 7 + k]) *
+               w.at(3 + n, k);
       EXPECT_NEAR(y[t * 4 + n], ref, 1e-5);
     }
   EXPECT_THROW(m.sliceRows(8, 3), RuntimeError);
@@ -278,33 +319,42 @@ struct TestMlp {
       : gate(dtype, I, H, rng, 0, 3.0f / std::sqrt(H)), up(dtype, I, H, rng, 0, 3.0f / std::sqrt(H)),
         down(dtype, H, I, rng, 0, 1.0f / std::sqrt(I)) {}
 
-  /// out[H] = down(act(gate x) * up x) in double, and the sum of the
-  /// magnitudes of the down products (for the tolerance).
+  /// out[H] = down(act(gate x) * up x) in double, and the tolerance of each
+  /// output. Where the kernels round the inputs of products with these
+  /// weights to bf16 (gemm::roundsToBf16), so does the reference, x and the
+  /// hidden activations alike.
   void reference(const float *x, Activation act, std::vector<double> &out,
-                 std::vector<double> &absSum) const {
+                 std::vector<double> &tol) const {
     int64_t H = gate.cols, I = gate.rows;
+    const bool roundX = gemm::roundsToBf16(gate.dtype);
+    auto input = [&](double v) { return roundX ? static_cast<double>(roundBf16(static_cast<float>(v))) : v; };
     std::vector<double> h(I);
     for (int64_t i = 0; i < I; ++i) {
       double g = 0, u = 0;
       for (int64_t k = 0; k < H; ++k) {
-        g += x[k] * gate.at(i, k);
-        u += x[k] * up.at(i, k);
+        g += input(x[k]) * gate.at(i, k);
+        u += input(x[k]) * up.at(i, k);
       }
-      h[i] = activationRef(act, g) * u;
+      h[i] = input(activationRef(act, g) * u);
     }
     out.assign(H, 0.0);
-    absSum.assign(H, 0.0);
-    for (int64_t n = 0; n < H; ++n)
+    tol.assign(H, 1e-6);
+    for (int64_t n = 0; n < H; ++n) {
+      double maxTerm = 0;
       for (int64_t i = 0; i < I; ++i) {
         out[n] += h[i] * down.at(n, i);
-        absSum[n] += std::fabs(h[i] * down.at(n, i));
+        // The hidden products pick up f32 rounding before the activation; a
+        // looser bound than a single dot product's.
+        tol[n] += 2e-5 * std::fabs(h[i] * down.at(n, i));
+        maxTerm = std::max(maxTerm, std::fabs(h[i] * down.at(n, i)));
       }
+      // The kernel's f32 hidden value and the reference's may round to
+      // neighbouring bf16 values: one bf16 step of one term.
+      if (roundX)
+        tol[n] += maxTerm / 128;
+    }
   }
 };
-
-// The hidden products pick up f32 rounding before the activation; a looser
-// bound than a single dot product's.
-double mlpTolerance(double absSum) { return 2e-5 * absSum + 1e-6; }
 
 TEST(MlpTest, MatchesReference) {
   std::mt19937 rng(9);
@@ -321,11 +371,11 @@ TEST(MlpTest, MatchesReference) {
           std::vector<float> scratch(2 * T * I);
           mlp(x.data(), T, m.gate.matrix(), m.up.matrix(), m.down.matrix(), act, scratch.data(),
               out.data());
-          std::vector<double> ref, absSum;
+          std::vector<double> ref, tol;
           for (int64_t t = 0; t < T; ++t) {
-            m.reference(x.data() + t * H, act, ref, absSum);
+            m.reference(x.data() + t * H, act, ref, tol);
             for (int64_t n = 0; n < H; ++n)
-              ASSERT_NEAR(out[t * H + n], ref[n], mlpTolerance(absSum[n])) << "t=" << t << " n=" << n;
+              ASSERT_NEAR(out[t * H + n], ref[n], tol[n]) << "t=" << t << " n=" << n;
           }
         }
     }
@@ -341,11 +391,11 @@ TEST(MlpTest, PortableFallback) {
     std::vector<float> x = randomVector(T * H, rng, 2.0f), out(T * H), scratch(2 * T * I);
     mlp(x.data(), T, m.gate.matrix(), m.up.matrix(), m.down.matrix(), act, scratch.data(),
         out.data());
-    std::vector<double> ref, absSum;
+    std::vector<double> ref, tol;
     for (int64_t t = 0; t < T; ++t) {
-      m.reference(x.data() + t * H, act, ref, absSum);
+      m.reference(x.data() + t * H, act, ref, tol);
       for (int64_t n = 0; n < H; ++n)
-        ASSERT_NEAR(out[t * H + n], ref[n], mlpTolerance(absSum[n]));
+        ASSERT_NEAR(out[t * H + n], ref[n], tol[n]);
     }
   }
 }
@@ -364,14 +414,14 @@ void checkExperts(const std::vector<TestMlp> &mlps, int64_t T, int64_t k,
   }
   std::vector<float> x = randomVector(T * H, rng, 2.0f), out(T * H, 777.0f);
   experts(x.data(), T, H, weights.data(), ids.data(), k, gate, up, down, act, out.data());
-  std::vector<double> ref, absSum;
+  std::vector<double> ref, refTol;
   for (int64_t t = 0; t < T; ++t) {
     std::vector<double> sum(H, 0.0), tol(H, 1e-6);
     for (int64_t j = 0; j < k; ++j) {
-      mlps[ids[t * k + j]].reference(x.data() + t * H, act, ref, absSum);
+      mlps[ids[t * k + j]].reference(x.data() + t * H, act, ref, refTol);
       for (int64_t n = 0; n < H; ++n) {
         sum[n] += weights[t * k + j] * ref[n];
-        tol[n] += mlpTolerance(absSum[n]) * std::fabs(weights[t * k + j]);
+        tol[n] += refTol[n] * std::fabs(weights[t * k + j]);
       }
     }
     for (int64_t n = 0; n < H; ++n)

@@ -16,6 +16,7 @@
 /// when haveAvx512() (haveAvx2()) says the kernels of that level run.
 #define MOERT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 #define MOERT_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define MOERT_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
 #endif
 
 // GCC 12's intrinsic headers start vectors as `__Y = __Y`, which
@@ -35,6 +36,11 @@ constexpr int64_t kColumnBlock = 32;
 /// Whether the AVX-512 kernels run (moert/cpu/Isa.h: the CPU has them and
 /// no lower level is forced).
 inline bool haveAvx512() { return activeIsa() >= Isa::Avx512; }
+/// Whether products with weights of `dtype` round x to bf16 first (to
+/// nearest even; f32 accumulation): BF16 weights under bf16Products()
+/// (moert/cpu/Isa.h), whose kernels use vdpbf16ps. Otherwise x stays f32 and
+/// the weights are widened.
+inline bool roundsToBf16(DType dtype) { return dtype == DType::BF16 && bf16Products(); }
 /// Whether the AVX2 + FMA kernels run (or better ones).
 inline bool haveAvx2() { return activeIsa() >= Isa::Avx2; }
 

@@ -53,7 +53,37 @@ std::atomic<int> &active() {
   return level;
 }
 
+MatmulPrecision initialPrecision() {
+  const char *env = std::getenv("MOERT_MATMUL_PRECISION");
+  MatmulPrecision precision = MatmulPrecision::Bf16;
+  if (env && *env && !parseMatmulPrecision(env, precision))
+    inputError("MOERT_MATMUL_PRECISION={}: expected bf16 or f32", env);
+  return precision;
+}
+
+std::atomic<int> &precision() {
+  static std::atomic<int> value{static_cast<int>(initialPrecision())};
+  return value;
+}
+
 } // namespace
+
+MatmulPrecision requestedMatmulPrecision() {
+  return static_cast<MatmulPrecision>(precision().load(std::memory_order_relaxed));
+}
+
+void setMatmulPrecision(MatmulPrecision p) { precision().store(static_cast<int>(p)); }
+
+bool parseMatmulPrecision(const std::string &name, MatmulPrecision &p) {
+  if (name != "bf16" && name != "f32")
+    return false;
+  p = name == "bf16" ? MatmulPrecision::Bf16 : MatmulPrecision::F32;
+  return true;
+}
+
+bool bf16Products() {
+  return requestedMatmulPrecision() == MatmulPrecision::Bf16 && activeIsa() >= Isa::Avx512Bf16;
+}
 
 Isa cpuIsa() {
   static const Isa isa = detect();

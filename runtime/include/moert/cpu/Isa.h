@@ -32,4 +32,21 @@ std::vector<Isa> supportedIsas();
 /// Whether `name` names a level (sets `isa`).
 bool parseIsa(const std::string &name, Isa &isa);
 
+/// The inputs of products with BF16 weights (linear layers, experts, the LM
+/// head). Bf16: the activations are rounded to bf16 (to nearest even) and
+/// multiplied by the bf16 dot instruction, sums in f32, as a BF16 matmul in
+/// PyTorch or llama.cpp computes; taken only where the active level has
+/// that instruction (avx512bf16), else F32. F32: the weights are widened
+/// and the activations kept, the same result on every level.
+/// MOERT_MATMUL_PRECISION=bf16|f32 (default bf16) or `moert run
+/// --matmul-precision` chooses; F32 and F16 weights always take F32.
+enum class MatmulPrecision : int { F32 = 0, Bf16 = 1 };
+/// What was asked for (checked once: a misspelling is bad input).
+MatmulPrecision requestedMatmulPrecision();
+void setMatmulPrecision(MatmulPrecision precision);
+bool parseMatmulPrecision(const std::string &name, MatmulPrecision &precision);
+/// Whether products with BF16 weights use bf16 inputs now: Bf16 asked for
+/// and the active level has the bf16 dot instruction.
+bool bf16Products();
+
 } // namespace moert::cpu
