@@ -572,6 +572,33 @@ MOERT_AVX512 void gemvTile(const float *x, int64_t xStep, const char *w, int64_t
       y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]) + (bias ? bias[r] : 0.0f);
 }
 
+/// gemvTile's contract for one token and one row (decode): four
+/// accumulator chains, no software prefetch. Decoding one token reads the
+/// rows one after another, a single sequential stream per thread that the
+/// hardware prefetcher follows best: on Zen 4 twice the bandwidth of tiles
+/// of 8 interleaved rows with L2 prefetch (bench-moe BF16 decode 60 -> 112
+/// tok/s in the same minute).
+template <DType D>
+MOERT_AVX512 void gemvRow(const float *x, int64_t xStep, const char *w, int64_t, int64_t K, bool,
+                          const float *bias, float *y, int64_t) {
+  constexpr int64_t size = kElementSize<D>;
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
+  const int64_t full = K / 16;
+  int64_t s = 0;
+  for (; s + 4 <= full; s += 4)
+    for (int j = 0; j < 4; ++j)
+      acc[j] = _mm512_fmadd_ps(load16<D>(w + (s + j) * 16 * size),
+                               _mm512_load_ps(x + (s + j) * xStep), acc[j]);
+  for (; s < full; ++s)
+    acc[0] = _mm512_fmadd_ps(load16<D>(w + s * 16 * size), _mm512_load_ps(x + s * xStep), acc[0]);
+  if (full * 16 < K)
+    acc[1] = _mm512_fmadd_ps(load16<D>(w + full * 16 * size, firstLanes(K - full * 16)),
+                             _mm512_load_ps(x + full * xStep), acc[1]);
+  __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+  y[0] = _mm512_reduce_add_ps(sum) + (bias ? bias[0] : 0.0f);
+}
+
 using GemvTile = void (*)(const float *, int64_t, const char *, int64_t, int64_t, bool,
                           const float *, float *, int64_t);
 
@@ -579,7 +606,6 @@ using GemvTile = void (*)(const float *, int64_t, const char *, int64_t, int64_t
 template <DType D>
 GemvTile gemvTileFor(int tokens, int rows) {
   switch (rows * 16 + tokens) {
-  case 8 * 16 + 1: return gemvTile<D, 1, 8>;
   case 6 * 16 + 2: return gemvTile<D, 2, 6>;
   case 5 * 16 + 3: return gemvTile<D, 3, 5>;
   case 4 * 16 + 4: return gemvTile<D, 4, 4>;
@@ -594,7 +620,7 @@ GemvTile gemvTileFor(int tokens, int rows) {
   case 2 * 16 + 6: return gemvTile<D, 6, 2>;
   case 2 * 16 + 7: return gemvTile<D, 7, 2>;
   case 2 * 16 + 8: return gemvTile<D, 8, 2>;
-  case 1 * 16 + 1: return gemvTile<D, 1, 1>;
+  case 1 * 16 + 1: return gemvRow<D>;
   case 1 * 16 + 2: return gemvTile<D, 2, 1>;
   case 1 * 16 + 3: return gemvTile<D, 3, 1>;
   case 1 * 16 + 4: return gemvTile<D, 4, 1>;
@@ -621,7 +647,7 @@ MOERT_AVX512 void gemv(const float *x, int64_t ldx, int64_t tokens, const Matrix
     packGemvTokens(x, ldx, tokens, K, packed);
   // Rows per tile: as many as keep R x TG accumulators and TG x vectors in
   // the 32 zmm registers.
-  const int rows = tokens == 1 ? 8 : tokens == 2 ? 6 : tokens == 3 ? 5 : tokens == 4 ? 4
+  const int rows = tokens == 1 ? 1 : tokens == 2 ? 6 : tokens == 3 ? 5 : tokens == 4 ? 4
                  : tokens < 8 ? 3 : 2;
   const int64_t groupTokens = std::min<int64_t>(tokens, 8);
   GemvTile main = gemvTileFor<D>(static_cast<int>(groupTokens), rows);
@@ -634,7 +660,7 @@ MOERT_AVX512 void gemv(const float *x, int64_t ldx, int64_t tokens, const Matrix
     for (int64_t t = 0; t < tokens; t += 8) {
       GemvTile tile = std::min<int64_t>(8, tokens - t) == groupTokens ? (full ? main : single)
                                                                       : (full ? tail : singleTail);
-      tile(packed + t * 16, xStep, base + n * rowBytes, rowBytes, K, t == 0 && full,
+      tile(packed + t * 16, xStep, base + n * rowBytes, rowBytes, K, t == 0 && full && rows > 1,
            bias ? bias + n : nullptr, y + t * ldy + n, ldy);
     }
     n += full ? rows : 1;
