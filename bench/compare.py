@@ -23,7 +23,11 @@ only; best of 3 runs each for every tool), decode of 128 tokens one at a time
 cache, best of its 3 repetitions).
 
 usage: compare.py --build DIR --cache DIR [--config F] [--rounds N]
-                  [--threads N] [--dtypes bf16,f32] [--no-peers]
+                  [--threads N] [--dtypes bf16,f32] [--no-peers] [--isa avx2]
+--isa avx2 compares at the AVX2 level on a CPU that has more: moert under
+MOERT_ISA=avx2, llama.cpp built for AVX2 (bench/peers/setup.sh avx2),
+PyTorch with ATEN_CPU_CAPABILITY=avx2, MKL_ENABLE_INSTRUCTIONS=AVX2 and
+ONEDNN_MAX_CPU_ISA=AVX2.
 Run it with the peers' venv python (bench/run.sh does both).
 """
 import argparse
@@ -64,7 +68,7 @@ class Tools:
         self.moert = os.path.join(a.build, "tools/moert/moert")
         self.bench = os.path.join(a.build, "bench/moe-bench")
         self.python = sys.executable
-        self.llama = os.path.join(a.cache, "llama-build/bin")
+        self.llama = os.path.join(a.cache, "llama-build" + ("-avx2" if a.isa == "avx2" else "") + "/bin")
         self.threads = a.threads
 
 
@@ -111,7 +115,11 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtypes", default="bf16,f32")
     p.add_argument("--no-peers", action="store_true")
+    p.add_argument("--isa", choices=["native", "avx2"], default="native")
     a = p.parse_args()
+    if a.isa == "avx2":  # inherited by every tool run below
+        os.environ.update(MOERT_ISA="avx2", ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2",
+                          ONEDNN_MAX_CPU_ISA="AVX2")
     t = Tools(a)
     work = tempfile.mkdtemp(prefix="moe-compare.")
     failed = False
@@ -129,7 +137,8 @@ def main():
         print(machine)
         print(f"moert {version}")
         if not a.no_peers:
-            print(f"peers: llama.cpp (llama-cpp-python 0.3.36's vendored tree, CPU, native), "
+            print(f"peers: llama.cpp (llama-cpp-python 0.3.36's vendored tree, CPU, "
+                  f"{'AVX2 only' if a.isa == 'avx2' else 'native'}), "
                   f"PyTorch {run([t.python, '-c', 'import torch; print(torch.__version__)']).strip()} eager")
         for dtype in a.dtypes.split(","):
             failed |= compare_dtype(t, a, work, dtype, peaks[dtype], triad, isa)
