@@ -269,6 +269,10 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
     PlanStep step;
     step.op = parseOp(s, s.string("op"));
     step.in = s.integers("in", 0);
+    step.inFrom = s.integers("in_from", -1);
+    if (step.inFrom.size() != step.in.size())
+      s.fail("in_from", fmt::format("expected one entry per input ({}) but got {}", step.in.size(),
+                                    step.inFrom.size()));
     step.out = s.integers("out", 0);
     step.weights = s.integers("weights", 0);
     for (int64_t id : step.in)

@@ -338,21 +338,32 @@ void checkStep(const Plan &plan, const PlanProgram &program, size_t programIndex
 }
 
 void checkDataFlow(const PlanProgram &program, const JsonFields &pr) {
-  // A step dropped or reordered, or two layers on one cache, would
-  // otherwise compute another model from stale values.
-  std::vector<bool> written(program.buffers.size(), false);
+  // A step dropped, duplicated or reordered, or two layers on one cache,
+  // would otherwise compute another model from stale values: every input
+  // must come from the step the compiler says computed it.
+  constexpr int64_t kNever = -2, kInput = -1;
+  std::vector<int64_t> lastWriter(program.buffers.size(), kNever);
   for (int64_t input : {program.tokensBuffer, program.positionsBuffer})
     if (input >= 0)
-      written[input] = true;
+      lastWriter[input] = kInput;
+  auto writer = [](int64_t step) {
+    return step == kInput ? std::string("the program's input") : fmt::format("step {}", step);
+  };
   std::vector<int64_t> cacheStep(program.caches.size(), -1);
   for (size_t i = 0; i < program.steps.size(); ++i) {
     const PlanStep &step = program.steps[i];
     JsonFields s = pr.element("steps", i);
-    for (int64_t id : step.in)
-      if (!written[id])
+    for (size_t k = 0; k < step.in.size(); ++k) {
+      int64_t id = step.in[k];
+      if (lastWriter[id] == kNever)
         s.fail("in", fmt::format("buffer {} is read before any step writes it", id));
+      if (lastWriter[id] != step.inFrom[k])
+        s.fail("in_from", fmt::format("input {} (buffer {}) was last written by {}, but the plan "
+                                      "says by {}: a step dropped, duplicated or moved",
+                                      k, id, writer(lastWriter[id]), writer(step.inFrom[k])));
+    }
     for (int64_t id : step.out)
-      written[id] = true;
+      lastWriter[id] = static_cast<int64_t>(i);
     if (step.kvCache >= 0) {
       if (cacheStep[step.kvCache] >= 0)
         s.fail("attrs.kv_cache", fmt::format("KV cache {} is also step {}'s", step.kvCache,

@@ -241,7 +241,7 @@ json logicalWeights() {
 }
 
 json header(int64_t worldSize, json degrees, json weights, json programs, json ranks) {
-  return {{"format", "moe-plan"}, {"version", 3}, {"producer", "test"},
+  return {{"format", "moe-plan"}, {"version", 4}, {"producer", "test"},
           {"model", {{"model_type", "mixtral"}, {"source", "/m/config.json"},
                      {"vocab_size", kVocab}, {"max_position_embeddings", 64},
                      {"eos_token_ids", {2}}}},
@@ -443,7 +443,7 @@ void expectNear(const std::vector<float> &got, const std::vector<float> &want,
 
 TEST(CpuDevice, CapacityExpertsAndPaddedHead) {
   TempDir dir;
-  std::ofstream(dir.path / "plan.json") << sealPlanText(singleRankPlan().dump());
+  std::ofstream(dir.path / "plan.json") << planText(singleRankPlan());
   Plan plan = Plan::load((dir.path / "plan.json").string());
   Model model(dir.path);
   auto ckpt = Checkpoint::open(dir.path.string());
@@ -470,7 +470,7 @@ TEST(CpuDevice, CapacityExpertsAndPaddedHead) {
 TEST(CpuDevice, TensorAndExpertParallelRanks) {
   ThreadCount serial(1); // the kernels' pool serves one caller at a time
   TempDir dir;
-  std::ofstream(dir.path / "plan.json") << sealPlanText(tensorExpertPlan().dump());
+  std::ofstream(dir.path / "plan.json") << planText(tensorExpertPlan());
   Plan plan = Plan::load((dir.path / "plan.json").string());
   Model model(dir.path);
   auto ckpt = Checkpoint::open(dir.path.string());

@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char *kHeader = R"("format": "moe-plan", "version": 3,
+const char *kHeader = R"("format": "moe-plan", "version": 4,
   "model": {"model_type": "mixtral", "source": "/m/config.json"},
   "degrees": {"dp": 2, "tp": 2},)";
 

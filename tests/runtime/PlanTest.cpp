@@ -162,7 +162,7 @@ json minimalPlan() {
                {"coords", {{"dp", 0}, {"pp", 0}, {"tp", 0}, {"edp", 0}, {"ep", 0}, {"etp", 0}}},
                {"memory", {{"weights", 0}, {"peak", 0}}}};
   return {{"format", "moe-plan"},
-          {"version", 3},
+          {"version", 4},
           {"producer", "test"},
           {"model", {{"model_type", "mixtral"}, {"source", "/m/config.json"}, {"vocab_size", 8},
                      {"max_position_embeddings", 64}, {"eos_token_ids", {2}}}},
@@ -181,7 +181,7 @@ std::string writePlan(const json &plan) {
   int fd = ::mkstemp(path.data());
   EXPECT_GE(fd, 0);
   ::close(fd);
-  std::ofstream(path) << sealPlanText(plan.dump());
+  std::ofstream(path) << planText(plan);
   return path;
 }
 
@@ -225,7 +225,7 @@ TEST(PlanLoad, MinimalPlanLoads) {
 TEST(PlanLoad, BadFieldsAreNamed) {
   EXPECT_EQ(loadError([](json &) {}), "");
   EXPECT_EQ(loadError([](json &p) { p["version"] = 1; }),
-            "PLAN: version: this moert reads plan format 3 but the plan is format 1");
+            "PLAN: version: this moert reads plan format 4 but the plan is format 1");
   EXPECT_EQ(loadError([](json &p) { p["ranks"][0]["program"] = 1; }),
             "PLAN: ranks[0].program: program 1 out of range (the plan has 1)");
   EXPECT_EQ(loadError([](json &p) { p["programs"][0]["steps"][4]["in"][1] = 11; }),
@@ -286,6 +286,43 @@ TEST(PlanLoad, WeightsAreBoundOnceInOrder) {
             "");
 }
 
+TEST(PlanLoad, InputsComeFromTheStepsThePlanNames) {
+  // The steps as moec linked them, then edited without relinking: each
+  // input's "in_from" no longer names the step that last wrote it.
+  auto edited = [](const std::function<void(json &)> &edit) {
+    json plan = minimalPlan();
+    linkPlan(plan);
+    edit(plan["programs"][0]["steps"]);
+    std::string path = (fs::temp_directory_path() / "moert-plan-XXXXXX").string();
+    int fd = ::mkstemp(path.data());
+    ::close(fd);
+    std::ofstream(path) << sealPlanText(plan.dump());
+    std::string message;
+    try {
+      Plan::load(path);
+    } catch (const InputError &e) {
+      message = e.what();
+      message.replace(0, path.size(), "PLAN");
+    }
+    fs::remove(path);
+    return message;
+  };
+  EXPECT_EQ(edited([](json &) {}), "");
+  // A weightless step duplicated: the LM head reads the copy's output.
+  EXPECT_EQ(edited([](json &steps) { steps.insert(steps.begin() + 4, steps[4]); }),
+            "PLAN: programs[0].steps[6].in_from: input 0 (buffer 9) was last written by step 5, "
+            "but the plan says by step 4: a step dropped, duplicated or moved");
+  // A step that rewrites a buffer moved before its reader's producer... and
+  // an input that names the program's input for a computed buffer.
+  EXPECT_EQ(edited([](json &steps) { steps[1]["in_from"][0] = -1; }),
+            "PLAN: programs[0].steps[1].in_from: input 0 (buffer 2) was last written by step 0, "
+            "but the plan says by the program's input: a step dropped, duplicated or moved");
+  EXPECT_EQ(edited([](json &steps) { steps[4]["in_from"] = {3, 2}; }),
+            "PLAN: programs[0].steps[4].in_from: expected one entry per input (3) but got 2");
+  EXPECT_EQ(edited([](json &steps) { steps[4].erase("in_from"); }),
+            "PLAN: programs[0].steps[4].in_from: missing");
+}
+
 TEST(PlanLoad, PipelineStages) {
   json plan = minimalPlan();
   json first = plan["programs"][0], second = first;
@@ -316,7 +353,7 @@ TEST(PlanLoad, PipelineStages) {
   // what the first recv wrote.
   plan["programs"][1]["steps"] = {step("recv", {}, {}, {3}), step("recv", {}, {}, {9}),
                                   step("linear", {9}, {0}, {10}, {{"head", true}})};
-  std::ofstream(path) << sealPlanText(plan.dump());
+  std::ofstream(path) << planText(plan);
   std::string message;
   try {
     Plan::load(path);

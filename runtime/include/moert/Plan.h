@@ -12,7 +12,7 @@
 
 namespace moert {
 
-constexpr int kPlanFormatVersion = 3;
+constexpr int kPlanFormatVersion = 4;
 
 struct PlanWeight {
   std::string name; ///< checkpoint name; with "{e}" for an expert stack
@@ -62,6 +62,9 @@ const char *opName(OpKind op);
 struct PlanStep {
   OpKind op = OpKind::Add;
   std::vector<int64_t> in, weights, out;
+  /// Per input: the step that last wrote it (-1: the program's token or
+  /// position input), as moec computed it; checked against the steps.
+  std::vector<int64_t> inFrom;
   double eps = 0, scale = 0;
   int64_t headDim = 0, heads = 0, kvHeads = 0, slidingWindow = 0, kvCache = -1;
   cpu::RopeParams rope;

@@ -13,7 +13,7 @@
 
 namespace moe {
 
-constexpr int kPlanFormatVersion = 3;
+constexpr int kPlanFormatVersion = 4;
 
 /// The plan of a module that went through the whole pipeline (workload and
 /// buffers assigned). Fails when the module is not in that form.

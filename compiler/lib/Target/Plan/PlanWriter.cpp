@@ -197,6 +197,9 @@ llvm::Expected<Object> programJson(func::FuncOp fn, int64_t stage, int64_t maxTo
   Array steps, caches;
   int64_t cacheBytes = 0;
   DenseMap<Value, int64_t> bufferOf;
+  // The step that computes each value: every input of a step names it
+  // ("in_from"), so moert sees a step dropped, duplicated or moved.
+  DenseMap<Value, int64_t> producerOf;
   Block &body = fn.getBody().front();
   for (auto [arg, id] : llvm::zip(body.getArguments(), argBuffers.asArrayRef()))
     bufferOf[arg] = id;
@@ -222,13 +225,15 @@ llvm::Expected<Object> programJson(func::FuncOp fn, int64_t stage, int64_t maxTo
         logitsBuffer = bufferOf.lookup(ret.getOperand(0));
       continue;
     }
-    Array in, ws, out;
+    Array in, inFrom, ws, out;
     for (Value operand : op.getOperands()) {
       if (weightId.count(operand))
         ws.push_back(weightId[operand]);
-      else if (bufferOf.count(operand))
+      else if (bufferOf.count(operand)) {
         in.push_back(bufferOf[operand]);
-      else
+        auto producer = producerOf.find(operand);
+        inFrom.push_back(producer == producerOf.end() ? -1 : producer->second);
+      } else
         return planError(llvm::formatv("operand of '{0}' has no buffer",
                                        op.getName().getStringRef()));
     }
@@ -239,6 +244,7 @@ llvm::Expected<Object> programJson(func::FuncOp fn, int64_t stage, int64_t maxTo
     if (ids)
       for (auto [result, id] : llvm::zip(op.getResults(), ids.asArrayRef())) {
         bufferOf[result] = id;
+        producerOf[result] = static_cast<int64_t>(steps.size());
         out.push_back(id);
       }
     Object attrs = stepAttrs(&op);
@@ -251,6 +257,7 @@ llvm::Expected<Object> programJson(func::FuncOp fn, int64_t stage, int64_t maxTo
       attrs["head"] = true;
     Object step{{"op", op.getName().stripDialect()},
                 {"in", std::move(in)},
+                {"in_from", std::move(inFrom)},
                 {"weights", std::move(ws)},
                 {"out", std::move(out)},
                 {"attrs", std::move(attrs)}};
