@@ -176,21 +176,22 @@ json minimalPlan() {
           {"ranks", {rank}}};
 }
 
-std::string writePlan(const json &plan) {
+/// A temporary file holding `text`.
+std::string writeText(const std::string &text) {
   std::string path = (fs::temp_directory_path() / "moert-plan-XXXXXX").string();
   int fd = ::mkstemp(path.data());
   EXPECT_GE(fd, 0);
   ::close(fd);
-  std::ofstream(path) << planText(plan);
+  std::ofstream(path) << text;
   return path;
 }
 
-/// The message of loading minimalPlan() changed by `edit`, with the plan's
-/// path replaced by PLAN ("" if it loads).
-std::string loadError(const std::function<void(json &)> &edit) {
-  json plan = minimalPlan();
-  edit(plan);
-  std::string path = writePlan(plan);
+std::string writePlan(const json &plan) { return writeText(planText(plan)); }
+
+/// The message of loading the plan file `text`, with its path replaced by
+/// PLAN ("" if it loads).
+std::string loadMessage(const std::string &text) {
+  std::string path = writeText(text);
   std::string message;
   try {
     Plan::load(path);
@@ -200,6 +201,14 @@ std::string loadError(const std::function<void(json &)> &edit) {
   }
   fs::remove(path);
   return message;
+}
+
+/// The message of loading minimalPlan() changed by `edit` (steps linked
+/// after the edit, as moec would).
+std::string loadError(const std::function<void(json &)> &edit) {
+  json plan = minimalPlan();
+  edit(plan);
+  return loadMessage(planText(plan));
 }
 
 } // namespace
@@ -293,19 +302,7 @@ TEST(PlanLoad, InputsComeFromTheStepsThePlanNames) {
     json plan = minimalPlan();
     linkPlan(plan);
     edit(plan["programs"][0]["steps"]);
-    std::string path = (fs::temp_directory_path() / "moert-plan-XXXXXX").string();
-    int fd = ::mkstemp(path.data());
-    ::close(fd);
-    std::ofstream(path) << sealPlanText(plan.dump());
-    std::string message;
-    try {
-      Plan::load(path);
-    } catch (const InputError &e) {
-      message = e.what();
-      message.replace(0, path.size(), "PLAN");
-    }
-    fs::remove(path);
-    return message;
+    return loadMessage(sealPlanText(plan.dump()));
   };
   EXPECT_EQ(edited([](json &) {}), "");
   // A weightless step duplicated: the LM head reads the copy's output.
