@@ -292,6 +292,27 @@ double activeParams(const PlanProgram &program) {
   return n;
 }
 
+/// " op 12% ..." for the ops with at least 1% of the time spent between two
+/// readings of the device's per-op seconds (`since` empty: from the start).
+std::string opSplit(const std::vector<std::pair<std::string, double>> &now,
+                    const std::vector<std::pair<std::string, double>> &since) {
+  std::vector<std::pair<std::string, double>> spent;
+  double total = 0;
+  for (auto &[op, sec] : now) {
+    double earlier = 0;
+    for (auto &[op0, sec0] : since)
+      if (op0 == op)
+        earlier = sec0;
+    spent.push_back({op, sec - earlier});
+    total += sec - earlier;
+  }
+  std::string split;
+  for (auto &[op, sec] : spent)
+    if (total > 0 && sec / total >= 0.01)
+      split += fmt::format(" {} {:.0f}%", op, 100 * sec / total);
+  return split;
+}
+
 int runModel(int argc, char **argv) {
   Plan plan = Plan::load(argv[2]);
   std::string dir = argv[3];
@@ -337,20 +358,12 @@ int runModel(int argc, char **argv) {
     }
     fmt::print("prefill {:4} tokens: {:7.1f} tok/s\n", n, n / best);
   }
-  // Where prefill time goes (the 512-token runs above), by op kind.
-  {
-    std::string split;
-    double total = 0;
-    for (auto &[op, sec] : device->opSeconds())
-      total += sec;
-    for (auto &[op, sec] : device->opSeconds())
-      if (sec / total >= 0.01)
-        split += fmt::format(" {} {:.0f}%", op, 100 * sec / total);
-    fmt::print("  prefill time by op:{}\n", split);
-  }
+  // Where prefill time goes (the runs above), by op kind.
+  fmt::print("  prefill time by op:{}\n", opSplit(device->opSeconds(), {}));
   // Decode 128 tokens after a 16-token prompt, one token per step.
   device->forward(prompt(16), logits);
   const int64_t steps = 128;
+  auto before = device->opSeconds();
   auto t0 = Clock::now();
   int32_t token = 1;
   for (int64_t i = 0; i < steps; ++i) {
@@ -363,9 +376,11 @@ int runModel(int argc, char **argv) {
     token = static_cast<int32_t>(cpu::argmax(logits.data(), plan.vocabSize));
   }
   double s = seconds(t0, Clock::now());
+  std::string decodeSplit = opSplit(device->opSeconds(), before);
   double activeBytes = activeParams(program) * (dtype == "BF16" ? 2 : 4);
   fmt::print("decode  {:4} tokens: {:7.1f} tok/s ({:.1f} GB/s of active weights)\n", steps,
              steps / s, activeBytes * steps / s / 1e9);
+  fmt::print("  decode time by op:{}\n", decodeSplit);
   fmt::print("peak RSS: {:.0f} MiB (weights {:.0f} MiB mapped, buffers + KV cache {:.0f} MiB)\n",
              peakRssMiB(), device->weightBytes() / 1048576.0,
              device->workspaceBytes() / 1048576.0);
