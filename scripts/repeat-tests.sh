@@ -10,6 +10,11 @@ n=${1:-5}
 commit=$(git -C "$repo" rev-parse "${2:-HEAD}")
 dir=${REPEAT_DIR:-/tmp/repeat-tests}
 mkdir -p "$dir"
+# The clone sits beside a link to the checkout's ../shared (reference
+# configs), as the checkout does, so the tests that read it run.
+if [ -d "$repo/../shared" ] && [ ! -e "$dir/shared" ]; then
+  ln -s "$(cd "$repo/../shared" && pwd)" "$dir/shared"
+fi
 echo "repeat-tests: $n passes of ./scripts/run-tests.sh at $commit ($(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
 for i in $(seq 1 "$n"); do
   clone=$dir/clone
