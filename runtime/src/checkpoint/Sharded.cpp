@@ -1,6 +1,6 @@
-// Sharded checkpoints: writing (convert, by one process or rank by rank),
-// validating (open) and reading boxes of any layout (readBox), and exporting
-// back to Hugging Face layout. Format: docs/checkpoint-format.md.
+// Sharded checkpoints: validating (open) and reading boxes of any layout
+// (readBox). Writing is in ShardedConvert.cpp, exporting back to Hugging Face
+// layout in ShardedExport.cpp. Format: docs/checkpoint-format.md.
 #include "../InputFile.h"
 #include "moert/ShardedCheckpoint.h"
 #include "ExpertLayout.h"
@@ -12,6 +12,7 @@
 
 #include "../JsonFields.h"
 #include "Progress.h"
+#include "ShardedFiles.h"
 
 #include <fmt/ranges.h>
 
@@ -38,6 +39,8 @@
 namespace moert {
 
 namespace fs = std::filesystem;
+using sharded::hex32;
+using sharded::readText;
 using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 
@@ -212,15 +215,6 @@ void checkBoxCover(const std::string &where, const std::string &tensor,
 //===----------------------------------------------------------------------===//
 
 namespace {
-
-/// A manifest or config.json: a regular file of bounded size and nesting.
-std::string readText(const std::string &path) {
-  std::string text = readInputFile(path, uint64_t(1) << 30, "a checkpoint manifest");
-  checkJsonDepth(text, path);
-  return text;
-}
-
-std::string hex32(uint32_t v) { return fmt::format("{:08x}", v); }
 
 bool plainFileName(const std::string &name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos;
@@ -435,10 +429,16 @@ void ShardedCheckpoint::assemble(const Tensor &tensor, char *out) const {
 }
 
 //===----------------------------------------------------------------------===//
-// Writing
+// Files (ShardedFiles.h)
 //===----------------------------------------------------------------------===//
 
-namespace {
+namespace sharded {
+
+std::string readText(const std::string &path) {
+  std::string text = readInputFile(path, uint64_t(1) << 30, "a checkpoint manifest");
+  checkJsonDepth(text, path);
+  return text;
+}
 
 void fsyncPath(const std::string &path, bool directory) {
   int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
@@ -448,7 +448,6 @@ void fsyncPath(const std::string &path, bool directory) {
   ::close(fd);
 }
 
-/// Writes `text` to `path` atomically: temporary file, fsync, rename.
 void writeTextAtomically(const std::string &path, const std::string &text) {
   std::string temp = path + ".tmp-XXXXXX";
   int fd = mkstemp(temp.data());
@@ -485,392 +484,6 @@ void makeDirectory(const std::string &dir) {
     inputError("{}: cannot create the directory", dir);
 }
 
-} // namespace
-
-namespace {
-
-/// Removes the rank files and temporary files in `dir` that `keep` does not
-/// name: what earlier saves left when they were killed.
-void collectStaleFiles(const std::string &dir, const std::set<std::string> &keep) {
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    bool rankFileName = name.rfind("rank-", 0) == 0 &&
-                        (name.find(".safetensors.tmp-") != std::string::npos ||
-                         (name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0));
-    bool manifestTemp = name.rfind("manifest.json.tmp-", 0) == 0;
-    if ((rankFileName || manifestTemp) && !keep.count(name)) {
-      std::error_code removeError;
-      fs::remove(it->path(), removeError);
-    }
-  }
-}
-
-/// Before a save into `dir`: the files of killed saves go first, so that
-/// their garbage cannot fill the disk this save needs. The current
-/// checkpoint's files stay (its manifest names them); when the manifest
-/// cannot be read, only temporary files go.
-void collectBeforeSave(const std::string &dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec))
-    return;
-  std::set<std::string> keep;
-  const fs::path manifest = fs::path(dir) / "manifest.json";
-  if (fs::exists(manifest, ec)) {
-    try {
-      json root = json::parse(readText(manifest.string()));
-      for (const json &f : root.at("files"))
-        keep.insert(f.at("name").get<std::string>());
-    } catch (const std::exception &) {
-      // Not readable: keep every complete rank file, drop temporaries only.
-      for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-        const std::string name = it->path().filename().string();
-        if (name.find(".tmp-") == std::string::npos)
-          keep.insert(name);
-      }
-    }
-  }
-  collectStaleFiles(dir, keep);
-}
-
-} // namespace
-
-void convertCheckpoint(const std::string &planPath, const std::string &hfDir,
-                       const std::string &outDir, Comm *comm) {
-  PlanLayout layout = PlanLayout::load(planPath);
-  const bool distributed = comm && comm->size() > 1;
-  const size_t me = distributed ? static_cast<size_t>(comm->rank()) : 0;
-  std::vector<int> world;
-  if (distributed) {
-    if (comm->size() != layout.worldSize)
-      inputError("{}: moert convert was started with {} processes but the plan has {} ranks "
-                 "(mpirun -np {})",
-                 planPath, comm->size(), layout.worldSize, layout.worldSize);
-    for (int r = 0; r < comm->size(); ++r)
-      world.push_back(r);
-  }
-  std::unique_ptr<Checkpoint> hf = Checkpoint::open(hfDir);
-
-  // The logical tensors in plan order, and the boxes each rank writes: its
-  // primary slices, minus boxes an earlier rank (another replica) writes.
-  struct Logical {
-    std::string name;
-    DType dtype;
-    std::vector<int64_t> shape;
-    std::vector<BoxRef> boxes;
-  };
-  std::vector<Logical> logical;
-  std::map<std::string, size_t> index;
-  std::vector<std::vector<const PlanSlice *>> perRank(layout.ranks.size());
-  // A save never touches the files the current manifest names: new rank
-  // files get a fresh generation tag, the manifest is replaced atomically
-  // last, and only then do files that no manifest names go. A save killed at
-  // any moment leaves the previous checkpoint whole.
-  // Under mpirun every rank uses rank 0's tag.
-  // Rank 0 collects what killed saves left before any rank writes (the
-  // other ranks wait for its tag).
-  if (!distributed || me == 0)
-    collectBeforeSave(outDir);
-  std::random_device entropy;
-  uint32_t tag = entropy() ^ static_cast<uint32_t>(::getpid());
-  if (distributed)
-    comm->broadcast(&tag, sizeof tag, 0, world, "moert convert (the rank files' generation tag)");
-  const std::string generation = fmt::format("{:08x}", tag);
-  auto rankFile = [&](size_t r) {
-    return fmt::format("rank-{:05d}-{}.safetensors", r, generation);
-  };
-  for (size_t r = 0; r < layout.ranks.size(); ++r) {
-    std::string file = rankFile(r);
-    for (const PlanSlice &s : layout.ranks[r]) {
-      auto it = index.find(s.name);
-      if (it == index.end()) {
-        it = index.emplace(s.name, logical.size()).first;
-        logical.push_back({s.name, s.dtype, s.globalShape, {}});
-      }
-      Logical &l = logical[it->second];
-      if (l.shape != s.globalShape || l.dtype != s.dtype)
-        inputError("{}: rank {}: tensor '{}': {} {} but another rank has it as {} {}", planPath,
-                   r, s.name, dtypeName(s.dtype), shapeString(s.globalShape),
-                   dtypeName(l.dtype), shapeString(l.shape));
-      if (!s.primary)
-        continue;
-      bool duplicate = false;
-      for (const BoxRef &b : l.boxes)
-        duplicate |= b.offset == s.offset && b.shape == s.shape;
-      if (duplicate)
-        continue; // the same box of another data-parallel replica
-      for (const BoxRef &b : l.boxes)
-        if (b.file == file)
-          inputError("{}: rank {}: tensor '{}' has two primary slices on one rank", planPath, r,
-                     s.name);
-      l.boxes.push_back({s.offset, s.shape, file});
-      perRank[r].push_back(&s);
-    }
-  }
-  // Everything is checked before anything is written.
-  for (const Logical &l : logical) {
-    checkBoxCover(planPath, l.name, l.shape, l.boxes);
-    TensorView view = hf->info(l.name, l.shape);
-    if (view.dtype != l.dtype)
-      inputError("{}: tensor '{}': expected dtype {} (the plan's) but found {}",
-                 hf->fileOf(l.name), l.name, dtypeName(l.dtype), dtypeName(view.dtype));
-  }
-  std::error_code ec;
-  std::string config;
-  std::string expertLayout = hf->hasFusedExperts() ? "fused" : "per-expert";
-  if (hf->isSharded()) {
-    config = hf->shardedCheckpoint()->configJson();
-    expertLayout = hf->shardedCheckpoint()->expertLayout();
-  } else {
-    std::string configPath = (fs::path(hfDir) / "config.json").string();
-    if (!fs::exists(configPath, ec))
-      configPath = layout.source;
-    config = readText(configPath);
-  }
-
-  makeDirectory(outDir);
-  const std::string manifestPath = (fs::path(outDir) / "manifest.json").string();
-
-  // The writes of every rank (their fills read the boxes only when run).
-  auto writesOf = [&](size_t r) {
-    std::vector<TensorToWrite> writes;
-    for (const PlanSlice *s : perRank[r]) {
-      const Checkpoint *source = hf.get();
-      writes.push_back({s->name, s->dtype, s->shape, [s, source](char *dst) {
-                          source->readBox(s->name, s->offset, s->shape, s->dtype, dst);
-                        }});
-    }
-    return writes;
-  };
-  // This process's rank files: sizes and checksums (bytes 0: no file).
-  struct Written {
-    uint64_t bytes = 0, crc = 0;
-  };
-  std::vector<Written> written(perRank.size());
-  uint64_t toWrite = 0;
-  for (size_t r = 0; r < perRank.size(); ++r)
-    if (!distributed || r == me)
-      for (const PlanSlice *s : perRank[r])
-        toWrite += TensorView{s->dtype, s->shape, nullptr}.bytes();
-  {
-    Progress progress("convert", toWrite, me == 0);
-    std::vector<std::string> mine;
-    try {
-      for (size_t r = 0; r < perRank.size(); ++r) {
-        if (perRank[r].empty() || (distributed && r != me))
-          continue;
-        std::string file = (fs::path(outDir) / rankFile(r)).string();
-        writeSafetensors(file, writesOf(r), [&](uint64_t n) { progress.add(n); });
-        mine.push_back(file);
-        written[r] = {fs::file_size(file), crc32cOfFile(file)};
-      }
-    } catch (...) {
-      // A failed save (a full disk, a bad source) leaves nothing of its
-      // own generation behind; the current checkpoint was never touched.
-      for (const std::string &file : mine) {
-        std::error_code removeError;
-        fs::remove(file, removeError);
-      }
-      throw;
-    }
-  }
-  if (distributed) {
-    // Every rank's file is complete once the gather returns; rank 0 writes
-    // the manifest, and every rank waits for it before it exits.
-    Written mine = written[me];
-    comm->allGather(&mine, sizeof mine, written.data(), world,
-                    "moert convert (gathering the rank files' sizes and checksums)");
-    for (size_t r = 0; r < perRank.size(); ++r)
-      if (!perRank[r].empty() && written[r].bytes == 0)
-        runtimeError("{}: rank {} wrote no file", outDir, r);
-    if (me != 0) {
-      comm->allReduceMax(0, "moert convert (waiting for rank 0's manifest)");
-      return;
-    }
-  }
-  ordered_json files = ordered_json::array();
-  std::map<std::string, std::pair<uint64_t, uint64_t>> ranges; // "file/name" -> data_offsets
-  for (size_t r = 0; r < perRank.size(); ++r) {
-    if (perRank[r].empty())
-      continue;
-    std::string name = rankFile(r);
-    std::vector<std::pair<uint64_t, uint64_t>> offsets = safetensorsDataOffsets(writesOf(r));
-    for (size_t i = 0; i < perRank[r].size(); ++i)
-      ranges[name + "/" + perRank[r][i]->name] = offsets[i];
-    files.push_back({{"name", name},
-                     {"rank", r},
-                     {"bytes", written[r].bytes},
-                     {"crc32c", hex32(static_cast<uint32_t>(written[r].crc))}});
-  }
-
-  ordered_json tensors = ordered_json::array();
-  for (const Logical &l : logical) {
-    ordered_json boxes = ordered_json::array();
-    for (const BoxRef &b : l.boxes) {
-      auto range = ranges.at(b.file + "/" + l.name);
-      boxes.push_back({{"file", b.file},
-                       {"offset", b.offset},
-                       {"shape", b.shape},
-                       {"data_offsets", {range.first, range.second}}});
-    }
-    tensors.push_back(
-        {{"name", l.name}, {"dtype", dtypeName(l.dtype)}, {"shape", l.shape}, {"boxes", boxes}});
-  }
-  ordered_json degrees = ordered_json::object();
-  for (const auto &[k, v] : layout.degrees)
-    degrees[k] = v;
-  ordered_json manifest = {
-      {"format", "moe-sharded-checkpoint"},
-      {"version", kShardedCheckpointVersion},
-      {"producer", "moert convert"},
-      {"model", {{"model_type", layout.modelType}, {"source", layout.source},
-                 {"config_json", config}, {"expert_layout", expertLayout}}},
-      {"plan", {{"path", layout.path}, {"world_size", layout.worldSize}, {"degrees", degrees}}},
-      {"checksum", "crc32c"},
-      {"files", files},
-      {"tensors", tensors}};
-  writeTextAtomically(manifestPath, manifest.dump(1) + "\n");
-  fsyncPath(outDir, true);
-  // Now the new checkpoint is the one: rank files of earlier saves, and
-  // temporary files of killed ones, can go.
-  std::set<std::string> current;
-  for (const auto &f : files)
-    current.insert(f["name"].get<std::string>());
-  collectStaleFiles(outDir, current);
-  if (distributed)
-    comm->allReduceMax(0, "moert convert (waiting for rank 0's manifest)");
-}
-
-namespace {
-
-/// One tensor `moert export` writes: a tensor of the checkpoint, or a fused
-/// expert tensor made of several (their blocks in order).
-struct ExportTensor {
-  std::string name;
-  DType dtype = DType::F32;
-  std::vector<int64_t> shape;
-  std::vector<const ShardedCheckpoint::Tensor *> blocks;
-  uint64_t bytes() const { return TensorView{dtype, shape, nullptr}.bytes(); }
-};
-
-/// The checkpoint's tensors as transformers 5.x's fused layout names them:
-/// each layer's per-expert gate/up (w1/w3) as one gate_up_proj [E, 2I, H],
-/// down (w2) as down_proj [E, H, I], renamed routers; every other tensor as
-/// it is, in manifest order (a fused tensor where its first block was).
-std::vector<ExportTensor> fusedExport(const ShardedCheckpoint &source) {
-  std::vector<ExportTensor> out;
-  std::map<std::string, size_t> fusedIndex;
-  struct Pending {
-    int64_t parts = 1;
-    std::map<std::pair<int64_t, int64_t>, const ShardedCheckpoint::Tensor *> blocks;
-  };
-  std::map<std::string, Pending> pending;
-  for (const ShardedCheckpoint::Tensor &t : source.tensors()) {
-    std::optional<FusedSlot> slot = fusedSlotOf(t.name);
-    if (!slot) {
-      std::optional<std::string> renamed = fusedLayoutRename(t.name);
-      out.push_back({renamed ? *renamed : t.name, t.dtype, t.shape, {&t}});
-      continue;
-    }
-    if (t.shape.size() != 2)
-      inputError("{}: tensor '{}': an expert weight of shape {} (expected rank 2)",
-                 source.manifestPath(), t.name, shapeString(t.shape));
-    auto found = fusedIndex.find(slot->fused);
-    if (found == fusedIndex.end()) {
-      found = fusedIndex.emplace(slot->fused, out.size()).first;
-      out.push_back({slot->fused, t.dtype, {0, slot->parts * t.shape[0], t.shape[1]}, {}});
-      pending[slot->fused].parts = slot->parts;
-    }
-    ExportTensor &f = out[found->second];
-    if (t.dtype != f.dtype || slot->parts * t.shape[0] != f.shape[1] || t.shape[1] != f.shape[2])
-      inputError("{}: tensor '{}' ({} {}) does not stack with the other experts of '{}'",
-                 source.manifestPath(), t.name, dtypeName(t.dtype), shapeString(t.shape),
-                 slot->fused);
-    if (!pending[slot->fused].blocks.emplace(std::make_pair(slot->expert, slot->part), &t).second)
-      inputError("{}: two tensors for expert {} of '{}'", source.manifestPath(), slot->expert,
-                 slot->fused);
-  }
-  for (auto &[name, p] : pending) {
-    ExportTensor &f = out[fusedIndex.at(name)];
-    const int64_t experts = static_cast<int64_t>(p.blocks.size()) / p.parts;
-    for (int64_t e = 0; e < experts; ++e)
-      for (int64_t part = 0; part < p.parts; ++part) {
-        auto it = p.blocks.find({e, part});
-        if (it == p.blocks.end())
-          inputError("{}: '{}' misses part {} of expert {} (the experts must be 0..{})",
-                     source.manifestPath(), name, part, e, experts - 1);
-        f.blocks.push_back(it->second);
-      }
-    f.shape[0] = experts;
-  }
-  return out;
-}
-
-} // namespace
-
-void exportCheckpoint(const std::string &ckptDir, const std::string &outDir,
-                      uint64_t maxShardBytes, const std::string &expertLayout) {
-  if (!ShardedCheckpoint::isSharded(ckptDir))
-    inputError("{}: not a sharded checkpoint (no manifest.json)", ckptDir);
-  std::unique_ptr<ShardedCheckpoint> ckpt = ShardedCheckpoint::open(ckptDir);
-  const ShardedCheckpoint &source = *ckpt;
-  const std::string layoutOut = expertLayout.empty() ? source.expertLayout() : expertLayout;
-  if (layoutOut != "per-expert" && layoutOut != "fused")
-    inputError("--expert-layout: expected per-expert or fused but got '{}'", layoutOut);
-  std::vector<ExportTensor> exported;
-  if (layoutOut == "fused") {
-    exported = fusedExport(source);
-  } else {
-    for (const ShardedCheckpoint::Tensor &t : source.tensors())
-      exported.push_back({t.name, t.dtype, t.shape, {&t}});
-  }
-  // Tensors in order, cut into shards of at most maxShardBytes (a larger
-  // tensor gets a shard of its own).
-  std::vector<std::vector<const ExportTensor *>> shards(1);
-  uint64_t inShard = 0;
-  for (const ExportTensor &t : exported) {
-    if (!shards.back().empty() && inShard + t.bytes() > maxShardBytes) {
-      shards.emplace_back();
-      inShard = 0;
-    }
-    shards.back().push_back(&t);
-    inShard += t.bytes();
-  }
-  makeDirectory(outDir);
-  ordered_json weightMap = ordered_json::object();
-  uint64_t total = 0;
-  for (const ExportTensor &t : exported)
-    total += t.bytes();
-  Progress progress("export", total);
-  for (size_t i = 0; i < shards.size(); ++i) {
-    std::string name =
-        shards.size() == 1
-            ? std::string("model.safetensors")
-            : fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
-    std::vector<TensorToWrite> writes;
-    for (const ExportTensor *t : shards[i]) {
-      writes.push_back({t->name, t->dtype, t->shape, [&source, t](char *dst) {
-                          for (const ShardedCheckpoint::Tensor *block : t->blocks) {
-                            source.assemble(*block, dst);
-                            dst += block->bytes();
-                          }
-                        }});
-      weightMap[t->name] = name;
-    }
-    writeSafetensors((fs::path(outDir) / name).string(), writes,
-                     [&](uint64_t n) { progress.add(n); });
-  }
-  progress.finish();
-  std::error_code ec;
-  if (shards.size() == 1) // an index left from an earlier export would shadow the file
-    fs::remove(fs::path(outDir) / "model.safetensors.index.json", ec);
-  if (shards.size() > 1) {
-    ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weightMap}};
-    writeTextAtomically((fs::path(outDir) / "model.safetensors.index.json").string(),
-                        index.dump(2) + "\n");
-  }
-  writeTextAtomically((fs::path(outDir) / "config.json").string(), source.configJson());
-  fsyncPath(outDir, true);
-}
+} // namespace sharded
 
 } // namespace moert
