@@ -4,6 +4,7 @@
 // constants, so the test needs no Python).
 #include "moert/Error.h"
 #include "moert/Parallel.h"
+#include "moert/cpu/Isa.h"
 #include "moert/cpu/Kernels.h"
 
 #include "gtest/gtest.h"
@@ -42,6 +43,26 @@ struct ThreadCount {
   explicit ThreadCount(int threads) : old(numThreads()) { setNumThreads(threads); }
   ~ThreadCount() { setNumThreads(old); }
 };
+
+/// Runs `kernel` at every instruction-set level this CPU has (up to the one
+/// active: ctest runs the suite once per level) and expects each level's
+/// output bit for bit equal to the generic kernels' one.
+template <class Kernel>
+void expectEveryIsaLevelEqual(Kernel kernel, const std::string &what) {
+  const Isa saved = activeIsa();
+  setIsa(Isa::Generic);
+  const std::vector<float> generic = kernel();
+  for (Isa isa : supportedIsas()) {
+    if (static_cast<int>(isa) > static_cast<int>(saved))
+      continue;
+    setIsa(isa);
+    const std::vector<float> got = kernel();
+    ASSERT_EQ(got.size(), generic.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(got[i], generic[i]) << what << " at " << isaName(isa) << ", value " << i;
+  }
+  setIsa(saved);
+}
 
 //===----------------------------------------------------------------------===//
 // Norms
@@ -97,6 +118,29 @@ TEST(NormTest, RmsNormPerHeadGroupsWithBf16Weight) {
   auto ref = refRmsNorm(x, widened, 1e-5);
   for (size_t i = 0; i < out.size(); ++i)
     EXPECT_NEAR(out[i], ref[i], 2e-6 * std::abs(ref[i]) + 1e-7) << i;
+}
+
+TEST(NormTest, EveryIsaLevelGivesTheSameBits) {
+  // Widths around the vector lengths (tails of every size) and a long row;
+  // values of very different magnitudes in one row.
+  for (int64_t width : {1, 7, 8, 9, 15, 16, 17, 31, 40, 47, 64, 100, 4099}) {
+    std::vector<float> x = randomVector(3 * width, static_cast<uint32_t>(width), -3, 3);
+    for (size_t i = 0; i < x.size(); i += 5)
+      x[i] *= 1e-3f;
+    const std::vector<float> w = randomVector(width, 99, 0.5, 1.5);
+    const std::vector<float> b = randomVector(width, 98);
+    expectEveryIsaLevelEqual([&] {
+      std::vector<float> out(x.size());
+      rmsNorm(x.data(), 3, width, f32View(w), 1e-6, out.data());
+      return out;
+    }, "rms_norm width " + std::to_string(width));
+    expectEveryIsaLevelEqual([&] {
+      std::vector<float> out(x.size());
+      const TensorView bias = f32View(b);
+      layerNorm(x.data(), 3, width, f32View(w), &bias, 1e-5, out.data());
+      return out;
+    }, "layer_norm width " + std::to_string(width));
+  }
 }
 
 TEST(NormTest, RmsNormRejectsWeightNotDividingWidth) {
@@ -350,6 +394,28 @@ TEST(RopeTest, HalfAndInterleavedRotationOfPartialHeads) {
       }
       for (int64_t i = heads * headDim; i < ld; ++i)
         EXPECT_EQ(y[t * ld + i], x[t * ld + i]); // beyond the width: untouched
+    }
+  }
+}
+
+TEST(RopeTest, EveryIsaLevelGivesTheSameBits) {
+  // Rotary widths with every tail of the 8- and 16-lane loops, partial
+  // heads, rows wider than the heads.
+  for (int64_t rotary : {2, 6, 14, 16, 18, 30, 32, 34, 64, 128}) {
+    for (bool interleaved : {false, true}) {
+      RopeParams p;
+      p.theta = 10000.0;
+      p.rotaryDim = rotary;
+      p.interleaved = interleaved;
+      RopeTable table(p, 64);
+      const int64_t headDim = rotary + 6, heads = 3, tokens = 5, ld = heads * headDim + 3;
+      const std::vector<int32_t> positions = {0, 1, 17, 40, 63};
+      const std::vector<float> x = randomVector(tokens * ld, static_cast<uint32_t>(rotary), -2, 2);
+      expectEveryIsaLevelEqual([&] {
+        std::vector<float> y = x;
+        table.apply(y.data(), tokens, heads * headDim, headDim, positions.data(), ld);
+        return y;
+      }, "rope " + std::to_string(rotary) + (interleaved ? " interleaved" : " half"));
     }
   }
 }

@@ -16,10 +16,7 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define MOERT_ATTN_AVX512 1
-#endif
+#include "IsaTarget.h"
 
 namespace moert::cpu {
 namespace {
@@ -60,13 +57,12 @@ void checkLayout(const TokenLayout &layout, const KVCache &cache, const char *op
 }
 
 
-#ifdef MOERT_ATTN_AVX512
+#ifdef MOERT_X86
 // GCC 12 flags the _mm512_undefined_ps() inside max/min/roundscale/scalef.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-#define MOERT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 
 /// e^x for 16 lanes: x = n ln2 + r, |r| <= ln2/2, a degree-7 polynomial for
 /// e^r (relative error about 1 ulp) and 2^n applied with scalef. Lanes far
@@ -334,7 +330,7 @@ void attendTiled(AttendTile tile, const float *q, int64_t ldq, const TokenLayout
 void attendCached(const float *q, int64_t ldq, const TokenLayout &layout, int64_t heads,
                   int64_t kvHeads, int64_t dq, int64_t dv, double scale, int64_t window,
                   const KVCache &cache, float *out) {
-#ifdef MOERT_ATTN_AVX512
+#ifdef MOERT_X86
   if (activeIsa() >= Isa::Avx512)
     return attendTiled(attendTile, q, ldq, layout, heads, kvHeads, dq, dv, scale, window, cache,
                        out);

@@ -5,16 +5,9 @@
 #include <algorithm>
 #include <cmath>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#include "IsaTarget.h"
 
-// GCC 12's intrinsic headers start vectors as `__Y = __Y`, which
-// -Wmaybe-uninitialized reports once inlined into a target function.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#define MOERT_AVX2 __attribute__((target("avx2,fma")))
+#ifdef MOERT_X86
 
 namespace moert::cpu {
 namespace {

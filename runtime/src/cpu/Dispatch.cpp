@@ -21,19 +21,9 @@
 #include <memory>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
+#include "IsaTarget.h"
+#ifdef MOERT_X86
 #include <unistd.h>
-#define MOERT_DISPATCH_X86 1
-#define MOERT_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
-#define MOERT_AVX512BW_TARGET __attribute__((target("avx512f,avx512bw")))
-#define MOERT_AVX2_TARGET __attribute__((target("avx2,fma")))
-// GCC 12's intrinsic headers start vectors as `__Y = __Y`, which
-// -Wmaybe-uninitialized reports once inlined into a target function.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 #endif
 
 namespace moert::cpu {
@@ -64,7 +54,7 @@ void dotsScalar(const uint16_t *x, int64_t rowsCount, int64_t hidden, const uint
   }
 }
 
-#if MOERT_DISPATCH_X86
+#if MOERT_X86
 bool haveBf16Kernels() {
   return activeIsa() >= Isa::Avx512Bf16;
 }
@@ -93,7 +83,7 @@ struct InterleavedGate {
 
 /// Sums of 8 accumulators: lane e of the result = horizontal sum of a[e]
 /// (a transposing tree: 23 shuffles and adds instead of 8 reductions).
-MOERT_BF16_TARGET inline __m256 reduce8(const __m512 *a) {
+MOERT_AVX512_BF16 inline __m256 reduce8(const __m512 *a) {
   __m512 b[4], c[2];
   for (int i = 0; i < 4; ++i)
     b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
@@ -110,7 +100,7 @@ MOERT_BF16_TARGET inline __m256 reduce8(const __m512 *a) {
 
 /// One 32-column step: acc[r][e] += x[r] . gate[e] (pairwise bf16 products).
 template <int R, int NE>
-MOERT_BF16_TARGET inline void dotStep(__m512 (&acc)[R][NE], const __m512bh *xv,
+MOERT_AVX512_BF16 inline void dotStep(__m512 (&acc)[R][NE], const __m512bh *xv,
                                       const uint16_t *g) {
   for (int e = 0; e < NE; ++e) {
     const __m512bh gv = (__m512bh)_mm512_loadu_si512(g + e * 32);
@@ -125,7 +115,7 @@ MOERT_BF16_TARGET inline void dotStep(__m512 (&acc)[R][NE], const __m512bh *xv,
 /// (into L2) the same columns of the R rows at `next` (null: none).
 /// out[r * ldo + e].
 template <int R, int NE>
-MOERT_BF16_TARGET void dotsBf16(const uint16_t *x, int64_t hidden, const uint16_t *gate,
+MOERT_AVX512_BF16 void dotsBf16(const uint16_t *x, int64_t hidden, const uint16_t *gate,
                                 const uint16_t *next, float *out, int64_t ldo) {
   __m512 acc[R][NE];
   for (int r = 0; r < R; ++r)
@@ -159,7 +149,7 @@ MOERT_BF16_TARGET void dotsBf16(const uint16_t *x, int64_t hidden, const uint16_
 }
 
 template <int R>
-MOERT_BF16_TARGET void dotsBf16Block(const uint16_t *x, int64_t hidden, const uint16_t *gate,
+MOERT_AVX512_BF16 void dotsBf16Block(const uint16_t *x, int64_t hidden, const uint16_t *gate,
                                      int64_t ne, const uint16_t *next, float *out,
                                      int64_t ldo) {
   switch (ne) {
@@ -179,7 +169,7 @@ constexpr int kTileTokens = 3;
 
 /// Logits of rows [r0, r1) of x into out (row stride ldo); the rows
 /// before `limit` after each tile are prefetched while it computes.
-MOERT_BF16_TARGET void dotsAvx512(const uint16_t *x, int64_t r0, int64_t r1, int64_t limit,
+MOERT_AVX512_BF16 void dotsAvx512(const uint16_t *x, int64_t r0, int64_t r1, int64_t limit,
                                   int64_t hidden, const InterleavedGate &gate, int64_t E,
                                   float *out, int64_t ldo) {
   int64_t r = r0;
@@ -218,7 +208,7 @@ struct WidenedGate {
 /// so an FMA rounds as the portable multiply-then-add does and the logits
 /// are bitwise the portable ones.
 template <int R, int NE>
-MOERT_AVX2_TARGET void dotsAvx2Tile(const uint16_t *x, int64_t hidden, const float *g, int64_t ldg,
+MOERT_AVX2 void dotsAvx2Tile(const uint16_t *x, int64_t hidden, const float *g, int64_t ldg,
                                     float *out, int64_t ldo) {
   __m256 acc[R][NE];
 #pragma GCC unroll 3
@@ -356,11 +346,11 @@ void selectTopK(const float *logit, int64_t E, int64_t k, float *w, int32_t *cho
 // Row copies
 //===----------------------------------------------------------------------===//
 
-#if MOERT_DISPATCH_X86
+#if MOERT_X86
 /// Copies n bytes; with `stream`, every whole 64-byte line of dst is written
 /// with a non-temporal store (the partial lines at either end normally).
 /// Optionally prefetches `next` (the next row to copy), one line per line.
-MOERT_AVX512BW_TARGET void copyBytesAvx512(uint8_t *dst, const uint8_t *src, int64_t n,
+MOERT_AVX512 void copyBytesAvx512(uint8_t *dst, const uint8_t *src, int64_t n,
                                            bool stream, const uint8_t *next) {
   int64_t i = 0;
   const int64_t head = std::min<int64_t>(n, (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63);
@@ -371,7 +361,7 @@ MOERT_AVX512BW_TARGET void copyBytesAvx512(uint8_t *dst, const uint8_t *src, int
   }
   // dst + i is 64-byte aligned from here on; the store kind is the only
   // difference between the two modes (the branch is loop-invariant).
-  auto store = [stream](uint8_t *to, __m512i v) MOERT_AVX512BW_TARGET {
+  auto store = [stream](uint8_t *to, __m512i v) MOERT_AVX512 {
     if (stream)
       _mm512_stream_si512(reinterpret_cast<__m512i *>(to), v);
     else
@@ -398,7 +388,7 @@ MOERT_AVX512BW_TARGET void copyBytesAvx512(uint8_t *dst, const uint8_t *src, int
 
 /// copyBytesAvx512 for AVX2: with `stream`, every whole 32-byte block of dst
 /// is written with a non-temporal store.
-MOERT_AVX2_TARGET void copyBytesAvx2(uint8_t *dst, const uint8_t *src, int64_t n, bool stream) {
+MOERT_AVX2 void copyBytesAvx2(uint8_t *dst, const uint8_t *src, int64_t n, bool stream) {
   if (!stream) {
     std::memcpy(dst, src, static_cast<size_t>(n));
     return;
@@ -448,7 +438,7 @@ void routeAndDispatchBf16(const uint16_t *x, int64_t tokens, int64_t hidden,
     inputError("routeAndDispatchBf16: bad shape [{}, {}]", tokens, hidden);
   if (tokens * k > std::numeric_limits<int32_t>::max())
     inputError("routeAndDispatchBf16: {} rows exceed the int32 row indices", tokens * k);
-#if MOERT_DISPATCH_X86
+#if MOERT_X86
   const bool vector = kernel == DispatchKernel::Auto && haveBf16Kernels();
   const bool avx2 = kernel == DispatchKernel::Auto && !vector && activeIsa() >= Isa::Avx2;
 #else
@@ -466,7 +456,7 @@ void routeAndDispatchBf16(const uint16_t *x, int64_t tokens, int64_t hidden,
   auto chunkBegin = [&](int64_t c) { return tokens * c / chunks; };
   std::vector<int64_t> counts(chunks * E), start(chunks * E);
 
-#if MOERT_DISPATCH_X86
+#if MOERT_X86
   std::unique_ptr<InterleavedGate> interleaved;
   if (vector)
     interleaved = std::make_unique<InterleavedGate>(gate, E, hidden);
@@ -484,7 +474,7 @@ void routeAndDispatchBf16(const uint16_t *x, int64_t tokens, int64_t hidden,
       for (int64_t t0 = chunkBegin(c), end = chunkBegin(c + 1); t0 < end; t0 += kBlock) {
         const int64_t n = std::min(kBlock, end - t0);
         float *l = logits ? logits + t0 * E : local.data();
-#if MOERT_DISPATCH_X86
+#if MOERT_X86
         if (vector)
           dotsAvx512(x, t0, t0 + n, end, hidden, *interleaved, E, l, E);
         else if (avx2)
@@ -529,7 +519,7 @@ void routeAndDispatchBf16(const uint16_t *x, int64_t tokens, int64_t hidden,
           const int64_t r = --cursor[expertIds[t * k + j]];
           rows[t * k + j] = static_cast<int32_t>(r);
           uint8_t *dst = reinterpret_cast<uint8_t *>(dispatched + r * hidden);
-#if MOERT_DISPATCH_X86
+#if MOERT_X86
           if (vector) {
             copyBytesAvx512(dst, src, rowBytes, stream, j == k - 1 ? next : nullptr);
             continue;
@@ -543,7 +533,7 @@ void routeAndDispatchBf16(const uint16_t *x, int64_t tokens, int64_t hidden,
         }
       }
     }
-#if MOERT_DISPATCH_X86
+#if MOERT_X86
     if ((vector || avx2) && stream)
       _mm_sfence();
 #endif

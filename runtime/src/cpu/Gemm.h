@@ -2,30 +2,12 @@
 // `linear`, `mlp` and `experts` split between threads (src/cpu/Linear.cpp).
 #pragma once
 
-#include "moert/cpu/Isa.h"
+#include "IsaTarget.h"
 #include "moert/cpu/Kernels.h"
 
 #include <cstdint>
 #include <cstdlib>
 #include <new>
-
-#if defined(__x86_64__) || defined(__i386__)
-#define MOERT_X86 1
-/// For functions using AVX-512 (AVX2) intrinsics: the build has no -march
-/// flag, so they are compiled for their level one by one and only called
-/// when haveAvx512() (haveAvx2()) says the kernels of that level run.
-#define MOERT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
-#define MOERT_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define MOERT_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
-#endif
-
-// GCC 12's intrinsic headers start vectors as `__Y = __Y`, which
-// -Wmaybe-uninitialized / -Wuninitialized report once inlined into a
-// target function (only the kernels and their tests include this header).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 
 namespace moert::cpu::gemm {
 

@@ -9,6 +9,7 @@
 // within 1 ulp) are replaced by correctly rounded results (computed in double,
 // rounded once), so about 1% of inv_freq entries and 5% of cos/sin entries
 // differ from torch's in the last bit.
+#include "IsaTarget.h"
 #include "moert/Error.h"
 #include "moert/Parallel.h"
 #include "moert/cpu/Kernels.h"
@@ -152,6 +153,108 @@ void checkParams(const RopeParams &p, int64_t maxPositions) {
     inputError("rope: attention_factor must be finite and positive, got {}", p.attentionFactor);
 }
 
+/// One head's rotation: transformers' x * cos + rotate_half(x) * sin, every
+/// product and sum rounded to f32 (no fused multiply-add: this file is
+/// compiled with -ffp-contract=off). rotate_half pairs (i, i + half);
+/// interleaved pairs (2i, 2i + 1), kept in place (transformers' DeepSeek-V3,
+/// apply_rotary_pos_emb_interleave, also de-interleaves the result to
+/// (evens, odds); q and k get the same permutation, so every q.k product,
+/// the only use of the result, is the same).
+struct ScalarRotation {
+  static void rotateHalf(float *v, const float *c, const float *s, int64_t begin, int64_t half) {
+    for (int64_t i = begin; i < half; ++i) {
+      const float a = v[i], b = v[i + half];
+      v[i] = a * c[i] - b * s[i];
+      v[i + half] = b * c[i] + a * s[i];
+    }
+  }
+  static void rotatePairs(float *v, const float *c, const float *s, int64_t begin, int64_t half) {
+    for (int64_t i = begin; i < half; ++i) {
+      const float a = v[2 * i], b = v[2 * i + 1];
+      v[2 * i] = a * c[i] - b * s[i];
+      v[2 * i + 1] = b * c[i] + a * s[i];
+    }
+  }
+};
+
+#ifdef MOERT_X86
+struct Avx512Rotation {
+  MOERT_AVX512 static void rotateHalf(float *v, const float *c, const float *s, int64_t, int64_t half) {
+    for (int64_t i = 0; i < half; i += 16) {
+      const __mmask16 k = half - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (half - i)) - 1);
+      const __m512 a = _mm512_maskz_loadu_ps(k, v + i), b = _mm512_maskz_loadu_ps(k, v + i + half);
+      const __m512 cv = _mm512_maskz_loadu_ps(k, c + i), sv = _mm512_maskz_loadu_ps(k, s + i);
+      _mm512_mask_storeu_ps(v + i, k, _mm512_sub_ps(_mm512_mul_ps(a, cv), _mm512_mul_ps(b, sv)));
+      _mm512_mask_storeu_ps(v + i + half, k,
+                            _mm512_add_ps(_mm512_mul_ps(b, cv), _mm512_mul_ps(a, sv)));
+    }
+  }
+  /// 8 pairs per vector: cos and sin duplicated to both lanes of a pair,
+  /// the pair swapped; even lanes take the difference, odd lanes the sum.
+  MOERT_AVX512 static void rotatePairs(float *v, const float *c, const float *s, int64_t,
+                                       int64_t half) {
+    const __m512i pairs = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    for (int64_t i = 0; i < half; i += 8) {
+      const int64_t left = std::min<int64_t>(8, half - i);
+      const __mmask8 k8 = static_cast<__mmask8>((1u << left) - 1);
+      const __mmask16 k16 = static_cast<__mmask16>((1u << (2 * left)) - 1);
+      const __m512 x = _mm512_maskz_loadu_ps(k16, v + 2 * i);
+      const __m512 cv = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(k8, c + i)));
+      const __m512 sv = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(k8, s + i)));
+      const __m512 p = _mm512_mul_ps(x, cv), q = _mm512_mul_ps(_mm512_permute_ps(x, 0xB1), sv);
+      const __m512 y = _mm512_mask_sub_ps(_mm512_add_ps(p, q), __mmask16(0x5555), p, q);
+      _mm512_mask_storeu_ps(v + 2 * i, k16, y);
+    }
+  }
+};
+
+/// AVX2: whole vectors, the scalar rotation for the rest.
+struct Avx2Rotation {
+  MOERT_AVX2 static void rotateHalf(float *v, const float *c, const float *s, int64_t, int64_t half) {
+    const int64_t full = half / 8 * 8;
+    for (int64_t i = 0; i < full; i += 8) {
+      const __m256 a = _mm256_loadu_ps(v + i), b = _mm256_loadu_ps(v + i + half);
+      const __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(s + i);
+      _mm256_storeu_ps(v + i, _mm256_sub_ps(_mm256_mul_ps(a, cv), _mm256_mul_ps(b, sv)));
+      _mm256_storeu_ps(v + i + half, _mm256_add_ps(_mm256_mul_ps(b, cv), _mm256_mul_ps(a, sv)));
+    }
+    ScalarRotation::rotateHalf(v, c, s, full, half);
+  }
+  /// 4 pairs per vector; addsub: even lanes p - q, odd lanes p + q.
+  MOERT_AVX2 static void rotatePairs(float *v, const float *c, const float *s, int64_t,
+                                     int64_t half) {
+    const __m256i pairs = _mm256_set_epi32(3, 3, 2, 2, 1, 1, 0, 0);
+    const int64_t full = half / 4 * 4;
+    for (int64_t i = 0; i < full; i += 4) {
+      const __m256 x = _mm256_loadu_ps(v + 2 * i);
+      const __m256 cv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(c + i)), pairs);
+      const __m256 sv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(s + i)), pairs);
+      const __m256 p = _mm256_mul_ps(x, cv), q = _mm256_mul_ps(_mm256_permute_ps(x, 0xB1), sv);
+      _mm256_storeu_ps(v + 2 * i, _mm256_addsub_ps(p, q));
+    }
+    ScalarRotation::rotatePairs(v, c, s, full, half);
+  }
+};
+#endif
+
+/// Rotates every head of rows [begin, end).
+template <class Rotation>
+void rotateRows(float *x, int64_t begin, int64_t end, int64_t heads, int64_t headDim,
+                int64_t ldx, int64_t half, bool interleaved, const int32_t *positions,
+                const float *cosTable, const float *sinTable) {
+  for (int64_t t = begin; t < end; ++t) {
+    const float *c = cosTable + positions[t] * half;
+    const float *s = sinTable + positions[t] * half;
+    for (int64_t h = 0; h < heads; ++h) {
+      float *v = x + t * ldx + h * headDim;
+      if (interleaved)
+        Rotation::rotatePairs(v, c, s, 0, half);
+      else
+        Rotation::rotateHalf(v, c, s, 0, half);
+    }
+  }
+}
+
 } // namespace
 
 RopeTable::RopeTable(const RopeParams &params, int64_t maxPositions)
@@ -204,32 +307,17 @@ void RopeTable::apply(float *x, int64_t tokens, int64_t width, int64_t headDim,
       inputError("rope: position {} outside the table [0, {})", positions[t], maxPositions);
   const int64_t heads = width / headDim;
   parallelFor(tokens, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const float *c = cosTable.data() + positions[t] * half;
-      const float *s = sinTable.data() + positions[t] * half;
-      for (int64_t h = 0; h < heads; ++h) {
-        float *v = x + t * ldx + h * headDim;
-        // transformers: x * cos + rotate_half(x) * sin, every product and sum
-        // rounded to f32 (no fused multiply-add).
-        if (p.interleaved) {
-          // Pairs (2i, 2i+1), kept in place. transformers' DeepSeek-V3
-          // (apply_rotary_pos_emb_interleave) also de-interleaves the result
-          // to (evens, odds); q and k get the same permutation, so every q.k
-          // product, the only use of the result, is the same.
-          for (int64_t i = 0; i < half; ++i) {
-            const float a = v[2 * i], b = v[2 * i + 1];
-            v[2 * i] = a * c[i] - b * s[i];
-            v[2 * i + 1] = b * c[i] + a * s[i];
-          }
-        } else {
-          for (int64_t i = 0; i < half; ++i) {
-            const float a = v[i], b = v[i + half];
-            v[i] = a * c[i] - b * s[i];
-            v[i + half] = b * c[i] + a * s[i];
-          }
-        }
-      }
-    }
+    const float *c = cosTable.data(), *s = sinTable.data();
+#ifdef MOERT_X86
+    if (activeIsa() >= Isa::Avx512)
+      return rotateRows<Avx512Rotation>(x, begin, end, heads, headDim, ldx, half, p.interleaved,
+                                        positions, c, s);
+    if (activeIsa() >= Isa::Avx2)
+      return rotateRows<Avx2Rotation>(x, begin, end, heads, headDim, ldx, half, p.interleaved,
+                                      positions, c, s);
+#endif
+    rotateRows<ScalarRotation>(x, begin, end, heads, headDim, ldx, half, p.interleaved,
+                               positions, c, s);
   }, 16);
 }
 
