@@ -1,16 +1,23 @@
-// Microbenchmark of moert::cpu::linear with bf16 weights of a Mixtral-layout
-// MLP (hidden 1024, intermediate 2816): GFLOP/s of the prefill GEMM
-// (512 tokens) and GB/s of weights read by the decode GEMV (1..8 tokens),
-// on 1 and 2 threads. Decode cycles through enough weight copies to miss the
-// last-level cache, as a model's layers do.
+// Microbenchmark of moert::cpu::linear with bf16 (or f32) weights of a
+// Mixtral-layout MLP (hidden 1024, intermediate 2816): GFLOP/s of the
+// prefill GEMM (512 tokens) and GB/s of weights read by the decode GEMV
+// (1..8 tokens), on 1 and 2 threads. Decode cycles through enough weight
+// copies to miss the last-level cache, as a model's layers do. With --mmap
+// the weights live in a file mapped read-only (page-cache pages, as moert
+// maps a checkpoint) instead of heap memory.
 //
-//   moe-gemm-bench [repetitions]
+//   moe-gemm-bench [repetitions] [--f32] [--mmap]
 #include "moert/Parallel.h"
 #include "moert/Tensor.h"
 #include "moert/cpu/Kernels.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <string>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -25,24 +32,64 @@ double now() {
       .count();
 }
 
+/// One weight matrix: bf16 or f32 values in `data` (heap or mmapped).
 struct Weights {
   int64_t rows, cols;
-  std::vector<uint16_t> data;
-  Weights(int64_t rows, int64_t cols, std::mt19937 &rng) : rows(rows), cols(cols) {
-    std::uniform_real_distribution<float> dist(-0.05f, 0.05f);
-    data.resize(static_cast<size_t>(rows * cols));
-    for (uint16_t &v : data)
-      v = floatToBf16(dist(rng));
-  }
+  DType dtype;
+  const void *data = nullptr;
   cpu::Matrix matrix() const {
     cpu::Matrix m;
-    m.dtype = DType::BF16;
-    m.data = data.data();
+    m.dtype = dtype;
+    m.data = data;
     m.rows = rows;
     m.cols = cols;
     m.rowStride = cols;
     return m;
   }
+};
+
+/// Bytes of random weights in U(-0.05, 0.05) for `count` matrices of
+/// rows x cols, in heap memory or written to an unlinked file and mapped.
+struct WeightStore {
+  std::vector<char> heap;
+  void *mapped = nullptr;
+  size_t bytes = 0;
+  WeightStore(size_t bytes, DType dtype, bool useMmap, std::mt19937 &rng) : bytes(bytes) {
+    std::vector<char> values(bytes);
+    std::uniform_real_distribution<float> dist(-0.05f, 0.05f);
+    if (dtype == DType::F32)
+      for (size_t i = 0; i < bytes / 4; ++i) {
+        const float v = dist(rng);
+        std::memcpy(values.data() + 4 * i, &v, 4);
+      }
+    else
+      for (size_t i = 0; i < bytes / 2; ++i) {
+        const uint16_t v = floatToBf16(dist(rng));
+        std::memcpy(values.data() + 2 * i, &v, 2);
+      }
+    if (!useMmap) {
+      heap = std::move(values);
+      return;
+    }
+    char path[] = "/tmp/moe-gemm-bench-XXXXXX";
+    const int fd = mkstemp(path);
+    if (fd < 0 || unlink(path) != 0 ||
+        write(fd, values.data(), bytes) != static_cast<ssize_t>(bytes)) {
+      std::perror("moe-gemm-bench: weight file");
+      std::exit(2);
+    }
+    mapped = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (mapped == MAP_FAILED) {
+      std::perror("moe-gemm-bench: mmap");
+      std::exit(2);
+    }
+  }
+  ~WeightStore() {
+    if (mapped)
+      munmap(mapped, bytes);
+  }
+  const char *data() const { return mapped ? static_cast<const char *>(mapped) : heap.data(); }
 };
 
 /// Best time of `reps` calls of f (after one warm-up call).
@@ -61,16 +108,31 @@ double bestTime(int reps, F &&f) {
 } // namespace
 
 int main(int argc, char **argv) {
-  int reps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
+  int reps = 5;
+  DType dtype = DType::BF16;
+  bool useMmap = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--f32"))
+      dtype = DType::F32;
+    else if (!std::strcmp(argv[i], "--mmap"))
+      useMmap = true;
+    else
+      reps = std::max(1, std::atoi(argv[i]));
+  }
+  const char *dtypeName = dtype == DType::F32 ? "f32" : "bf16";
+  const int64_t size = dtype == DType::F32 ? 4 : 2;
   std::mt19937 rng(42);
   const int64_t shapes[][2] = {{2816, 1024}, {1024, 2816}}; // [out, in]
-  // 24 copies of a 5.5 MiB matrix: 132 MiB, well past a 32 MiB L3.
+  // 24 copies of each matrix (132 MiB in bf16), well past a 32 MiB L3.
   const int copies = 24;
+  const size_t matrixBytes = static_cast<size_t>(2816 * 1024 * size);
+  WeightStore store(2 * copies * matrixBytes, dtype, useMmap, rng);
   std::vector<Weights> up, down;
   for (int c = 0; c < copies; ++c) {
-    up.emplace_back(shapes[0][0], shapes[0][1], rng);
-    down.emplace_back(shapes[1][0], shapes[1][1], rng);
+    up.push_back({shapes[0][0], shapes[0][1], dtype, store.data() + (2 * c) * matrixBytes});
+    down.push_back({shapes[1][0], shapes[1][1], dtype, store.data() + (2 * c + 1) * matrixBytes});
   }
+  std::printf("weights: %s, %s\n", dtypeName, useMmap ? "mmapped file (page cache)" : "heap");
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   std::vector<float> x(512 * 2816), y(512 * 2816);
   for (float &v : x)
@@ -83,9 +145,9 @@ int main(int argc, char **argv) {
       const int64_t N = shapes[s][0], K = shapes[s][1];
       const int64_t T = 512;
       double t = bestTime(reps, [&] { cpu::linear(x.data(), T, w[0].matrix(), nullptr, y.data()); });
-      std::printf("threads=%d  T=%-4lld W=[%lld,%lld] bf16  %8.1f GFLOP/s  (%.2f ms)\n", threads,
+      std::printf("threads=%d  T=%-4lld W=[%lld,%lld] %s  %8.1f GFLOP/s  (%.2f ms)\n", threads,
                   static_cast<long long>(T), static_cast<long long>(N), static_cast<long long>(K),
-                  2.0 * T * N * K / t * 1e-9, t * 1e3);
+                  dtypeName, 2.0 * T * N * K / t * 1e-9, t * 1e3);
     }
     for (int64_t T : {1, 2, 4, 8}) {
       for (int s = 0; s < 2; ++s) {
@@ -96,9 +158,9 @@ int main(int argc, char **argv) {
           for (int c = 0; c < copies; ++c)
             cpu::linear(x.data(), T, w[c].matrix(), nullptr, y.data());
         }) / copies;
-        std::printf("threads=%d  T=%-4lld W=[%lld,%lld] bf16  %8.1f GB/s      (%.3f ms, %.1f GFLOP/s)\n",
+        std::printf("threads=%d  T=%-4lld W=[%lld,%lld] %s  %8.1f GB/s      (%.3f ms, %.1f GFLOP/s)\n",
                     threads, static_cast<long long>(T), static_cast<long long>(N),
-                    static_cast<long long>(K), 2.0 * N * K / t * 1e-9, t * 1e3,
+                    static_cast<long long>(K), dtypeName, double(size) * N * K / t * 1e-9, t * 1e3,
                     2.0 * T * N * K / t * 1e-9);
       }
     }
