@@ -16,7 +16,7 @@
 //   MOERT_FAULT=kill:R:N   world rank R raises SIGKILL on itself,
 //   MOERT_FAULT=stall:R:N  world rank R sleeps forever,
 // at its N-th (from 1) communication call, counting every call of
-// allReduceSum, allGather, allToAllV, send, recv, broadcast and allReduceMax
+// allReduceSum, allGather, exchange, send, recv, broadcast and allReduceMax
 // (also in a world of one). It lets tests check that a dead or stuck rank
 // ends the whole job with a message instead of a hang.
 #include "moert/Comm.h"
@@ -97,6 +97,31 @@ private:
   long rank = -1, call = 0, calls = 0;
 };
 
+/// An exchange within a group of one: each send is the next receive.
+void matchOwnPieces(const std::vector<Comm::Piece> &sends, const std::vector<Comm::Piece> &recvs,
+                    const std::string &what) {
+  std::vector<const Comm::Piece *> out, in;
+  for (const Comm::Piece &p : sends)
+    if (p.bytes != 0)
+      out.push_back(&p);
+  for (const Comm::Piece &p : recvs)
+    if (p.bytes != 0)
+      in.push_back(&p);
+  if (out.size() != in.size())
+    runtimeError("{}: exchange within one rank sends {} pieces but receives {}", what,
+                 out.size(), in.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i]->member != 0 || in[i]->member != 0)
+      runtimeError("{}: exchange with member {} of a group of 1", what,
+                   std::max(out[i]->member, in[i]->member));
+    if (out[i]->bytes != in[i]->bytes)
+      runtimeError("{}: exchange sends {} bytes to itself but expects {}", what, out[i]->bytes,
+                   in[i]->bytes);
+    if (out[i]->bytes > 0 && out[i]->data != in[i]->data)
+      std::memmove(in[i]->data, out[i]->data, static_cast<size_t>(out[i]->bytes));
+  }
+}
+
 /// The world of one process: every group is {0}.
 class LocalComm final : public Comm {
 public:
@@ -115,22 +140,10 @@ public:
     if (bytes > 0 && in != out)
       std::memmove(out, in, static_cast<size_t>(bytes));
   }
-  void allToAllV(const void *send, const std::vector<int64_t> &sendBytes,
-                 const std::vector<int64_t> &sendOffsets, void *recv,
-                 const std::vector<int64_t> &recvBytes, const std::vector<int64_t> &recvOffsets,
-                 const std::vector<int> &group, const std::string &what) override {
+  void exchange(const std::vector<Piece> &sends, const std::vector<Piece> &recvs,
+                const std::vector<int> &group, const std::string &what) override {
     begin(group, what);
-    if (sendBytes.size() != 1 || sendOffsets.size() != 1 || recvBytes.size() != 1 ||
-        recvOffsets.size() != 1)
-      runtimeError("{}: all_to_all over 1 member with {} send and {} receive counts", what,
-                   sendBytes.size(), recvBytes.size());
-    if (sendBytes[0] != recvBytes[0])
-      runtimeError("{}: all_to_all sends {} bytes to itself but expects {}", what, sendBytes[0],
-                   recvBytes[0]);
-    if (sendBytes[0] > 0)
-      std::memmove(static_cast<char *>(recv) + recvOffsets[0],
-                   static_cast<const char *>(send) + sendOffsets[0],
-                   static_cast<size_t>(sendBytes[0]));
+    matchOwnPieces(sends, recvs, what);
   }
   void send(const void *, int64_t, int peer, const std::string &what) override {
     fault.tick(0, what);
@@ -270,39 +283,45 @@ public:
     wait(requests, what, group);
   }
 
-  void allToAllV(const void *send, const std::vector<int64_t> &sendBytes,
-                 const std::vector<int64_t> &sendOffsets, void *recv,
-                 const std::vector<int64_t> &recvBytes, const std::vector<int64_t> &recvOffsets,
-                 const std::vector<int> &group, const std::string &what) override {
+  void exchange(const std::vector<Piece> &sends, const std::vector<Piece> &recvs,
+                const std::vector<int> &group, const std::string &what) override {
     fault.tick(worldRank, what);
     MPI_Comm comm = commOf(group, what);
-    size_t n = group.size();
-    if (sendBytes.size() != n || sendOffsets.size() != n || recvBytes.size() != n ||
-        recvOffsets.size() != n)
-      runtimeError("{}: all_to_all over {} members with {}/{} send and {}/{} receive "
-                   "counts/offsets",
-                   what, n, sendBytes.size(), sendOffsets.size(), recvBytes.size(),
-                   recvOffsets.size());
-    std::vector<int64_t> all;
-    for (const std::vector<int64_t> *list : {&sendBytes, &sendOffsets, &recvBytes, &recvOffsets})
-      for (int64_t value : *list) {
-        if (value < 0)
-          runtimeError("{}: all_to_all with a negative count or offset {}", what, value);
-        all.push_back(value);
-      }
-    auto [type, unit] = unitFor(all, what, "all_to_all");
-    auto ints = [&](const std::vector<int64_t> &list) {
-      std::vector<int> result(n);
-      for (size_t q = 0; q < n; ++q)
-        result[q] = static_cast<int>(list[q] / unit);
-      return result;
-    };
-    std::vector<int> sc = ints(sendBytes), sd = ints(sendOffsets), rc = ints(recvBytes),
-                     rd = ints(recvOffsets);
-    std::vector<MPI_Request> requests(1);
-    MPI_Ialltoallv(send, sc.data(), sd.data(), type, recv, rc.data(), rd.data(), type, comm,
-                   &requests[0]);
-    wait(requests, what, group);
+    const int n = static_cast<int>(group.size());
+    for (const std::vector<Piece> *list : {&sends, &recvs})
+      for (const Piece &p : *list)
+        if (p.member < 0 || p.member >= n || p.bytes < 0)
+          runtimeError("{}: exchange piece of {} bytes with member {} of a group of {}", what,
+                       p.bytes, p.member, n);
+    // Receives first, then sends; pieces between two ranks match in order
+    // (MPI's messages on one communicator and tag do not overtake).
+    std::vector<MPI_Request> requests;
+    std::vector<std::pair<const Piece *, int>> expected; // per receive request
+    for (const Piece &p : recvs) {
+      char *at = static_cast<char *>(p.data);
+      forChunks(p.bytes, [&](int64_t offset, int count) {
+        requests.emplace_back();
+        expected.emplace_back(&p, count);
+        MPI_Irecv(at + offset, count, MPI_BYTE, p.member, kDataTag, comm, &requests.back());
+      });
+    }
+    const size_t receives = requests.size();
+    for (const Piece &p : sends) {
+      const char *at = static_cast<const char *>(p.data);
+      forChunks(p.bytes, [&](int64_t offset, int count) {
+        requests.emplace_back();
+        MPI_Isend(at + offset, count, MPI_BYTE, p.member, kDataTag, comm, &requests.back());
+      });
+    }
+    std::vector<MPI_Status> statuses = wait(requests, what, group);
+    for (size_t i = 0; i < receives; ++i) {
+      int got = 0;
+      MPI_Get_count(&statuses[i], MPI_BYTE, &got);
+      if (got != expected[i].second)
+        abort(fmt::format("{}: expected {} bytes from rank {} but got {}", what,
+                          expected[i].first->bytes, group[expected[i].first->member],
+                          expected[i].first->bytes - (expected[i].second - got)));
+    }
   }
 
   void send(const void *data, int64_t bytes, int peer, const std::string &what) override {

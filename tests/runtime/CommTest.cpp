@@ -89,54 +89,53 @@ TEST(CommMpi, AllGatherInGroupOrder) {
     EXPECT_EQ(inPlace[m], group[m] + 1000);
 }
 
-TEST(CommMpi, AllToAllVUnevenCounts) {
+TEST(CommMpi, ExchangeUnevenPiecesInOrder) {
   REQUIRE_MPI();
   std::vector<int> group = worldGroup();
   int n = static_cast<int>(group.size()), me = comm->rank();
-  // Member me sends me + q + 1 values to member q (the one to q = 0 of rank
-  // 0 is 1 value, ...), and member q + 2 * me values of padding between.
-  std::vector<int64_t> sendBytes(n), sendOffsets(n), recvBytes(n), recvOffsets(n);
-  std::vector<int32_t> send;
+  // Member me sends member q two pieces: me + q + 1 values, then 2 values;
+  // the receiver lists them in that order at places of its own choosing
+  // (one value of gap before each; the second piece first in memory).
+  std::vector<std::vector<int32_t>> out(n);
+  std::vector<Comm::Piece> sends, recvs;
   for (int q = 0; q < n; ++q) {
-    send.resize(send.size() + q + 2 * me, -7); // padding, never sent
-    sendOffsets[q] = static_cast<int64_t>(send.size()) * 4;
-    sendBytes[q] = (me + q + 1) * 4;
-    for (int k = 0; k < me + q + 1; ++k)
-      send.push_back(me * 1000 + q * 10 + k);
+    for (int k = 0; k < me + q + 1 + 2; ++k)
+      out[q].push_back(me * 1000 + q * 10 + k);
+    sends.push_back({q, out[q].data(), (me + q + 1) * 4});
+    sends.push_back({q, out[q].data() + me + q + 1, 8});
   }
-  int64_t total = 0;
+  std::vector<std::vector<int32_t>> in(n);
   for (int q = 0; q < n; ++q) {
-    recvOffsets[q] = total * 4 + 4; // one value of gap before each
-    recvBytes[q] = (q + me + 1) * 4;
-    total += 1 + q + me + 1;
+    in[q].assign(1 + 2 + 1 + q + me + 1, -1);
+    recvs.push_back({q, in[q].data() + 4, (q + me + 1) * 4});
+    recvs.push_back({q, in[q].data() + 1, 8});
   }
-  std::vector<int32_t> recv(total, -1);
-  comm->allToAllV(send.data(), sendBytes, sendOffsets, recv.data(), recvBytes, recvOffsets, group,
-                  "all_to_all uneven");
+  comm->exchange(sends, recvs, group, "exchange uneven");
   for (int q = 0; q < n; ++q) {
-    const int32_t *at = recv.data() + recvOffsets[q] / 4;
-    EXPECT_EQ(at[-1], -1) << "gap before member " << q;
+    EXPECT_EQ(in[q][0], -1) << "gap before member " << q;
+    EXPECT_EQ(in[q][3], -1) << "gap between member " << q << "'s pieces";
     for (int k = 0; k < q + me + 1; ++k)
-      EXPECT_EQ(at[k], q * 1000 + me * 10 + k) << "from member " << q << " value " << k;
+      EXPECT_EQ(in[q][4 + k], q * 1000 + me * 10 + k) << "from member " << q << " value " << k;
+    for (int k = 0; k < 2; ++k)
+      EXPECT_EQ(in[q][1 + k], q * 1000 + me * 10 + q + me + 1 + k) << "second piece of " << q;
   }
 }
 
-TEST(CommMpi, AllToAllVZeroCountsInSubset) {
+TEST(CommMpi, ExchangeWithZeroPiecesLeftOutInSubset) {
   REQUIRE_MPI();
   std::vector<int> group = parityGroup();
   int n = static_cast<int>(group.size()), me = memberOf(group);
-  // Only member 0 sends anything: 8 bytes to each member.
-  std::vector<int64_t> sendBytes(n, me == 0 ? 8 : 0), sendOffsets(n), recvBytes(n, 0),
-      recvOffsets(n, 0);
+  // Only member 0 sends anything: one double to each member.
   std::vector<double> send(n);
+  std::vector<Comm::Piece> sends, recvs;
   for (int q = 0; q < n; ++q) {
     send[q] = 0.5 + q;
-    sendOffsets[q] = q * 8;
+    if (me == 0)
+      sends.push_back({q, &send[q], 8});
   }
-  recvBytes[0] = 8;
   double got = -1;
-  comm->allToAllV(send.data(), sendBytes, sendOffsets, &got, recvBytes, recvOffsets, group,
-                  "all_to_all zeros");
+  recvs.push_back({0, &got, 8});
+  comm->exchange(sends, recvs, group, "exchange zeros");
   EXPECT_EQ(got, 0.5 + me);
 }
 
@@ -256,10 +255,12 @@ TEST(CommLocal, CollectivesAreCopies) {
   comm->allGather(data, 12, out, group, "gather");
   EXPECT_EQ(out[1], 2.0f);
   int32_t send[4] = {9, 8, 7, 6}, recv[4] = {};
-  comm->allToAllV(send, {8}, {4}, recv, {8}, {8}, group, "all_to_all");
+  comm->exchange({{0, send + 1, 8}, {0, send, 0}, {0, send + 3, 4}},
+                 {{0, recv + 2, 8}, {0, recv, 4}}, group, "exchange");
   EXPECT_EQ(recv[2], 8);
   EXPECT_EQ(recv[3], 7);
-  EXPECT_EQ(recv[0], 0);
+  EXPECT_EQ(recv[0], 6);
+  EXPECT_EQ(recv[1], 0);
   comm->broadcast(data, 12, 0, group, "bcast");
   EXPECT_EQ(data[0], 1.0f);
   EXPECT_EQ(comm->allReduceMax(42, "max"), 42);
@@ -272,7 +273,9 @@ TEST(CommLocal, PointToPointAndOtherGroupsFail) {
   EXPECT_THROW(comm->recv(&x, 4, 0, "recv from self"), RuntimeError);
   EXPECT_THROW(comm->allReduceSum(&x, 1, {0, 1}, "two ranks"), RuntimeError);
   EXPECT_THROW(comm->broadcast(&x, 4, 1, {0}, "bad root"), RuntimeError);
-  EXPECT_THROW(comm->allToAllV(&x, {4}, {0}, &x, {8}, {0}, {0}, "count mismatch"), RuntimeError);
+  EXPECT_THROW(comm->exchange({{0, &x, 4}}, {{0, &x, 8}}, {0}, "size mismatch"), RuntimeError);
+  EXPECT_THROW(comm->exchange({{0, &x, 4}}, {}, {0}, "piece count mismatch"), RuntimeError);
+  EXPECT_THROW(comm->exchange({{1, &x, 4}}, {{1, &x, 4}}, {0}, "member outside"), RuntimeError);
 }
 
 // Driven by check-comm-fault.py: MOERT_FAULT=stall:1:2 or kill:1:2 under

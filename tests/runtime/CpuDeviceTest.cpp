@@ -63,12 +63,10 @@ public:
                  const std::string &) override {
     std::memmove(out, in, static_cast<size_t>(bytes));
   }
-  void allToAllV(const void *send, const std::vector<int64_t> &sendBytes,
-                 const std::vector<int64_t> &sendOffsets, void *recv,
-                 const std::vector<int64_t> &, const std::vector<int64_t> &recvOffsets,
-                 const std::vector<int> &, const std::string &) override {
-    std::memmove(static_cast<char *>(recv) + recvOffsets[0],
-                 static_cast<const char *>(send) + sendOffsets[0], sendBytes[0]);
+  void exchange(const std::vector<Piece> &sends, const std::vector<Piece> &recvs,
+                const std::vector<int> &, const std::string &) override {
+    for (size_t i = 0; i < sends.size() && i < recvs.size(); ++i)
+      std::memmove(recvs[i].data, sends[i].data, static_cast<size_t>(sends[i].bytes));
   }
   void send(const void *, int64_t, int, const std::string &) override {}
   void recv(void *, int64_t, int, const std::string &) override {}
@@ -159,21 +157,26 @@ public:
     });
     copyBytes(out, all.data(), all.size());
   }
-  void allToAllV(const void *send, const std::vector<int64_t> &sendBytes,
-                 const std::vector<int64_t> &sendOffsets, void *recv,
-                 const std::vector<int64_t> &recvBytes, const std::vector<int64_t> &recvOffsets,
-                 const std::vector<int> &group, const std::string &what) override {
-    struct Posted { const void *send; const std::vector<int64_t> *bytes, *offsets; };
-    Posted mine{send, &sendBytes, &sendOffsets};
-    size_t q = std::find(group.begin(), group.end(), me) - group.begin();
-    meet(group, &mine, [&](const std::vector<const void *> &posted) {
+  void exchange(const std::vector<Piece> &sends, const std::vector<Piece> &recvs,
+                const std::vector<int> &group, const std::string &what) override {
+    const int q = static_cast<int>(std::find(group.begin(), group.end(), me) - group.begin());
+    meet(group, &sends, [&](const std::vector<const void *> &posted) {
       for (size_t m = 0; m < posted.size(); ++m) {
-        const Posted &from = *static_cast<const Posted *>(posted[m]);
-        if ((*from.bytes)[q] != recvBytes[m])
-          throw RuntimeError(what + ": received another size than expected");
-        copyBytes(static_cast<char *>(recv) + recvOffsets[m],
-                    static_cast<const char *>(from.send) + (*from.offsets)[q],
-                    static_cast<size_t>(recvBytes[m]));
+        // Member m's pieces for q, in order, into q's receives from m.
+        std::vector<const Piece *> from, into;
+        for (const Piece &p : *static_cast<const std::vector<Piece> *>(posted[m]))
+          if (p.member == q)
+            from.push_back(&p);
+        for (const Piece &p : recvs)
+          if (p.member == static_cast<int>(m))
+            into.push_back(&p);
+        if (from.size() != into.size())
+          throw RuntimeError(what + ": received another number of pieces than expected");
+        for (size_t i = 0; i < from.size(); ++i) {
+          if (from[i]->bytes != into[i]->bytes)
+            throw RuntimeError(what + ": received another size than expected");
+          copyBytes(into[i]->data, from[i]->data, static_cast<size_t>(into[i]->bytes));
+        }
       }
     });
   }

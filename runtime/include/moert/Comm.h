@@ -1,8 +1,10 @@
 // Communication between ranks: what the executor and the devices ask for
 // collectives. `createComm` returns the single-process communicator (world
 // of one; every group is {0}) unless the process runs under mpirun, where it
-// returns the MPI one (Open MPI on the CPU; the CUDA driver will use NCCL
-// bootstrapped through it).
+// returns the MPI one (Open MPI, host memory). The CUDA device's NCCL
+// communicator (runtime/src/cuda/NcclComm.h) implements the same interface
+// for device memory, bootstrapped through the MPI one. The plan's collective
+// protocols over it: runtime/src/Collectives.h.
 //
 // Every call names what it is for (`what`, e.g. "step 37 (all_reduce over
 // tp)") so that a failure or a timeout can say which step of which rank did
@@ -39,14 +41,20 @@ public:
   /// out = the members' `bytes` bytes each, concatenated in group order.
   virtual void allGather(const void *in, int64_t bytes, void *out,
                          const std::vector<int> &group, const std::string &what) = 0;
-  /// Member q gets sendBytes[q] bytes from send + sendOffsets[q]; what member
-  /// q sent here lands at recv + recvOffsets[q] (recvBytes[q] bytes, which
-  /// the caller knows, e.g. from a previous exchange of counts).
-  virtual void allToAllV(const void *send, const std::vector<int64_t> &sendBytes,
-                         const std::vector<int64_t> &sendOffsets, void *recv,
-                         const std::vector<int64_t> &recvBytes,
-                         const std::vector<int64_t> &recvOffsets,
-                         const std::vector<int> &group, const std::string &what) = 0;
+  /// One piece of an exchange: `bytes` bytes to or from group member
+  /// `member` (an index into the group).
+  struct Piece {
+    int member = 0;
+    void *data = nullptr;
+    int64_t bytes = 0;
+  };
+  /// Every send and receive of a grouped exchange at once (all_to_all's
+  /// counts, then its rows): the pieces this rank sends to member q arrive,
+  /// in order, in the pieces member q receives from this rank, which have
+  /// the same sizes (a receive of another size is an error). Pieces of zero
+  /// bytes may be left out, on both sides alike.
+  virtual void exchange(const std::vector<Piece> &sends, const std::vector<Piece> &recvs,
+                        const std::vector<int> &group, const std::string &what) = 0;
   /// Point to point (pipeline stages); messages between two ranks arrive in
   /// order.
   virtual void send(const void *data, int64_t bytes, int peer, const std::string &what) = 0;

@@ -5,6 +5,7 @@
 // tensor, and owned buffers filled with Checkpoint::readBox (pread of just
 // the box's bytes, from a Hugging Face or a sharded checkpoint of any
 // layout) otherwise.
+#include "../Collectives.h"
 #include "moert/Device.h"
 #include "moert/Error.h"
 #include "moert/RankWeights.h"
@@ -48,22 +49,6 @@ private:
   int64_t current = 0, peak_ = 0;
 };
 
-const char *axisName(CollectiveGroup::Axis axis) {
-  switch (axis) {
-  case CollectiveGroup::Axis::PP: return "pp";
-  case CollectiveGroup::Axis::DP: return "dp";
-  case CollectiveGroup::Axis::TP: return "tp";
-  case CollectiveGroup::Axis::EDP: return "edp";
-  case CollectiveGroup::Axis::EP: return "ep";
-  case CollectiveGroup::Axis::ETP: return "etp";
-  }
-  return "?";
-}
-
-bool isCollective(OpKind op) {
-  return op == OpKind::AllReduce || op == OpKind::AllGather || op == OpKind::AllToAll;
-}
-
 class CpuDevice final : public Device {
 public:
   std::string name() const override { return "cpu"; }
@@ -93,11 +78,17 @@ public:
     }
     memory.add(allocated);
 
-    // Collective groups, once (world ranks in the group's order).
-    groups.assign(program->steps.size(), {});
-    for (size_t i = 0; i < program->steps.size(); ++i)
-      if (isCollective(program->steps[i].op))
-        groups[i] = plan.groupOf(rank, program->steps[i].group);
+    // The collectives (runtime/src/Collectives.h) over host memory.
+    collective.plan = &plan;
+    collective.program = program;
+    collective.rank = rank;
+    collective.comm = &comm;
+    collective.memory = &hostMemory;
+    collective.groups = collectives::groupsOf(plan, rank);
+    collective.address = [this](int64_t id) -> void * { return buffers[id].data(); };
+    collective.gatherStage = [this](int64_t bytes) -> void * {
+      return reserve(gatherStage, (bytes + 3) / 4);
+    };
     // Rope tables per distinct parameter set (every layer shares one).
     ropeTables.clear();
     for (const PlanStep &s : program->steps)
@@ -196,11 +187,8 @@ private:
     return *ropeTables.back().second;
   }
 
-  /// What a collective is for, in messages: "step 12 (all_reduce over tp)".
   std::string what(size_t index, const PlanStep &s) const {
-    if (isCollective(s.op))
-      return fmt::format("step {} ({} over {})", index, opName(s.op), axisName(s.group.axis));
-    return fmt::format("step {} ({})", index, opName(s.op));
+    return collectives::describe(index, s);
   }
 
   /// Runs step `index` over `T` rows; returns the rows of the steps after it
@@ -211,39 +199,12 @@ private:
     // Collectives and the expert steps run with any T, 0 included: every
     // member of a group takes part, and expert_ffn computes rows that
     // other ranks sent.
-    case OpKind::AllReduce: {
-      int64_t n = T * width(s.in[0]);
-      if (s.out[0] != s.in[0])
-        std::copy_n(f(s.in[0]), n, f(s.out[0]));
-      comm->allReduceSum(f(s.out[0]), n, groups[index], what(index, s));
-      return T;
-    }
-    case OpKind::AllGather: {
-      const std::vector<int> &group = groups[index];
-      const int64_t n = static_cast<int64_t>(group.size()), wd = width(s.in[0]);
-      float *all = reserve(gatherStage, n * T * wd);
-      comm->allGather(f(s.in[0]), T * wd * 4, all, group, what(index, s));
-      // [n, T, w] -> [T, n * w]: member q's columns at [q * w, (q + 1) * w).
-      float *out = f(s.out[0]);
-      for (int64_t q = 0; q < n; ++q)
-        for (int64_t t = 0; t < T; ++t)
-          std::copy_n(all + (q * T + t) * wd, wd, out + t * n * wd + q * wd);
-      return T;
-    }
-    case OpKind::Send: {
-      int64_t peer = plan->stageRank(rank, coords.pp + 1);
-      comm->send(f(s.in[0]), T * width(s.in[0]) * 4, static_cast<int>(peer),
-                 fmt::format("step {} (send to rank {})", index, peer));
-      return T;
-    }
-    case OpKind::Recv: {
-      int64_t peer = plan->stageRank(rank, coords.pp - 1);
-      comm->recv(f(s.out[0]), T * width(s.out[0]) * 4, static_cast<int>(peer),
-                 fmt::format("step {} (recv from rank {})", index, peer));
-      return T;
-    }
+    case OpKind::AllReduce:
+    case OpKind::AllGather:
     case OpKind::AllToAll:
-      allToAll(index, s);
+    case OpKind::Send:
+    case OpKind::Recv:
+      collectives::run(collective, index, s, T);
       return T;
     case OpKind::Dispatch:
       cpu::dispatch(f(s.in[0]), T, width(s.in[0]), ints(s.in[1]), width(s.in[1]), s.dispatch,
@@ -392,59 +353,6 @@ private:
     return R;
   }
 
-  /// all_to_all: the counts first (El per member), then, for each member
-  /// q, the filled rows of its El experts, packed; what member q sent lands
-  /// in rows (q * El + l) * C of the output, its counts in counts'.
-  void allToAll(size_t index, const PlanStep &s) {
-    const std::vector<int> &group = groups[index];
-    const int64_t n = static_cast<int64_t>(group.size()), E = width(s.in[1]), El = E / n;
-    const int64_t C = bufferRows(s.in[0]) / E, H = width(s.in[0]);
-    const std::string name = what(index, s);
-    const int32_t *counts = ints(s.in[1]);
-    int32_t *received = reserve(countStage, E);
-    std::vector<int64_t> countBytes(n, El * 4), countOffsets(n);
-    for (int64_t q = 0; q < n; ++q)
-      countOffsets[q] = q * El * 4;
-    comm->allToAllV(counts, countBytes, countOffsets, received, countBytes, countOffsets, group,
-                    name);
-    for (int64_t e = 0; e < E; ++e)
-      if (received[e] < 0 || received[e] > C)
-        runtimeError("rank {}: {}: rank {} sent {} rows for an expert of capacity {}", rank,
-                     name, group[e / El], received[e], C);
-
-    // Pack what goes to each member, contiguous per member.
-    std::vector<int64_t> sendBytes(n), sendOffsets(n), recvBytes(n), recvOffsets(n);
-    int64_t sendRows = 0, recvRows = 0;
-    for (int64_t q = 0; q < n; ++q) {
-      int64_t out = 0, in = 0;
-      for (int64_t l = 0; l < El; ++l) {
-        out += counts[q * El + l];
-        in += received[q * El + l];
-      }
-      sendOffsets[q] = sendRows * H * 4;
-      sendBytes[q] = out * H * 4;
-      recvOffsets[q] = recvRows * H * 4;
-      recvBytes[q] = in * H * 4;
-      sendRows += out;
-      recvRows += in;
-    }
-    float *packed = reserve(sendStage, sendRows * H);
-    float *unpacked = reserve(recvStage, recvRows * H);
-    const float *buf = f(s.in[0]);
-    for (int64_t e = 0, at = 0; e < E; ++e) {
-      std::copy_n(buf + e * C * H, counts[e] * H, packed + at * H);
-      at += counts[e];
-    }
-    comm->allToAllV(packed, sendBytes, sendOffsets, unpacked, recvBytes, recvOffsets, group,
-                    name);
-    float *out = f(s.out[0]);
-    for (int64_t e = 0, at = 0; e < E; ++e) {
-      std::copy_n(unpacked + at * H, received[e] * H, out + e * C * H);
-      at += received[e];
-    }
-    std::copy_n(received, E, ints(s.out[1]));
-  }
-
   const Plan *plan = nullptr;
   Comm *comm = nullptr;
   int64_t rank = 0;
@@ -454,10 +362,11 @@ private:
   RankWeights rankWeights;
   std::vector<std::vector<float>> buffers;    // I32 buffers reuse the f32 storage
   std::vector<cpu::KVCache> caches;
-  std::vector<std::vector<int>> groups; // per step: a collective's world ranks
+  collectives::HostMemory hostMemory;
+  collectives::Context collective;
   std::vector<std::pair<cpu::RopeParams, std::unique_ptr<cpu::RopeTable>>> ropeTables;
-  std::vector<float> scratch, gathered, gatherStage, sendStage, recvStage;
-  std::vector<int32_t> idScratch, countStage;
+  std::vector<float> scratch, gathered, gatherStage;
+  std::vector<int32_t> idScratch;
   int64_t allocated = 0;
   MemoryTracker memory;
   std::array<double, kNumOpKinds> seconds{};

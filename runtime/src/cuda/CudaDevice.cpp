@@ -7,8 +7,9 @@
 // - The program's kernel table (docs/cuda.md) drives everything: kernels of
 //   the plan's fatbin through cuLaunchKernel, GEMMs through cuBLAS
 //   (cublasGemmEx / cublasGemmStridedBatchedEx over [experts, capacity, .]
-//   blocks), collectives through NCCL (communicators split from one world
-//   communicator, bootstrapped through moert::Comm, i.e. MPI).
+//   blocks), collectives by the shared protocols (runtime/src/Collectives.h)
+//   over NCCL (NcclComm.h: communicators split from one world communicator,
+//   bootstrapped through moert::Comm, i.e. MPI).
 // - Memory: one arena (cuMemAlloc) for weights, buffers, KV caches, scratch,
 //   rope tables and the batch's index arrays, sized from the plan.
 // - A step without host synchronisation (no all_to_all, which reads the
@@ -23,7 +24,10 @@
 // dp/ep, tp, pp, tp+ep, chunked, capacity, graphs on and off, against the
 // single-rank run); the GPU e2e tests carry the ctest label `gpu`
 // (docs/cuda.md).
+#include "../Collectives.h"
 #include "CudaApi.h"
+#include "CudaMemory.h"
+#include "NcclComm.h"
 
 #include "moert/Device.h"
 #include "moert/Error.h"
@@ -36,6 +40,7 @@
 #include <fstream>
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 
@@ -62,34 +67,6 @@ std::string directoryOf(const std::string &path) {
   return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
 }
 
-/// One allocation, sub-allocated in 256-byte aligned pieces.
-class Arena {
-public:
-  void reserve(int64_t bytes) { size += align(bytes); }
-  void allocate(const cuda::Api &api) {
-    if (size)
-      check(api.cuMemAlloc(&base, static_cast<size_t>(size)), "cuMemAlloc (the plan's arena)");
-  }
-  CUdeviceptr take(int64_t bytes) {
-    CUdeviceptr p = base + static_cast<CUdeviceptr>(used);
-    used += align(bytes);
-    if (used > size)
-      runtimeError("CUDA arena: {} bytes taken of {}", used, size);
-    return p;
-  }
-  void release(const cuda::Api &api) {
-    if (base)
-      api.cuMemFree(base);
-    base = 0;
-  }
-  int64_t bytes() const { return size; }
-
-private:
-  static int64_t align(int64_t n) { return (n + 255) / 256 * 256; }
-  CUdeviceptr base = 0;
-  int64_t size = 0, used = 0;
-};
-
 class CudaDevice final : public Device {
 public:
   ~CudaDevice() override {
@@ -99,10 +76,7 @@ public:
       api->cuGraphExecDestroy(exec);
     if (blas)
       api->cublasDestroy(blas);
-    for (auto &[key, c] : groupComms)
-      api->ncclCommDestroy(c);
-    if (world)
-      api->ncclCommDestroy(world);
+    nccl.reset();
     if (module)
       api->cuModuleUnload(module);
     arena.release(*api);
@@ -125,8 +99,25 @@ public:
     allocate();
     uploadWeights(ckpt);
     uploadRopeTables();
-    if (plan.worldSize > 1)
-      connect(comm);
+    if (plan.worldSize > 1) {
+      nccl = std::make_unique<cuda::NcclComm>(*api, comm, stream);
+      nccl->prepare(plan);
+    }
+    collectiveContext.plan = &plan;
+    collectiveContext.program = program;
+    collectiveContext.rank = rank;
+    collectiveContext.comm = nccl.get();
+    collectiveContext.memory = &deviceMemory;
+    collectiveContext.groups = collectives::groupsOf(plan, rank);
+    collectiveContext.address = [this](int64_t id) {
+      return reinterpret_cast<void *>(static_cast<uintptr_t>(buffers.at(id)));
+    };
+    collectiveContext.gatherStage = [this](int64_t bytes) {
+      if (bytes > gatherBytes)
+        runtimeError("all_gather of {} bytes exceeds the {} bytes reserved for it", bytes,
+                     gatherBytes);
+      return reinterpret_cast<void *>(static_cast<uintptr_t>(gatherTemp));
+    };
     graphsEnabled = !hasHostSync;
     if (const char *g = std::getenv("MOERT_CUDA_GRAPHS"); g && !std::strcmp(g, "0"))
       graphsEnabled = false;
@@ -236,6 +227,7 @@ private:
     check(api->cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
     check(api->cuCtxSetCurrent(context), "cuCtxSetCurrent");
     check(api->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    deviceMemory.bind(*api, stream);
     check(api->cublasCreate(&blas), "cublasCreate");
     check(api->cublasSetStream(blas, reinterpret_cast<cudaStream_t>(stream)), "cublasSetStream");
   }
@@ -445,36 +437,6 @@ private:
         }
   }
 
-  /// NCCL: one world communicator (its id broadcast through moert::Comm),
-  /// then one per (mesh, axis) split from it, in the same order everywhere.
-  void connect(Comm &comm) {
-    ncclUniqueId id;
-    if (rank == 0)
-      check(api->ncclGetUniqueId(&id), "ncclGetUniqueId");
-    std::vector<int> all(static_cast<size_t>(plan->worldSize));
-    for (int r = 0; r < plan->worldSize; ++r)
-      all[r] = r;
-    comm.broadcast(&id, sizeof id, 0, all, "NCCL bootstrap (unique id)");
-    check(api->ncclCommInitRank(&world, static_cast<int>(plan->worldSize), id,
-                                static_cast<int>(rank)),
-          "ncclCommInitRank");
-    using M = CollectiveGroup::Mesh;
-    using A = CollectiveGroup::Axis;
-    const std::pair<M, A> kinds[] = {{M::Attention, A::PP}, {M::Attention, A::DP},
-                                     {M::Attention, A::TP}, {M::Experts, A::EDP},
-                                     {M::Experts, A::EP},    {M::Experts, A::ETP}};
-    for (auto [mesh, axis] : kinds) {
-      CollectiveGroup g{mesh, axis};
-      std::vector<int> members = plan->groupOf(rank, g);
-      int color = *std::min_element(members.begin(), members.end());
-      int key = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
-      ncclComm_t split;
-      check(api->ncclCommSplit(world, color, key, &split, nullptr), "ncclCommSplit");
-      groupComms[{static_cast<int>(mesh), static_cast<int>(axis)}] = split;
-      groupSize[{static_cast<int>(mesh), static_cast<int>(axis)}] = static_cast<int>(members.size());
-    }
-  }
-
   //===--------------------------------------------------------------------===//
   // Steps
   //===--------------------------------------------------------------------===//
@@ -650,101 +612,13 @@ private:
     }
   }
 
-  ncclComm_t commOf(const CollectiveGroup &g) {
-    return groupComms.at({static_cast<int>(g.mesh), static_cast<int>(g.axis)});
-  }
-
   void collective(size_t index, const PlanStep &s, int64_t rows) {
-    const std::string what = fmt::format("step {} ({})", index, opName(s.op));
-    auto width = [&](int64_t id) { return program->buffers[id].width; };
-    switch (s.op) {
-    case OpKind::AllReduce:
-      check(api->ncclAllReduce(reinterpret_cast<void *>(buffers[s.in[0]]),
-                               reinterpret_cast<void *>(buffers[s.out[0]]),
-                               static_cast<size_t>(rows * width(s.in[0])), ncclFloat, ncclSum,
-                               commOf(s.group), reinterpret_cast<cudaStream_t>(stream)),
-            what.c_str());
-      return;
-    case OpKind::AllGather: {
-      const int n = groupSize.at({static_cast<int>(s.group.mesh), static_cast<int>(s.group.axis)});
-      const int64_t w = width(s.in[0]);
-      check(api->ncclAllGather(reinterpret_cast<void *>(buffers[s.in[0]]),
-                               reinterpret_cast<void *>(gatherTemp),
-                               static_cast<size_t>(rows * w), ncclFloat, commOf(s.group),
-                               reinterpret_cast<cudaStream_t>(stream)),
-            what.c_str());
-      // Member q's [rows, w] block becomes columns [q w, (q+1) w).
-      for (int q = 0; q < n && rows > 0; ++q) {
-        CUDA_MEMCPY2D copy{};
-        copy.srcMemoryType = CU_MEMORYTYPE_DEVICE;
-        copy.srcDevice = gatherTemp + static_cast<CUdeviceptr>(q * rows * w * 4);
-        copy.srcPitch = static_cast<size_t>(w * 4);
-        copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
-        copy.dstDevice = buffers[s.out[0]] + static_cast<CUdeviceptr>(q * w * 4);
-        copy.dstPitch = static_cast<size_t>(n * w * 4);
-        copy.WidthInBytes = static_cast<size_t>(w * 4);
-        copy.Height = static_cast<size_t>(rows);
-        check(api->cuMemcpy2DAsync(&copy, stream), what.c_str());
-      }
-      return;
-    }
-    case OpKind::AllToAll: {
-      // Counts first (El per member), then each expert's counted rows.
-      ncclComm_t c = commOf(s.group);
-      const int n = groupSize.at({static_cast<int>(s.group.mesh), static_cast<int>(s.group.axis)});
-      const int64_t E = program->buffers[s.in[1]].width, El = E / n, H = width(s.in[0]);
-      const int64_t C = program->buffers[s.in[0]].rows / E;
-      const CUdeviceptr counts = buffers[s.in[1]], countsOut = buffers[s.out[1]];
-      auto cs = reinterpret_cast<cudaStream_t>(stream);
-      check(api->ncclGroupStart(), what.c_str());
-      for (int q = 0; q < n; ++q) {
-        check(api->ncclSend(reinterpret_cast<void *>(counts + q * El * 4), El, ncclInt32, q, c, cs),
-              what.c_str());
-        check(api->ncclRecv(reinterpret_cast<void *>(countsOut + q * El * 4), El, ncclInt32, q, c,
-                            cs),
-              what.c_str());
-      }
-      check(api->ncclGroupEnd(), what.c_str());
-      std::vector<int32_t> sent(E), received(E);
-      check(api->cuMemcpyDtoHAsync(sent.data(), counts, E * 4, stream), what.c_str());
-      check(api->cuMemcpyDtoHAsync(received.data(), countsOut, E * 4, stream), what.c_str());
-      check(api->cuStreamSynchronize(stream), what.c_str());
-      exchangedRows = 0;
-      for (int32_t r : received)
-        exchangedRows = std::max<int64_t>(exchangedRows, r);
-      check(api->ncclGroupStart(), what.c_str());
-      for (int q = 0; q < n; ++q)
-        for (int64_t l = 0; l < El; ++l) {
-          const int64_t e = q * El + l;
-          const CUdeviceptr at = static_cast<CUdeviceptr>(e * C * H * 4);
-          if (sent[e] > 0)
-            check(api->ncclSend(reinterpret_cast<void *>(buffers[s.in[0]] + at), sent[e] * H,
-                                ncclFloat, q, c, cs),
-                  what.c_str());
-          if (received[e] > 0)
-            check(api->ncclRecv(reinterpret_cast<void *>(buffers[s.out[0]] + at),
-                                received[e] * H, ncclFloat, q, c, cs),
-                  what.c_str());
-        }
-      check(api->ncclGroupEnd(), what.c_str());
-      return;
-    }
-    case OpKind::Send:
-    case OpKind::Recv: {
-      const int64_t stage = plan->ranks[rank].coords.pp + (s.op == OpKind::Send ? 1 : -1);
-      const int peer = static_cast<int>(plan->stageRank(rank, stage));
-      const int64_t id = s.op == OpKind::Send ? s.in[0] : s.out[0];
-      void *data = reinterpret_cast<void *>(buffers[id]);
-      const size_t count = static_cast<size_t>(rows * width(id));
-      auto cs = reinterpret_cast<cudaStream_t>(stream);
-      check(s.op == OpKind::Send ? api->ncclSend(data, count, ncclFloat, peer, world, cs)
-                                 : api->ncclRecv(data, count, ncclFloat, peer, world, cs),
-            what.c_str());
-      return;
-    }
-    default:
-      runtimeError("{}: {} is not a collective", plan->path, what);
-    }
+    if (!collectiveContext.comm)
+      runtimeError("{}: {} in a plan of one rank", plan->path,
+                   collectives::describe(index, s));
+    int64_t most = collectives::run(collectiveContext, index, s, rows);
+    if (s.op == OpKind::AllToAll)
+      exchangedRows = most;
   }
 
   const Plan *plan = nullptr;
@@ -757,11 +631,11 @@ private:
   CUstream stream = nullptr;
   CUmodule module = nullptr;
   cublasHandle_t blas = nullptr;
-  ncclComm_t world = nullptr;
-  std::map<std::pair<int, int>, ncclComm_t> groupComms;
-  std::map<std::pair<int, int>, int> groupSize;
+  std::unique_ptr<cuda::NcclComm> nccl;
+  cuda::CollectiveMemory deviceMemory;
+  collectives::Context collectiveContext;
   std::map<std::string, CUfunction> functions;
-  Arena arena;
+  cuda::Arena arena;
   std::vector<CUdeviceptr> buffers, cacheKeys, cacheValues, scratch, ropeCos, ropeSin, weightPtrs;
   std::vector<CUdeviceptr> weightF32Ptrs; ///< f32 copies of 16-bit GEMM weights (or 0)
   bool bf16Gemm = false;         ///< BF16 weights multiply bf16-rounded activations

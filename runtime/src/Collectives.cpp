@@ -1,0 +1,160 @@
+#include "Collectives.h"
+
+#include "moert/Error.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace moert::collectives {
+
+void HostMemory::read(void *host, const void *device, int64_t bytes) {
+  if (bytes > 0 && host != device)
+    std::memmove(host, device, static_cast<size_t>(bytes));
+}
+
+void HostMemory::copy2d(void *dst, int64_t dstPitch, const void *src, int64_t srcPitch,
+                        int64_t width, int64_t height) {
+  for (int64_t r = 0; r < height; ++r)
+    std::memmove(static_cast<char *>(dst) + r * dstPitch,
+                 static_cast<const char *>(src) + r * srcPitch, static_cast<size_t>(width));
+}
+
+bool isCollective(OpKind op) {
+  return op == OpKind::AllReduce || op == OpKind::AllGather || op == OpKind::AllToAll ||
+         op == OpKind::Send || op == OpKind::Recv;
+}
+
+namespace {
+
+const char *axisName(CollectiveGroup::Axis axis) {
+  switch (axis) {
+  case CollectiveGroup::Axis::PP: return "pp";
+  case CollectiveGroup::Axis::DP: return "dp";
+  case CollectiveGroup::Axis::TP: return "tp";
+  case CollectiveGroup::Axis::EDP: return "edp";
+  case CollectiveGroup::Axis::EP: return "ep";
+  case CollectiveGroup::Axis::ETP: return "etp";
+  }
+  return "?";
+}
+
+int64_t widthOf(const Context &c, int64_t id) { return c.program->buffers[id].width; }
+char *bytesOf(const Context &c, int64_t id) { return static_cast<char *>(c.address(id)); }
+
+void allReduce(const Context &c, const PlanStep &s, int64_t rows,
+               const std::vector<int> &group, const std::string &what) {
+  const int64_t n = rows * widthOf(c, s.in[0]);
+  if (s.out[0] != s.in[0])
+    c.memory->copy2d(c.address(s.out[0]), n * 4, c.address(s.in[0]), n * 4, n * 4, 1);
+  c.comm->allReduceSum(static_cast<float *>(c.address(s.out[0])), n, group, what);
+}
+
+/// Member q's [rows, w] block becomes columns [q w, (q + 1) w) of the
+/// output [rows, n w].
+void allGather(const Context &c, const PlanStep &s, int64_t rows,
+               const std::vector<int> &group, const std::string &what) {
+  const int64_t n = static_cast<int64_t>(group.size()), w = widthOf(c, s.in[0]) * 4;
+  char *all = static_cast<char *>(c.gatherStage(n * rows * w));
+  c.comm->allGather(c.address(s.in[0]), rows * w, all, group, what);
+  if (rows > 0)
+    for (int64_t q = 0; q < n; ++q)
+      c.memory->copy2d(bytesOf(c, s.out[0]) + q * w, n * w, all + q * rows * w, w, w, rows);
+}
+
+/// The counts first (El per member), then each expert's counted rows: what
+/// member q sent for its expert slot e lands in rows e * C of the output, its
+/// counts in counts'. Counts outside [0, C] end the step with an error.
+int64_t allToAll(const Context &c, const PlanStep &s, const std::vector<int> &group,
+                 const std::string &what) {
+  const int64_t n = static_cast<int64_t>(group.size()), E = widthOf(c, s.in[1]), El = E / n;
+  const int64_t C = c.program->buffers[s.in[0]].rows / E, H = widthOf(c, s.in[0]) * 4;
+  char *counts = bytesOf(c, s.in[1]), *countsOut = bytesOf(c, s.out[1]);
+  std::vector<Comm::Piece> sends, recvs;
+  for (int64_t q = 0; q < n; ++q) {
+    sends.push_back({static_cast<int>(q), counts + q * El * 4, El * 4});
+    recvs.push_back({static_cast<int>(q), countsOut + q * El * 4, El * 4});
+  }
+  c.comm->exchange(sends, recvs, group, what);
+
+  std::vector<int32_t> sent(static_cast<size_t>(E)), received(static_cast<size_t>(E));
+  c.memory->read(sent.data(), counts, E * 4);
+  c.memory->read(received.data(), countsOut, E * 4);
+  for (int64_t e = 0; e < E; ++e) {
+    if (sent[e] < 0 || sent[e] > C)
+      runtimeError("rank {}: {}: {} rows to send for an expert of capacity {}", c.rank, what,
+                   sent[e], C);
+    if (received[e] < 0 || received[e] > C)
+      runtimeError("rank {}: {}: rank {} sent {} rows for an expert of capacity {}", c.rank,
+                   what, group[e / El], received[e], C);
+  }
+  sends.clear();
+  recvs.clear();
+  char *in = bytesOf(c, s.in[0]), *out = bytesOf(c, s.out[0]);
+  int64_t most = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int member = static_cast<int>(e / El);
+    if (sent[e] > 0)
+      sends.push_back({member, in + e * C * H, sent[e] * H});
+    if (received[e] > 0)
+      recvs.push_back({member, out + e * C * H, received[e] * H});
+    most = std::max<int64_t>(most, received[e]);
+  }
+  c.comm->exchange(sends, recvs, group, what);
+  return most;
+}
+
+} // namespace
+
+std::string describe(size_t index, const PlanStep &step) {
+  if (step.op == OpKind::AllReduce || step.op == OpKind::AllGather ||
+      step.op == OpKind::AllToAll)
+    return fmt::format("step {} ({} over {})", index, opName(step.op), axisName(step.group.axis));
+  return fmt::format("step {} ({})", index, opName(step.op));
+}
+
+std::vector<std::vector<int>> groupsOf(const Plan &plan, int64_t rank) {
+  const PlanProgram &program = plan.programOf(rank);
+  std::vector<std::vector<int>> groups(program.steps.size());
+  for (size_t i = 0; i < program.steps.size(); ++i) {
+    OpKind op = program.steps[i].op;
+    if (op == OpKind::AllReduce || op == OpKind::AllGather || op == OpKind::AllToAll)
+      groups[i] = plan.groupOf(rank, program.steps[i].group);
+  }
+  return groups;
+}
+
+int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
+  switch (s.op) {
+  case OpKind::AllReduce:
+    allReduce(c, s, rows, c.groups.at(index), describe(index, s));
+    return -1;
+  case OpKind::AllGather:
+    allGather(c, s, rows, c.groups.at(index), describe(index, s));
+    return -1;
+  case OpKind::AllToAll:
+    return allToAll(c, s, c.groups.at(index), describe(index, s));
+  case OpKind::Send:
+  case OpKind::Recv: {
+    // The pipeline: activations go to the rank with the same dp and tp on
+    // the next stage.
+    const bool sending = s.op == OpKind::Send;
+    const int64_t stage = c.plan->ranks[c.rank].coords.pp + (sending ? 1 : -1);
+    const int peer = static_cast<int>(c.plan->stageRank(c.rank, stage));
+    const int64_t id = sending ? s.in[0] : s.out[0];
+    const int64_t bytes = rows * widthOf(c, id) * 4;
+    if (sending)
+      c.comm->send(c.address(id), bytes, peer,
+                   fmt::format("step {} (send to rank {})", index, peer));
+    else
+      c.comm->recv(c.address(id), bytes, peer,
+                   fmt::format("step {} (recv from rank {})", index, peer));
+    return -1;
+  }
+  default:
+    runtimeError("{}: not a collective", describe(index, s));
+  }
+}
+
+} // namespace moert::collectives
