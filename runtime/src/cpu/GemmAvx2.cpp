@@ -273,13 +273,42 @@ MOERT_AVX2 void gemvTile(const float *x, int64_t xStep, const char *w, int64_t r
       y[t * ldy + r] = horizontalSum(acc[r][t]) + (bias ? bias[r] : 0.0f);
 }
 
+/// gemvTile's contract for one token and one row (decode): four
+/// accumulator chains, no software prefetch. Decoding one token then reads
+/// the rows one after another, one sequential stream per thread, which the
+/// hardware prefetcher follows best (as gemvRow of the AVX-512 path).
+template <DType D>
+MOERT_AVX2 void gemvRow(const float *x, int64_t xStep, const char *w, int64_t, int64_t K, bool,
+                        const float *bias, float *y, int64_t) {
+  constexpr int64_t size = kElementSize<D>;
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  const int64_t full = K / 8;
+  int64_t s = 0;
+  for (; s + 4 <= full; s += 4)
+    for (int j = 0; j < 4; ++j)
+      acc[j] = _mm256_fmadd_ps(load8<D>(w + (s + j) * 8 * size),
+                               _mm256_load_ps(x + (s + j) * xStep), acc[j]);
+  for (; s < full; ++s)
+    acc[0] = _mm256_fmadd_ps(load8<D>(w + s * 8 * size), _mm256_load_ps(x + s * xStep), acc[0]);
+  if (full * 8 < K)
+    acc[1] = _mm256_fmadd_ps(load8Partial<D>(w + full * 8 * size, K - full * 8),
+                             _mm256_load_ps(x + full * xStep), acc[1]);
+  __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+  y[0] = horizontalSum(sum) + (bias ? bias[0] : 0.0f);
+}
+
 using GemvTile = void (*)(const float *, int64_t, const char *, int64_t, int64_t, bool,
                           const float *, float *, int64_t);
 
 template <DType D, int TG>
 GemvTile gemvTileRows(int rows) {
   switch (rows) {
-  case 1: return gemvTile<D, TG, 1>;
+  case 1:
+    if constexpr (TG == 1)
+      return gemvRow<D>;
+    else
+      return gemvTile<D, TG, 1>;
   case 2: return gemvTile<D, TG, 2>;
   case 3: return gemvTile<D, TG, 3>;
   case 4: return gemvTile<D, TG, 4>;
@@ -312,14 +341,15 @@ MOERT_AVX2 void gemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &
   // Rows per tile: R weight vectors, one x vector and R x TG accumulators
   // within the 16 ymm registers.
   const int64_t group = std::min<int64_t>(tokens, kGemvGroup);
-  const int rows = group == 1 ? 6 : group == 2 ? 4 : group == 3 ? 3 : 2;
+  // One token: a row at a time (gemvRow).
+  const int rows = group == 1 ? 1 : group == 2 ? 4 : group == 3 ? 3 : 2;
   const char *base = static_cast<const char *>(w.data);
   for (int64_t n = n0; n < n1;) {
     const bool full = n + rows <= n1; // else single rows up to n1
     for (int64_t t = 0; t < tokens; t += kGemvGroup) {
       const int count = static_cast<int>(std::min<int64_t>(kGemvGroup, tokens - t));
       gemvTileFor<D>(count, full ? rows : 1)(packed + t * 8, xStep, base + n * rowBytes,
-                                             rowBytes, K, t == 0 && full,
+                                             rowBytes, K, t == 0 && full && rows > 1,
                                              bias ? bias + n : nullptr, y + t * ldy + n, ldy);
     }
     n += full ? rows : 1;
