@@ -43,6 +43,29 @@ inline nlohmann::json parseJsonNoDuplicateKeys(const char *begin, const char *en
   return nlohmann::json::parse(begin, end, callback);
 }
 
+/// nlohmann's messages start with "[json.exception.parse_error.101] "; the
+/// user needs only the part after it.
+inline std::string jsonMessage(const nlohmann::json::exception &e) {
+  std::string text = e.what();
+  size_t end = text.find("] ");
+  return end == std::string::npos ? text : text.substr(end + 2);
+}
+
+/// parseJsonNoDuplicateKeys of an object; InputError "PATH: WHAT is not
+/// valid JSON: ..." or "... is a JSON array, expected an object".
+inline nlohmann::json parseJsonObject(const std::string &path, const char *begin,
+                                      const char *end, const char *what) {
+  nlohmann::json value;
+  try {
+    value = parseJsonNoDuplicateKeys(begin, end, path, what);
+  } catch (const nlohmann::json::exception &e) { // parse_error, and out_of_range for a number like 1e512
+    inputError("{}: {} is not valid JSON: {}", path, what, jsonMessage(e));
+  }
+  if (!value.is_object())
+    inputError("{}: {} is a JSON {}, expected an object", path, what, value.type_name());
+  return value;
+}
+
 class JsonFields {
 public:
   using json = nlohmann::json;
