@@ -6,7 +6,7 @@ namespace moert {
 
 bool planTargetsCuda(const Plan &plan) {
   for (const PlanProgram &p : plan.programs)
-    if (p.hasCudaTable)
+    if (p.cuda)
       return true;
   return false;
 }

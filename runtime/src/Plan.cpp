@@ -6,6 +6,7 @@
 #include "moert/Error.h"
 
 #include "JsonFields.h"
+#include "KernelTableReader.h"
 #include "InputFile.h"
 #include "PlanChecks.h"
 
@@ -260,7 +261,6 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
   program.activationBytes = memory.integer("activations", 0);
   program.cacheBytes = memory.integer("kv_cache", 0);
   program.weightBytes = memory.integer("weights", 0);
-  program.hasCudaTable = pr.has("cuda");
 
   const json &steps = pr.array("steps");
   int64_t heads = 0;
@@ -321,6 +321,8 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
     pr.fail("steps", "the last stage has no LM head (a linear with \"head\": true)");
   checkDataFlow(program, pr);
   checkWeightBinding(program, pr);
+  if (pr.has("cuda"))
+    program.cuda = readKernelTable(program, pr.child("cuda"));
   return program;
 }
 

@@ -269,6 +269,141 @@ TEST(PlanLoad, BadFieldsAreNamed) {
             "PLAN: programs[0].steps[0] (send): a send on stage 0, the last of 1");
 }
 
+// Issue 14: the CUDA kernel table is read with the plan, every field and
+// reference checked, so that the CUDA device never meets a bad one while it
+// launches (it used to parse "buf:3" per launch and could throw
+// std::out_of_range).
+namespace {
+
+json kernelLaunch(const char *name, json params) {
+  return {{"kernel", name},
+          {"grid", {{1, 1, 0}, {0, 1, 1}, {0, 1, 1}}},
+          {"block", 128},
+          {"shared_bytes", 0},
+          {"params", std::move(params)}};
+}
+
+json gemmLaunch(const char *a, const char *b, const char *c, json m, int64_t n, int64_t k) {
+  return {{"gemm", {{"a", a}, {"b", b}, {"c", c}, {"m", std::move(m)}, {"n", n}, {"k", k},
+                    {"lda", k}, {"ldb", k}, {"ldc", n}, {"b_dtype", "F32"}, {"batch", 1}}}};
+}
+
+/// minimalPlan() with a kernel table as moec --target cuda writes one.
+json cudaPlan() {
+  json plan = minimalPlan();
+  json none = {{"rows", "T"}, {"launches", json::array()}};
+  json experts = gemmLaunch("buf:5", "weight:2", "scratch:0", "4", 3, 4);
+  experts["gemm"]["batch"] = 2;
+  experts["gemm"]["stride_a"] = 16;
+  experts["gemm"]["stride_b"] = 12;
+  experts["gemm"]["stride_c"] = 12;
+  experts["gemm"]["b_batch_modulo"] = 2;
+  experts["gemm"]["rows_from_counts"] = "buf:6";
+  plan["programs"][0]["cuda"] = {
+      {"format", 1},
+      {"source", "p.stage0.cu"},
+      {"fatbin", "p.stage0.fatbin"},
+      {"scratch", {{{"bytes", 96}}}},
+      {"rope_tables", json::array()},
+      {"steps",
+       {{{"rows", "T"},
+         {"launches", {kernelLaunch("moe_s0_embedding", {"buf:2", "buf:0", "weight:0", "T"})}}},
+        {{"rows", "T"}, {"launches", {gemmLaunch("buf:2", "weight:1", "buf:3", "T", 2, 4)}}},
+        none,
+        {{"rows", "T"}, {"launches", {experts}}},
+        none,
+        {{"rows", "T"}, {"launches", {gemmLaunch("buf:9", "weight:5", "buf:10", "R", 8, 4)}}}}},
+      {"sampling",
+       {{"argmax", kernelLaunch("moe_s6_argmax", {"buf:10", "batch:argmax", "R", "const:-3"})}}}};
+  return plan;
+}
+
+std::string cudaError(const std::function<void(json &)> &edit) {
+  json plan = cudaPlan();
+  edit(plan["programs"][0]["cuda"]);
+  return loadMessage(planText(plan));
+}
+
+} // namespace
+
+TEST(PlanLoad, KernelTableIsTyped) {
+  std::string path = writePlan(cudaPlan());
+  Plan plan = Plan::load(path);
+  fs::remove(path);
+  const std::shared_ptr<const KernelTable> &t = plan.programOf(0).cuda;
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->fatbin, "p.stage0.fatbin");
+  ASSERT_EQ(t->steps.size(), 6u);
+  const KernelLaunch &embed = t->steps[0].launches.at(0);
+  EXPECT_EQ(embed.kind, KernelLaunch::Kind::Kernel);
+  ASSERT_EQ(embed.params.size(), 4u);
+  EXPECT_EQ(embed.params[2].kind, KernelRef::Kind::Weight);
+  EXPECT_EQ(embed.params[2].value, 0);
+  EXPECT_EQ(embed.params[3].kind, KernelRef::Kind::T);
+  const KernelGemm &experts = t->steps[3].launches.at(0).gemm;
+  EXPECT_EQ(experts.rows, KernelGemm::Rows::Fixed);
+  EXPECT_EQ(experts.m, 4);
+  EXPECT_EQ(experts.batch, 2);
+  ASSERT_TRUE(experts.rowsFromCounts.has_value());
+  EXPECT_EQ(experts.rowsFromCounts->value, 6);
+  EXPECT_EQ(t->steps[5].launches.at(0).gemm.rows, KernelGemm::Rows::R);
+  ASSERT_EQ(t->sampling.size(), 1u);
+  EXPECT_EQ(t->sampling[0].params[3].kind, KernelRef::Kind::Const);
+  EXPECT_EQ(t->sampling[0].params[3].value, -3);
+  EXPECT_FALSE(t->hasAllToAll);
+}
+
+TEST(PlanLoad, BadKernelTableFieldsAreNamed) {
+  const std::string launch0 = "PLAN: programs[0].cuda.steps[0].launches[0].";
+  EXPECT_EQ(cudaError([](json &) {}), "");
+  EXPECT_EQ(cudaError([](json &c) { c["steps"][0]["launches"][0]["params"][1] = "buf:11"; }),
+            launch0 + "params[1]: 'buf:11' is out of range (the program has 11 buffers)");
+  EXPECT_EQ(cudaError([](json &c) { c["steps"][0]["launches"][0]["params"][1] = "buf:1x"; }),
+            launch0 + "params[1]: 'buf:1x' is out of range (the program has 11 buffers)");
+  EXPECT_EQ(cudaError([](json &c) { c["steps"][0]["launches"][0]["params"][2] = "weight:-1"; }),
+            launch0 + "params[2]: 'weight:-1' is out of range (the program has 6 weights)");
+  EXPECT_EQ(cudaError([](json &c) { c["steps"][0]["launches"][0]["params"][0] = "cache_keys:0"; }),
+            launch0 + "params[0]: 'cache_keys:0' is out of range (the program has 0 KV caches)");
+  EXPECT_EQ(cudaError([](json &c) { c["steps"][0]["launches"][0]["params"][0] = "wat:1"; }),
+            launch0 + "params[0]: unknown reference 'wat:1'");
+  EXPECT_EQ(cudaError([](json &c) { c["steps"][0]["launches"][0]["params"][0] = 3; }),
+            launch0 + "params[0]: expected a reference such as \"buf:3\" or \"T\"");
+  EXPECT_EQ(cudaError([](json &c) { c["steps"][0]["launches"][0]["grid"][1] = {0, 0, 1}; }),
+            launch0 + "grid[1]: expected integers a, c in [0, 2147483647] and b in [1, "
+                      "2147483647]");
+  EXPECT_EQ(cudaError([](json &c) { c["steps"][0]["launches"][0]["grid"].erase(2); }),
+            launch0 + "grid: expected 3 dimensions but got 2");
+  EXPECT_EQ(cudaError([](json &c) { c["steps"][0]["launches"][0]["block"] = 2048; }),
+            launch0 + "block: expected a value <= 1024 (moert's limit) but got 2048");
+  EXPECT_EQ(cudaError([](json &c) { c["steps"][0]["launches"][0]["kernel"] = "a;b"; }),
+            launch0 + "kernel: expected a kernel name (letters, digits and _)");
+  EXPECT_EQ(cudaError([](json &c) { c["steps"][1]["launches"][0]["gemm"]["m"] = "X"; }),
+            "PLAN: programs[0].cuda.steps[1].launches[0].gemm.m: expected \"T\", \"R\" or a row "
+            "count");
+  EXPECT_EQ(cudaError([](json &c) { c["steps"][1]["launches"][0]["gemm"]["b_dtype"] = "I8"; }),
+            "PLAN: programs[0].cuda.steps[1].launches[0].gemm.b_dtype: expected F32, BF16 or "
+            "F16 but got 'I8'");
+  EXPECT_EQ(cudaError([](json &c) {
+              c["steps"][3]["launches"][0]["gemm"]["rows_from_counts"] = "buf:2";
+            }),
+            "PLAN: programs[0].cuda.steps[3].launches[0].gemm.rows_from_counts: expected an I32 "
+            "buffer or a scratch entry of at least 2 counts");
+  EXPECT_EQ(cudaError([](json &c) { c["steps"][2]["launches"] = {{{"collective", "all_to_all"}}}; }),
+            "PLAN: programs[0].cuda.steps[2].launches[0].collective: 'all_to_all' is not the "
+            "step's op (dispatch)");
+  EXPECT_EQ(cudaError([](json &c) { c["steps"].erase(5); }),
+            "PLAN: programs[0].cuda.steps: expected one entry per plan step (6) but got 5");
+  EXPECT_EQ(cudaError([](json &c) { c["steps"][4]["rows"] = "N"; }),
+            "PLAN: programs[0].cuda.steps[4].rows: expected \"T\" or \"R\" but got \"N\"");
+  EXPECT_EQ(cudaError([](json &c) { c["fatbin"] = "../x.fatbin"; }),
+            "PLAN: programs[0].cuda.fatbin: '../x.fatbin' is not a file name beside the plan");
+  EXPECT_EQ(cudaError([](json &c) { c["format"] = 2; }),
+            "PLAN: programs[0].cuda.format: this moert reads kernel table format 1, not 2");
+  EXPECT_EQ(cudaError([](json &c) { c["scratch"] = json::array(); }),
+            "PLAN: programs[0].cuda.steps[3].launches[0].gemm.c: 'scratch:0' is out of range "
+            "(the program has 0 scratch entries)");
+}
+
 // Two pipeline stages of one rank each: stage 0 embeds and sends, stage 1
 // receives and runs the head; the recvs must match the sends.
 // Issue 11: a weight id swapped for another of the same shape, or bound

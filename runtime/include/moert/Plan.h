@@ -4,9 +4,11 @@
 // that loaded cannot index out of bounds.
 #pragma once
 
+#include "moert/KernelTable.h"
 #include "moert/Tensor.h"
 #include "moert/cpu/Kernels.h"
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -87,9 +89,9 @@ struct PlanProgram {
   int64_t tokensBuffer = 0, positionsBuffer = 0;
   int64_t logitsBuffer = -1; ///< -1: not the last stage
   std::vector<PlanStep> steps;
-  /// The program carries a CUDA kernel table (moec --target cuda; the CUDA
-  /// device reads it from the plan file, docs/cuda.md).
-  bool hasCudaTable = false;
+  /// The program's CUDA kernel table (moec --target cuda, docs/cuda.md),
+  /// read and checked with the plan; null for a CPU plan.
+  std::shared_ptr<const KernelTable> cuda;
   /// The compiler's figures (program.memory): local weights, activation
   /// buffers, KV caches.
   int64_t weightBytes = 0, activationBytes = 0, cacheBytes = 0;

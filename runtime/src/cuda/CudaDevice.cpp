@@ -33,7 +33,6 @@
 #include "moert/Error.h"
 #include "moert/RankWeights.h"
 
-#include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <cstring>
@@ -42,25 +41,14 @@
 #include <map>
 #include <memory>
 #include <set>
-#include <sstream>
 
 namespace moert {
 namespace {
 
-using nlohmann::json;
 
 /// Steps of at most this many tokens are captured into CUDA graphs.
 constexpr int64_t kGraphMaxTokens = 64;
 using cuda::check;
-
-std::string readFile(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    inputError("{}: cannot read it", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 std::string directoryOf(const std::string &path) {
   size_t slash = path.find_last_of('/');
@@ -182,25 +170,12 @@ private:
   //===--------------------------------------------------------------------===//
 
   void readTable() {
-    json root = json::parse(readFile(plan->path), nullptr, false);
-    const json *cudaTable = nullptr;
-    if (root.is_object() && root.contains("programs") &&
-        root["programs"].size() > static_cast<size_t>(plan->ranks[rank].program))
-      cudaTable = &root["programs"][plan->ranks[rank].program];
-    if (!cudaTable || !cudaTable->contains("cuda"))
+    if (!program->cuda)
       inputError("{}: program {} has no CUDA kernel table (compile with moec compile --target "
                  "cuda, or run it with --device cpu)",
                  plan->path, plan->ranks[rank].program);
-    table = (*cudaTable)["cuda"];
-    if (table.value("format", 0) != 1 || !table.contains("steps") ||
-        table["steps"].size() != program->steps.size())
-      inputError("{}: programs[{}].cuda: expected a format 1 kernel table with one entry per "
-                 "step",
-                 plan->path, plan->ranks[rank].program);
-    for (const json &s : table["steps"])
-      for (const json &l : s["launches"])
-        if (l.contains("collective") && l["collective"] == "all_to_all")
-          hasHostSync = true;
+    table = program->cuda.get();
+    hasHostSync = table->hasAllToAll;
     // Dropless expert GEMMs (moe.experts, or expert_ffn after a dispatch
     // with capacity factor 0) are grouped over the counted rows: their
     // buffers have max_batch_tokens rows per expert, mostly empty.
@@ -233,16 +208,19 @@ private:
   }
 
   void loadModule() {
-    std::string path = directoryOf(plan->path) + "/" + table.value("fatbin", std::string());
+    if (table->fatbin.empty())
+      inputError("{}: programs[{}].cuda has no fatbin (the plan was compiled without nvcc)",
+                 plan->path, plan->ranks[rank].program);
+    std::string path = directoryOf(plan->path) + "/" + table->fatbin;
     if (!std::ifstream(path))
       inputError("{}: cannot read the CUDA kernels (moec compile --target cuda writes them "
                  "beside the plan)",
                  path);
     check(api->cuModuleLoad(&module, path.c_str()), ("cuModuleLoad " + path).c_str());
-    auto resolve = [&](const json &launch) {
-      if (!launch.contains("kernel"))
+    auto resolve = [&](const KernelLaunch &launch) {
+      if (launch.kind != KernelLaunch::Kind::Kernel)
         return;
-      std::string name = launch["kernel"];
+      const std::string &name = launch.kernel;
       if (functions.count(name))
         return;
       CUfunction f;
@@ -250,8 +228,8 @@ private:
             ("kernel " + name + " of " + path).c_str());
       functions[name] = f;
     };
-    for (const json &s : table["steps"])
-      for (const json &l : s["launches"])
+    for (const KernelStep &s : table->steps)
+      for (const KernelLaunch &l : s.launches)
         resolve(l);
     // BF16 weights meet bf16 activations in their GEMMs (the f32 operand is
     // rounded by moe_pack_bf16 first): weights stay as stored, half the
@@ -274,11 +252,11 @@ private:
       arena.reserve(plan->maxSequences * plan->maxSeqLen * c.keyWidth * 4);
       arena.reserve(plan->maxSequences * plan->maxSeqLen * c.valueWidth * 4);
     }
-    for (const json &s : table["scratch"])
-      arena.reserve(s["bytes"].get<int64_t>());
-    for (const json &r : table["rope_tables"])
+    for (int64_t bytes : table->scratchBytes)
+      arena.reserve(bytes);
+    for (const KernelTable::RopeTable &r : table->ropeTables)
       for (int i = 0; i < 2; ++i) // cos, sin
-        arena.reserve(r["positions"].get<int64_t>() * r["half"].get<int64_t>() * 4);
+        arena.reserve(r.positions * r.half * 4);
     for (int i = 0; i < 4; ++i) // sequence, position, logit rows, argmax
       arena.reserve(maxT * 4);
     // cuBLAS' GemmEx takes A and B of one type (f32 activations here): a
@@ -308,10 +286,10 @@ private:
       cacheKeys.push_back(arena.take(rows * c.keyWidth * 4));
       cacheValues.push_back(arena.take(rows * c.valueWidth * 4));
     }
-    for (const json &s : table["scratch"])
-      scratch.push_back(arena.take(s["bytes"].get<int64_t>()));
-    for (const json &r : table["rope_tables"]) {
-      int64_t n = r["positions"].get<int64_t>() * r["half"].get<int64_t>() * 4;
+    for (int64_t bytes : table->scratchBytes)
+      scratch.push_back(arena.take(bytes));
+    for (const KernelTable::RopeTable &r : table->ropeTables) {
+      int64_t n = r.positions * r.half * 4;
       ropeCos.push_back(arena.take(n));
       ropeSin.push_back(arena.take(n));
     }
@@ -332,45 +310,39 @@ private:
   /// Weights that are the B operand of a GEMM in a 16-bit type (`widened`)
   /// and weights that a kernel reads as stored (`stored`).
   void weightUse(std::set<size_t> &widened, std::set<size_t> &stored) {
-    auto id = [](const std::string &ref) -> int64_t {
-      return ref.rfind("weight:", 0) == 0 ? std::stoll(ref.substr(7)) : -1;
+    auto weight = [](const KernelRef &r) -> int64_t {
+      return r.kind == KernelRef::Kind::Weight ? r.value : -1;
     };
-    auto visit = [&](const json &l) {
-      if (l.contains("gemm")) {
-        const json &g = l["gemm"];
-        if (int64_t w = id(g.value("b", std::string())); w >= 0) {
-          const std::string dtype = g.value("b_dtype", std::string("F32"));
-          if (dtype == "BF16" && bf16Gemm) {
+    auto visit = [&](const KernelLaunch &l) {
+      if (l.kind == KernelLaunch::Kind::Gemm) {
+        const KernelGemm &g = l.gemm;
+        if (int64_t w = weight(g.b); w >= 0) {
+          if (g.bDtype == "BF16" && bf16Gemm) {
             stored.insert(static_cast<size_t>(w));
             // The packed operand: every block's rows of k bf16 values.
-            const json &m = g["m"];
             const int64_t rows =
-                m.is_number() ? m.get<int64_t>()
-                : (m == "T" || m == "R") ? plan->maxBatchTokens
-                                         : std::stoll(m.get<std::string>());
-            packBytes = std::max(packBytes, g.value("batch", int64_t(1)) *
-                                                std::max(rows, plan->maxBatchTokens) *
-                                                g["k"].get<int64_t>() * 2);
-          } else if (dtype != "F32") {
+                g.rows == KernelGemm::Rows::Fixed ? g.m : plan->maxBatchTokens;
+            packBytes = std::max(packBytes, g.batch * std::max(rows, plan->maxBatchTokens) *
+                                                g.k * 2);
+          } else if (g.bDtype != "F32") {
             widened.insert(static_cast<size_t>(w));
           } else {
             stored.insert(static_cast<size_t>(w));
           }
         }
-        for (const char *operand : {"a", "c"})
-          if (int64_t w = id(g.value(operand, std::string())); w >= 0)
+        for (const KernelRef *operand : {&g.a, &g.c})
+          if (int64_t w = weight(*operand); w >= 0)
             stored.insert(static_cast<size_t>(w));
       }
-      for (const json &p : l.value("params", json::array()))
-        if (int64_t w = id(p.get<std::string>()); w >= 0)
+      for (const KernelRef &p : l.params)
+        if (int64_t w = weight(p); w >= 0)
           stored.insert(static_cast<size_t>(w));
     };
-    for (const json &s : table["steps"])
-      for (const json &l : s["launches"])
+    for (const KernelStep &s : table->steps)
+      for (const KernelLaunch &l : s.launches)
         visit(l);
-    if (table.contains("sampling"))
-      for (auto &[name, l] : table["sampling"].items())
-        visit(l);
+    for (const KernelLaunch &l : table->sampling)
+      visit(l);
   }
 
   void uploadWeights(const Checkpoint &ckpt) {
@@ -412,23 +384,20 @@ private:
   /// cos/sin of each rope table, as the CPU backend computes them: the
   /// parameters are those of the steps that use the table.
   void uploadRopeTables() {
-    const json &steps = table["steps"];
-    for (size_t i = 0; i < steps.size(); ++i)
-      for (const json &l : steps[i]["launches"])
-        for (const json &p : l.value("params", json::array())) {
-          std::string ref = p.get<std::string>();
-          if (ref.rfind("rope_cos:", 0) != 0)
+    for (size_t i = 0; i < table->steps.size(); ++i)
+      for (const KernelLaunch &l : table->steps[i].launches)
+        for (const KernelRef &p : l.params) {
+          if (p.kind != KernelRef::Kind::RopeCos)
             continue;
-          size_t id = std::stoul(ref.substr(9));
-          if (id >= ropeCos.size() || uploadedRope.count(id))
+          const size_t id = static_cast<size_t>(p.value);
+          if (uploadedRope.count(id))
             continue;
           cpu::RopeTable rope(program->steps[i].rope, plan->maxSeqLen);
-          const json &t = table["rope_tables"][id];
-          if (rope.cosines().size() > t["positions"].get<size_t>() * t["half"].get<size_t>() ||
+          const KernelTable::RopeTable &t = table->ropeTables[id];
+          if (rope.cosines().size() > static_cast<size_t>(t.positions * t.half) ||
               rope.sines().size() != rope.cosines().size())
             inputError("{}: rope table {} holds {} x {} values, the step's rope needs {}",
-                       plan->path, id, t["positions"].get<int64_t>(), t["half"].get<int64_t>(),
-                       rope.cosines().size());
+                       plan->path, id, t.positions, t.half, rope.cosines().size());
           check(api->cuMemcpyHtoD(ropeCos[id], rope.cosines().data(), rope.cosines().size() * 4),
                 "upload rope table");
           check(api->cuMemcpyHtoD(ropeSin[id], rope.sines().data(), rope.sines().size() * 4),
@@ -444,64 +413,71 @@ private:
   void runSteps(int64_t T, int64_t R, bool capturing) {
     countsStep = -1;
     exchangedRows = -1;
-    const json &steps = table["steps"];
-    for (size_t i = 0; i < steps.size(); ++i) {
+    for (size_t i = 0; i < table->steps.size(); ++i) {
       if (program->steps[i].op == OpKind::Dispatch)
         exchangedRows = -1; // blocks filled from this rank's T tokens (until an all_to_all)
-      const int64_t stepRows = steps[i].value("rows", std::string("T")) == "R" ? R : T;
-      for (const json &l : steps[i]["launches"]) {
-        int64_t rows = l.contains("rows") ? (l["rows"] == "R" ? R : T) : stepRows;
-        if (l.contains("collective"))
+      const KernelStep &step = table->steps[i];
+      const int64_t stepRows = step.logitRows ? R : T;
+      for (const KernelLaunch &l : step.launches) {
+        const int64_t rows = l.rows == KernelLaunch::Rows::Step ? stepRows
+                             : l.rows == KernelLaunch::Rows::R  ? R
+                                                                : T;
+        switch (l.kind) {
+        case KernelLaunch::Kind::Collective:
           collective(i, program->steps[i], rows);
-        else if (l.contains("gemm"))
-          gemm(l["gemm"], T, R,
-               grouped[i] && !capturing ? static_cast<int64_t>(i) : -1);
-        else
+          break;
+        case KernelLaunch::Kind::Gemm:
+          gemm(l.gemm, T, R, grouped[i] && !capturing ? static_cast<int64_t>(i) : -1);
+          break;
+        case KernelLaunch::Kind::Kernel:
           launch(l, rows, T, R);
+          break;
+        }
       }
     }
   }
 
-  uint64_t resolve(const std::string &ref, int64_t T, int64_t R) {
-    auto num = [&](size_t prefix) { return static_cast<size_t>(std::stoull(ref.substr(prefix))); };
-    if (ref == "T") return static_cast<uint64_t>(T);
-    if (ref == "R") return static_cast<uint64_t>(R);
-    if (ref == "null") return 0;
-    if (ref == "coord:tp") return static_cast<uint64_t>(plan->ranks[rank].coords.tp);
-    if (ref.rfind("const:", 0) == 0) return static_cast<uint64_t>(std::stoll(ref.substr(6)));
-    if (ref.rfind("buf:", 0) == 0) return buffers.at(num(4));
-    if (ref.rfind("weight:", 0) == 0) return weightPtrs.at(num(7));
-    if (ref.rfind("scratch:", 0) == 0) return scratch.at(num(8));
-    if (ref.rfind("cache_keys:", 0) == 0) return cacheKeys.at(num(11));
-    if (ref.rfind("cache_values:", 0) == 0) return cacheValues.at(num(13));
-    if (ref.rfind("rope_cos:", 0) == 0) return ropeCos.at(num(9));
-    if (ref.rfind("rope_sin:", 0) == 0) return ropeSin.at(num(9));
-    if (ref == "batch:sequence") return batchSequence;
-    if (ref == "batch:position") return batchPosition;
-    if (ref == "batch:logit_rows") return batchLogitRows;
-    if (ref == "batch:argmax") return batchArgmax;
-    inputError("{}: kernel table: unknown parameter '{}'", plan->path, ref);
+  /// A parameter's value (indices were checked when the plan was read).
+  uint64_t resolve(const KernelRef &ref, int64_t T, int64_t R) const {
+    const size_t i = static_cast<size_t>(ref.value);
+    switch (ref.kind) {
+    case KernelRef::Kind::T: return static_cast<uint64_t>(T);
+    case KernelRef::Kind::R: return static_cast<uint64_t>(R);
+    case KernelRef::Kind::Null: return 0;
+    case KernelRef::Kind::CoordTp: return static_cast<uint64_t>(plan->ranks[rank].coords.tp);
+    case KernelRef::Kind::Const: return static_cast<uint64_t>(ref.value);
+    case KernelRef::Kind::Buffer: return buffers[i];
+    case KernelRef::Kind::Weight: return weightPtrs[i];
+    case KernelRef::Kind::Scratch: return scratch[i];
+    case KernelRef::Kind::CacheKeys: return cacheKeys[i];
+    case KernelRef::Kind::CacheValues: return cacheValues[i];
+    case KernelRef::Kind::RopeCos: return ropeCos[i];
+    case KernelRef::Kind::RopeSin: return ropeSin[i];
+    case KernelRef::Kind::BatchSequence: return batchSequence;
+    case KernelRef::Kind::BatchPosition: return batchPosition;
+    case KernelRef::Kind::BatchLogitRows: return batchLogitRows;
+    case KernelRef::Kind::BatchArgmax: return batchArgmax;
+    }
+    return 0;
   }
 
-  void launch(const json &l, int64_t rows, int64_t T, int64_t R) {
+  void launch(const KernelLaunch &l, int64_t rows, int64_t T, int64_t R) {
     unsigned grid[3];
     for (int d = 0; d < 3; ++d) {
-      const json &g = l["grid"][d];
-      const int64_t a = g[0], div = g[1], c = g[2];
+      const auto &[a, div, c] = l.grid[d];
       grid[d] = static_cast<unsigned>((a * rows + div - 1) / div + c);
     }
     if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0)
       return; // no rows (T = 0)
     std::vector<uint64_t> values;
-    for (const json &p : l["params"])
-      values.push_back(resolve(p.get<std::string>(), T, R));
+    for (const KernelRef &p : l.params)
+      values.push_back(resolve(p, T, R));
     std::vector<void *> args;
     for (uint64_t &v : values)
       args.push_back(&v);
-    CUfunction f = functions.at(l["kernel"].get<std::string>());
-    check(api->cuLaunchKernel(f, grid[0], grid[1], grid[2], l["block"].get<unsigned>(), 1, 1,
-                              l.value("shared_bytes", 0u), stream, args.data(), nullptr),
-          ("cuLaunchKernel " + l["kernel"].get<std::string>()).c_str());
+    check(api->cuLaunchKernel(functions.at(l.kernel), grid[0], grid[1], grid[2], l.block, 1, 1,
+                              l.sharedBytes, stream, args.data(), nullptr),
+          ("cuLaunchKernel " + l.kernel).c_str());
   }
 
   static cudaDataType weightType(const std::string &dtype) {
@@ -515,42 +491,40 @@ private:
   /// `groupedStep` >= 0: a dropless expert GEMM of that step, run as a
   /// grouped GEMM over each block's counted rows only (the counts are read
   /// back once per step: such programs are not captured into graphs).
-  void gemm(const json &g, int64_t T, int64_t R, int64_t groupedStep) {
-    const json &mj = g["m"];
-    int m = mj.is_number() ? mj.get<int>()
-            : mj == "T"    ? static_cast<int>(T)
-            : mj == "R"    ? static_cast<int>(R)
-                           : std::stoi(mj.get<std::string>());
+  void gemm(const KernelGemm &g, int64_t T, int64_t R, int64_t groupedStep) {
+    int m = static_cast<int>(g.rows == KernelGemm::Rows::T   ? T
+                             : g.rows == KernelGemm::Rows::R ? R
+                                                             : g.m);
     // Expert blocks hold at most c(T) <= T counted rows: rows past T are
     // never computed (a decode step multiplies E x T rows, not E x C).
     // After an all_to_all the blocks hold the sources' rows, whose T is
     // theirs (EP spans DP replicas, which step different batches, or none:
     // a replica with T = 0 still computes the rows it received): the bound
     // is then the most rows any received block holds.
-    if (g.value("batch", 1) > 1 && g.contains("rows_from_counts"))
+    if (g.batch > 1 && g.rowsFromCounts)
       m = std::min<int>(m, static_cast<int>(exchangedRows >= 0 ? exchangedRows : T));
-    const int n = g["n"], k = g["k"], lda = g["lda"], ldb = g["ldb"], ldc = g["ldc"];
+    const int n = static_cast<int>(g.n), k = static_cast<int>(g.k), lda = static_cast<int>(g.lda),
+              ldb = static_cast<int>(g.ldb), ldc = static_cast<int>(g.ldc);
     if (m == 0)
       return;
     const float alpha = 1.0f, beta = 0.0f;
-    const void *A = reinterpret_cast<const void *>(resolve(g["a"], T, R));
-    const std::string bRef = g["b"];
-    cudaDataType bType = weightType(g.value("b_dtype", std::string("F32")));
-    const void *B = reinterpret_cast<const void *>(resolve(bRef, T, R));
+    const void *A = reinterpret_cast<const void *>(resolve(g.a, T, R));
+    cudaDataType bType = weightType(g.bDtype);
+    const void *B = reinterpret_cast<const void *>(resolve(g.b, T, R));
     cudaDataType aType = CUDA_R_32F;
     int64_t aElement = 4;
-    if (bRef.rfind("weight:", 0) == 0 && bType != CUDA_R_32F) {
+    if (g.b.kind == KernelRef::Kind::Weight && bType != CUDA_R_32F) {
       if (bType == CUDA_R_16BF && bf16Gemm) {
         aType = CUDA_R_16BF; // A rounded into packScratch below
         aElement = 2;
       } else {
-        B = reinterpret_cast<const void *>(weightF32Ptrs.at(std::stoull(bRef.substr(7))));
+        B = reinterpret_cast<const void *>(weightF32Ptrs[static_cast<size_t>(g.b.value)]);
         bType = CUDA_R_32F; // widened at upload (weightUse)
       }
     }
-    void *C = reinterpret_cast<void *>(resolve(g["c"], T, R));
-    const int batch = g.value("batch", 1);
-    long long sa = g.value("stride_a", 0LL);
+    void *C = reinterpret_cast<void *>(resolve(g.c, T, R));
+    const int batch = static_cast<int>(g.batch);
+    long long sa = g.strideA;
     int ldA = lda;
     if (aType == CUDA_R_16BF) {
       // Round the m rows of every block of A to bf16, packed: row stride k,
@@ -576,12 +550,12 @@ private:
     }
     // Blocks b of a [blocks, C, .] buffer use expert b % modulo of the stack:
     // one strided-batched call per source's run of `modulo` experts.
-    const int modulo = g.value("b_batch_modulo", batch);
-    const long long sb = g["stride_b"], sc = g["stride_c"];
-    if (groupedStep >= 0 && g.contains("rows_from_counts")) {
+    const int modulo = static_cast<int>(g.bBatchModulo);
+    const long long sb = g.strideB, sc = g.strideC;
+    if (groupedStep >= 0 && g.rowsFromCounts) {
       if (countsStep != groupedStep) {
         stepCounts.assign(static_cast<size_t>(batch), 0);
-        check(api->cuMemcpyDtoHAsync(stepCounts.data(), resolve(g["rows_from_counts"], T, R),
+        check(api->cuMemcpyDtoHAsync(stepCounts.data(), resolve(*g.rowsFromCounts, T, R),
                                      stepCounts.size() * 4, stream),
               "grouped GEMM counts");
         check(api->cuStreamSynchronize(stream), "grouped GEMM counts");
@@ -624,7 +598,7 @@ private:
   const Plan *plan = nullptr;
   int64_t rank = 0;
   const PlanProgram *program = nullptr;
-  json table;
+  const KernelTable *table = nullptr;
   const cuda::Api *api = nullptr;
   CUdevice device = 0;
   CUcontext context = nullptr;
