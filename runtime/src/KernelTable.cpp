@@ -2,7 +2,7 @@
 // checking every field: a damaged table is an input error naming the field
 // (programs[i].cuda.steps[j].launches[k].params[m]), never an exception or
 // an out-of-range index in the CUDA device.
-#include "KernelTableReader.h"
+#include "PlanReaders.h"
 
 #include <fmt/format.h>
 

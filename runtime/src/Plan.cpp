@@ -6,7 +6,7 @@
 #include "moert/Error.h"
 
 #include "JsonFields.h"
-#include "KernelTableReader.h"
+#include "PlanReaders.h"
 #include "InputFile.h"
 #include "PlanChecks.h"
 
@@ -402,6 +402,7 @@ Plan Plan::load(const std::string &path) {
     r.fail("version", fmt::format("this moert reads plan format {} but the plan is format {}",
                                   kPlanFormatVersion, version));
   checkPlanSeal(text, path); // after the version: another format may seal otherwise
+  plan.layout = std::make_shared<const PlanLayout>(readPlanLayout(r, path));
   JsonFields model = r.child("model");
   plan.modelType = model.string("model_type");
   plan.vocabSize = model.integer("vocab_size", 1);

@@ -7,6 +7,7 @@
 #include "moert/Plan.h"
 
 #include "JsonFields.h"
+#include "PlanReaders.h"
 
 #include <nlohmann/json.hpp>
 
@@ -80,6 +81,10 @@ PlanLayout PlanLayout::load(const std::string &path) {
     top.fail("version", fmt::format("this moert reads plan format {} but the plan is format {}",
                                     kPlanFormatVersion, version));
   checkPlanSeal(text, path);
+  return readPlanLayout(top, path);
+}
+
+PlanLayout readPlanLayout(const JsonFields &top, const std::string &path) {
   PlanLayout layout;
   layout.path = path;
   JsonFields model = top.child(top.get("model"), "model");

@@ -38,9 +38,8 @@ void RankWeights::bind(const Plan &thePlan, int64_t rankIndex, const Checkpoint 
   coords = plan->ranks.at(rankIndex).coords;
   onBytes = onBytesFn;
   const PlanProgram *program = &plan->programOf(rankIndex);
-  PlanLayout layout = PlanLayout::load(plan->path);
   slices.clear();
-  for (const PlanSlice &s : layout.ranks.at(rank))
+  for (const PlanSlice &s : plan->layout->ranks.at(rank))
     slices.emplace(s.name, &s);
   std::unordered_map<std::string, const PlanWeight *> logical;
   for (const PlanWeight &w : plan->weights)
@@ -56,7 +55,7 @@ void RankWeights::bind(const Plan &thePlan, int64_t rankIndex, const Checkpoint 
   // Bytes this rank reads (progress), and the resident memory loading
   // adds (MOERT_LOAD_REPORT=1 prints it against the rank's shard bytes).
   uint64_t toLoad = 0;
-  for (const PlanSlice &s : layout.ranks.at(rank))
+  for (const PlanSlice &s : plan->layout->ranks.at(rank))
     toLoad += TensorView{s.dtype, s.shape, nullptr}.bytes();
   uint64_t progressed = 0;
   const int64_t rssBefore = residentBytes("VmRSS:");
@@ -84,7 +83,7 @@ void RankWeights::bind(const Plan &thePlan, int64_t rankIndex, const Checkpoint 
       progressed = static_cast<uint64_t>(loaded);
     }
   }
-  slices.clear(); // they point into `layout`
+  slices.clear(); // used during bind() only
   progress.finish();
   const char *report = std::getenv("MOERT_LOAD_REPORT");
   if (report && !std::strcmp(report, "1")) {

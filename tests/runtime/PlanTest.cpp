@@ -470,10 +470,17 @@ TEST(PlanLoad, PipelineStages) {
   plan["world_size"] = 2;
   plan["degrees"]["pp"] = 2;
   plan["stage_begin"] = {0, 1};
+  // Each rank's slices (moec writes them for every plan of several ranks).
+  auto slice = [](const char *name) {
+    return json{{"name", name},     {"global_shape", {8, 4}}, {"offset", {0, 0}},
+                {"shape", {8, 4}}, {"dtype", "F32"},         {"bytes", 128}};
+  };
+  plan["ranks"][0]["weights"] = {slice("embed")};
   json rank1 = plan["ranks"][0];
   rank1["rank"] = 1;
   rank1["program"] = 1;
   rank1["coords"]["pp"] = 1;
+  rank1["weights"] = {slice("head")};
   plan["ranks"].push_back(rank1);
   std::string path = writePlan(plan);
   Plan loaded = Plan::load(path);

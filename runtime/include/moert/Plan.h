@@ -5,6 +5,7 @@
 #pragma once
 
 #include "moert/KernelTable.h"
+#include "moert/PlanLayout.h"
 #include "moert/Tensor.h"
 #include "moert/cpu/Kernels.h"
 
@@ -116,6 +117,8 @@ struct Degrees {
 
 struct Plan {
   std::string path;
+  /// Which slice of which checkpoint tensor each rank holds.
+  std::shared_ptr<const PlanLayout> layout;
   std::string modelType;
   int64_t vocabSize = 0, maxPositionEmbeddings = 0;
   std::vector<int64_t> eosTokenIds;

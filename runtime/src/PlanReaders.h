@@ -1,9 +1,12 @@
-// Plan::load's reader of a program's CUDA kernel table (moert/KernelTable.h).
+// Readers of parts of a plan's JSON, for Plan::load (which parses the plan
+// once): the distribution (moert/PlanLayout.h) and a program's CUDA kernel
+// table (moert/KernelTable.h).
 #pragma once
 
 #include "JsonFields.h"
 #include "moert/KernelTable.h"
 #include "moert/Plan.h"
+#include "moert/PlanLayout.h"
 
 #include <memory>
 
@@ -14,5 +17,9 @@ namespace moert {
 /// naming the field.
 std::shared_ptr<const KernelTable> readKernelTable(const PlanProgram &program,
                                                    const JsonFields &cuda);
+
+/// The plan's distribution (format and version checked already); InputError
+/// naming the field.
+PlanLayout readPlanLayout(const JsonFields &top, const std::string &path);
 
 } // namespace moert
