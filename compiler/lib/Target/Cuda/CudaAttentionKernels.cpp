@@ -1,0 +1,155 @@
+//===- CudaAttentionKernels.cpp - RoPE, KV cache and attention -*- C++ -*-===//
+//
+// Kernel builders of the CUDA emitter (Emitter.h): RoPE, KV cache and attention.
+//
+//===----------------------------------------------------------------------===//
+#include "Emitter.h"
+
+namespace moe::cuda::detail {
+
+Object Emitter::rope(int64_t i, std::string in, std::string out, std::string positions,
+                     int64_t W, int64_t headDim, int64_t headStride, int64_t headOffset,
+                     const Object &r, llvm::StringRef what) {
+  const int64_t table = ropeTable(r);
+  const int64_t half = *r.getInteger("rotary_dim") / 2;
+  const bool interleaved = *r.getBoolean("interleaved");
+  const int64_t heads = W / headStride;
+  std::string body = subst(R"(  const long long t = blockIdx.x;
+  if (t >= T) return;
+  const float *src = x + t * @W@;
+  float *dst = out + t * @W@;
+  if (dst != src)
+    for (int i = threadIdx.x; i < @W@; i += 128) dst[i] = src[i];
+  __syncthreads();
+  const float *c = cosTable + static_cast<long long>(positions[t]) * @HALF@;
+  const float *s = sinTable + static_cast<long long>(positions[t]) * @HALF@;
+  for (int i = threadIdx.x; i < @HEADS@ * @HALF@; i += 128) {
+    const int h = i / @HALF@, j = i % @HALF@;
+    const int base = h * @STRIDE@ + @OFFSET@;
+    const int ia = @INTERLEAVED@ ? base + 2 * j : base + j;
+    const int ib = @INTERLEAVED@ ? base + 2 * j + 1 : base + j + @HALF@;
+    const float a = src[ia], b = src[ib];
+    const float ra = __fadd_rn(__fmul_rn(a, c[j]), -__fmul_rn(b, s[j]));
+    const float rb = __fadd_rn(__fmul_rn(b, c[j]), __fmul_rn(a, s[j]));
+    dst[ia] = ra;
+    dst[ib] = rb;
+  }
+)", {{"W", str(W)}, {"HALF", str(half)}, {"HEADS", str(heads)}, {"STRIDE", str(headStride)},
+     {"OFFSET", str(headOffset)}, {"INTERLEAVED", interleaved ? "1" : "0"}});
+  // Each pair is read and written by the same thread: in place is safe.
+  (void)headDim;
+  return kernel(i, what,
+                {{"const float *x", in},
+                 {"const int *__restrict__ positions", positions},
+                 {"const float *__restrict__ cosTable", "rope_cos:" + str(table)},
+                 {"const float *__restrict__ sinTable", "rope_sin:" + str(table)},
+                 {"float *out", out},
+                 {"long long T", "T"}},
+                body, grid1(dim(1)), 128);
+}
+
+Object Emitter::kvWrite(int64_t i, std::string k, std::string v, int64_t kw, int64_t vw,
+                        int64_t cache) {
+  std::string body = subst(R"(  const long long t = blockIdx.x;
+  if (t >= T) return;
+  const long long row = static_cast<long long>(seq[t]) * @MAXSEQ@ + positions[t];
+  moe_copy_row(keys + row * @KW@, k + t * @KW@, @KW@, threadIdx.x, 128, @KV4@);
+  moe_copy_row(values + row * @VW@, v + t * @VW@, @VW@, threadIdx.x, 128, @VV4@);
+)", {{"MAXSEQ", str(maxSeqLen)}, {"KW", str(kw)}, {"VW", str(vw)},
+     {"KV4", kw % 4 == 0 ? "true" : "false"}, {"VV4", vw % 4 == 0 ? "true" : "false"}});
+  return kernel(i, "kv_write",
+                {{"const float *__restrict__ k", k},
+                 {"const float *__restrict__ v", v},
+                 {"const int *__restrict__ seq", "batch:sequence"},
+                 {"const int *__restrict__ positions", "batch:position"},
+                 {"float *__restrict__ keys", "cache_keys:" + str(cache)},
+                 {"float *__restrict__ values", "cache_values:" + str(cache)},
+                 {"long long T", "T"}},
+                body, grid1(dim(1)), 128);
+}
+
+/// Causal attention of every (token, head) over its sequence's cached rows
+/// (after kv_write): keys in tiles of 64, one warp per key for the scores
+/// (lanes over the head dim, shuffle reduction), online softmax, each thread
+/// owning value columns d = tid + 128 c.
+Object Emitter::attend(int64_t i, std::string q, int64_t ldq, std::string out, int64_t heads,
+                       int64_t kvHeads, int64_t dq, int64_t dv, double scale, int64_t window,
+                       int64_t cache) {
+  const int64_t B = 128, NV = (dv + B - 1) / B;
+  const int64_t kw = kvHeads * dq, vw = kvHeads * dv;
+  std::string body = subst(R"(  __shared__ float qs[@DQ@];
+  __shared__ float ps[64];
+  const long long t = blockIdx.x;
+  const int h = blockIdx.y;
+  if (t >= T) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int d = threadIdx.x; d < @DQ@; d += @B@) qs[d] = q[t * @LDQ@ + h * @DQ@ + d];
+  const long long pos = positions[t];
+  const long long first = @WINDOW@ > 0 && pos - @WINDOW@ + 1 > 0 ? pos - @WINDOW@ + 1 : 0;
+  const int n = static_cast<int>(pos - first + 1);
+  const int g = h / @GROUP@;
+  const long long base = static_cast<long long>(seq[t]) * @MAXSEQ@ + first;
+  const float *K = keys + base * @KW@ + g * @DQ@;
+  const float *V = values + base * @VW@ + g * @DV@;
+  float m = -INFINITY, l = 0.0f;
+  float acc[@NV@];
+#pragma unroll
+  for (int c = 0; c < @NV@; ++c) acc[c] = 0.0f;
+  __syncthreads();
+  for (int j0 = 0; j0 < n; j0 += 64) {
+    const int nt = n - j0 < 64 ? n - j0 : 64;
+    for (int jj = warp; jj < nt; jj += @B@ / 32) {
+      const float *kr = K + static_cast<long long>(j0 + jj) * @KW@;
+      float s = 0.0f;
+      for (int d = lane; d < @DQ@; d += 32) s += qs[d] * kr[d];
+      s = moe_warp_sum(s);
+      if (lane == 0) ps[jj] = s * @SCALE@;
+    }
+    __syncthreads();
+    float tmax = -INFINITY;
+    for (int jj = 0; jj < nt; ++jj) tmax = fmaxf(tmax, ps[jj]);
+    const float mnew = fmaxf(m, tmax);
+    const float corr = expf(m - mnew);
+    __syncthreads();
+    if (threadIdx.x < nt) ps[threadIdx.x] = expf(ps[threadIdx.x] - mnew);
+    __syncthreads();
+    float lsum = 0.0f;
+    for (int jj = 0; jj < nt; ++jj) lsum += ps[jj];
+    l = l * corr + lsum;
+#pragma unroll
+    for (int c = 0; c < @NV@; ++c) {
+      const int d = threadIdx.x + c * @B@;
+      if (d < @DV@) {
+        float a = acc[c] * corr;
+        const float *vr = V + static_cast<long long>(j0) * @VW@ + d;
+        for (int jj = 0; jj < nt; ++jj) a += ps[jj] * vr[static_cast<long long>(jj) * @VW@];
+        acc[c] = a;
+      }
+    }
+    m = mnew;
+    __syncthreads();
+  }
+  float *o = out + t * @HEADS@ * @DV@ + h * @DV@;
+#pragma unroll
+  for (int c = 0; c < @NV@; ++c) {
+    const int d = threadIdx.x + c * @B@;
+    if (d < @DV@) o[d] = acc[c] / l;
+  }
+)", {{"DQ", str(dq)}, {"DV", str(dv)}, {"B", str(B)}, {"NV", str(NV)}, {"LDQ", str(ldq)},
+     {"WINDOW", str(window)}, {"GROUP", str(heads / kvHeads)}, {"MAXSEQ", str(maxSeqLen)},
+     {"KW", str(kw)}, {"VW", str(vw)}, {"SCALE", floatLit(scale)}, {"HEADS", str(heads)}});
+  return kernel(i, "attention",
+                {{"const float *__restrict__ q", q},
+                 {"const int *__restrict__ seq", "batch:sequence"},
+                 {"const int *__restrict__ positions", "batch:position"},
+                 {"const float *__restrict__ keys", "cache_keys:" + str(cache)},
+                 {"const float *__restrict__ values", "cache_values:" + str(cache)},
+                 {"float *__restrict__ out", out},
+                 {"long long T", "T"}},
+                body, Array{dim(1), dim(0, 1, heads), dim(0, 1, 1)}, B);
+}
+
+/// g = act(g) * u over rows x I values; with counts (non-"null"), row r of
+/// block e = r / C is skipped when r % C >= counts[e].
+
+} // namespace moe::cuda::detail
