@@ -33,20 +33,59 @@ std::optional<int64_t> suffixNumber(const std::string &text, const std::string &
   return value;
 }
 
+/// Standard base64 (RFC 4648, '=' padding); false on any other character.
+bool decodeBase64(const std::string &text, std::string &out) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  if (text.size() % 4 != 0)
+    return false;
+  out.clear();
+  out.reserve(text.size() / 4 * 3);
+  for (size_t i = 0; i < text.size(); i += 4) {
+    int v[4];
+    int pad = 0;
+    for (int j = 0; j < 4; ++j) {
+      const char c = text[i + j];
+      if (c == '=' && i + 4 == text.size() && j >= 2) {
+        v[j] = 0;
+        ++pad;
+      } else if (pad > 0 || (v[j] = value(c)) < 0) {
+        return false;
+      }
+    }
+    const uint32_t n = (uint32_t(v[0]) << 18) | (uint32_t(v[1]) << 12) | (uint32_t(v[2]) << 6) |
+                       uint32_t(v[3]);
+    out.push_back(static_cast<char>(n >> 16));
+    if (pad < 2)
+      out.push_back(static_cast<char>((n >> 8) & 0xff));
+    if (pad < 1)
+      out.push_back(static_cast<char>(n & 0xff));
+  }
+  return true;
+}
+
 class Reader {
 public:
   Reader(const PlanProgram &program, const JsonFields &cuda) : program(program), cuda(cuda) {}
 
   KernelTable read() {
-    if (cuda.integer("format") != 1)
-      cuda.fail("format", fmt::format("this moert reads kernel table format 1, not {}",
+    if (cuda.integer("format") != 2)
+      cuda.fail("format", fmt::format("this moert reads kernel table format 2, not {}",
                                       cuda.integer("format")));
-    table.source = cuda.has("source") ? cuda.string("source") : "";
-    table.fatbin = cuda.has("fatbin") ? cuda.string("fatbin") : "";
-    for (const std::string *name : {&table.source, &table.fatbin})
-      if (name->find('/') != std::string::npos || *name == "." || *name == "..")
-        cuda.fail(name == &table.source ? "source" : "fatbin",
-                  fmt::format("'{}' is not a file name beside the plan", *name));
+    table.source = cuda.has("source") ? cuda.string("source") : "stage.cu";
+    table.code = cuda.string("code");
+    if (table.code.empty())
+      cuda.fail("code", "expected the kernels' CUDA C++ source");
+    if (cuda.has("fatbin")) {
+      if (!decodeBase64(cuda.string("fatbin"), table.fatbin) || table.fatbin.size() < 16)
+        cuda.fail("fatbin", "expected nvcc's fatbin in base64");
+    }
     const json &scratch = cuda.array("scratch");
     for (size_t i = 0; i < scratch.size(); ++i)
       table.scratchBytes.push_back(

@@ -5,6 +5,7 @@ through the CUDA driver API (libcuda, via ctypes), resolves every kernel the
 plan's kernel table names, and runs the first `add` kernel on random data
 against numpy-free Python arithmetic. Exits 77 (ctest: skipped) when no GPU
 is visible (/dev/nvidia0, libcuda.so.1, a device) or nvcc is missing."""
+import base64
 import ctypes
 import json
 import os
@@ -53,7 +54,7 @@ def main():
     ctx = ctypes.c_void_p()
     check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
     check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-    image = open(os.path.join(work, table["fatbin"]), "rb").read()
+    image = base64.b64decode(table["fatbin"])
     module = ctypes.c_void_p()
     check(cuda.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(image)), "cuModuleLoadData")
     names = set()

@@ -300,9 +300,10 @@ json cudaPlan() {
   experts["gemm"]["b_batch_modulo"] = 2;
   experts["gemm"]["rows_from_counts"] = "buf:6";
   plan["programs"][0]["cuda"] = {
-      {"format", 1},
-      {"source", "p.stage0.cu"},
-      {"fatbin", "p.stage0.fatbin"},
+      {"format", 2},
+      {"source", "stage0.cu"},
+      {"code", "extern \"C\" __global__ void moe_s0_embedding() {}"},
+      {"fatbin", "UO1VugEAEAB4VjQSAAAAAAAAAAA="}, // 20 bytes, 0xBA55ED50 first
       {"scratch", {{{"bytes", 96}}}},
       {"rope_tables", json::array()},
       {"steps",
@@ -332,7 +333,11 @@ TEST(PlanLoad, KernelTableIsTyped) {
   fs::remove(path);
   const std::shared_ptr<const KernelTable> &t = plan.programOf(0).cuda;
   ASSERT_TRUE(t);
-  EXPECT_EQ(t->fatbin, "p.stage0.fatbin");
+  ASSERT_EQ(t->fatbin.size(), 20u);
+  EXPECT_EQ(static_cast<unsigned char>(t->fatbin[0]), 0x50);
+  EXPECT_EQ(static_cast<unsigned char>(t->fatbin[3]), 0xBA);
+  EXPECT_EQ(static_cast<unsigned char>(t->fatbin[8]), 0x78);
+  EXPECT_EQ(t->code.rfind("extern", 0), 0u);
   ASSERT_EQ(t->steps.size(), 6u);
   const KernelLaunch &embed = t->steps[0].launches.at(0);
   EXPECT_EQ(embed.kind, KernelLaunch::Kind::Kernel);
@@ -395,10 +400,14 @@ TEST(PlanLoad, BadKernelTableFieldsAreNamed) {
             "PLAN: programs[0].cuda.steps: expected one entry per plan step (6) but got 5");
   EXPECT_EQ(cudaError([](json &c) { c["steps"][4]["rows"] = "N"; }),
             "PLAN: programs[0].cuda.steps[4].rows: expected \"T\" or \"R\" but got \"N\"");
-  EXPECT_EQ(cudaError([](json &c) { c["fatbin"] = "../x.fatbin"; }),
-            "PLAN: programs[0].cuda.fatbin: '../x.fatbin' is not a file name beside the plan");
-  EXPECT_EQ(cudaError([](json &c) { c["format"] = 2; }),
-            "PLAN: programs[0].cuda.format: this moert reads kernel table format 1, not 2");
+  EXPECT_EQ(cudaError([](json &c) { c["fatbin"] = "p.stage0.fatbin"; }),
+            "PLAN: programs[0].cuda.fatbin: expected nvcc's fatbin in base64");
+  EXPECT_EQ(cudaError([](json &c) { c["fatbin"] = "UO1VugEAEAB4VjQSAAAAAAAAAA=A"; }),
+            "PLAN: programs[0].cuda.fatbin: expected nvcc's fatbin in base64");
+  EXPECT_EQ(cudaError([](json &c) { c.erase("code"); }),
+            "PLAN: programs[0].cuda.code: missing");
+  EXPECT_EQ(cudaError([](json &c) { c["format"] = 1; }),
+            "PLAN: programs[0].cuda.format: this moert reads kernel table format 2, not 1");
   EXPECT_EQ(cudaError([](json &c) { c["scratch"] = json::array(); }),
             "PLAN: programs[0].cuda.steps[3].launches[0].gemm.c: 'scratch:0' is out of range "
             "(the program has 0 scratch entries)");

@@ -19,6 +19,7 @@
 #include "mlir/Pass/PassManager.h"
 
 #include "mlir/IR/MLIRContext.h"
+#include "llvm/Support/Base64.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -70,7 +71,7 @@ cl::opt<std::string> compileTo(
 cl::opt<std::string> compileTarget(
     "target",
     cl::desc("What the plan runs on: cpu (default) or cuda (each program's kernels "
-             "emitted as CUDA C++ beside the plan and compiled by nvcc into a fatbin; "
+             "emitted as CUDA C++ and compiled by nvcc into a fatbin, both carried in the plan; "
              "docs/cuda.md)"),
     cl::value_desc("target"), cl::init("cpu"), cl::sub(compileCommand));
 cl::opt<std::string> cudaArchs(
@@ -300,11 +301,23 @@ int runImport() {
   return writeIR(*imported->module, importOutput);
 }
 
-/// --target cuda: emits every program's kernels into `plan` (its "cuda"
-/// objects) and writes the sources into `dir` (named `prefix`stage<i>.cu);
-/// compiles each into a fatbin unless `nvcc` is empty. With an empty dir,
-/// prints the sources to standard output instead.
-Error emitCuda(json::Object &root, StringRef dir, StringRef prefix, StringRef nvcc,
+Error writeText(StringRef path, StringRef text) {
+  std::error_code ec;
+  raw_fd_ostream os(path, ec);
+  if (ec)
+    return createStringError(ec, "%s: cannot write: %s", path.str().c_str(),
+                             ec.message().c_str());
+  os << text;
+  return Error::success();
+}
+
+/// --target cuda: emits every program's kernels into `root` (each program's
+/// "cuda" object, docs/cuda.md): the CUDA C++ source ("code"), and unless
+/// `nvcc` is empty the fatbin nvcc makes of it (base64) and ptxas' report,
+/// so that the plan is one file (one `mv` moves all of it). With `dir`
+/// (--compile-to=kernels -o DIR) each source is also written there as
+/// stage<i>.cu; with neither dir nor nvcc the sources go to standard output.
+Error emitCuda(json::Object &root, StringRef dir, StringRef nvcc,
                const std::vector<std::string> &archs) {
   json::Array *programs = root.getArray("programs");
   if (!programs)
@@ -314,40 +327,50 @@ Error emitCuda(json::Object &root, StringRef dir, StringRef prefix, StringRef nv
     Expected<cuda::EmittedProgram> emitted = cuda::emitProgram(root, program, int64_t(i));
     if (!emitted)
       return emitted.takeError();
-    std::string name = (prefix + "stage" + Twine(i)).str();
-    if (dir.empty()) {
+    std::string name = ("stage" + Twine(i)).str();
+    if (dir.empty() && nvcc.empty()) {
       outs() << "// ===== program " << i << " (" << name << ".cu) =====\n" << emitted->source;
       continue;
     }
-    SmallString<256> source(dir);
-    sys::path::append(source, name + ".cu");
-    {
-      std::error_code ec;
-      raw_fd_ostream os(source, ec);
-      if (ec)
-        return createStringError(ec, "%s: cannot write: %s", source.c_str(),
-                                 ec.message().c_str());
-      os << emitted->source;
+    if (!dir.empty()) {
+      SmallString<256> source(dir);
+      sys::path::append(source, name + ".cu");
+      if (Error e = writeText(source, emitted->source))
+        return e;
     }
     emitted->table["source"] = name + ".cu";
+    emitted->table["code"] = emitted->source;
     if (!nvcc.empty()) {
-      SmallString<256> fatbin(dir);
+      // nvcc works on files: a private directory, removed afterwards (kept,
+      // and named in the error, when nvcc or ptxas fails).
+      SmallString<256> work;
+      if (std::error_code ec = sys::fs::createUniqueDirectory("moec-cuda", work))
+        return createStringError(ec, "cannot create a temporary directory for nvcc: %s",
+                                 ec.message().c_str());
+      SmallString<256> source(work), fatbin(work);
+      sys::path::append(source, name + ".cu");
       sys::path::append(fatbin, name + ".fatbin");
+      if (Error e = writeText(source, emitted->source))
+        return e;
       std::string log;
-      Error compiled = cuda::compileFatbin(nvcc, source, fatbin, archs, log);
-      // ptxas' report beside the source (registers, shared memory, spills).
-      SmallString<256> logPath(dir);
-      sys::path::append(logPath, name + ".ptxas.txt");
-      {
+      if (Error compiled = cuda::compileFatbin(nvcc, source, fatbin, archs, log)) {
+        SmallString<256> logPath(work);
+        sys::path::append(logPath, name + ".ptxas.txt");
         std::error_code ec;
         raw_fd_ostream os(logPath, ec);
         if (!ec)
           os << log;
+        return joinErrors(std::move(compiled),
+                          createStringError(inconvertibleErrorCode(),
+                                            "(the source and ptxas' report: %s)", work.c_str()));
       }
-      if (compiled)
-        return compiled;
-      emitted->table["fatbin"] = name + ".fatbin";
-      emitted->table["ptxas_report"] = name + ".ptxas.txt";
+      ErrorOr<std::unique_ptr<MemoryBuffer>> image = MemoryBuffer::getFile(fatbin);
+      if (!image)
+        return createStringError(image.getError(), "%s: cannot read nvcc's fatbin: %s",
+                                 fatbin.c_str(), image.getError().message().c_str());
+      emitted->table["fatbin"] = encodeBase64((*image)->getBuffer());
+      emitted->table["ptxas_report"] = log;
+      sys::fs::remove_directories(work);
       json::Array archList;
       for (const std::string &a : archs)
         archList.push_back(a);
@@ -508,7 +531,6 @@ int runCompile() {
   std::string planPath = compileOutput;
   if (cudaTarget) {
     SmallString<256> dir;
-    std::string prefix;
     if (kernelsOnly && !compileOutput.empty()) {
       dir = compileOutput.getValue();
       if (std::error_code ec = sys::fs::create_directories(dir))
@@ -517,16 +539,11 @@ int runCompile() {
       SmallString<256> p(dir);
       sys::path::append(p, "plan.json");
       planPath = p.str().str();
-    } else if (!kernelsOnly && !compileOutput.empty()) {
-      dir = sys::path::parent_path(compileOutput);
-      if (dir.empty())
-        dir = ".";
-      prefix = (sys::path::filename(compileOutput) + ".").str();
     }
     if (!kernelsOnly && compileOutput.empty())
       return fail(createStringError(inconvertibleErrorCode(),
                                     "--target cuda: expected the plan's output path (-o)"));
-    if (Error e = emitCuda(*plan->getAsObject(), dir, prefix, nvcc, archs))
+    if (Error e = emitCuda(*plan->getAsObject(), dir, nvcc, archs))
       return fail(std::move(e), kExitFailure);
     if (kernelsOnly && compileOutput.empty())
       return kExitOk;

@@ -68,8 +68,9 @@ struct KernelStep {
 };
 
 struct KernelTable {
-  std::string source;         ///< the kernels' CUDA C++ file, beside the plan
-  std::string fatbin;         ///< their fatbin, beside the plan ("" if none)
+  std::string source; ///< the source's name (messages)
+  std::string code;   ///< the kernels' CUDA C++ source
+  std::string fatbin; ///< nvcc's fatbin of it, decoded ("" if compiled without nvcc)
   std::vector<int64_t> scratchBytes;
   struct RopeTable {
     int64_t positions = 0, half = 0;

@@ -33,11 +33,14 @@
 #include "moert/Error.h"
 #include "moert/RankWeights.h"
 
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
-#include <algorithm>
 #include <map>
 #include <memory>
 #include <set>
@@ -50,9 +53,22 @@ namespace {
 constexpr int64_t kGraphMaxTokens = 64;
 using cuda::check;
 
-std::string directoryOf(const std::string &path) {
-  size_t slash = path.find_last_of('/');
-  return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
+/// A fresh directory of this process under $TMPDIR (or /tmp).
+std::string temporaryDirectory() {
+  const char *tmp = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/moert-kernels-XXXXXX";
+  if (!::mkdtemp(pattern.data()))
+    runtimeError("cannot create a temporary directory for the plan's kernels ({}): {}", pattern,
+                 std::strerror(errno));
+  return pattern;
+}
+
+void writeFile(const std::string &path, const std::string &bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.close();
+  if (!out)
+    runtimeError("{}: cannot write the plan's kernels", path);
 }
 
 class CudaDevice final : public Device {
@@ -207,16 +223,29 @@ private:
     check(api->cublasSetStream(blas, reinterpret_cast<cudaStream_t>(stream)), "cublasSetStream");
   }
 
+  /// The plan carries its kernels (source and fatbin, docs/cuda.md): they
+  /// are written to a private temporary directory for cuModuleLoad and
+  /// removed once loaded (the fake driver of the tests builds the source
+  /// found beside the fatbin).
   void loadModule() {
+    const int64_t p = plan->ranks[rank].program;
     if (table->fatbin.empty())
-      inputError("{}: programs[{}].cuda has no fatbin (the plan was compiled without nvcc)",
-                 plan->path, plan->ranks[rank].program);
-    std::string path = directoryOf(plan->path) + "/" + table->fatbin;
-    if (!std::ifstream(path))
-      inputError("{}: cannot read the CUDA kernels (moec compile --target cuda writes them "
-                 "beside the plan)",
-                 path);
-    check(api->cuModuleLoad(&module, path.c_str()), ("cuModuleLoad " + path).c_str());
+      inputError("{}: programs[{}].cuda has no fatbin (the plan was compiled without nvcc: "
+                 "--compile-to=kernels)",
+                 plan->path, p);
+    std::string dir = temporaryDirectory();
+    struct Remove {
+      std::string dir;
+      ~Remove() {
+        std::error_code ec;
+        std::filesystem::remove_all(dir, ec);
+      }
+    } remove{dir};
+    const std::string path = dir + "/kernels.fatbin";
+    writeFile(dir + "/kernels.cu", table->code);
+    writeFile(path, table->fatbin);
+    check(api->cuModuleLoad(&module, path.c_str()),
+          fmt::format("cuModuleLoad (programs[{}].cuda.fatbin of {})", p, plan->path).c_str());
     auto resolve = [&](const KernelLaunch &launch) {
       if (launch.kind != KernelLaunch::Kind::Kernel)
         return;

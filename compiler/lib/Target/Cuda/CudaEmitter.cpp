@@ -641,7 +641,7 @@ llvm::Expected<EmittedProgram> Emitter::run() {
   EmittedProgram result;
   result.source = std::move(source);
   result.kernels = kernels;
-  result.table = Object{{"format", 1},
+  result.table = Object{{"format", 2},
                         {"kernels", static_cast<int64_t>(kernels.size())},
                         {"scratch", std::move(scratch)},
                         {"rope_tables", std::move(ropeTables)},
