@@ -102,14 +102,20 @@ if nvcc:
         config.substitutions.append(("%cuda-stub-path", stubs + ":" + cuda_lib))
 # A fake CUDA driver + cuBLAS that run on the host (tests/cuda-host/fake):
 # moert's CUDA device end to end without a GPU. %fake-cuda-env puts it first
-# on the library path, with the host compile of the kernels' source and a
-# cache of the compiled kernels shared by the tests.
+# on the library path, with the host compile of the kernels' source, a
+# cache of the compiled kernels shared by the tests, and a stand-in nvcc.
 fake_cuda = os.path.join(config.moe_obj_root, "tests", "cuda-host", "fake")
+# %host-nvcc: moec with a stand-in nvcc, for plans whose fatbin no test
+# reads (the fake driver builds the source; tests/cuda/Inputs/host-nvcc.sh).
+host_nvcc = os.path.join(config.moe_src_root, "tests", "cuda", "Inputs", "host-nvcc.sh")
+config.substitutions.append(("%host-nvcc", "env MOE_NVCC=%s" % host_nvcc))
 if os.path.exists(os.path.join(fake_cuda, "libcuda.so.1")):
     config.available_features.add("fake-cuda")
     config.substitutions.append(("%fake-cuda-dir", fake_cuda))
-    config.substitutions.append(("%fake-cuda-env", "env LD_LIBRARY_PATH=%s MOE_FAKE_CUDA_CACHE=%s MOE_FAKE_CUDA_STATS=1" % (
-        fake_cuda, os.path.join(fake_cuda, "kernel-cache"))))
+    # MOE_NVCC: the fake driver never reads the fatbin, so moec's nvcc is
+    # a stand-in here (tests/cuda/Inputs/host-nvcc.sh).
+    config.substitutions.append(("%fake-cuda-env", "env LD_LIBRARY_PATH=%s MOE_FAKE_CUDA_CACHE=%s MOE_FAKE_CUDA_STATS=1 MOE_NVCC=%s" % (
+        fake_cuda, os.path.join(fake_cuda, "kernel-cache"), host_nvcc)))
     config.substitutions.append(("%check-fixture", "%s %s" % (
         config.python_executable, os.path.join(config.moe_src_root, "tests", "tools", "check-fixture.py"))))
 if "fake-cuda" in config.available_features and nvcc:
