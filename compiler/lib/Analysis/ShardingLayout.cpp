@@ -91,30 +91,6 @@ Error makeError(const Twine &message) {
                            message.str().c_str());
 }
 
-/// "model.layers.3.mlp.experts.17.up_proj.weight" -> 17; -1 when the name
-/// has no ".experts.<digits>." component.
-int64_t expertIndexOf(StringRef name) {
-  size_t pos = name.find(".experts.");
-  if (pos == StringRef::npos)
-    return -1;
-  StringRef rest = name.substr(pos + strlen(".experts."));
-  StringRef digits = rest.take_while([](char c) { return isDigit(c); });
-  if (digits.empty() || !rest.drop_front(digits.size()).starts_with("."))
-    return -1;
-  int64_t e = -1;
-  digits.getAsInteger(10, e);
-  return e;
-}
-
-/// The module's last name component: "...self_attn.q_proj.weight" -> q_proj.
-StringRef moduleName(StringRef name, bool &isBias) {
-  isBias = name.ends_with(".bias");
-  StringRef mod = name;
-  if (!mod.consume_back(".weight"))
-    mod.consume_back(".bias");
-  return mod.rsplit('.').second.empty() ? mod : mod.rsplit('.').second;
-}
-
 } // namespace
 
 std::string ModelInfo::expertsField() const {
@@ -183,8 +159,6 @@ Expected<ModelInfo> ModelInfo::build(const hf::ModelConfig &config,
     int32_t index = int32_t(m.tensors.size());
     t.spec = std::move(spec);
     const hf::TensorSpec &s = t.spec;
-    bool isBias = false;
-    StringRef mod = moduleName(s.name, isBias);
     if (s.role == hf::TensorRole::Embedding) {
       t.split = Split::Vocab;
       t.place = Place::FirstStage;
@@ -205,7 +179,7 @@ Expected<ModelInfo> ModelInfo::build(const hf::ModelConfig &config,
       return makeError(config.path + ": tensor '" + s.name +
                        "' is outside the decoder layers");
     } else if (s.role == hf::TensorRole::RoutedExperts) {
-      int64_t e = expertIndexOf(s.name);
+      int64_t e = s.expert;
       if (e >= 0) {
         if (e >= config.numExperts || s.shape.size() != 2)
           return makeError(config.path + ": unexpected expert tensor '" +
@@ -214,7 +188,7 @@ Expected<ModelInfo> ModelInfo::build(const hf::ModelConfig &config,
         t.expert = e;
         // gate/up ([I, h]) split their output rows by ETP, down ([h, I])
         // its input columns.
-        t.etpDim = (mod == "w2" || mod == "down_proj") ? 1 : 0;
+        t.etpDim = s.etpDim;
         m.expertTensors[s.layer][e].push_back(index);
       } else {
         if (s.shape.empty() || s.shape[0] != config.numExperts)
@@ -226,17 +200,10 @@ Expected<ModelInfo> ModelInfo::build(const hf::ModelConfig &config,
       }
       m.layerBytes[s.layer].experts += bytes;
     } else {
-      if (mod == "q_proj" || mod == "k_proj" || mod == "v_proj" ||
-          mod == "q_b_proj" || mod == "kv_b_proj" || mod == "gate_proj" ||
-          mod == "up_proj" || mod == "sinks")
-        t.split = Split::Column;
-      else if (mod == "o_proj" || mod == "down_proj")
-        t.split = isBias ? Split::Replicated : Split::Row;
-      else if ((mod == "q_norm" || mod == "k_norm") &&
-               config.qkNorm == hf::QKNorm::Full)
-        t.split = Split::Column;
-      else
-        t.split = Split::Replicated; // norms, routers, q_a / kv_a, gates
+      // Set by the frontend (hf::TensorSpec::tpSplit), by module.
+      t.split = s.tpSplit == hf::TensorSplit::Column ? Split::Column
+                : s.tpSplit == hf::TensorSplit::Row  ? Split::Row
+                                                     : Split::Replicated;
       if (t.split == Split::Replicated)
         m.layerBytes[s.layer].replicated += bytes;
       else

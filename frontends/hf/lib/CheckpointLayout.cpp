@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 #include "moe/Frontend/HF/ModelConfig.h"
 
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
 using namespace llvm;
@@ -21,6 +22,51 @@ int64_t TensorSpec::numel() const {
 }
 
 namespace {
+
+/// "model.layers.3.mlp.experts.17.up_proj.weight" -> 17; -1 when the name
+/// has no ".experts.<digits>." component.
+int64_t expertIndexOf(StringRef name) {
+  size_t pos = name.find(".experts.");
+  if (pos == StringRef::npos)
+    return -1;
+  StringRef rest = name.substr(pos + strlen(".experts."));
+  StringRef digits = rest.take_while([](char c) { return isDigit(c); });
+  if (digits.empty() || !rest.drop_front(digits.size()).starts_with("."))
+    return -1;
+  int64_t e = -1;
+  digits.getAsInteger(10, e);
+  return e;
+}
+
+/// The module's last name component: "...self_attn.q_proj.weight" -> q_proj.
+StringRef moduleName(StringRef name, bool &isBias) {
+  isBias = name.ends_with(".bias");
+  StringRef mod = name;
+  if (!mod.consume_back(".weight"))
+    mod.consume_back(".bias");
+  return mod.rsplit('.').second.empty() ? mod : mod.rsplit('.').second;
+}
+
+/// What tensor and expert parallelism do with each tensor, from the module
+/// it belongs to (the names are this file's own).
+void classify(const ModelConfig &c, std::vector<TensorSpec> &specs) {
+  for (TensorSpec &s : specs) {
+    bool isBias = false;
+    StringRef mod = moduleName(s.name, isBias);
+    if (s.role == TensorRole::RoutedExperts) {
+      s.expert = expertIndexOf(s.name);
+      s.etpDim = (mod == "w2" || mod == "down_proj") ? 1 : 0;
+    } else if (s.role == TensorRole::Other && s.layer >= 0) {
+      if (mod == "q_proj" || mod == "k_proj" || mod == "v_proj" || mod == "q_b_proj" ||
+          mod == "kv_b_proj" || mod == "gate_proj" || mod == "up_proj" || mod == "sinks")
+        s.tpSplit = TensorSplit::Column;
+      else if (mod == "o_proj" || mod == "down_proj")
+        s.tpSplit = isBias ? TensorSplit::Replicated : TensorSplit::Row;
+      else if ((mod == "q_norm" || mod == "k_norm") && c.qkNorm == QKNorm::Full)
+        s.tpSplit = TensorSplit::Column;
+    }
+  }
+}
 
 class LayoutBuilder {
 public:
@@ -264,6 +310,7 @@ std::vector<TensorSpec> moe::hf::checkpointTensors(const ModelConfig &c) {
     // Phi-3.5-MoE's LM head carries a bias (lm_head_bias).
     b.linear("lm_head", c.vocabSize, c.hiddenSize, type == "phimoe",
              TensorRole::LMHead);
+  classify(c, out);
   return out;
 }
 
@@ -286,6 +333,7 @@ std::vector<TensorSpec> moe::hf::mtpTensors(const ModelConfig &c) {
     b.linear(p + ".eh_proj", c.hiddenSize, 2 * c.hiddenSize, false);
     b.norm(p + ".shared_head.norm", c.hiddenSize, false);
   }
+  classify(c, out);
   return out;
 }
 

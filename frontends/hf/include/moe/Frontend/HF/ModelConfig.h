@@ -125,11 +125,28 @@ enum class TensorRole { Embedding, LMHead, RoutedExperts, Other };
 
 /// One checkpoint tensor as published (or, for fused expert tensors, the one
 /// tensor that holds every expert).
+/// How tensor parallelism splits a tensor of the decoder layers (set by
+/// checkpointTensors from the module it belongs to: the planner never reads
+/// tensor names).
+enum class TensorSplit {
+  Replicated, ///< norms, routers, q_a / kv_a, gates, row-parallel biases
+  Column,     ///< split by output rows: q/k/v, q_b / kv_b, gate / up, sinks
+  Row,        ///< split by input columns: o_proj, down_proj
+};
+
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
   TensorRole role = TensorRole::Other;
   int64_t layer = -1; ///< decoder layer, -1 outside the layers
+  /// RoutedExperts: the expert of a per-expert tensor, -1 for a fused one
+  /// (every expert stacked along dimension 0).
+  int64_t expert = -1;
+  /// RoutedExperts: the dimension expert tensor parallelism splits (gate /
+  /// up: 0, their output rows; down: 1, its input columns).
+  int etpDim = 0;
+  /// Other tensors of the decoder layers: how tensor parallelism splits them.
+  TensorSplit tpSplit = TensorSplit::Replicated;
   int64_t numel() const;
 };
 
