@@ -74,6 +74,11 @@ void columnsAvx2(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, c
                  int64_t n0, int64_t n1, float *y, int64_t ldy);
 void widenAvx2(DType dtype, const void *src, int64_t n, float *out);
 
+/// The AVX-512 GEMV (GemvAvx512.cpp) for few tokens, with the contract of
+/// columns(); called only when haveAvx512(), for F32, BF16 and F16 weights.
+void gemvAvx512(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
+                int64_t n0, int64_t n1, float *y, int64_t ldy);
+
 /// y[t, n] = x[t, :] . w[n, :] (+ bias[n]) for every token t and the output
 /// columns n in [n0, n1), on the calling thread only. x has row stride ldx,
 /// y row stride ldy; bias (f32, indexed by n) may be null. Few tokens take a
