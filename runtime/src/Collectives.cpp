@@ -21,11 +21,6 @@ void HostMemory::copy2d(void *dst, int64_t dstPitch, const void *src, int64_t sr
                  static_cast<const char *>(src) + r * srcPitch, static_cast<size_t>(width));
 }
 
-bool isCollective(OpKind op) {
-  return op == OpKind::AllReduce || op == OpKind::AllGather || op == OpKind::AllToAll ||
-         op == OpKind::Send || op == OpKind::Recv;
-}
-
 namespace {
 
 const char *axisName(CollectiveGroup::Axis axis) {

@@ -36,8 +36,6 @@ public:
               int64_t height) override;
 };
 
-bool isCollective(OpKind op);
-
 /// What a step is for, in messages: "step 12 (all_reduce over tp)".
 std::string describe(size_t index, const PlanStep &step);
 

@@ -21,7 +21,7 @@ constexpr int64_t kMaxBlock = 1024;
 constexpr int64_t kMaxSharedBytes = int64_t(1) << 20;
 
 /// "name:N" -> N when `text` starts with `prefix` and the rest is a decimal
-/// integer in [0, limit) (limit < 0: any int64, sign allowed).
+/// int64 (sign allowed); the caller checks the range.
 std::optional<int64_t> suffixNumber(const std::string &text, const std::string &prefix) {
   if (text.compare(0, prefix.size(), prefix) != 0)
     return std::nullopt;

@@ -382,12 +382,8 @@ Plan Plan::load(const std::string &path) {
   json root;
   try {
     root = json::parse(text);
-  } catch (const json::exception &e) {
-    // "[json.exception.parse_error.101] parse error at line 3, column 20: ..."
-    std::string what = e.what();
-    size_t bracket = what.find("] ");
-    inputError("{}: malformed JSON: {}", path,
-               bracket == std::string::npos ? what : what.substr(bracket + 2));
+  } catch (const json::exception &e) { // parse_error, and out_of_range for a number like 1e512
+    inputError("{}: malformed JSON: {}", path, jsonMessage(e));
   }
   if (!root.is_object())
     inputError("{}: not a plan (expected a JSON object written by moec compile)", path);

@@ -69,7 +69,7 @@ PlanLayout PlanLayout::load(const std::string &path) {
   try {
     root = json::parse(text);
   } catch (const json::exception &e) { // parse_error, and out_of_range for a number like 1e512
-    inputError("{}: malformed JSON: {}", path, e.what());
+    inputError("{}: malformed JSON: {}", path, jsonMessage(e));
   }
   if (!root.is_object())
     inputError("{}: expected a JSON object", path);
