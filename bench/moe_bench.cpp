@@ -283,9 +283,9 @@ double activeParams(const PlanProgram &program) {
       const PlanWeight &w = program.weights[s.weights[i]];
       TensorView v{w.dtype, w.shape, nullptr};
       double numel = static_cast<double>(v.numel());
-      if (s.op == OpKind::Experts) // k of the experts: the routing width
+      if (s.op->name == "experts") // k of the experts: the routing width
         numel = numel / w.experts * program.buffers[s.in[1]].width;
-      if (s.op == OpKind::Embedding)
+      if (s.op->name == "embedding")
         numel = w.shape[1]; // one row
       n += numel;
     }
@@ -325,7 +325,7 @@ int runModel(int argc, char **argv) {
   const PlanProgram &program = plan.programOf(0);
   int64_t k = 2;
   for (const PlanStep &s : program.steps)
-    if (s.op == OpKind::Router)
+    if (s.op->name == "router")
       k = s.routing.topK;
   (void)k;
   std::vector<float> logits;

@@ -103,38 +103,36 @@ int64_t allToAll(const Context &c, const PlanStep &s, const std::vector<int> &gr
 } // namespace
 
 std::string describe(size_t index, const PlanStep &step) {
-  if (step.op == OpKind::AllReduce || step.op == OpKind::AllGather ||
-      step.op == OpKind::AllToAll)
-    return fmt::format("step {} ({} over {})", index, opName(step.op), axisName(step.group.axis));
-  return fmt::format("step {} ({})", index, opName(step.op));
+  if (step.op->has(OpDef::InGroup))
+    return fmt::format("step {} ({} over {})", index, step.op->name, axisName(step.group.axis));
+  return fmt::format("step {} ({})", index, step.op->name);
 }
 
 std::vector<std::vector<int>> groupsOf(const Plan &plan, int64_t rank) {
   const PlanProgram &program = plan.programOf(rank);
   std::vector<std::vector<int>> groups(program.steps.size());
   for (size_t i = 0; i < program.steps.size(); ++i) {
-    OpKind op = program.steps[i].op;
-    if (op == OpKind::AllReduce || op == OpKind::AllGather || op == OpKind::AllToAll)
+    if (program.steps[i].op->has(OpDef::InGroup))
       groups[i] = plan.groupOf(rank, program.steps[i].group);
   }
   return groups;
 }
 
 int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
-  switch (s.op) {
-  case OpKind::AllReduce:
+  switch (s.op->collective) {
+  case Collective::AllReduce:
     allReduce(c, s, rows, c.groups.at(index), describe(index, s));
     return -1;
-  case OpKind::AllGather:
+  case Collective::AllGather:
     allGather(c, s, rows, c.groups.at(index), describe(index, s));
     return -1;
-  case OpKind::AllToAll:
+  case Collective::AllToAll:
     return allToAll(c, s, c.groups.at(index), describe(index, s));
-  case OpKind::Send:
-  case OpKind::Recv: {
+  case Collective::Send:
+  case Collective::Recv: {
     // The pipeline: activations go to the rank with the same dp and tp on
     // the next stage.
-    const bool sending = s.op == OpKind::Send;
+    const bool sending = s.op->collective == Collective::Send;
     const int64_t stage = c.plan->ranks[c.rank].coords.pp + (sending ? 1 : -1);
     const int peer = static_cast<int>(c.plan->stageRank(c.rank, stage));
     const int64_t id = sending ? s.in[0] : s.out[0];

@@ -226,13 +226,12 @@ public:
       const PlanProgram &program = plan.programOf(r);
       for (size_t s = 0; s < program.steps.size(); ++s) {
         const PlanStep &step = program.steps[s];
-        if (step.op != OpKind::AllReduce && step.op != OpKind::AllGather &&
-            step.op != OpKind::AllToAll)
+        if (!step.op->has(OpDef::InGroup))
           continue;
         std::vector<int> group = plan.groupOf(r, step.group);
         if (std::find(group.begin(), group.end(), worldRank) != group.end())
           commOf(group, fmt::format("preparing the group of rank {}'s step {} ({})", r, s,
-                                    opName(step.op)));
+                                    step.op->name));
       }
     }
   }

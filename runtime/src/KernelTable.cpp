@@ -114,7 +114,7 @@ public:
       JsonFields sampling = cuda.child("sampling");
       for (const auto &[name, value] : cuda.get("sampling").items()) {
         (void)value;
-        KernelLaunch l = launch(sampling.child(name), std::nullopt);
+        KernelLaunch l = launch(sampling.child(name), nullptr);
         if (l.kind != KernelLaunch::Kind::Kernel)
           sampling.fail(name, "expected a kernel launch");
         table.sampling.push_back(std::move(l));
@@ -135,7 +135,7 @@ private:
     return r == "R" ? KernelLaunch::Rows::R : KernelLaunch::Rows::T;
   }
 
-  KernelLaunch launch(const JsonFields &l, std::optional<OpKind> op) {
+  KernelLaunch launch(const JsonFields &l, const OpDef *op) {
     KernelLaunch out;
     if (l.has("rows"))
       out.rows = rows(l);
@@ -145,10 +145,10 @@ private:
     if (l.has("collective")) {
       out.kind = KernelLaunch::Kind::Collective;
       out.collective = l.string("collective");
-      if (!op || out.collective != opName(*op))
+      if (!op || op->collective == Collective::None || findOp(out.collective) != op)
         l.fail("collective", fmt::format("'{}' is not the step's op ({})", out.collective,
-                                         op ? opName(*op) : "none"));
-      if (*op == OpKind::AllToAll)
+                                         op ? op->name : "none"));
+      if (op->collective == Collective::AllToAll)
         table.hasAllToAll = true;
       return out;
     }

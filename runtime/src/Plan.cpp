@@ -34,22 +34,10 @@ namespace {
 
 using nlohmann::json;
 
-OpKind parseOp(const JsonFields &r, const std::string &name) {
-  static const std::pair<const char *, OpKind> ops[] = {
-      {"embedding", OpKind::Embedding}, {"rms_norm", OpKind::RMSNorm},
-      {"layer_norm", OpKind::LayerNorm}, {"linear", OpKind::Linear},
-      {"rope", OpKind::Rope},           {"attention", OpKind::Attention},
-      {"mla_attention", OpKind::MLAttention}, {"split", OpKind::Split},
-      {"add", OpKind::Add},             {"sigmoid_gate", OpKind::SigmoidGate},
-      {"mlp", OpKind::MLP},             {"router", OpKind::Router},
-      {"experts", OpKind::Experts},     {"all_reduce", OpKind::AllReduce},
-      {"all_gather", OpKind::AllGather}, {"all_to_all", OpKind::AllToAll},
-      {"send", OpKind::Send},           {"recv", OpKind::Recv},
-      {"dispatch", OpKind::Dispatch},   {"expert_ffn", OpKind::ExpertFFN},
-      {"combine", OpKind::Combine}};
-  for (auto &[spelling, kind] : ops)
-    if (name == spelling)
-      return kind;
+const OpDef *parseOp(const JsonFields &r) {
+  const std::string name = r.string("op");
+  if (const OpDef *op = findOp(name))
+    return op;
   r.fail("op", "unknown op '" + name + "'");
 }
 
@@ -111,19 +99,6 @@ cpu::Activation parseActivation(const JsonFields &r) {
   if (a == "gelu_tanh") return cpu::Activation::GeluTanh;
   if (a == "relu") return cpu::Activation::Relu;
   r.fail("activation", "unknown activation '" + a + "'");
-}
-
-cpu::DispatchParams parseDispatch(const JsonFields &a) {
-  cpu::DispatchParams p;
-  p.numExperts = a.integer("num_experts", 1);
-  p.capacity = a.integer("capacity", 1);
-  p.capacityFactor = a.number("capacity_factor");
-  if (!(p.capacityFactor >= 0))
-    a.fail("capacity_factor", "expected a value >= 0 (0: dropless)");
-  p.topK = a.integer("top_k", 1);
-  p.rowParts = a.integer("row_parts", 1);
-  p.rowPartStride = a.integer("row_part_stride", 1);
-  return p;
 }
 
 /// A collective's "mesh" and "axis"; the axis must be one of the mesh's.
@@ -267,7 +242,7 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
   for (size_t i = 0; i < steps.size(); ++i) {
     JsonFields s = pr.element("steps", i);
     PlanStep step;
-    step.op = parseOp(s, s.string("op"));
+    step.op = parseOp(s);
     step.in = s.integers("in", 0);
     step.inFrom = s.integers("in_from", -1);
     if (step.inFrom.size() != step.in.size())
@@ -302,15 +277,14 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
     if (a.has("widths")) step.widths = a.integers("widths", 1);
     if (a.has("vocab_shard")) step.vocabShard = a.boolean("vocab_shard");
     if (a.has("head")) step.head = a.boolean("head");
-    if (step.op == OpKind::AllReduce || step.op == OpKind::AllGather ||
-        step.op == OpKind::AllToAll)
+    if (step.op->has(OpDef::InGroup))
       step.group = parseGroup(a);
-    if (step.op == OpKind::Dispatch)
-      step.dispatch = parseDispatch(a);
-    if (step.vocabShard && step.op != OpKind::Embedding)
+    if (step.op->parse)
+      step.op->parse(a, step);
+    if (step.vocabShard && !step.op->has(OpDef::VocabShard))
       a.fail("vocab_shard", "only an embedding is vocab-sharded");
     if (step.head) {
-      if (step.op != OpKind::Linear || !last || heads > 0)
+      if (!step.op->has(OpDef::Head) || !last || heads > 0)
         a.fail("head", "expected one LM head (a linear) on the last stage");
       ++heads;
     }
@@ -327,42 +301,15 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
 }
 
 /// Widths of the sends (or recvs) of a program, in order.
-std::vector<int64_t> transfers(const PlanProgram &program, OpKind op) {
+std::vector<int64_t> transfers(const PlanProgram &program, Collective op) {
   std::vector<int64_t> widths;
   for (const PlanStep &s : program.steps)
-    if (s.op == op)
-      widths.push_back(program.buffers[op == OpKind::Send ? s.in[0] : s.out[0]].width);
+    if (s.op->collective == op)
+      widths.push_back(program.buffers[op == Collective::Send ? s.in[0] : s.out[0]].width);
   return widths;
 }
 
 } // namespace
-
-const char *opName(OpKind op) {
-  switch (op) {
-  case OpKind::Embedding: return "embedding";
-  case OpKind::RMSNorm: return "rms_norm";
-  case OpKind::LayerNorm: return "layer_norm";
-  case OpKind::Linear: return "linear";
-  case OpKind::Rope: return "rope";
-  case OpKind::Attention: return "attention";
-  case OpKind::MLAttention: return "mla_attention";
-  case OpKind::Split: return "split";
-  case OpKind::Add: return "add";
-  case OpKind::SigmoidGate: return "sigmoid_gate";
-  case OpKind::MLP: return "mlp";
-  case OpKind::Router: return "router";
-  case OpKind::Experts: return "experts";
-  case OpKind::AllReduce: return "all_reduce";
-  case OpKind::AllGather: return "all_gather";
-  case OpKind::AllToAll: return "all_to_all";
-  case OpKind::Send: return "send";
-  case OpKind::Recv: return "recv";
-  case OpKind::Dispatch: return "dispatch";
-  case OpKind::ExpertFFN: return "expert_ffn";
-  case OpKind::Combine: return "combine";
-  }
-  return "?";
-}
 
 std::string PlanWeight::expertName(int64_t e) const {
   std::string n = name;
@@ -479,11 +426,11 @@ Plan Plan::load(const std::string &path) {
   for (size_t i = 0; i < plan.programs.size(); ++i)
     for (size_t j = 0; j < plan.programs.size(); ++j)
       if (plan.programs[j].stage == plan.programs[i].stage + 1 &&
-          transfers(plan.programs[i], OpKind::Send) != transfers(plan.programs[j], OpKind::Recv))
+          transfers(plan.programs[i], Collective::Send) != transfers(plan.programs[j], Collective::Recv))
         r.fail(fmt::format("programs[{}]", j),
                fmt::format("its recvs (widths {}) differ from the sends of programs[{}] "
-                           "(widths {})", shapeString(transfers(plan.programs[j], OpKind::Recv)),
-                           i, shapeString(transfers(plan.programs[i], OpKind::Send))));
+                           "(widths {})", shapeString(transfers(plan.programs[j], Collective::Recv)),
+                           i, shapeString(transfers(plan.programs[i], Collective::Send))));
 
   const json &ranks = r.array("ranks");
   if (static_cast<int64_t>(ranks.size()) != plan.worldSize)

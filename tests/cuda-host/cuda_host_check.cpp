@@ -1,7 +1,7 @@
 // cuda-host-check PLAN KERNELS.so WEIGHTS [--program N] [--tol X] [--prefill A,B]
 //
-// Runs a plan program step by step on the CPU backend's kernels (moert::cpu,
-// called per step kind as runtime/src/cpu/CpuDevice.cpp calls them) and, for
+// Runs a plan program step by step on the CPU backend's kernels (each op's
+// OpDef::cpu, runtime/src/ops, as the CPU device runs them, as rank 0) and, for
 // every step, the step's entry of the plan's CUDA kernel table on the CPU
 // execution layer (cuda_host.h: the emitted kernels compiled by g++ into
 // KERNELS.so; GEMM entries on the CPU GEMM, cpu::linear), starting from the
@@ -17,6 +17,7 @@
 #include "moert/Checkpoint.h"
 #include "moert/Plan.h"
 #include "moert/cpu/Kernels.h"
+#include "moert/cpu/StepContext.h"
 
 #include <nlohmann/json.hpp>
 
@@ -62,11 +63,13 @@ struct BatchInput {
   std::vector<int32_t> tokens, positions, slots, logitRows;
 };
 
-class Checker {
+class Checker : private cpu::StepContext {
 public:
   Checker(const Plan &plan, int64_t programIndex, const json &table, void *lib,
           const Checkpoint &ckpt, double tol)
       : plan(plan), program(plan.programs.at(programIndex)), table(table), lib(lib), tol(tol) {
+    StepContext::plan = &plan;
+    StepContext::program = &program;
     launchFn = reinterpret_cast<LaunchFn>(dlsym(lib, "moe_host_launch"));
     if (!launchFn)
       die("kernels library has no moe_host_launch (built without cuda_host.h?)");
@@ -186,7 +189,7 @@ public:
           fused = std::move(gpu);
       }
       std::printf("%s step %zu %-14s %-5s max_abs_diff %.3g%s\n", label.c_str(), i,
-                  opName(s.op), ok ? "ok" : "FAIL", diff, what.c_str());
+                  std::string(s.op->name).c_str(), ok ? "ok" : "FAIL", diff, what.c_str());
       failures += ok ? 0 : 1;
       rows = after;
     }
@@ -228,10 +231,6 @@ private:
   static int32_t *ints(State &st, int64_t b) {
     return reinterpret_cast<int32_t *>(st.buffers[b].data());
   }
-  const TensorView *optional(const PlanStep &s, size_t i) const {
-    return s.weights.size() > i ? &weights[s.weights[i]].view : nullptr;
-  }
-  const TensorView &w(const PlanStep &s, size_t i) const { return weights[s.weights[i]].view; }
   std::map<std::string, std::unique_ptr<cpu::RopeTable>> ropeTables;
   const cpu::RopeTable &ropeTable(const cpu::RopeParams &p) {
     char key[512];
@@ -246,127 +245,50 @@ private:
     return *slot;
   }
 
-  /// The CPU backend's step (as CpuDevice::run computes it, rank 0).
-  int64_t runCpu(const PlanStep &s, int64_t T, const cpu::TokenLayout &layout,
-                 const BatchInput &batch) {
-    State &st = cpu;
-    switch (s.op) {
-    case OpKind::Embedding: {
-      cpu::Matrix m = cpu::Matrix::of(w(s, 0));
-      std::vector<int32_t> ids(ints(st, s.in[0]), ints(st, s.in[0]) + T);
-      for (int32_t &id : ids)
-        if (id < 0 || id >= m.rows)
-          id = 0;
-      cpu::embedding(m, ids.data(), T, f(st, s.out[0]));
-      for (int64_t t = 0; t < T; ++t)
-        if (ints(st, s.in[0])[t] >= m.rows)
-          std::fill_n(f(st, s.out[0]) + t * m.cols, m.cols, 0.0f);
+  /// The CPU backend's step: the op's CPU kernel, as the CPU device runs
+  /// it (rank 0: coordinates 0).
+  int64_t runCpu(const PlanStep &s, int64_t T, const cpu::TokenLayout &tokens,
+                 const BatchInput &input) {
+    if (!s.op->cpu)
+      die("step kind not run by the check: " + std::string(s.op->name));
+    Batch b;
+    b.tokens = input.tokens;
+    b.positions = input.positions;
+    b.slots = input.slots;
+    b.logitRows.assign(input.logitRows.begin(), input.logitRows.end());
+    step = &s;
+    rows = T;
+    layout = &tokens;
+    batch = &b;
+    if (T == 0 && !s.op->has(OpDef::RunsEmpty))
       return T;
-    }
-    case OpKind::RMSNorm:
-      cpu::rmsNorm(f(st, s.in[0]), T, width(s.in[0]), w(s, 0), s.eps, f(st, s.out[0]));
-      return T;
-    case OpKind::LayerNorm:
-      cpu::layerNorm(f(st, s.in[0]), T, width(s.in[0]), w(s, 0), optional(s, 1), s.eps,
-                     f(st, s.out[0]));
-      return T;
-    case OpKind::Linear: {
-      cpu::Matrix m = cpu::Matrix::of(w(s, 0));
-      if (!s.head) {
-        cpu::linear(f(st, s.in[0]), T, m, optional(s, 1), f(st, s.out[0]));
-        return T;
-      }
-      const int64_t R = static_cast<int64_t>(batch.logitRows.size());
-      std::vector<float> rowsBuf(R * m.cols);
-      for (int64_t r = 0; r < R; ++r)
-        std::copy_n(f(st, s.in[0]) + batch.logitRows[r] * m.cols, m.cols,
-                    rowsBuf.data() + r * m.cols);
-      cpu::linear(rowsBuf.data(), R, m, optional(s, 1), f(st, s.out[0]));
-      return R;
-    }
-    case OpKind::Rope: {
-      const int64_t wd = width(s.in[0]);
-      if (s.out[0] != s.in[0])
-        std::copy_n(f(st, s.in[0]), T * wd, f(st, s.out[0]));
-      ropeTable(s.rope).apply(f(st, s.out[0]), T, wd, s.headDim, ints(st, s.in[1]));
-      return T;
-    }
-    case OpKind::Attention: {
-      const int64_t q = width(s.in[0]), v = width(s.in[2]);
-      cpu::attention(f(st, s.in[0]), f(st, s.in[1]), f(st, s.in[2]), layout, s.heads, s.kvHeads,
-                     q / s.heads, v / s.kvHeads, s.scale, s.slidingWindow, st.caches[s.kvCache],
-                     f(st, s.out[0]));
-      return T;
-    }
-    case OpKind::MLAttention: {
-      const int64_t r = width(s.in[2]);
-      const int64_t nope = width(s.in[0]) / s.heads - r;
-      const int64_t vdim = width(s.in[1]) / s.heads - nope;
-      cpu::mlaAttention(f(st, s.in[0]), f(st, s.in[1]), f(st, s.in[2]), layout, s.heads, nope, r,
-                        vdim, s.scale, ropeTable(s.rope), st.caches[s.kvCache], f(st, s.out[0]));
-      return T;
-    }
-    case OpKind::Split: {
-      const int64_t wd = width(s.in[0]);
-      int64_t offset = 0;
-      for (size_t o = 0; o < s.out.size(); ++o) {
-        for (int64_t t = 0; t < T; ++t)
-          std::copy_n(f(st, s.in[0]) + t * wd + offset, s.widths[o],
-                      f(st, s.out[o]) + t * width(s.out[o]));
-        offset += s.widths[o];
-      }
-      return T;
-    }
-    case OpKind::Add:
-      cpu::add(f(st, s.in[0]), f(st, s.in[1]), T * width(s.in[0]), f(st, s.out[0]));
-      return T;
-    case OpKind::SigmoidGate:
-      cpu::sigmoidGate(f(st, s.in[0]), f(st, s.in[1]), T, width(s.in[0]), f(st, s.out[0]));
-      return T;
-    case OpKind::MLP: {
-      cpu::Matrix g = cpu::Matrix::of(w(s, 0)), u = cpu::Matrix::of(w(s, 1)),
-                  d = cpu::Matrix::of(w(s, 2));
-      scratchCpu.resize(2 * T * g.rows);
-      cpu::mlp(f(st, s.in[0]), T, g, u, d, s.activation, scratchCpu.data(), f(st, s.out[0]));
-      return T;
-    }
-    case OpKind::Router: {
-      cpu::Matrix g = cpu::Matrix::of(w(s, 0));
-      std::vector<float> logits(T * g.rows);
-      cpu::linear(f(st, s.in[0]), T, g, nullptr, logits.data());
-      cpu::route(logits.data(), T, g.rows, optional(s, 1), s.routing, f(st, s.out[0]),
-                 ints(st, s.out[1]));
-      return T;
-    }
-    case OpKind::Experts:
-      cpu::experts(f(st, s.in[0]), T, width(s.in[0]), f(st, s.in[1]), ints(st, s.in[2]),
-                   width(s.in[1]), weights[s.weights[0]].experts, weights[s.weights[1]].experts,
-                   weights[s.weights[2]].experts, s.activation, f(st, s.out[0]));
-      return T;
-    case OpKind::Dispatch:
-      cpu::dispatch(f(st, s.in[0]), T, width(s.in[0]), ints(st, s.in[1]), width(s.in[1]),
-                    s.dispatch, 0, f(st, s.out[0]), ints(st, s.out[1]), ints(st, s.out[2]));
-      return T;
-    case OpKind::ExpertFFN: {
-      const Weight &g = weights[s.weights[0]], &u = weights[s.weights[1]],
-                   &d = weights[s.weights[2]];
-      const int64_t E = width(s.in[1]), El = static_cast<int64_t>(g.experts.size());
-      cpu::expertFfn(f(st, s.in[0]), ints(st, s.in[1]), E / El, El, bufRows(s.in[0]) / E,
-                     width(s.in[0]), g.experts, u.experts, d.experts, s.activation,
-                     f(st, s.out[0]));
-      return T;
-    }
-    case OpKind::Combine:
-      cpu::combine(f(st, s.in[0]), width(s.in[0]), ints(st, s.in[1]), f(st, s.in[2]), T,
-                   width(s.in[1]), f(st, s.out[0]));
-      return T;
-    default:
-      die(std::string("step kind not run by the check: ") + opName(s.op));
-    }
+    return s.op->cpu(*this);
   }
 
+  // cpu::StepContext over the CPU state.
+  float *f(int64_t id) override { return cpu.buffers[id].data(); }
+  const TensorView &weight(size_t i) override { return weights[step->weights[i]].view; }
+  const std::vector<cpu::Matrix> &experts(size_t i) override {
+    return weights[step->weights[i]].experts;
+  }
+  const cpu::RopeTable &rope(const cpu::RopeParams &p) override { return ropeTable(p); }
+  cpu::KVCache &cache(int64_t id) override { return cpu.caches[id]; }
+  float *scratch(Scratch which, int64_t n) override {
+    std::vector<float> &v = which == Scratch::Work ? scratchCpu : rowsCpu;
+    if (v.size() < static_cast<size_t>(n))
+      v.resize(static_cast<size_t>(n));
+    return v.data();
+  }
+  int32_t *intScratch(int64_t n) override {
+    if (idsCpu.size() < static_cast<size_t>(n))
+      idsCpu.resize(static_cast<size_t>(n));
+    return idsCpu.data();
+  }
+  std::vector<float> rowsCpu;
+  std::vector<int32_t> idsCpu;
+
   // Kernel-table execution on the CPU layer.
-  std::vector<std::vector<float>> scratch;
+  std::vector<std::vector<float>> kernelScratch;
   const BatchInput *currentBatch = nullptr;
 
   void *resolve(const std::string &ref, State &st, int64_t rows, const BatchInput &batch,
@@ -399,7 +321,7 @@ private:
       return const_cast<void *>(wt.view.data);
     }
     if (ref.rfind("scratch:", 0) == 0)
-      return scratch.at(num(8)).data();
+      return kernelScratch.at(num(8)).data();
     if (ref.rfind("cache_keys:", 0) == 0)
       return st.caches.at(num(11)).keys.data();
     if (ref.rfind("cache_values:", 0) == 0)
@@ -479,9 +401,9 @@ private:
   }
 
   void runKernels(const json &entry, State &st, int64_t rows, const BatchInput &batch) {
-    scratch.assign(scratchBytes.size(), {});
+    kernelScratch.assign(scratchBytes.size(), {});
     for (size_t i = 0; i < scratchBytes.size(); ++i)
-      scratch[i].assign(scratchBytes[i] / 4, std::nanf(""));
+      kernelScratch[i].assign(scratchBytes[i] / 4, std::nanf(""));
     for (const json &l : entry.at("launches")) {
       if (l.contains("collective"))
         die("collective steps are not run by the check");
@@ -517,7 +439,7 @@ private:
       }
       return true;
     };
-    if (s.op == OpKind::Dispatch) {
+    if (s.op->name == "dispatch") { // blocks: the counted rows of each expert
       const int64_t E = s.dispatch.numExperts, C = s.dispatch.capacity, H = width(s.out[0]);
       ok = intsEqual(s.out[1], E) && intsEqual(s.out[2], rowsBefore * width(s.out[2]));
       for (int64_t e = 0; ok && e < E; ++e)
@@ -525,7 +447,7 @@ private:
                         ints(cpu, s.out[1])[e] * H, diff);
       return ok;
     }
-    if (s.op == OpKind::ExpertFFN) {
+    if (s.op->name == "expert_ffn") {
       const int64_t E = width(s.in[1]), C = bufRows(s.in[0]) / E, H = width(s.out[0]);
       for (int64_t e = 0; e < E; ++e)
         ok = compareF32(f(gpu, s.out[0]) + e * C * H, f(cpu, s.out[0]) + e * C * H,

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "moert/KernelTable.h"
+#include "moert/Op.h"
 #include "moert/PlanLayout.h"
 #include "moert/Tensor.h"
 #include "moert/cpu/Kernels.h"
@@ -42,14 +43,6 @@ struct PlanCache {
   int64_t keyWidth = 0, valueWidth = 0, bytes = 0;
 };
 
-enum class OpKind {
-  Embedding, RMSNorm, LayerNorm, Linear, Rope, Attention, MLAttention,
-  Split, Add, SigmoidGate, MLP, Router, Experts,
-  // Partitioned execution (docs/partitioned-execution.md).
-  AllReduce, AllGather, AllToAll, Send, Recv, Dispatch, ExpertFFN, Combine
-};
-constexpr size_t kNumOpKinds = static_cast<size_t>(OpKind::Combine) + 1;
-
 /// A collective's group: the ranks that agree with the caller on every axis
 /// of `mesh` but `axis` (docs/partitioned-execution.md).
 struct CollectiveGroup {
@@ -59,11 +52,10 @@ struct CollectiveGroup {
 
 /// moe.dispatch's attributes (defined beside the kernels that read them).
 using DispatchParams = cpu::DispatchParams;
-const char *opName(OpKind op);
 
 /// One step: an op over buffers and weights, with its attributes decoded.
 struct PlanStep {
-  OpKind op = OpKind::Add;
+  const OpDef *op = nullptr; ///< never null in a loaded plan
   std::vector<int64_t> in, weights, out;
   /// Per input: the step that last wrote it (-1: the program's token or
   /// position input), as moec computed it; checked against the steps.

@@ -199,9 +199,10 @@ private:
     double factor = -1;
     for (size_t i = 0; i < program->steps.size(); ++i) {
       const PlanStep &step = program->steps[i];
-      if (step.op == OpKind::Dispatch)
+      if (step.op->has(OpDef::FillsExpertBlocks))
         factor = step.dispatch.capacityFactor;
-      grouped[i] = step.op == OpKind::Experts || (step.op == OpKind::ExpertFFN && factor == 0);
+      grouped[i] = step.op->has(OpDef::GroupedExpertGemm) ||
+                   (step.op->has(OpDef::ExpertBlockGemm) && factor == 0);
     }
   }
 
@@ -301,7 +302,7 @@ private:
     }
     // all_gather lands member blocks here before they are laid out as columns.
     for (size_t i = 0; i < program->steps.size(); ++i)
-      if (program->steps[i].op == OpKind::AllGather)
+      if (program->steps[i].op->collective == Collective::AllGather)
         gatherBytes = std::max(gatherBytes,
                                maxT * program->buffers[program->steps[i].out[0]].width * 4);
     arena.reserve(gatherBytes);
@@ -443,7 +444,7 @@ private:
     countsStep = -1;
     exchangedRows = -1;
     for (size_t i = 0; i < table->steps.size(); ++i) {
-      if (program->steps[i].op == OpKind::Dispatch)
+      if (program->steps[i].op->has(OpDef::FillsExpertBlocks))
         exchangedRows = -1; // blocks filled from this rank's T tokens (until an all_to_all)
       const KernelStep &step = table->steps[i];
       const int64_t stepRows = step.logitRows ? R : T;
@@ -620,7 +621,7 @@ private:
       runtimeError("{}: {} in a plan of one rank", plan->path,
                    collectives::describe(index, s));
     int64_t most = collectives::run(collectiveContext, index, s, rows);
-    if (s.op == OpKind::AllToAll)
+    if (s.op->collective == Collective::AllToAll)
       exchangedRows = most;
   }
 

@@ -1,0 +1,61 @@
+// The collectives between ranks: all_reduce, all_gather and all_to_all over
+// a group (a mesh axis), and the pipeline's send / recv. What they move and
+// how is written once for every device (runtime/src/Collectives.h); here
+// are their names and checks.
+#include "Ops.h"
+
+namespace moert::ops {
+namespace {
+
+void checkAllReduce(const StepChecker &c, const PlanStep &step) {
+  c.arity(1, 0, 0, 1);
+  c.expect(c.tokens(step.out[0]) == c.tokens(step.in[0]), "output width differs from the input's");
+}
+
+void checkAllGather(const StepChecker &c, const PlanStep &step) {
+  c.arity(1, 0, 0, 1);
+  c.expect(c.tokens(step.out[0]) == c.groupSize() * c.tokens(step.in[0]),
+           fmt::format("output width {} is not the group's {} x the input width {}",
+                       c.width(step.out[0]), c.groupSize(), c.width(step.in[0])));
+}
+
+void checkAllToAll(const StepChecker &c, const PlanStep &step) {
+  c.arity(2, 0, 0, 2);
+  c.width(step.in[0]);
+  int64_t E = c.experts(step.in[0], step.in[1]);
+  c.expect(E % c.groupSize() == 0, fmt::format("{} experts do not split between the group's {} "
+                                               "members", E, c.groupSize()));
+  c.expect(c.width(step.out[0]) == c.width(step.in[0]) &&
+               c.rows(step.out[0]) == c.rows(step.in[0]),
+           "output buffer shape differs from the input's");
+  c.expect(c.experts(step.out[0], step.out[1]) == E,
+           "output counts width differs from the input's");
+}
+
+void checkSend(const StepChecker &c, const PlanStep &step) {
+  c.arity(1, 0, 0, 0);
+  c.tokens(step.in[0]);
+  c.expect(c.program.stage + 1 < c.plan.degrees.pp,
+           fmt::format("a send on stage {}, the last of {}", c.program.stage, c.plan.degrees.pp));
+}
+
+void checkRecv(const StepChecker &c, const PlanStep &step) {
+  c.arity(0, 0, 0, 1);
+  c.tokens(step.out[0]);
+  c.expect(c.program.stage > 0, "a recv on the first stage");
+}
+
+constexpr unsigned kGroup = OpDef::InGroup | OpDef::RunsEmpty;
+
+} // namespace
+
+const OpDef kAllReduce = {"all_reduce", Collective::AllReduce, kGroup, nullptr, checkAllReduce,
+                          nullptr};
+const OpDef kAllGather = {"all_gather", Collective::AllGather, kGroup, nullptr, checkAllGather,
+                          nullptr};
+const OpDef kAllToAll = {"all_to_all", Collective::AllToAll, kGroup, nullptr, checkAllToAll,
+                         nullptr};
+const OpDef kSend = {"send", Collective::Send, OpDef::RunsEmpty, nullptr, checkSend, nullptr};
+const OpDef kRecv = {"recv", Collective::Recv, OpDef::RunsEmpty, nullptr, checkRecv, nullptr};
+
+} // namespace moert::ops

@@ -1,0 +1,32 @@
+// The op definitions (moert/Op.h), one family per file in this directory,
+// and the registry (Registry.cpp) that lists them. Only these files name
+// model-level ops; docs/adding-an-op.md says what a new op touches.
+#pragma once
+
+#include "moert/Error.h"
+#include "moert/Op.h"
+#include "moert/Plan.h"
+#include "moert/cpu/Kernels.h"
+#include "moert/cpu/StepContext.h"
+
+#include "../JsonFields.h"
+#include "../PlanChecks.h"
+
+#include <fmt/format.h>
+
+namespace moert::ops {
+
+// Embedding.cpp, Linear.cpp
+extern const OpDef kEmbedding, kLinear;
+// Norm.cpp
+extern const OpDef kRmsNorm, kLayerNorm;
+// Attention.cpp
+extern const OpDef kRope, kAttention, kMlaAttention;
+// Elementwise.cpp
+extern const OpDef kSplit, kAdd, kSigmoidGate;
+// Experts.cpp
+extern const OpDef kMlp, kRouter, kExperts, kDispatch, kExpertFfn, kCombine;
+// Collective.cpp
+extern const OpDef kAllReduce, kAllGather, kAllToAll, kSend, kRecv;
+
+} // namespace moert::ops

@@ -1,0 +1,26 @@
+// Every op the runtime knows (moert/Op.h). A new op is one more line here
+// and its definition beside the others (docs/adding-an-op.md).
+#include "Ops.h"
+
+namespace moert {
+
+const std::vector<const OpDef *> &registeredOps() {
+  static const std::vector<const OpDef *> ops = {
+      &ops::kEmbedding,  &ops::kRmsNorm,     &ops::kLayerNorm, &ops::kLinear,
+      &ops::kRope,       &ops::kAttention,   &ops::kMlaAttention,
+      &ops::kSplit,      &ops::kAdd,         &ops::kSigmoidGate,
+      &ops::kMlp,        &ops::kRouter,      &ops::kExperts,   &ops::kDispatch,
+      &ops::kExpertFfn,  &ops::kCombine,
+      &ops::kAllReduce,  &ops::kAllGather,   &ops::kAllToAll,  &ops::kSend,
+      &ops::kRecv};
+  return ops;
+}
+
+const OpDef *findOp(std::string_view name) {
+  for (const OpDef *op : registeredOps())
+    if (op->name == name)
+      return op;
+  return nullptr;
+}
+
+} // namespace moert
