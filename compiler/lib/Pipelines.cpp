@@ -31,6 +31,9 @@ void moe::buildPipeline(OpPassManager &pm, const WorkloadOptions &workload,
   options.maxSeqLen = workload.maxSeqLen;
   options.maxSequences = workload.maxSequences;
   pm.addPass(createMoESpecializeWorkload(options));
+  // Fusions of the whole model's ops, before partitioning sees them.
+  if (workload.fuse)
+    pm.addPass(createMoEFuseRouter());
   if (last == Phase::Workload)
     return;
   if (workload.partition) {

@@ -407,6 +407,42 @@ func.func @mlp_down(%x: tensor<?x64xbf16>, %g: tensor<128x64xbf16>, %u: tensor<1
 }
 
 //===----------------------------------------------------------------------===//
+// moe.route (the checks it shares with moe.router are tested there once)
+//===----------------------------------------------------------------------===//
+
+// -----
+
+func.func @route_dynamic_experts(%l: tensor<?x?xf32>) {
+  // expected-error@+1 {{'moe.route' op expected logits of a static number of experts but got 'tensor<?x?xf32>'}}
+  %w, %e = moe.route %l <scoring = softmax, top_k = 2, compute_type = f32> : tensor<?x?xf32> -> tensor<?x2xf32>, tensor<?x2xi32>
+  return
+}
+
+// -----
+
+func.func @route_logits_type(%l: tensor<?x8xbf16>) {
+  // expected-error@+1 {{'moe.route' op expected logits in the compute type 'f32'}}
+  %w, %e = moe.route %l <scoring = softmax, top_k = 2, compute_type = f32> : tensor<?x8xbf16> -> tensor<?x2xf32>, tensor<?x2xi32>
+  return
+}
+
+// -----
+
+func.func @route_top_k(%l: tensor<?x8xf32>) {
+  // expected-error@+1 {{'moe.route' op expected top_k <= 8 experts but got 9}}
+  %w, %e = moe.route %l <scoring = softmax, top_k = 9, compute_type = f32> : tensor<?x8xf32> -> tensor<?x9xf32>, tensor<?x9xi32>
+  return
+}
+
+// -----
+
+func.func @route_bias(%l: tensor<?x8xf32>, %b: tensor<16xf32>) {
+  // expected-error@+1 {{'moe.route' op expected a correction bias of 8 values but got 16}}
+  %w, %e = moe.route %l bias %b <scoring = sigmoid, top_k = 2, compute_type = f32> : tensor<?x8xf32>, tensor<16xf32> -> tensor<?x2xf32>, tensor<?x2xi32>
+  return
+}
+
+//===----------------------------------------------------------------------===//
 // moe.router
 //===----------------------------------------------------------------------===//
 

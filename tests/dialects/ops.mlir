@@ -186,6 +186,19 @@ func.func @router(%x: tensor<?x64xbf16>, %g8: tensor<8x64xbf16>, %g16: tensor<16
   return
 }
 
+// moe.route: the routing of logits a moe.linear computed (the importer's
+// form; moe-fuse-router makes moe.router of the pair), with and without
+// the correction bias.
+// CHECK-LABEL: func.func @route
+// CHECK-SAME:    (%[[L8:[^:]+]]: tensor<?x8xf32>, %[[L16:[^:]+]]: tensor<?x16xbf16>, %[[BIAS:[^:]+]]: tensor<16xf32>)
+// CHECK:         %[[W0:.+]], %[[E0:.+]] = moe.route %[[L8]] <scoring = softmax, top_k = 2, normalize = true, compute_type = f32> : tensor<?x8xf32> -> tensor<?x2xf32>, tensor<?x2xi32>
+// CHECK:         %[[W1:.+]], %[[E1:.+]] = moe.route %[[L16]] bias %[[BIAS]] <scoring = sigmoid, top_k = 4, normalize = true, scaling_factor = 2.500000e+00, num_groups = 4, topk_groups = 2, compute_type = bf16> : tensor<?x16xbf16>, tensor<16xf32> -> tensor<?x4xbf16>, tensor<?x4xi32>
+func.func @route(%l8: tensor<?x8xf32>, %l16: tensor<?x16xbf16>, %bias: tensor<16xf32>) {
+  %w0, %e0 = moe.route %l8 <scoring = softmax, top_k = 2, normalize = true, compute_type = f32> : tensor<?x8xf32> -> tensor<?x2xf32>, tensor<?x2xi32>
+  %w1, %e1 = moe.route %l16 bias %bias <scoring = sigmoid, top_k = 4, normalize = true, scaling_factor = 2.5, num_groups = 4, topk_groups = 2, compute_type = bf16> : tensor<?x16xbf16>, tensor<16xf32> -> tensor<?x4xbf16>, tensor<?x4xi32>
+  return
+}
+
 // CHECK-LABEL: func.func @experts
 // CHECK-SAME:    (%[[X:[^:]+]]: tensor<?x64xbf16>, %[[G:[^:]+]]: tensor<8x64xbf16>)
 // CHECK:         %[[W:.+]], %[[E:.+]] = moe.router %[[X]], %[[G]]

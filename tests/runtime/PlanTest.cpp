@@ -327,6 +327,49 @@ std::string cudaError(const std::function<void(json &)> &edit) {
 
 } // namespace
 
+// The unfused routing (moec compile --no-fuse): the gate's linear into a
+// logits buffer, then a route step; both checked by their op definitions.
+TEST(PlanLoad, UnfusedRoutingIsChecked) {
+  auto unfused = [](json &p) {
+    json &program = p["programs"][0];
+    program["buffers"].push_back(buffer(4, 2)); // 11: router logits
+    json &steps = program["steps"];
+    json route = steps[1];
+    route["op"] = "route";
+    route["in"] = {11};
+    route["weights"] = json::array();
+    steps[1] = step("linear", {2}, {1}, {11});
+    steps.insert(steps.begin() + 2, route);
+  };
+  json plan = minimalPlan();
+  unfused(plan);
+  std::string path = writePlan(plan);
+  Plan loaded = Plan::load(path);
+  fs::remove(path);
+  const PlanProgram &program = loaded.programOf(0);
+  ASSERT_EQ(program.steps.size(), 7u);
+  EXPECT_EQ(program.steps[1].op->name, "linear");
+  EXPECT_EQ(program.steps[2].op->name, "route");
+  EXPECT_EQ(program.steps[2].routing.topK, 2);
+
+  EXPECT_EQ(loadError([&](json &p) {
+              unfused(p);
+              p["programs"][0]["steps"][2]["attrs"]["routing"]["top_k"] = 3;
+            }),
+            "PLAN: programs[0].steps[2] (route): top_k exceeds the number of experts");
+  EXPECT_EQ(loadError([&](json &p) {
+              unfused(p);
+              p["programs"][0]["steps"][2]["weights"] = {0};
+            }),
+            "PLAN: programs[0].steps[2] (route): weight 'embed' has rank 2 but the op needs "
+            "rank 1");
+  EXPECT_EQ(loadError([&](json &p) {
+              unfused(p);
+              p["programs"][0]["steps"][2]["op"] = "routes";
+            }),
+            "PLAN: programs[0].steps[2].op: unknown op 'routes'");
+}
+
 TEST(PlanLoad, KernelTableIsTyped) {
   std::string path = writePlan(cudaPlan());
   Plan plan = Plan::load(path);

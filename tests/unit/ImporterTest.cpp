@@ -53,9 +53,13 @@ TEST(Importer, WeightsOfTheIRAreTheCheckpointTensors) {
     fromLayout.emplace(t.name, t.shape);
   EXPECT_EQ(fromIR, fromLayout);
 
-  int routers = 0;
-  (**module)->walk([&](md::RouterOp) { ++routers; });
-  EXPECT_EQ(routers, 2); // layer 1 is mlp-only
+  // The importer's routing: the gate's linear, then moe.route (fused later).
+  int routes = 0;
+  (**module)->walk([&](md::RouteOp route) {
+    ++routes;
+    EXPECT_TRUE(route.getLogits().getDefiningOp<md::LinearOp>());
+  });
+  EXPECT_EQ(routes, 2); // layer 1 is mlp-only
 }
 
 TEST(Importer, UnsupportedFamiliesSayWhat) {

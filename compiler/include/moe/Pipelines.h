@@ -23,6 +23,9 @@ struct WorkloadOptions {
   /// layouts and for capacity-limited dispatch.
   bool partition = false;
   double capacityFactor = 0; ///< 0: dropless
+  /// Run the fusion passes (moe-fuse-router); `moec compile --no-fuse`
+  /// turns them off.
+  bool fuse = true;
 };
 
 /// Adds the passes that take an imported module to `last` (Import adds none).

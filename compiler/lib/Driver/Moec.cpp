@@ -102,6 +102,12 @@ cl::opt<double> capacityFactor(
              "residual); default 0: dropless (docs/partitioned-execution.md)"),
     cl::init(0.0), cl::sub(compileCommand));
 
+cl::opt<bool> noFuse(
+    "no-fuse",
+    cl::desc("Skip the fusion passes (moe-fuse-router): every op of the model runs as its own "
+             "step, to tell a fusion's numbers from the unfused ones"),
+    cl::init(false), cl::sub(compileCommand));
+
 // Distribution (the sharding planner).
 cl::OptionCategory distribution("Distribution (any of these runs the sharding planner)");
 cl::opt<int64_t> worldSize("world-size", cl::desc("Number of ranks (devices) to plan for"),
@@ -443,6 +449,7 @@ int runCompile() {
   int64_t seqLen = maxSeqLen ? int64_t(maxSeqLen)
                              : std::min<int64_t>(config->maxPositionEmbeddings, 4096);
   WorkloadOptions workload{maxBatchTokens, seqLen, maxSequences};
+  workload.fuse = !noFuse;
 
   // The sharding planner runs when any distribution option is given.
   bool distributed = worldSize || !gpu.empty() || !clusterFile.empty() || fixedDp ||

@@ -203,8 +203,11 @@ Value ModelImporter::moeBlock(Value x, const std::string &layer) {
                                           : moe::GroupScore::top2_sum,
       computeType);
   int64_t k = c.expertsPerToken;
-  auto router = b.create<moe::RouterOp>(
-      loc, acts(k, computeType), acts(k, i32), x, gate, bias, routing);
+  // The gate's logits, then the routing (moe-fuse-router makes them one
+  // moe.router).
+  Value logits = b.create<moe::LinearOp>(loc, acts(e, computeType), x, gate, Value());
+  auto router = b.create<moe::RouteOp>(loc, acts(k, computeType), acts(k, i32), logits, bias,
+                                       routing);
   StringRef w1 = mixtral ? "w1" : "gate_proj", w3 = mixtral ? "w3" : "up_proj",
             w2 = mixtral ? "w2" : "down_proj";
   Value gates = expertWeight(formatv("{0}.experts.{{e}.{1}.weight", p, w1), {e, inter, h});

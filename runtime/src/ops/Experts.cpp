@@ -1,4 +1,5 @@
-// The feed-forward ops: mlp (dense), router (gate + routing), experts
+// The feed-forward ops: mlp (dense), router (gate + routing), route (the
+// routing of logits computed by a linear step before it), experts
 // (routed experts on one rank), and the partitioned form of experts:
 // dispatch (tokens into per-expert blocks of capacity C), expert_ffn (the
 // local experts over the blocks) and combine (the weighted sum back).
@@ -25,20 +26,26 @@ int64_t runMlp(cpu::StepContext &c) {
   return T;
 }
 
-void checkRouter(const StepChecker &c, const PlanStep &step) {
-  c.arity(1, 1, 2, 2);
-  const PlanWeight &g = c.weight(0, 2);
+/// The routing of `experts` logits into the step's two top_k-wide outputs,
+/// with the correction bias weight `bias` if the step has it.
+void checkRouting(const StepChecker &c, const PlanStep &step, int64_t experts, size_t bias) {
   const cpu::RoutingParams &r = step.routing;
-  int64_t experts = g.shape[0];
-  c.expect(c.tokens(step.in[0]) == g.shape[1], "input width differs from the gate's columns");
   c.expect(r.topK <= experts, "top_k exceeds the number of experts");
   c.expect(c.tokens(step.out[0]) == r.topK && c.tokens(step.out[1], DType::I32) == r.topK,
            "outputs must be top_k wide");
   c.expect(experts % r.numGroups == 0, "num_groups does not divide the experts");
   c.expect(r.topkGroups * (experts / r.numGroups) >= r.topK,
            "kept groups hold fewer than top_k experts");
-  if (step.weights.size() == 2)
-    c.expect(c.weight(1, 1).shape[0] == experts, "correction bias size differs from the experts");
+  if (step.weights.size() > bias)
+    c.expect(c.weight(bias, 1).shape[0] == experts,
+             "correction bias size differs from the experts");
+}
+
+void checkRouter(const StepChecker &c, const PlanStep &step) {
+  c.arity(1, 1, 2, 2);
+  const PlanWeight &g = c.weight(0, 2);
+  c.expect(c.tokens(step.in[0]) == g.shape[1], "input width differs from the gate's columns");
+  checkRouting(c, step, g.shape[0], 1);
 }
 
 int64_t runRouter(cpu::StepContext &c) {
@@ -48,6 +55,17 @@ int64_t runRouter(cpu::StepContext &c) {
   cpu::linear(c.in(0), T, g, nullptr, logits);
   cpu::route(logits, T, g.rows, c.optionalWeight(1), c.step->routing, c.out(0), c.outInts(1));
   return T;
+}
+
+void checkRoute(const StepChecker &c, const PlanStep &step) {
+  c.arity(1, 0, 1, 2);
+  checkRouting(c, step, c.tokens(step.in[0]), 0);
+}
+
+int64_t runRoute(cpu::StepContext &c) {
+  cpu::route(c.in(0), c.rows, c.inWidth(0), c.optionalWeight(0), c.step->routing, c.out(0),
+             c.outInts(1));
+  return c.rows;
 }
 
 /// Three expert stacks (gate, up, down) that form MLPs of width h.
@@ -160,6 +178,7 @@ int64_t runCombine(cpu::StepContext &c) {
 
 const OpDef kMlp = {"mlp", Collective::None, 0, nullptr, checkMlp, runMlp};
 const OpDef kRouter = {"router", Collective::None, 0, nullptr, checkRouter, runRouter};
+const OpDef kRoute = {"route", Collective::None, 0, nullptr, checkRoute, runRoute};
 const OpDef kExperts = {"experts", Collective::None, OpDef::GroupedExpertGemm, nullptr,
                         checkExperts, runExperts};
 const OpDef kDispatch = {"dispatch", Collective::None,

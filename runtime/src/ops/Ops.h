@@ -25,7 +25,7 @@ extern const OpDef kRope, kAttention, kMlaAttention;
 // Elementwise.cpp
 extern const OpDef kSplit, kAdd, kSigmoidGate;
 // Experts.cpp
-extern const OpDef kMlp, kRouter, kExperts, kDispatch, kExpertFfn, kCombine;
+extern const OpDef kMlp, kRouter, kRoute, kExperts, kDispatch, kExpertFfn, kCombine;
 // Collective.cpp
 extern const OpDef kAllReduce, kAllGather, kAllToAll, kSend, kRecv;
 

@@ -9,7 +9,8 @@ const std::vector<const OpDef *> &registeredOps() {
       &ops::kEmbedding,  &ops::kRmsNorm,     &ops::kLayerNorm, &ops::kLinear,
       &ops::kRope,       &ops::kAttention,   &ops::kMlaAttention,
       &ops::kSplit,      &ops::kAdd,         &ops::kSigmoidGate,
-      &ops::kMlp,        &ops::kRouter,      &ops::kExperts,   &ops::kDispatch,
+      &ops::kMlp,        &ops::kRouter,      &ops::kRoute,     &ops::kExperts,
+      &ops::kDispatch,
       &ops::kExpertFfn,  &ops::kCombine,
       &ops::kAllReduce,  &ops::kAllGather,   &ops::kAllToAll,  &ops::kSend,
       &ops::kRecv};

@@ -23,6 +23,18 @@ def MoESpecializeWorkload : Pass<"moe-specialize-workload", "mlir::ModuleOp"> {
   ];
 }
 
+def MoEFuseRouter : Pass<"moe-fuse-router", "mlir::ModuleOp"> {
+  let summary = "fold a router's logits GEMM and its routing into one moe.router";
+  let description = [{
+    Rewrites `moe.route` of a `moe.linear` with no bias whose only user it
+    is (the gate's logits, as the importer emits them) into one
+    `moe.router`: one step that computes the logits into scratch and applies
+    the routing epilogue, instead of a logits buffer between two steps.
+    Other `moe.route` ops stay as they are (every target runs them).
+    `moec compile --no-fuse` leaves them all unfused.
+  }];
+}
+
 def MoEAssignBuffers : Pass<"moe-assign-buffers", "mlir::ModuleOp"> {
   let summary = "assign every activation to a reusable buffer by liveness";
   let description = [{

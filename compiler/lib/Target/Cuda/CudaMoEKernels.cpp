@@ -143,4 +143,140 @@ Object Emitter::combine(int64_t i, std::string y, std::string slotsRef, std::str
                 body, grid1(dim(1)), 128);
 }
 
+/// The routing of logits [T, E] (`logits`: a buffer or scratch ref) with
+/// the optional correction bias (weight `bias`, -1: none) into the top-k
+/// weights and expert ids (buffers): one block per token.
+Object Emitter::route(int64_t i, const Object &r, int64_t E, const std::string &logits,
+                      int64_t bias, int64_t weightsOut, int64_t expertsOut) {
+  const int64_t k = *r.getInteger("top_k"), groups = *r.getInteger("num_groups"),
+                topkGroups = *r.getInteger("topk_groups");
+  const bool sigmoid = r.getString("scoring") == "sigmoid";
+  const bool onLogits = r.getString("topk_on") == "logits";
+  const bool softmaxOfSelected = onLogits && !sigmoid;
+  const bool bf16 = r.getString("compute_type") == "BF16";
+  const bool groupMax = r.getString("group_score") == "max";
+  const int64_t B = blockFor(E);
+  WeightType bt = bias >= 0 ? weightType(dtype(bias)) : WeightType{"float", "moe_f32"};
+  std::string body = subst(R"(  __shared__ float lg[@E@], sc[@E@], key[@E@], gs[@NG@], wj[@K@], red[32], rk[32];
+  __shared__ int chosen[@K@], ri[32];
+  __shared__ unsigned char taken[@E@], kept[@NG@];
+  __shared__ double dred[32];
+  const long long t = blockIdx.x;
+  if (t >= T) return;
+  for (int e = threadIdx.x; e < @E@; e += @B@) {
+    const float v = logits[t * @E@ + e];
+    lg[e] = @BF16@ ? moe_round_bf16(v) : v;
+    taken[e] = 0;
+  }
+  __syncthreads();
+  if (@SIGMOID@) {
+    for (int e = threadIdx.x; e < @E@; e += @B@)
+      sc[e] = static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(lg[e]))));
+  } else if (!@SOFTMAX_SELECTED@) {
+    float mx = -INFINITY;
+    for (int e = threadIdx.x; e < @E@; e += @B@) mx = fmaxf(mx, lg[e]);
+    mx = moe_block_max(mx, red, @B@);
+    double s = 0.0;
+    for (int e = threadIdx.x; e < @E@; e += @B@) {
+      sc[e] = static_cast<float>(exp(static_cast<double>(lg[e] - mx)));
+      s += sc[e];
+    }
+    const float total = static_cast<float>(moe_block_sum_d(s, dred, @B@));
+    for (int e = threadIdx.x; e < @E@; e += @B@) sc[e] = sc[e] / total;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < @E@; e += @B@) {
+    const float base = @ON_LOGITS@ ? lg[e] : sc[e];
+    key[e] = @HAS_BIAS@ ? base + @BLOAD@(bias[e]) : base;
+  }
+  __syncthreads();
+  if (@NG@ > 1) {
+    for (int g = threadIdx.x; g < @NG@; g += @B@) {
+      const float *gk = key + g * (@E@ / @NG@);
+      if (@GROUP_MAX@ || @E@ / @NG@ < 2) {
+        float best = gk[0];
+        for (int i = 1; i < @E@ / @NG@; ++i) best = gk[i] > best ? gk[i] : best;
+        gs[g] = best;
+      } else {
+        float first = -INFINITY, second = -INFINITY;
+        for (int i = 0; i < @E@ / @NG@; ++i) {
+          if (gk[i] > first) { second = first; first = gk[i]; }
+          else if (gk[i] > second) second = gk[i];
+        }
+        gs[g] = first + second;
+      }
+      kept[g] = 0;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int n = 0; n < @TG@; ++n) {
+        int best = -1;
+        for (int g = 0; g < @NG@; ++g) {
+          if (kept[g]) continue;
+          const float kg = isnan(gs[g]) ? -INFINITY : gs[g];
+          const float kb = best < 0 ? 0.0f : (isnan(gs[best]) ? -INFINITY : gs[best]);
+          if (moe_better(kg, g, kb, best)) best = g;
+        }
+        kept[best] = 1;
+      }
+    __syncthreads();
+    for (int e = threadIdx.x; e < @E@; e += @B@)
+      if (!kept[e / (@E@ / @NG@)]) key[e] = -INFINITY;
+    __syncthreads();
+  }
+  for (int j = 0; j < @K@; ++j) {
+    float bk = -INFINITY;
+    int bi = -1;
+    for (int e = threadIdx.x; e < @E@; e += @B@) {
+      if (taken[e]) continue;
+      const float ke = isnan(key[e]) ? -INFINITY : key[e];
+      if (moe_better(ke, e, bk, bi)) { bk = ke; bi = e; }
+    }
+    moe_block_best(bk, bi, rk, ri, @B@);
+    if (threadIdx.x == 0) { chosen[j] = bi; taken[bi] = 1; }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    if (@SOFTMAX_SELECTED@) {
+      float mx = -INFINITY;
+      for (int j = 0; j < @K@; ++j) mx = fmaxf(mx, lg[chosen[j]]);
+      double s = 0.0;
+      for (int j = 0; j < @K@; ++j) {
+        wj[j] = static_cast<float>(exp(static_cast<double>(lg[chosen[j]] - mx)));
+        s += wj[j];
+      }
+      const float total = static_cast<float>(s);
+      for (int j = 0; j < @K@; ++j) wj[j] = wj[j] / total;
+    } else {
+      for (int j = 0; j < @K@; ++j) wj[j] = sc[chosen[j]];
+    }
+    if (@NORMALIZE@) {
+      float s = 0.0f;
+      for (int j = 0; j < @K@; ++j) s = __fadd_rn(s, wj[j]);
+      const float denominator = s + 1e-20f;
+      for (int j = 0; j < @K@; ++j) wj[j] = wj[j] / denominator;
+    }
+    for (int j = 0; j < @K@; ++j) {
+      float v = wj[j] * @SCALING@;
+      if (@BF16@) v = moe_round_bf16(v);
+      weights[t * @K@ + j] = v;
+      experts[t * @K@ + j] = chosen[j];
+    }
+  }
+)", {{"E", str(E)}, {"NG", str(groups)}, {"TG", str(topkGroups)}, {"K", str(k)}, {"B", str(B)},
+     {"BF16", bf16 ? "1" : "0"}, {"SIGMOID", sigmoid ? "1" : "0"},
+     {"SOFTMAX_SELECTED", softmaxOfSelected ? "1" : "0"}, {"ON_LOGITS", onLogits ? "1" : "0"},
+     {"HAS_BIAS", bias >= 0 ? "1" : "0"}, {"BLOAD", bt.load},
+     {"GROUP_MAX", groupMax ? "1" : "0"}, {"NORMALIZE", *r.getBoolean("normalize") ? "1" : "0"},
+     {"SCALING", floatLit(*r.getNumber("scaling_factor"))}});
+  return kernel(i, "router",
+                {{"const float *__restrict__ logits", logits},
+                 {"const " + bt.type + " *__restrict__ bias",
+                  bias >= 0 ? "weight:" + str(bias) : std::string("null")},
+                 {"float *__restrict__ weights", "buf:" + str(weightsOut)},
+                 {"int *__restrict__ experts", "buf:" + str(expertsOut)},
+                 {"long long T", "T"}},
+                body, grid1(dim(1)), B);
+}
+
 } // namespace moe::cuda::detail

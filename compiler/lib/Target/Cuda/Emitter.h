@@ -198,6 +198,8 @@ private:
   // Kernel builders.
   Object embedding(int64_t i, int64_t out, int64_t ids, int64_t table, bool shard);
   Object rmsNorm(int64_t i, int64_t in, int64_t w, int64_t out, double eps);
+  Object route(int64_t i, const Object &routing, int64_t E, const std::string &logits,
+               int64_t bias, int64_t weightsOut, int64_t expertsOut);
   Object layerNorm(int64_t i, int64_t in, int64_t w, int64_t b, int64_t out, double eps);
   Object addNorm(int64_t i, int64_t a, int64_t b, int64_t sum, const Object &norm);
   Object rope(int64_t i, std::string in, std::string out, std::string positions, int64_t width,

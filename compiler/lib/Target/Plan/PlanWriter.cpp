@@ -117,7 +117,8 @@ Object stepAttrs(Operation *op) {
       .Case([&](moe::ExpertsOp o) {
         a["activation"] = moe::stringifyActivation(o.getActivation());
       })
-      .Case([&](moe::RouterOp o) { a["routing"] = routingJson(o.getRouting()); });
+      .Case([&](moe::RouterOp o) { a["routing"] = routingJson(o.getRouting()); })
+      .Case([&](moe::RouteOp o) { a["routing"] = routingJson(o.getRouting()); });
   return a;
 }
 

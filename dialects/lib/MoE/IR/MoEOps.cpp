@@ -341,42 +341,58 @@ void RouterOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
   setName(getWeights(), "routing_weights");
   setName(getExperts(), "selected_experts");
 }
+/// The checks moe.router and moe.route share: the routing against the
+/// number of experts, the results, the correction bias.
+static LogicalResult verifyRouting(Operation *op, RoutingAttr routing, int64_t numExperts,
+                                   Value weights, Value experts, Value bias) {
+  int64_t k = routing.getTopK();
+  if (k > numExperts)
+    return op->emitOpError("expected top_k <= ") << numExperts << " experts but got " << k;
+  if (dim(weights, 1) != k || dim(experts, 1) != k)
+    return op->emitOpError("expected [T, ")
+           << k << "] weights and experts but got widths " << dim(weights, 1) << " and "
+           << dim(experts, 1);
+  if (cast<RankedTensorType>(weights.getType()).getElementType() != routing.getComputeType())
+    return op->emitOpError("expected weights in the compute type ") << routing.getComputeType();
+  int64_t groups = routing.getNumGroups();
+  if (numExperts % groups != 0)
+    return op->emitOpError("expected num_groups ")
+           << groups << " to divide the " << numExperts << " experts";
+  if (groups > 1 && routing.getTopkGroups() * (numExperts / groups) < k)
+    return op->emitOpError("expected the ")
+           << routing.getTopkGroups() << " kept groups of " << numExperts / groups
+           << " experts to hold top_k = " << k;
+  if (groups > 1 && routing.getGroupScore() == GroupScore::top2_sum && numExperts / groups < 2)
+    return op->emitOpError("expected at least 2 experts per group for top2_sum");
+  if (bias && dim(bias, 0) != numExperts)
+    return op->emitOpError("expected a correction bias of ")
+           << numExperts << " values but got " << sz(dim(bias, 0));
+  return success();
+}
+
 LogicalResult RouterOp::verify() {
-  RoutingAttr routing = getRouting();
   if (!getGateWeight().getType().hasStaticShape())
     return emitOpError("expected a static gate weight shape but got ")
            << getGateWeight().getType();
-  int64_t numExperts = getNumExperts(), k = routing.getTopK();
   if (mismatch(dim(getInput(), 1), dim(getGateWeight(), 1)))
     return emitOpError("expected a gate weight of width ")
            << dim(getInput(), 1) << " but got " << dim(getGateWeight(), 1);
-  if (k > numExperts)
-    return emitOpError("expected top_k <= ")
-           << numExperts << " experts but got " << k;
-  if (dim(getWeights(), 1) != k || dim(getExperts(), 1) != k)
-    return emitOpError("expected [T, ")
-           << k << "] weights and experts but got widths "
-           << dim(getWeights(), 1) << " and " << dim(getExperts(), 1);
-  if (getWeights().getType().getElementType() != routing.getComputeType())
-    return emitOpError("expected weights in the compute type ")
-           << routing.getComputeType();
-  int64_t groups = routing.getNumGroups();
-  if (numExperts % groups != 0)
-    return emitOpError("expected num_groups ")
-           << groups << " to divide the " << numExperts << " experts";
-  if (groups > 1 && routing.getTopkGroups() * (numExperts / groups) < k)
-    return emitOpError("expected the ")
-           << routing.getTopkGroups() << " kept groups of "
-           << numExperts / groups << " experts to hold top_k = " << k;
-  if (groups > 1 && routing.getGroupScore() == GroupScore::top2_sum &&
-      numExperts / groups < 2)
-    return emitOpError("expected at least 2 experts per group for top2_sum");
-  if (Value bias = getCorrectionBias()) {
-    if (dim(bias, 0) != numExperts)
-      return emitOpError("expected a correction bias of ")
-             << numExperts << " values but got " << sz(dim(bias, 0));
-  }
-  return success();
+  return verifyRouting(*this, getRouting(), getNumExperts(), getWeights(), getExperts(),
+                       getCorrectionBias());
+}
+
+void RouteOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getWeights(), "routing_weights");
+  setName(getExperts(), "selected_experts");
+}
+LogicalResult RouteOp::verify() {
+  if (ShapedType::isDynamic(getNumExperts()))
+    return emitOpError("expected logits of a static number of experts but got ")
+           << getLogits().getType();
+  if (getLogits().getType().getElementType() != getRouting().getComputeType())
+    return emitOpError("expected logits in the compute type ") << getRouting().getComputeType();
+  return verifyRouting(*this, getRouting(), getNumExperts(), getWeights(), getExperts(),
+                       getCorrectionBias());
 }
 
 void ExpertsOp::getAsmResultNames(OpAsmSetValueNameFn setName) {

@@ -312,7 +312,9 @@ def MoE_RouterOp : MoE_Op<"router", [Pure,
     `compute_type` and applies `#moe.routing` (whose description gives the
     exact math) with the optional score-correction bias [E]. Results: the
     selected experts' weights [T, k] (in `compute_type`) and their indices
-    [T, k] (i32), in descending order of the selection key.
+    [T, k] (i32), in descending order of the selection key. The fusion
+    of `moe.linear` (the logits) and `moe.route` that `moe-fuse-router`
+    makes.
 
     ```mlir
     %weights, %experts = moe.router %n, %gate <scoring = softmax, top_k = 2, normalize = true, compute_type = f32> : tensor<?x4096xbf16>, tensor<8x4096xbf16> -> tensor<?x2xf32>, tensor<?x2xi32>
@@ -328,6 +330,35 @@ def MoE_RouterOp : MoE_Op<"router", [Pure,
   let hasVerifier = 1;
   let extraClassDeclaration = [{
     int64_t getNumExperts() { return getGateWeight().getType().getDimSize(0); }
+  }];
+}
+
+def MoE_RouteOp : MoE_Op<"route", [Pure,
+    DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
+  let summary = "choose each token's top-k experts and their weights from its router logits";
+  let description = [{
+    Applies `#moe.routing` (whose description gives the exact math) to the
+    router logits [T, E] (the gate's `moe.linear`, in the routing's
+    `compute_type`) with the optional score-correction bias [E]. Results:
+    the selected experts' weights [T, k] (in `compute_type`) and their
+    indices [T, k] (i32), in descending order of the selection key. The
+    importer emits `moe.linear` + `moe.route`; `moe-fuse-router` folds the
+    pair into `moe.router` (one kernel: the GEMM and the routing epilogue).
+
+    ```mlir
+    %weights, %experts = moe.route %logits <scoring = softmax, top_k = 2, normalize = true, compute_type = f32> : tensor<?x8xf32> -> tensor<?x2xf32>, tensor<?x2xi32>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$logits, Optional<MoE_Vector>:$correction_bias,
+                       MoE_RoutingAttr:$routing);
+  let results = (outs MoE_Activations:$weights, 2DTensorOf<[I32]>:$experts);
+  let assemblyFormat = [{
+    $logits (`bias` $correction_bias^)? $routing attr-dict `:`
+    type($logits) (`,` type($correction_bias)^)? `->` type($weights) `,` type($experts)
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    int64_t getNumExperts() { return getLogits().getType().getDimSize(1); }
   }];
 }
 
