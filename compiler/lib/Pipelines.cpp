@@ -1,7 +1,9 @@
 //===- Pipelines.cpp - the one place pass pipelines are assembled -*- C++ -*-===//
 #include "moe/Pipelines.h"
+#include "moe/Analysis/Cluster.h"
 #include "moe/Transforms/Passes.h"
 
+#include "mlir/Pass/PassOptions.h"
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Transforms/Passes.h"
 #include "llvm/ADT/StringSwitch.h"
@@ -20,28 +22,61 @@ std::optional<moe::Phase> moe::parsePhase(llvm::StringRef name) {
 
 const char *moe::phaseNames() { return "import, workload, partition, buffers, plan"; }
 
-void moe::buildPipeline(OpPassManager &pm, const WorkloadOptions &workload,
-                        Phase last) {
+/// The ranks the planner will lay out: --world-size, else the cluster
+/// file's, else one (a cluster file that does not load fails in the pass).
+static int64_t worldOf(const moe::LayoutRequest &request) {
+  if (request.worldSize)
+    return request.worldSize;
+  if (!request.cluster.empty()) {
+    llvm::Expected<moe::sharding::Cluster> cluster =
+        moe::sharding::loadClusterFile(request.cluster);
+    if (cluster)
+      return cluster->worldSize;
+    llvm::consumeError(cluster.takeError());
+  }
+  return 1;
+}
+
+void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) {
   if (last == Phase::Import)
     return;
   // The workload comes first: every size decided later (buffers, caches,
   // dispatch capacity) is a function of it.
-  MoESpecializeWorkloadOptions options;
-  options.maxBatchTokens = workload.maxBatchTokens;
-  options.maxSeqLen = workload.maxSeqLen;
-  options.maxSequences = workload.maxSequences;
-  pm.addPass(createMoESpecializeWorkload(options));
+  MoESpecializeWorkloadOptions workload;
+  workload.maxBatchTokens = o.maxBatchTokens;
+  workload.maxSeqLen = o.maxSeqLen;
+  workload.maxSequences = o.maxSequences;
+  pm.addPass(createMoESpecializeWorkload(workload));
+  // The layout (it needs the workload) and the weights' sharding.
+  const bool partition =
+      o.layout && (worldOf(*o.layout) > 1 || o.capacityFactor > 0);
+  if (o.layout) {
+    MoEChooseLayoutOptions choose;
+    choose.worldSize = o.layout->worldSize;
+    choose.gpu = o.layout->gpu;
+    choose.cluster = o.layout->cluster;
+    choose.dp = o.layout->dp;
+    choose.pp = o.layout->pp;
+    choose.tp = o.layout->tp;
+    choose.ep = o.layout->ep;
+    choose.etp = o.layout->etp;
+    choose.vocabPadTo = o.layout->vocabPadTo;
+    choose.dtype = o.layout->dtype;
+    choose.explain = o.explain;
+    choose.json = o.json;
+    pm.addPass(createMoEChooseLayout(choose));
+  }
   // Fusions of the whole model's ops, before partitioning sees them.
-  if (workload.fuse)
+  if (o.fuse)
     pm.addPass(createMoEFuseRouter());
   if (last == Phase::Workload)
     return;
-  if (workload.partition) {
+  if (partition) {
     // Per-stage programs with collectives (capacity needs the workload), then
     // the proof that they match: a plan that fails it is never written.
-    MoEPartitionOptions partition;
-    partition.capacityFactor = workload.capacityFactor;
-    pm.addPass(createMoEPartition(partition));
+    MoEPartitionOptions options;
+    options.capacityFactor = o.capacityFactor;
+    pm.addPass(createMoEPartition(options));
     pm.addPass(createCSEPass());
     pm.addPass(createMoEVerifyCollectives());
   }
@@ -53,11 +88,75 @@ void moe::buildPipeline(OpPassManager &pm, const WorkloadOptions &workload,
   // Buffers last: they depend on the final op order and on which values are
   // still live, so nothing may reorder or add ops after this pass.
   pm.addPass(createMoEAssignBuffers());
+  if (last == Phase::Plan && (!o.output.empty() || o.kernelsOnly)) {
+    MoEEmitPlanOptions emit;
+    emit.output = o.output;
+    emit.target = o.target;
+    emit.cudaArch = o.cudaArch;
+    emit.kernelsOnly = o.kernelsOnly;
+    pm.addPass(createMoEEmitPlan(emit));
+  }
 }
+
+namespace {
+
+/// moec compile's options, spelled as moe-opt pipeline options.
+struct CompilePipelineOptions : public PassPipelineOptions<CompilePipelineOptions> {
+  Option<int64_t> maxBatchTokens{*this, "max-batch-tokens", llvm::cl::init(512),
+                                 llvm::cl::desc("most tokens in one step")};
+  Option<int64_t> maxSeqLen{*this, "max-seq-len", llvm::cl::init(2048),
+                            llvm::cl::desc("longest sequence")};
+  Option<int64_t> maxSequences{*this, "max-sequences", llvm::cl::init(8),
+                               llvm::cl::desc("most sequences decoded together")};
+  Option<double> capacityFactor{*this, "capacity-factor", llvm::cl::init(0.0),
+                                llvm::cl::desc("expert capacity factor (0: dropless)")};
+  Option<bool> noFuse{*this, "no-fuse", llvm::cl::init(false),
+                      llvm::cl::desc("skip the fusion passes")};
+  Option<int64_t> worldSize{*this, "world-size", llvm::cl::init(0),
+                            llvm::cl::desc("ranks to plan for")};
+  Option<std::string> gpu{*this, "gpu", llvm::cl::desc("built-in machine")};
+  Option<std::string> cluster{*this, "cluster", llvm::cl::desc("cluster file")};
+  Option<int64_t> dp{*this, "dp", llvm::cl::init(0), llvm::cl::desc("fixed dp")};
+  Option<int64_t> pp{*this, "pp", llvm::cl::init(0), llvm::cl::desc("fixed pp")};
+  Option<int64_t> tp{*this, "tp", llvm::cl::init(0), llvm::cl::desc("fixed tp")};
+  Option<int64_t> ep{*this, "ep", llvm::cl::init(0), llvm::cl::desc("fixed ep")};
+  Option<int64_t> etp{*this, "etp", llvm::cl::init(0), llvm::cl::desc("fixed etp")};
+  Option<int64_t> vocabPadTo{*this, "vocab-pad-to", llvm::cl::init(64),
+                             llvm::cl::desc("vocabulary padding multiple (x tp)")};
+  Option<std::string> dtype{*this, "dtype", llvm::cl::desc("weight dtype the planner counts")};
+  Option<std::string> output{*this, "output", llvm::cl::desc("the plan file to write")};
+  Option<std::string> target{*this, "target", llvm::cl::init("cpu"),
+                             llvm::cl::desc("cpu or cuda")};
+  Option<std::string> cudaArch{*this, "cuda-arch", llvm::cl::init("sm_80,sm_90"),
+                               llvm::cl::desc("CUDA architectures")};
+};
+
+} // namespace
 
 void moe::registerPipelines() {
   PassPipelineRegistration<>(
       "moe-plan-pipeline",
       "every pass from an imported module to the plan's IR (default workload)",
-      [](OpPassManager &pm) { buildPipeline(pm, WorkloadOptions(), Phase::Plan); });
+      [](OpPassManager &pm) { buildPipeline(pm, CompileOptions(), Phase::Plan); });
+  PassPipelineRegistration<CompilePipelineOptions>(
+      "moe-compile-pipeline",
+      "moec compile as a pipeline: from an imported module to the plan file (output=...); "
+      "the same passes and options, so the same bytes",
+      [](OpPassManager &pm, const CompilePipelineOptions &p) {
+        CompileOptions o;
+        o.maxBatchTokens = p.maxBatchTokens;
+        o.maxSeqLen = p.maxSeqLen;
+        o.maxSequences = p.maxSequences;
+        o.capacityFactor = p.capacityFactor;
+        o.fuse = !p.noFuse;
+        // The planner runs when any distribution option is given (as moec).
+        if (p.worldSize || !p.gpu.empty() || !p.cluster.empty() || p.dp || p.pp || p.tp ||
+            p.ep || p.etp || !p.dtype.empty() || p.capacityFactor != 0)
+          o.layout = LayoutRequest{p.worldSize, p.gpu, p.cluster, p.dtype, p.dp, p.pp,
+                                   p.tp,        p.ep,  p.etp,     p.vocabPadTo};
+        o.output = p.output;
+        o.target = p.target;
+        o.cudaArch = p.cudaArch;
+        buildPipeline(pm, o, Phase::Plan);
+      });
 }

@@ -2,10 +2,13 @@
 #ifndef MOE_PIPELINES_H
 #define MOE_PIPELINES_H
 
+#include "moe/Transforms/Layout.h"
+
 #include "mlir/Pass/PassManager.h"
 #include "llvm/ADT/StringRef.h"
 
 #include <optional>
+#include <string>
 
 namespace moe {
 
@@ -15,24 +18,33 @@ std::optional<Phase> parsePhase(llvm::StringRef name);
 /// "import, workload, partition, buffers, plan"
 const char *phaseNames();
 
-struct WorkloadOptions {
+/// Everything `moec compile` passes to the pipeline.
+struct CompileOptions {
   int64_t maxBatchTokens = 512;
   int64_t maxSeqLen = 2048;
   int64_t maxSequences = 8;
-  /// Partition into per-stage programs (moe-partition): set for multi-rank
-  /// layouts and for capacity-limited dispatch.
-  bool partition = false;
   double capacityFactor = 0; ///< 0: dropless
   /// Run the fusion passes (moe-fuse-router); `moec compile --no-fuse`
   /// turns them off.
   bool fuse = true;
+  /// The sharding planner (moe-choose-layout) and what it is asked; when
+  /// set, the module is partitioned if the machine has more than one rank
+  /// or capacity applies.
+  std::optional<LayoutRequest> layout;
+  bool explain = false, json = false;
+  /// With Phase::Plan and an output: moe-emit-plan writes the plan there.
+  std::string output, target = "cpu", cudaArch = "sm_80,sm_90";
+  /// --compile-to=kernels: the CUDA sources beside the plan (stage<i>.cu),
+  /// or on standard output without an output; no nvcc.
+  bool kernelsOnly = false;
 };
 
 /// Adds the passes that take an imported module to `last` (Import adds none).
-void buildPipeline(mlir::OpPassManager &pm, const WorkloadOptions &workload,
-                   Phase last);
+void buildPipeline(mlir::OpPassManager &pm, const CompileOptions &options, Phase last);
 
-/// Registers `moe-plan-pipeline` (all phases) for moe-opt.
+/// Registers `moe-plan-pipeline` (all phases, default workload) and
+/// `moe-compile-pipeline` (moec compile's options, ending with the plan
+/// file) for moe-opt.
 void registerPipelines();
 
 } // namespace moe

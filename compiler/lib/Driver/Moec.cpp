@@ -307,86 +307,6 @@ int runImport() {
   return writeIR(*imported->module, importOutput);
 }
 
-Error writeText(StringRef path, StringRef text) {
-  std::error_code ec;
-  raw_fd_ostream os(path, ec);
-  if (ec)
-    return createStringError(ec, "%s: cannot write: %s", path.str().c_str(),
-                             ec.message().c_str());
-  os << text;
-  return Error::success();
-}
-
-/// --target cuda: emits every program's kernels into `root` (each program's
-/// "cuda" object, docs/cuda.md): the CUDA C++ source ("code"), and unless
-/// `nvcc` is empty the fatbin nvcc makes of it (base64) and ptxas' report,
-/// so that the plan is one file (one `mv` moves all of it). With `dir`
-/// (--compile-to=kernels -o DIR) each source is also written there as
-/// stage<i>.cu; with neither dir nor nvcc the sources go to standard output.
-Error emitCuda(json::Object &root, StringRef dir, StringRef nvcc,
-               const std::vector<std::string> &archs) {
-  json::Array *programs = root.getArray("programs");
-  if (!programs)
-    return createStringError(inconvertibleErrorCode(), "--target cuda: plan has no programs");
-  for (size_t i = 0; i < programs->size(); ++i) {
-    json::Object &program = *(*programs)[i].getAsObject();
-    Expected<cuda::EmittedProgram> emitted = cuda::emitProgram(root, program, int64_t(i));
-    if (!emitted)
-      return emitted.takeError();
-    std::string name = ("stage" + Twine(i)).str();
-    if (dir.empty() && nvcc.empty()) {
-      outs() << "// ===== program " << i << " (" << name << ".cu) =====\n" << emitted->source;
-      continue;
-    }
-    if (!dir.empty()) {
-      SmallString<256> source(dir);
-      sys::path::append(source, name + ".cu");
-      if (Error e = writeText(source, emitted->source))
-        return e;
-    }
-    emitted->table["source"] = name + ".cu";
-    emitted->table["code"] = emitted->source;
-    if (!nvcc.empty()) {
-      // nvcc works on files: a private directory, removed afterwards (kept,
-      // and named in the error, when nvcc or ptxas fails).
-      SmallString<256> work;
-      if (std::error_code ec = sys::fs::createUniqueDirectory("moec-cuda", work))
-        return createStringError(ec, "cannot create a temporary directory for nvcc: %s",
-                                 ec.message().c_str());
-      SmallString<256> source(work), fatbin(work);
-      sys::path::append(source, name + ".cu");
-      sys::path::append(fatbin, name + ".fatbin");
-      if (Error e = writeText(source, emitted->source))
-        return e;
-      std::string log;
-      if (Error compiled = cuda::compileFatbin(nvcc, source, fatbin, archs, log)) {
-        SmallString<256> logPath(work);
-        sys::path::append(logPath, name + ".ptxas.txt");
-        std::error_code ec;
-        raw_fd_ostream os(logPath, ec);
-        if (!ec)
-          os << log;
-        return joinErrors(std::move(compiled),
-                          createStringError(inconvertibleErrorCode(),
-                                            "(the source and ptxas' report: %s)", work.c_str()));
-      }
-      ErrorOr<std::unique_ptr<MemoryBuffer>> image = MemoryBuffer::getFile(fatbin);
-      if (!image)
-        return createStringError(image.getError(), "%s: cannot read nvcc's fatbin: %s",
-                                 fatbin.c_str(), image.getError().message().c_str());
-      emitted->table["fatbin"] = encodeBase64((*image)->getBuffer());
-      emitted->table["ptxas_report"] = log;
-      sys::fs::remove_directories(work);
-      json::Array archList;
-      for (const std::string &a : archs)
-        archList.push_back(a);
-      emitted->table["archs"] = std::move(archList);
-    }
-    program["cuda"] = std::move(emitted->table);
-  }
-  return Error::success();
-}
-
 int runCompile() {
   const bool kernelsOnly = compileTo == "kernels";
   std::optional<Phase> last = kernelsOnly ? std::optional<Phase>(Phase::Plan) : parsePhase(compileTo);
@@ -398,38 +318,37 @@ int runCompile() {
   if (kernelsOnly && !cudaTarget)
     return fail(createStringError(inconvertibleErrorCode(),
                                   "--compile-to=kernels: expected --target cuda"));
-  std::vector<std::string> archs;
-  std::string nvcc;
   if (cudaTarget) {
-    SmallVector<StringRef> parts;
-    StringRef(cudaArchs).split(parts, ',', -1, false);
-    for (StringRef a : parts) {
-      a = a.trim();
-      unsigned number = 0;
-      if (!a.starts_with("sm_") || a.drop_front(3).getAsInteger(10, number) || number < 70)
-        return fail(createStringError(inconvertibleErrorCode(),
-                                      "--cuda-arch: '%s' is not an architecture like sm_80 "
-                                      "(sm_70 or later)",
-                                      a.str().c_str()));
-      archs.push_back(a.str());
-    }
-    if (archs.empty())
-      return fail(createStringError(inconvertibleErrorCode(),
-                                    "--cuda-arch: expected at least one architecture"));
-    if (!kernelsOnly) {
-      nvcc = cuda::findNvcc();
-      if (nvcc.empty())
-        return fail(createStringError(
-            inconvertibleErrorCode(),
-            "--target cuda: nvcc not found (set MOE_NVCC, or install the CUDA toolkit at "
-            "/usr/local/cuda; --compile-to=kernels writes the sources without nvcc)"));
-    }
+    Expected<std::vector<std::string>> archs = cuda::parseArchs(cudaArchs);
+    if (!archs)
+      return fail(archs.takeError());
+    if (!kernelsOnly && cuda::findNvcc().empty())
+      return fail(createStringError(
+          inconvertibleErrorCode(),
+          "--target cuda: nvcc not found (set MOE_NVCC, or install the CUDA toolkit at "
+          "/usr/local/cuda; --compile-to=kernels writes the sources without nvcc)"));
   }
   if (!last)
     return fail(createStringError(inconvertibleErrorCode(),
                                   "--compile-to: unknown phase '%s' (expected "
                                   "one of: %s)",
                                   compileTo.c_str(), phaseNames()));
+  if (capacityFactor < 0)
+    return fail(createStringError(inconvertibleErrorCode(),
+                                  "--capacity-factor: expected a value >= 0 (0: "
+                                  "dropless) but got %g",
+                                  double(capacityFactor)));
+  if (!planDtype.empty() && !sharding::parseDType(planDtype))
+    return fail(createStringError(inconvertibleErrorCode(),
+                                  "--dtype %s: expected bf16, f16, f32 or fp8",
+                                  planDtype.c_str()));
+  if (*last == Phase::Plan && compileOutput.empty() && !explain && !printJson && !kernelsOnly)
+    return fail(createStringError(inconvertibleErrorCode(),
+                                  "-o: expected the plan's output path"));
+  if (*last == Phase::Plan && cudaTarget && !kernelsOnly && compileOutput.empty() &&
+      !explain && !printJson)
+    return fail(createStringError(inconvertibleErrorCode(),
+                                  "--target cuda: expected the plan's output path (-o)"));
   mlir::MLIRContext context(allDialects());
   Expected<Imported> imported = loadAndImport(compileConfig, context);
   if (!imported)
@@ -445,148 +364,43 @@ int runCompile() {
     WithColor::error(errs(), "moec") << where << d.str() << "\n";
     return mlir::success();
   });
-  mlir::PassManager pm(&context);
-  int64_t seqLen = maxSeqLen ? int64_t(maxSeqLen)
-                             : std::min<int64_t>(config->maxPositionEmbeddings, 4096);
-  WorkloadOptions workload{maxBatchTokens, seqLen, maxSequences};
-  workload.fuse = !noFuse;
-
-  // The sharding planner runs when any distribution option is given.
-  bool distributed = worldSize || !gpu.empty() || !clusterFile.empty() || fixedDp ||
-                     !planDtype.empty() ||
-                     fixedPp || fixedTp || fixedEp || fixedEtp || explain || printJson ||
-                     capacityFactor != 0;
-  if (capacityFactor < 0)
-    return fail(createStringError(inconvertibleErrorCode(),
-                                  "--capacity-factor: expected a value >= 0 (0: "
-                                  "dropless) but got %g",
-                                  double(capacityFactor)));
-  // The logical tensors, before partitioning gives them rank-local shapes.
-  json::Array logical = logicalWeights(*module);
-  std::optional<sharding::ModelInfo> model;
-  std::optional<sharding::PlanResult> planned;
-  if (distributed) {
-    std::optional<sharding::DType> dtype;
-    if (!planDtype.empty()) {
-      dtype = sharding::parseDType(planDtype);
-      if (!dtype)
-        return fail(createStringError(inconvertibleErrorCode(),
-                                      "--dtype %s: expected bf16, f16, f32 or fp8",
-                                      planDtype.c_str()));
-    }
-    auto info = sharding::ModelInfo::build(*config, dtype);
-    if (!info)
-      return fail(info.takeError());
-    Expected<sharding::Cluster> cluster =
-        !clusterFile.empty() ? sharding::loadClusterFile(clusterFile)
-                             : sharding::makeCluster(gpu.empty() ? "cpu" : gpu.getValue(),
-                                                     worldSize ? worldSize : 1);
-    if (cluster && !clusterFile.empty() && worldSize)
-      cluster = sharding::withWorldSize(*cluster, worldSize);
-    if (!cluster)
-      return fail(cluster.takeError());
-    sharding::Workload w{maxBatchTokens, seqLen, maxSequences};
-    sharding::PlanOptions options;
-    options.vocabPadTo = vocabPadTo;
-    sharding::FixedDegrees fixed;
-    auto set = [](std::optional<int64_t> &slot, int64_t v) {
-      if (v)
-        slot = v;
-    };
-    set(fixed.dp, fixedDp);
-    set(fixed.pp, fixedPp);
-    set(fixed.tp, fixedTp);
-    set(fixed.ep, fixedEp);
-    set(fixed.etp, fixedEtp);
-    auto result = sharding::planSharding(*info, *cluster, w, options, fixed);
-    if (!result)
-      return fail(result.takeError());
-    if (explain)
-      outs() << sharding::explainPlan(*info, *cluster, w, *result);
-    model = std::move(*info);
-    planned = std::move(*result);
-    const sharding::ShardingLayout &layout = planned->chosen().layout;
-    MoEPlanShardingOptions annotate;
-    annotate.dp = layout.degrees.dp;
-    annotate.pp = layout.degrees.pp;
-    annotate.tp = layout.degrees.tp;
-    annotate.ep = layout.degrees.ep;
-    annotate.etp = layout.degrees.etp;
-    annotate.vocabPadTo = layout.vocabPadTo;
-    // The layout also lists the end (num layers); the pass takes the firsts.
-    std::vector<int64_t> firsts(layout.stageBegin.begin(), layout.stageBegin.end() - 1);
-    annotate.stageBegin = firsts;
-    pm.addPass(createMoEPlanSharding(annotate));
-    workload.partition = layout.degrees.world() > 1 || capacityFactor > 0;
-    workload.capacityFactor = capacityFactor;
-  }
   // A long prompt is prefilled in chunks of max-batch-tokens, so only the
   // sequence length is bounded by the model.
-  buildPipeline(pm, workload, *last);
+  CompileOptions options;
+  options.maxBatchTokens = maxBatchTokens;
+  options.maxSeqLen = maxSeqLen ? int64_t(maxSeqLen)
+                                : std::min<int64_t>(config->maxPositionEmbeddings, 4096);
+  options.maxSequences = maxSequences;
+  options.capacityFactor = capacityFactor;
+  options.fuse = !noFuse;
+  // The sharding planner (moe-choose-layout) runs when any distribution
+  // option is given.
+  if (worldSize || !gpu.empty() || !clusterFile.empty() || fixedDp || !planDtype.empty() ||
+      fixedPp || fixedTp || fixedEp || fixedEtp || explain || printJson || capacityFactor != 0)
+    options.layout = LayoutRequest{worldSize, gpu,     clusterFile, planDtype, fixedDp,
+                                   fixedPp,   fixedTp, fixedEp,     fixedEtp,  vocabPadTo};
+  options.explain = explain;
+  options.json = printJson;
+  options.target = compileTarget;
+  options.cudaArch = cudaArchs;
+  options.kernelsOnly = kernelsOnly;
+  // Where the plan goes: -o, or DIR/plan.json for --compile-to=kernels -o DIR
+  // (the sources beside it).
+  options.output = compileOutput;
+  if (kernelsOnly && !compileOutput.empty()) {
+    SmallString<256> dir(compileOutput.getValue());
+    if (std::error_code ec = sys::fs::create_directories(dir))
+      return fail(createStringError(ec, "%s: cannot create: %s", dir.c_str(),
+                                    ec.message().c_str()));
+    sys::path::append(dir, "plan.json");
+    options.output = dir.str().str();
+  }
+  mlir::PassManager pm(&context);
+  buildPipeline(pm, options, *last);
   if (mlir::failed(pm.run(*module)))
-    return kExitBadInput; // the pass printed a diagnostic naming the option
-
+    return kExitBadInput; // the pass printed a diagnostic naming the option or file
   if (*last != Phase::Plan)
     return writeIR(*module, compileOutput.empty() ? "-" : compileOutput.getValue());
-  if (compileOutput.empty() && !explain && !printJson && !kernelsOnly)
-    return fail(createStringError(inconvertibleErrorCode(),
-                                  "-o: expected the plan's output path"));
-  Expected<json::Value> plan = buildPlan(*module);
-  if (!plan)
-    return fail(plan.takeError(), kExitFailure);
-  // Where the plan goes: -o, or DIR/plan.json for --compile-to=kernels -o DIR.
-  std::string planPath = compileOutput;
-  if (cudaTarget) {
-    SmallString<256> dir;
-    if (kernelsOnly && !compileOutput.empty()) {
-      dir = compileOutput.getValue();
-      if (std::error_code ec = sys::fs::create_directories(dir))
-        return fail(createStringError(ec, "%s: cannot create: %s", dir.c_str(),
-                                      ec.message().c_str()));
-      SmallString<256> p(dir);
-      sys::path::append(p, "plan.json");
-      planPath = p.str().str();
-    }
-    if (!kernelsOnly && compileOutput.empty())
-      return fail(createStringError(inconvertibleErrorCode(),
-                                    "--target cuda: expected the plan's output path (-o)"));
-    if (Error e = emitCuda(*plan->getAsObject(), dir, nvcc, archs))
-      return fail(std::move(e), kExitFailure);
-    if (kernelsOnly && compileOutput.empty())
-      return kExitOk;
-  }
-  if (!planned) {
-    if (Error e = writePlanFile(*plan, planPath))
-      return fail(std::move(e));
-    return kExitOk;
-  }
-  const sharding::LayoutEstimate &chosen = planned->chosen();
-  if (printJson) {
-    // Streamed: a many-rank layout has too many slices for a JSON tree.
-    json::OStream J(outs());
-    J.object([&] {
-      writeDistribution(J, *model, chosen);
-      J.attribute("search", sharding::toJSON(*planned));
-    });
-    outs() << "\n";
-  }
-  if (compileOutput.empty())
-    return kExitOk; // --explain / --json alone write no plan
-  json::Object &root = *plan->getAsObject();
-  root["weights"] = std::move(logical);
-  if (chosen.layout.degrees.world() == 1) {
-    mergeDistribution(root, distributionJson(*model, chosen));
-    if (Error e = writePlanFile(*plan, planPath))
-      return fail(std::move(e));
-    return kExitOk;
-  }
-  // Many ranks: the per-stage programs are in the plan; each rank's entry
-  // (coords, program, slices) is streamed.
-  root.erase("ranks");
-  if (Error e = writePlanFile(root, planPath, [&](json::OStream &J) {
-        writeDistribution(J, *model, chosen);
-      }))
-    return fail(std::move(e));
   return kExitOk;
 }
 

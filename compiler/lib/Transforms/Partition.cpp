@@ -590,6 +590,27 @@ LogicalResult Partitioner::buildStage(int64_t stage, ArrayRef<int64_t> stageOfOp
   return success();
 }
 
+/// The weights of @forward (name, type, experts of each, in order), kept on
+/// the module as `moe.logical_weights` for the plan's top-level weights.
+ArrayAttr logicalWeightsAttr(func::FuncOp forward) {
+  Builder b(forward.getContext());
+  SmallVector<Attribute> entries;
+  forward.walk([&](Operation *op) {
+    SmallVector<NamedAttribute> e;
+    if (auto w = dyn_cast<moe::WeightOp>(op)) {
+      e = {b.getNamedAttr("name", w.getNameAttr()), b.getNamedAttr("type", TypeAttr::get(w.getType()))};
+    } else if (auto w = dyn_cast<moe::ExpertWeightOp>(op)) {
+      e = {b.getNamedAttr("name", w.getNameAttr()), b.getNamedAttr("type", TypeAttr::get(w.getType())),
+           b.getNamedAttr("experts", b.getI64IntegerAttr(w.getNumExperts()))};
+    } else {
+      return;
+    }
+    entries.push_back(b.getDictionaryAttr(e));
+  });
+  return b.getArrayAttr(entries);
+}
+
+
 LogicalResult Partitioner::run() {
   if (failed(readSharding()))
     return failure();
@@ -619,6 +640,8 @@ LogicalResult Partitioner::run() {
                                           : ArrayRef<Value>(),
                           crossing[s])))
       return failure();
+  // The model's whole weights, for the plan (moe-emit-plan).
+  module->setAttr("moe.logical_weights", logicalWeightsAttr(forward));
   forward.erase();
   return success();
 }

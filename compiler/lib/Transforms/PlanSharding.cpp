@@ -3,6 +3,7 @@
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Frontend/HF/ModelConfig.h"
 #include "moe/Transforms/Passes.h"
+#include "moe/Transforms/Layout.h"
 
 #include "mlir/Dialect/Mesh/IR/MeshOps.h"
 #include "mlir/IR/Builders.h"
@@ -45,98 +46,105 @@ struct PlanSharding : moe::impl::MoEPlanShardingBase<PlanSharding> {
       module.emitError(llvm::toString(info.takeError()));
       return signalPassFailure();
     }
-    moe::sharding::Degrees d{dp, pp, tp, ep, etp};
-    int64_t world = d.world();
-    moe::sharding::FixedDegrees fixed{d.dp, d.pp, d.tp, d.ep, d.etp};
-    if (llvm::Error e = moe::sharding::validateFixedDegrees(*info, world, fixed)) {
-      module.emitError(llvm::toString(std::move(e)));
-      return signalPassFailure();
-    }
     std::vector<int64_t> stages(stageBegin.begin(), stageBegin.end());
-    if (stages.empty())
-      for (int64_t s = 0; s < d.pp; ++s)
-        stages.push_back(s * config->numLayers / d.pp);
-    if (static_cast<int64_t>(stages.size()) != d.pp || stages.front() != 0 ||
-        !llvm::is_sorted(stages) ||
-        std::adjacent_find(stages.begin(), stages.end()) != stages.end() ||
-        stages.back() >= config->numLayers) {
-      module.emitError("expected stage-begin to list ")
-          << d.pp << " increasing first layers starting at 0";
-      return signalPassFailure();
-    }
-
-    std::unordered_map<std::string, const moe::sharding::PlannedTensor *> byName;
-    for (const moe::sharding::PlannedTensor &t : info->tensors)
-      byName[t.spec.name] = &t;
-
-    OpBuilder b(module.getContext());
-    b.setInsertionPointToStart(module.getBody());
-    b.create<mesh::MeshOp>(module.getLoc(), "mesh",
-                           ArrayRef<int64_t>{d.pp, d.dp, d.tp});
-    b.create<mesh::MeshOp>(module.getLoc(), "experts",
-                           ArrayRef<int64_t>{d.pp, d.edp(), d.ep, d.etp});
-    auto meshRef = FlatSymbolRefAttr::get(module.getContext(), "mesh");
-    auto expertsRef = FlatSymbolRefAttr::get(module.getContext(), "experts");
-
-    auto annotate = [&](Operation *op, FlatSymbolRefAttr on,
-                        SmallVector<SmallVector<MeshAxis>> axes) {
-      Value weight = op->getResult(0);
-      b.setInsertionPointAfter(op);
-      auto sharding = mesh::MeshShardingAttr::get(module.getContext(), on, axes);
-      auto shard = b.create<mesh::ShardOp>(op->getLoc(), weight, sharding);
-      weight.replaceAllUsesExcept(shard.getResult(), shard);
-    };
-    WalkResult walk = module.walk([&](Operation *op) -> WalkResult {
-      if (auto w = dyn_cast<moe::WeightOp>(op)) {
-        auto it = byName.find(w.getName().str());
-        if (it == byName.end())
-          return op->emitOpError("weight '") << w.getName()
-                 << "' is not a tensor of the model's checkpoint";
-        switch (it->second->split) {
-        case moe::sharding::Split::Column:
-        case moe::sharding::Split::Vocab:
-          annotate(op, meshRef, {{kTpAxis}});
-          break;
-        case moe::sharding::Split::Row:
-          annotate(op, meshRef, {{}, {kTpAxis}});
-          break;
-        default:
-          annotate(op, meshRef, {{}});
-          break;
-        }
-        return WalkResult::advance();
-      }
-      if (auto s = dyn_cast<moe::ExpertWeightOp>(op)) {
-        auto it = byName.find(s.getExpertTensorName(0));
-        if (it == byName.end())
-          return op->emitOpError("expert weight '") << s.getName()
-                 << "' is not in the model's checkpoint";
-        // Dim 0 (the expert) over EP; the intermediate dim over ETP.
-        SmallVector<SmallVector<MeshAxis>> axes = {{kEpAxis}, {}, {}};
-        axes[1 + it->second->etpDim] = {kEtpAxis};
-        annotate(op, expertsRef, axes);
-      }
-      return WalkResult::advance();
-    });
-    if (walk.wasInterrupted())
-      return signalPassFailure();
-
-    moe::sharding::ShardingLayout layout;
-    layout.degrees = d;
-    int64_t padded = moe::sharding::paddedVocabSize(config->vocabSize, d.tp, vocabPadTo);
-    module->setAttr(
-        "moe.sharding",
-        b.getDictionaryAttr({
-            b.getNamedAttr("dp", b.getI64IntegerAttr(d.dp)),
-            b.getNamedAttr("pp", b.getI64IntegerAttr(d.pp)),
-            b.getNamedAttr("tp", b.getI64IntegerAttr(d.tp)),
-            b.getNamedAttr("ep", b.getI64IntegerAttr(d.ep)),
-            b.getNamedAttr("etp", b.getI64IntegerAttr(d.etp)),
-            b.getNamedAttr("vocab_pad_to", b.getI64IntegerAttr(vocabPadTo)),
-            b.getNamedAttr("vocab_padded", b.getI64IntegerAttr(padded)),
-            b.getNamedAttr("stage_begin", b.getDenseI64ArrayAttr(stages)),
-        }));
+    if (failed(moe::applySharding(module, *info, {dp, pp, tp, ep, etp}, vocabPadTo, stages)))
+      signalPassFailure();
   }
 };
 
 } // namespace
+
+LogicalResult moe::applySharding(ModuleOp module, const moe::sharding::ModelInfo &info,
+                                 moe::sharding::Degrees d, int64_t vocabPadTo,
+                                 std::vector<int64_t> stages) {
+  int64_t world = d.world();
+  moe::sharding::FixedDegrees fixed{d.dp, d.pp, d.tp, d.ep, d.etp};
+  if (llvm::Error e = moe::sharding::validateFixedDegrees(info, world, fixed)) {
+    module.emitError(llvm::toString(std::move(e)));
+    return failure();
+  }
+  if (stages.empty())
+    for (int64_t s = 0; s < d.pp; ++s)
+      stages.push_back(s * info.config.numLayers / d.pp);
+  if (static_cast<int64_t>(stages.size()) != d.pp || stages.front() != 0 ||
+      !llvm::is_sorted(stages) ||
+      std::adjacent_find(stages.begin(), stages.end()) != stages.end() ||
+      stages.back() >= info.config.numLayers) {
+    module.emitError("expected stage-begin to list ")
+        << d.pp << " increasing first layers starting at 0";
+    return failure();
+  }
+
+  std::unordered_map<std::string, const moe::sharding::PlannedTensor *> byName;
+  for (const moe::sharding::PlannedTensor &t : info.tensors)
+    byName[t.spec.name] = &t;
+
+  OpBuilder b(module.getContext());
+  b.setInsertionPointToStart(module.getBody());
+  b.create<mesh::MeshOp>(module.getLoc(), "mesh",
+                         ArrayRef<int64_t>{d.pp, d.dp, d.tp});
+  b.create<mesh::MeshOp>(module.getLoc(), "experts",
+                         ArrayRef<int64_t>{d.pp, d.edp(), d.ep, d.etp});
+  auto meshRef = FlatSymbolRefAttr::get(module.getContext(), "mesh");
+  auto expertsRef = FlatSymbolRefAttr::get(module.getContext(), "experts");
+
+  auto annotate = [&](Operation *op, FlatSymbolRefAttr on,
+                      SmallVector<SmallVector<MeshAxis>> axes) {
+    Value weight = op->getResult(0);
+    b.setInsertionPointAfter(op);
+    auto sharding = mesh::MeshShardingAttr::get(module.getContext(), on, axes);
+    auto shard = b.create<mesh::ShardOp>(op->getLoc(), weight, sharding);
+    weight.replaceAllUsesExcept(shard.getResult(), shard);
+  };
+  WalkResult walk = module.walk([&](Operation *op) -> WalkResult {
+    if (auto w = dyn_cast<moe::WeightOp>(op)) {
+      auto it = byName.find(w.getName().str());
+      if (it == byName.end())
+        return op->emitOpError("weight '") << w.getName()
+               << "' is not a tensor of the model's checkpoint";
+      switch (it->second->split) {
+      case moe::sharding::Split::Column:
+      case moe::sharding::Split::Vocab:
+        annotate(op, meshRef, {{kTpAxis}});
+        break;
+      case moe::sharding::Split::Row:
+        annotate(op, meshRef, {{}, {kTpAxis}});
+        break;
+      default:
+        annotate(op, meshRef, {{}});
+        break;
+      }
+      return WalkResult::advance();
+    }
+    if (auto s = dyn_cast<moe::ExpertWeightOp>(op)) {
+      auto it = byName.find(s.getExpertTensorName(0));
+      if (it == byName.end())
+        return op->emitOpError("expert weight '") << s.getName()
+               << "' is not in the model's checkpoint";
+      // Dim 0 (the expert) over EP; the intermediate dim over ETP.
+      SmallVector<SmallVector<MeshAxis>> axes = {{kEpAxis}, {}, {}};
+      axes[1 + it->second->etpDim] = {kEtpAxis};
+      annotate(op, expertsRef, axes);
+    }
+    return WalkResult::advance();
+  });
+  if (walk.wasInterrupted())
+    return failure();
+
+  moe::sharding::ShardingLayout layout;
+  layout.degrees = d;
+  int64_t padded = moe::sharding::paddedVocabSize(info.config.vocabSize, d.tp, vocabPadTo);
+  module->setAttr(
+      "moe.sharding",
+      b.getDictionaryAttr({
+          b.getNamedAttr("dp", b.getI64IntegerAttr(d.dp)),
+          b.getNamedAttr("pp", b.getI64IntegerAttr(d.pp)),
+          b.getNamedAttr("tp", b.getI64IntegerAttr(d.tp)),
+          b.getNamedAttr("ep", b.getI64IntegerAttr(d.ep)),
+          b.getNamedAttr("etp", b.getI64IntegerAttr(d.etp)),
+          b.getNamedAttr("vocab_pad_to", b.getI64IntegerAttr(vocabPadTo)),
+          b.getNamedAttr("vocab_padded", b.getI64IntegerAttr(padded)),
+          b.getNamedAttr("stage_begin", b.getDenseI64ArrayAttr(stages)),
+      }));
+  return success();
+}

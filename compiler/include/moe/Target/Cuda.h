@@ -31,6 +31,20 @@ struct EmittedProgram {
 llvm::Expected<EmittedProgram> emitProgram(const llvm::json::Object &plan,
                                            const llvm::json::Object &program, int64_t index);
 
+/// --target cuda: emits every program's kernels into `root` (a plan from
+/// buildPlan; each program's "cuda" object, docs/cuda.md): the CUDA C++
+/// source ("code"), and unless `nvcc` is empty the fatbin nvcc makes of it
+/// (base64) and ptxas' report, so that the plan is one file (one `mv` moves
+/// all of it). With `dir` (--compile-to=kernels -o DIR) each source is also
+/// written there as stage<i>.cu; with neither dir nor nvcc the sources go to
+/// standard output.
+llvm::Error emitPlanKernels(llvm::json::Object &root, llvm::StringRef dir, llvm::StringRef nvcc,
+                            const std::vector<std::string> &archs);
+
+/// "sm_80,sm_90" as a list; an error naming --cuda-arch for anything but
+/// sm_XY (70 or later).
+llvm::Expected<std::vector<std::string>> parseArchs(llvm::StringRef list);
+
 /// The nvcc to use: $MOE_NVCC, else the CMake-configured CUDA compiler, else
 /// /usr/local/cuda/bin/nvcc, else `nvcc` on PATH; empty when none exists.
 std::string findNvcc();

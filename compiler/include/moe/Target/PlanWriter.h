@@ -22,6 +22,7 @@ llvm::Expected<llvm::json::Value> buildPlan(mlir::ModuleOp module);
 /// The model's logical weights (whole shapes) of an unpartitioned module's
 /// @forward, as the plan's top-level `weights`: kept before moe-partition
 /// gives the programs their rank-local shapes.
+/// A partitioned module (no @forward) has them as `moe.logical_weights`.
 llvm::json::Array logicalWeights(mlir::ModuleOp module);
 
 /// Puts a distribution (Distribution.h) into a plan: world_size, degrees,

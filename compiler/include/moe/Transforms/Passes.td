@@ -53,6 +53,36 @@ def MoEAssignBuffers : Pass<"moe-assign-buffers", "mlir::ModuleOp"> {
   }];
 }
 
+def MoEChooseLayout : Pass<"moe-choose-layout", "mlir::ModuleOp"> {
+  let summary = "choose the expert / tensor / pipeline / data layout and apply it";
+  let description = [{
+    The sharding planner as a pass: searches the layouts of the machine's
+    ranks for the module (the config.json named by `moe.source`, the
+    workload of `moe.workload`) with the cost and memory model
+    (docs/sharding.md), records the request and the choice as `moe.layout`
+    and annotates the weights with it (runs `moe-plan-sharding` with the
+    chosen degrees and stages). `explain` and `json` print the choice, its
+    alternatives and the rejections to standard output (`moec compile
+    --explain` / `--json`). moe-emit-plan writes each rank's slices and
+    predicted memory from `moe.layout`.
+  }];
+  let dependentDialects = ["mlir::mesh::MeshDialect"];
+  let options = [
+    Option<"worldSize", "world-size", "int64_t", "0", "ranks to plan for (0: one, or the cluster file's)">,
+    Option<"gpu", "gpu", "std::string", "\"\"", "built-in machine: h100, h200, a100, b200 or cpu">,
+    Option<"cluster", "cluster", "std::string", "\"\"", "a cluster description (JSON file)">,
+    Option<"dp", "dp", "int64_t", "0", "fixed data-parallel degree (0: free)">,
+    Option<"pp", "pp", "int64_t", "0", "fixed pipeline-parallel degree (0: free)">,
+    Option<"tp", "tp", "int64_t", "0", "fixed tensor-parallel degree (0: free)">,
+    Option<"ep", "ep", "int64_t", "0", "fixed expert-parallel degree (0: free)">,
+    Option<"etp", "etp", "int64_t", "0", "fixed expert tensor-parallel degree (0: free)">,
+    Option<"vocabPadTo", "vocab-pad-to", "int64_t", "64", "pad the vocabulary to a multiple of this x tp">,
+    Option<"dtype", "dtype", "std::string", "\"\"", "weight dtype counted: bf16, f16, f32, fp8 (default: the config's)">,
+    Option<"explain", "explain", "bool", "false", "print the choice, alternatives and rejections">,
+    Option<"json", "json", "bool", "false", "print the layout and the search as JSON">,
+  ];
+}
+
 def MoEPlanSharding : Pass<"moe-plan-sharding", "mlir::ModuleOp"> {
   let summary = "annotate every weight with its sharding on the device meshes";
   let description = [{
@@ -133,6 +163,28 @@ def MoEAnnotateKernels : Pass<"moe-annotate-kernels", "mlir::ModuleOp"> {
     kernel (grid in terms of the step's rows T or R), `gemm MxNxK (A, B ->
     C)` for a cuBLAS call, `collective OP` for NCCL. Changes nothing else.
   }];
+}
+
+def MoEEmitPlan : Pass<"moe-emit-plan", "mlir::ModuleOp"> {
+  let summary = "write the compiled module as a plan (the last pass of moec compile)";
+  let description = [{
+    Serializes the module (after moe-assign-buffers) as the plan file
+    `output` (docs/plan-format.md), written atomically: the programs, the
+    model's logical weights and, with `moe.layout` (moe-choose-layout), the
+    distribution: degrees, stages and every rank's coordinates, predicted
+    memory and checkpoint slices. With `target=cuda` each program also gets
+    its CUDA kernel table, source and fatbin (nvcc: $MOE_NVCC or the CUDA
+    toolkit's; docs/cuda.md). Changes nothing in the module.
+  }];
+  let options = [
+    Option<"output", "output", "std::string", "\"\"", "the plan file to write">,
+    Option<"target", "target", "std::string", "\"cpu\"", "cpu or cuda">,
+    Option<"cudaArch", "cuda-arch", "std::string", "\"sm_80,sm_90\"",
+           "with target=cuda: architectures to compile SASS for, plus PTX">,
+    Option<"kernelsOnly", "kernels-only", "bool", "false",
+           "with target=cuda: no nvcc; the sources beside `output` (stage<i>.cu), "
+           "or on standard output without `output`">,
+  ];
 }
 
 #endif // MOE_TRANSFORMS_PASSES_TD

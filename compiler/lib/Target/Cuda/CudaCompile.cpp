@@ -2,10 +2,14 @@
 #include "moe/Target/Cuda.h"
 
 #include "llvm/ADT/SmallString.h"
+#include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Base64.h"
 #include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/raw_ostream.h"
 #include "llvm/Support/Program.h"
 
 #include <cstdlib>
@@ -96,3 +100,99 @@ llvm::Error compileFatbin(llvm::StringRef nvcc, llvm::StringRef source, llvm::St
 }
 
 } // namespace moe::cuda
+
+using namespace llvm;
+
+static Error writeText(StringRef path, StringRef text) {
+  std::error_code ec;
+  raw_fd_ostream os(path, ec);
+  if (ec)
+    return createStringError(ec, "%s: cannot write: %s", path.str().c_str(),
+                             ec.message().c_str());
+  os << text;
+  return Error::success();
+}
+
+Error moe::cuda::emitPlanKernels(json::Object &root, StringRef dir, StringRef nvcc,
+                                 const std::vector<std::string> &archs) {
+  json::Array *programs = root.getArray("programs");
+  if (!programs)
+    return createStringError(inconvertibleErrorCode(), "--target cuda: plan has no programs");
+  for (size_t i = 0; i < programs->size(); ++i) {
+    json::Object &program = *(*programs)[i].getAsObject();
+    Expected<EmittedProgram> emitted = emitProgram(root, program, int64_t(i));
+    if (!emitted)
+      return emitted.takeError();
+    std::string name = ("stage" + Twine(i)).str();
+    if (dir.empty() && nvcc.empty()) {
+      outs() << "// ===== program " << i << " (" << name << ".cu) =====\n" << emitted->source;
+      continue;
+    }
+    if (!dir.empty()) {
+      SmallString<256> source(dir);
+      sys::path::append(source, name + ".cu");
+      if (Error e = writeText(source, emitted->source))
+        return e;
+    }
+    emitted->table["source"] = name + ".cu";
+    emitted->table["code"] = emitted->source;
+    if (!nvcc.empty()) {
+      // nvcc works on files: a private directory, removed afterwards (kept,
+      // and named in the error, when nvcc or ptxas fails).
+      SmallString<256> work;
+      if (std::error_code ec = sys::fs::createUniqueDirectory("moec-cuda", work))
+        return createStringError(ec, "cannot create a temporary directory for nvcc: %s",
+                                 ec.message().c_str());
+      SmallString<256> source(work), fatbin(work);
+      sys::path::append(source, name + ".cu");
+      sys::path::append(fatbin, name + ".fatbin");
+      if (Error e = writeText(source, emitted->source))
+        return e;
+      std::string log;
+      if (Error compiled = compileFatbin(nvcc, source, fatbin, archs, log)) {
+        SmallString<256> logPath(work);
+        sys::path::append(logPath, name + ".ptxas.txt");
+        std::error_code ec;
+        raw_fd_ostream os(logPath, ec);
+        if (!ec)
+          os << log;
+        return joinErrors(std::move(compiled),
+                          createStringError(inconvertibleErrorCode(),
+                                            "(the source and ptxas' report: %s)", work.c_str()));
+      }
+      ErrorOr<std::unique_ptr<MemoryBuffer>> image = MemoryBuffer::getFile(fatbin);
+      if (!image)
+        return createStringError(image.getError(), "%s: cannot read nvcc's fatbin: %s",
+                                 fatbin.c_str(), image.getError().message().c_str());
+      emitted->table["fatbin"] = encodeBase64((*image)->getBuffer());
+      emitted->table["ptxas_report"] = log;
+      sys::fs::remove_directories(work);
+      json::Array archList;
+      for (const std::string &a : archs)
+        archList.push_back(a);
+      emitted->table["archs"] = std::move(archList);
+    }
+    program["cuda"] = std::move(emitted->table);
+  }
+  return Error::success();
+}
+
+llvm::Expected<std::vector<std::string>> moe::cuda::parseArchs(llvm::StringRef list) {
+  std::vector<std::string> archs;
+  llvm::SmallVector<llvm::StringRef> parts;
+  list.split(parts, ',', -1, false);
+  for (llvm::StringRef a : parts) {
+    a = a.trim();
+    unsigned number = 0;
+    if (!a.starts_with("sm_") || a.drop_front(3).getAsInteger(10, number) || number < 70)
+      return llvm::createStringError(
+          llvm::inconvertibleErrorCode(),
+          "--cuda-arch: '%s' is not an architecture like sm_80 (sm_70 or later)",
+          a.str().c_str());
+    archs.push_back(a.str());
+  }
+  if (archs.empty())
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "--cuda-arch: expected at least one architecture");
+  return archs;
+}

@@ -321,19 +321,7 @@ llvm::Expected<Object> programJson(func::FuncOp fn, int64_t stage, int64_t maxTo
 
 llvm::json::Array moe::logicalWeights(ModuleOp module) {
   Array weights;
-  auto forward = module.lookupSymbol<func::FuncOp>("forward");
-  if (!forward)
-    return weights;
-  forward.walk([&](Operation *op) {
-    StringRef name;
-    int64_t experts = 0;
-    if (auto w = dyn_cast<moe::WeightOp>(op))
-      name = w.getName();
-    else if (auto w = dyn_cast<moe::ExpertWeightOp>(op))
-      name = w.getName(), experts = w.getNumExperts();
-    else
-      return;
-    auto type = cast<RankedTensorType>(op->getResult(0).getType());
+  auto add = [&](StringRef name, RankedTensorType type, int64_t experts) {
     Object w{{"name", name},
              {"shape", shapeOf(type)},
              {"dtype", dtypeName(type.getElementType())},
@@ -341,9 +329,29 @@ llvm::json::Array moe::logicalWeights(ModuleOp module) {
     if (experts)
       w["experts"] = experts;
     weights.push_back(std::move(w));
+  };
+  auto forward = module.lookupSymbol<func::FuncOp>("forward");
+  if (!forward) {
+    // A partitioned module: moe-partition kept them.
+    if (auto kept = module->getAttrOfType<ArrayAttr>("moe.logical_weights"))
+      for (Attribute a : kept) {
+        auto entry = cast<DictionaryAttr>(a);
+        auto experts = entry.getAs<IntegerAttr>("experts");
+        add(entry.getAs<StringAttr>("name").getValue(),
+            cast<RankedTensorType>(entry.getAs<TypeAttr>("type").getValue()),
+            experts ? experts.getInt() : 0);
+      }
+    return weights;
+  }
+  forward.walk([&](Operation *op) {
+    if (auto w = dyn_cast<moe::WeightOp>(op))
+      add(w.getName(), cast<RankedTensorType>(w.getType()), 0);
+    else if (auto w = dyn_cast<moe::ExpertWeightOp>(op))
+      add(w.getName(), cast<RankedTensorType>(w.getType()), w.getNumExperts());
   });
   return weights;
 }
+
 
 llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
   auto workload = module->getAttrOfType<DictionaryAttr>("moe.workload");

@@ -1,0 +1,61 @@
+//===- Layout.h - the sharding planner on a module --------------*- C++ -*-===//
+//
+// What moe-choose-layout asks of the planner (compiler/include/moe/Analysis/
+// Planner.h) and records on the module (`moe.layout`), so that the passes
+// after it (moe-plan-sharding, run by it; moe-emit-plan, which writes each
+// rank's slices and memory) work from the module alone.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MOE_TRANSFORMS_LAYOUT_H
+#define MOE_TRANSFORMS_LAYOUT_H
+
+#include "moe/Analysis/Planner.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "llvm/Support/Error.h"
+
+#include <string>
+
+namespace moe {
+
+/// The request: the machine (built-in gpu kind and world size, or a cluster
+/// file), fixed degrees (0: free), the weight dtype the planner counts
+/// ("": the config's) and the vocabulary padding.
+struct LayoutRequest {
+  int64_t worldSize = 0;
+  std::string gpu, cluster, dtype;
+  int64_t dp = 0, pp = 0, tp = 0, ep = 0, etp = 0;
+  int64_t vocabPadTo = 64;
+};
+
+/// The planner's search for `module` (the config.json of its moe.source,
+/// the workload of its moe.workload).
+struct PlannedLayout {
+  sharding::ModelInfo model;
+  sharding::Cluster cluster;
+  sharding::Workload workload;
+  sharding::PlanResult result;
+};
+llvm::Expected<PlannedLayout> planLayout(mlir::ModuleOp module, const LayoutRequest &request);
+
+/// Records the request with the chosen degrees and stages as `moe.layout`.
+void setLayoutAttr(mlir::ModuleOp module, const LayoutRequest &request,
+                   const sharding::ShardingLayout &chosen);
+
+/// The layout moe-choose-layout recorded, searched again with its degrees
+/// fixed (the same estimate: the planner is deterministic); fails when the
+/// module has none or the search no longer gives the recorded stages.
+/// Null when the module has no `moe.layout`.
+llvm::Expected<std::unique_ptr<PlannedLayout>> recordedLayout(mlir::ModuleOp module);
+
+/// moe-plan-sharding's work: the two meshes, a mesh.shard after every
+/// weight, `moe.sharding`. `stages`: the first layer of each stage (empty:
+/// an even split). Emits the error and fails on degrees the model does not
+/// divide or stages that do not fit.
+mlir::LogicalResult applySharding(mlir::ModuleOp module, const sharding::ModelInfo &model,
+                                  sharding::Degrees degrees, int64_t vocabPadTo,
+                                  std::vector<int64_t> stages);
+
+} // namespace moe
+
+#endif // MOE_TRANSFORMS_LAYOUT_H
