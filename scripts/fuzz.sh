@@ -23,11 +23,13 @@ common="-std=c++17 -g -O1 $san -fno-omit-frame-pointer"
 # The runtime, instrumented for coverage (fuzzer-no-link), compiled once.
 mpi_compile=$(mpicxx --showme:compile)
 mpi_link=$(mpicxx --showme:link)
+# The runtime's sources: runtime/CMakeLists.txt's globs.
+sources=(runtime/src/*.cpp runtime/src/cpu/*.cpp runtime/src/ops/*.cpp runtime/src/checkpoint/*.cpp)
 objs=()
-for src in runtime/src/*.cpp runtime/src/cpu/*.cpp runtime/src/checkpoint/*.cpp; do
+for src in "${sources[@]}"; do
   objs+=("$out/obj/$(echo "$src" | tr / _).o")
 done
-for src in runtime/src/*.cpp runtime/src/cpu/*.cpp runtime/src/checkpoint/*.cpp; do
+for src in "${sources[@]}"; do
   obj="$out/obj/$(echo "$src" | tr / _).o"
   if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ]; then
     echo "$cxx $common -fsanitize=fuzzer-no-link -Iruntime/include -Iruntime/src $mpi_compile -c $src -o $obj"
