@@ -129,6 +129,9 @@ struct CompilePipelineOptions : public PassPipelineOptions<CompilePipelineOption
                              llvm::cl::desc("cpu or cuda")};
   Option<std::string> cudaArch{*this, "cuda-arch", llvm::cl::init("sm_80,sm_90"),
                                llvm::cl::desc("CUDA architectures")};
+  Option<bool> kernelsOnly{*this, "kernels-only", llvm::cl::init(false),
+                           llvm::cl::desc("target=cuda without nvcc: the sources beside the "
+                                          "plan (moec compile --compile-to=kernels)")};
 };
 
 } // namespace
@@ -157,6 +160,7 @@ void moe::registerPipelines() {
         o.output = p.output;
         o.target = p.target;
         o.cudaArch = p.cudaArch;
+        o.kernelsOnly = p.kernelsOnly;
         buildPipeline(pm, o, Phase::Plan);
       });
 }

@@ -407,6 +407,50 @@ func.func @mlp_down(%x: tensor<?x64xbf16>, %g: tensor<128x64xbf16>, %u: tensor<1
 }
 
 //===----------------------------------------------------------------------===//
+// moe.concat
+//===----------------------------------------------------------------------===//
+
+// -----
+
+func.func @concat_width(%a: tensor<?x8xf32>, %b: tensor<?x4xf32>) {
+  // expected-error@+1 {{'moe.concat' op expected a result width of 12 (the inputs' widths added up) but got 16}}
+  %j = moe.concat %a, %b : tensor<?x8xf32>, tensor<?x4xf32> -> tensor<?x16xf32>
+  return
+}
+
+// -----
+
+func.func @concat_element_type(%a: tensor<?x8xf32>, %b: tensor<?x4xbf16>) {
+  // expected-error@+1 {{'moe.concat' op expected every input in the result's element type 'f32'}}
+  %j = moe.concat %a, %b : tensor<?x8xf32>, tensor<?x4xbf16> -> tensor<?x12xf32>
+  return
+}
+
+// -----
+
+func.func @concat_rows(%a: tensor<3x8xf32>, %b: tensor<2x4xf32>) {
+  // expected-error@+1 {{'moe.concat' op expected every input to have the 3 result rows}}
+  %j = moe.concat %a, %b : tensor<3x8xf32>, tensor<2x4xf32> -> tensor<3x12xf32>
+  return
+}
+
+// -----
+
+func.func @concat_dynamic_width(%a: tensor<?x?xf32>) {
+  // expected-error@+1 {{'moe.concat' op expected static input widths}}
+  %j = moe.concat %a : tensor<?x?xf32> -> tensor<?x12xf32>
+  return
+}
+
+// -----
+
+func.func @concat_nothing() {
+  // expected-error@+1 {{'moe.concat' op expected at least one input}}
+  %j = "moe.concat"() : () -> tensor<?x12xf32>
+  return
+}
+
+//===----------------------------------------------------------------------===//
 // moe.route (the checks it shares with moe.router are tested there once)
 //===----------------------------------------------------------------------===//
 

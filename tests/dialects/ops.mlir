@@ -199,6 +199,19 @@ func.func @route(%l8: tensor<?x8xf32>, %l16: tensor<?x16xbf16>, %bias: tensor<16
   return
 }
 
+// moe.concat: the inverse of moe.split (and the op its gradient needs).
+// CHECK-LABEL: func.func @concat
+// CHECK:         %[[A:.+]], %[[B:.+]] = moe.split %arg0 : tensor<?x576xbf16> -> tensor<?x512xbf16>, tensor<?x64xbf16>
+// CHECK:         %[[J:.+]] = moe.concat %[[A]], %[[B]] : tensor<?x512xbf16>, tensor<?x64xbf16> -> tensor<?x576xbf16>
+// CHECK:         %[[K:.+]] = moe.concat %[[B]], %[[A]], %[[B]] : tensor<?x64xbf16>, tensor<?x512xbf16>, tensor<?x64xbf16> -> tensor<?x640xbf16>
+// CHECK:         return %[[J]], %[[K]]
+func.func @concat(%x: tensor<?x576xbf16>) -> (tensor<?x576xbf16>, tensor<?x640xbf16>) {
+  %a, %b = moe.split %x : tensor<?x576xbf16> -> tensor<?x512xbf16>, tensor<?x64xbf16>
+  %j = moe.concat %a, %b : tensor<?x512xbf16>, tensor<?x64xbf16> -> tensor<?x576xbf16>
+  %k = moe.concat %b, %a, %b : tensor<?x64xbf16>, tensor<?x512xbf16>, tensor<?x64xbf16> -> tensor<?x640xbf16>
+  return %j, %k : tensor<?x576xbf16>, tensor<?x640xbf16>
+}
+
 // CHECK-LABEL: func.func @experts
 // CHECK-SAME:    (%[[X:[^:]+]]: tensor<?x64xbf16>, %[[G:[^:]+]]: tensor<8x64xbf16>)
 // CHECK:         %[[W:.+]], %[[E:.+]] = moe.router %[[X]], %[[G]]

@@ -370,6 +370,39 @@ TEST(PlanLoad, UnfusedRoutingIsChecked) {
             "PLAN: programs[0].steps[2].op: unknown op 'routes'");
 }
 
+// split then concat between the embedding and the router: the concat's
+// parts are checked against its inputs and its output.
+TEST(PlanLoad, ConcatIsChecked) {
+  auto joined = [](json &p) {
+    json &program = p["programs"][0];
+    program["buffers"].push_back(buffer(4, 3)); // 11
+    program["buffers"].push_back(buffer(4, 1)); // 12
+    program["buffers"].push_back(buffer(4, 4)); // 13
+    json &steps = program["steps"];
+    steps.insert(steps.begin() + 1, step("split", {2}, {}, {11, 12}, {{"widths", {3, 1}}}));
+    steps.insert(steps.begin() + 2, step("concat", {11, 12}, {}, {13}, {{"widths", {3, 1}}}));
+    steps[3]["in"] = {13}; // router
+    steps[4]["in"][0] = 13; // dispatch
+  };
+  json plan = minimalPlan();
+  joined(plan);
+  std::string path = writePlan(plan);
+  Plan loaded = Plan::load(path);
+  fs::remove(path);
+  EXPECT_EQ(loaded.programOf(0).steps[2].op->name, "concat");
+  EXPECT_EQ(loaded.programOf(0).steps[2].widths, (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(loadError([&](json &p) {
+              joined(p);
+              p["programs"][0]["steps"][2]["attrs"]["widths"] = {2, 1};
+            }),
+            "PLAN: programs[0].steps[2] (concat): widths do not add up to the output width");
+  EXPECT_EQ(loadError([&](json &p) {
+              joined(p);
+              p["programs"][0]["steps"][2]["attrs"]["widths"] = {1, 3};
+            }),
+            "PLAN: programs[0].steps[2] (concat): input narrower than its part");
+}
+
 TEST(PlanLoad, KernelTableIsTyped) {
   std::string path = writePlan(cudaPlan());
   Plan plan = Plan::load(path);

@@ -538,7 +538,7 @@ LogicalResult Partitioner::rewrite(Operation &op) {
     cloneAs(d.tp > 1 ? Dist::Partial : Dist::Replicated);
     return success();
   }
-  if (isa<moe::SplitOp, moe::RouterOp, moe::RouteOp, moe::ExpertsOp>(op)) {
+  if (isa<moe::SplitOp, moe::ConcatOp, moe::RouterOp, moe::RouteOp, moe::ExpertsOp>(op)) {
     if (failed(mapReplicated()))
       return failure();
     cloneAs(Dist::Replicated);

@@ -1,4 +1,5 @@
-// split (columns into parts), add and sigmoid_gate.
+// split (columns into parts), concat (parts into columns), add and
+// sigmoid_gate.
 #include "Ops.h"
 
 #include <algorithm>
@@ -6,32 +7,51 @@
 namespace moert::ops {
 namespace {
 
-void checkSplit(const StepChecker &c, const PlanStep &step) {
-  c.expect(step.in.size() == 1 && step.out.size() == step.widths.size() && !step.out.empty(),
-           "expected one input and one output per width");
+/// split and concat: the `parts` buffers hold consecutive column ranges of
+/// `whole` (`widths` wide each). `partsAreOutputs`: split.
+void checkParts(const StepChecker &c, const PlanStep &step, bool partsAreOutputs) {
+  const std::vector<int64_t> &parts = partsAreOutputs ? step.out : step.in;
+  const std::vector<int64_t> &whole = partsAreOutputs ? step.in : step.out;
+  const char *part = partsAreOutputs ? "output" : "input";
+  c.expect(whole.size() == 1 && parts.size() == step.widths.size() && !parts.empty() &&
+               step.weights.empty(),
+           fmt::format("expected one {} and one {} per width", partsAreOutputs ? "input" : "output",
+                       part));
   int64_t sum = 0;
-  for (size_t i = 0; i < step.out.size(); ++i) {
-    c.expect(c.tokens(step.out[i]) >= step.widths[i] && step.widths[i] > 0,
-             "output narrower than its part");
+  for (size_t i = 0; i < parts.size(); ++i) {
+    c.expect(c.tokens(parts[i]) >= step.widths[i] && step.widths[i] > 0,
+             fmt::format("{} narrower than its part", part));
     sum += step.widths[i];
   }
-  c.expect(sum == c.tokens(step.in[0]), "widths do not add up to the input width");
+  c.expect(sum == c.tokens(whole[0]), fmt::format("widths do not add up to the {} width",
+                                                  partsAreOutputs ? "input" : "output"));
 }
 
-int64_t runSplit(cpu::StepContext &c) {
+/// Copies the columns of `whole` to or from the parts.
+int64_t copyParts(cpu::StepContext &c, bool partsAreOutputs) {
   const PlanStep &s = *c.step;
-  const int64_t T = c.rows, wd = c.inWidth(0);
+  const std::vector<int64_t> &parts = partsAreOutputs ? s.out : s.in;
+  const int64_t whole = partsAreOutputs ? s.in[0] : s.out[0];
+  const int64_t T = c.rows, wd = c.width(whole);
   int64_t offset = 0;
-  for (size_t i = 0; i < s.out.size(); ++i) {
-    const int64_t part = s.widths[i], outWidth = c.width(s.out[i]);
-    float *dst = c.out(i);
-    const float *src = c.in(0);
-    for (int64_t t = 0; t < T; ++t)
-      std::copy_n(src + t * wd + offset, part, dst + t * outWidth);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const int64_t part = s.widths[i], partWidth = c.width(parts[i]);
+    float *w = c.f(whole), *p = c.f(parts[i]);
+    for (int64_t t = 0; t < T; ++t) {
+      if (partsAreOutputs)
+        std::copy_n(w + t * wd + offset, part, p + t * partWidth);
+      else
+        std::copy_n(p + t * partWidth, part, w + t * wd + offset);
+    }
     offset += part;
   }
   return T;
 }
+
+void checkSplit(const StepChecker &c, const PlanStep &step) { checkParts(c, step, true); }
+int64_t runSplit(cpu::StepContext &c) { return copyParts(c, true); }
+void checkConcat(const StepChecker &c, const PlanStep &step) { checkParts(c, step, false); }
+int64_t runConcat(cpu::StepContext &c) { return copyParts(c, false); }
 
 void checkAdd(const StepChecker &c, const PlanStep &step) {
   c.arity(2, 0, 0, 1);
@@ -59,6 +79,7 @@ int64_t runSigmoidGate(cpu::StepContext &c) {
 } // namespace
 
 const OpDef kSplit = {"split", Collective::None, 0, nullptr, checkSplit, runSplit};
+const OpDef kConcat = {"concat", Collective::None, 0, nullptr, checkConcat, runConcat};
 const OpDef kAdd = {"add", Collective::None, 0, nullptr, checkAdd, runAdd};
 const OpDef kSigmoidGate = {"sigmoid_gate", Collective::None, 0, nullptr, checkSigmoidGate,
                             runSigmoidGate};

@@ -23,7 +23,7 @@ extern const OpDef kRmsNorm, kLayerNorm;
 // Attention.cpp
 extern const OpDef kRope, kAttention, kMlaAttention;
 // Elementwise.cpp
-extern const OpDef kSplit, kAdd, kSigmoidGate;
+extern const OpDef kSplit, kConcat, kAdd, kSigmoidGate;
 // Experts.cpp
 extern const OpDef kMlp, kRouter, kRoute, kExperts, kDispatch, kExpertFfn, kCombine;
 // Collective.cpp

@@ -8,7 +8,7 @@ const std::vector<const OpDef *> &registeredOps() {
   static const std::vector<const OpDef *> ops = {
       &ops::kEmbedding,  &ops::kRmsNorm,     &ops::kLayerNorm, &ops::kLinear,
       &ops::kRope,       &ops::kAttention,   &ops::kMlaAttention,
-      &ops::kSplit,      &ops::kAdd,         &ops::kSigmoidGate,
+      &ops::kSplit,      &ops::kConcat,      &ops::kAdd,         &ops::kSigmoidGate,
       &ops::kMlp,        &ops::kRouter,      &ops::kRoute,     &ops::kExperts,
       &ops::kDispatch,
       &ops::kExpertFfn,  &ops::kCombine,

@@ -327,6 +327,24 @@ llvm::Error Emitter::step(int64_t i, const Object &s, Array &launches, std::stri
                                 body, grid1(dim(1)), 128));
       offset += part;
     }
+  } else if (op == "concat") {
+    // One copy kernel per part, into its columns of the output.
+    const int64_t W = width(out[0]);
+    int64_t offset = 0;
+    const Array &widths = *a.getArray("widths");
+    for (size_t p = 0; p < in.size(); ++p) {
+      const int64_t part = *widths[p].getAsInteger();
+      std::string body = subst(R"(  const long long t = blockIdx.x;
+  if (t >= T) return;
+  for (int c = threadIdx.x; c < @PART@; c += 128) out[t * @W@ + @OFF@ + c] = x[t * @IW@ + c];
+)", {{"PART", str(part)}, {"W", str(W)}, {"IW", str(width(in[p]))}, {"OFF", str(offset)}});
+      launches.push_back(kernel(i, "concat" + str(int64_t(p)),
+                                {{"const float *__restrict__ x", buf(in[p])},
+                                 {"float *__restrict__ out", buf(out[0])},
+                                 {"long long T", "T"}},
+                                body, grid1(dim(1)), 128));
+      offset += part;
+    }
   } else if (op == "add") {
     const int64_t W = width(in[0]);
     const bool v4 = W % 4 == 0;

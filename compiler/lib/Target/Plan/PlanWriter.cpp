@@ -262,11 +262,12 @@ llvm::Expected<Object> programJson(func::FuncOp fn, int64_t stage, int64_t maxTo
                 {"weights", std::move(ws)},
                 {"out", std::move(out)},
                 {"attrs", std::move(attrs)}};
-    if (isa<moe::SplitOp>(op)) {
-      Array splitWidths;
-      for (Value r : op.getResults())
-        splitWidths.push_back(cast<RankedTensorType>(r.getType()).getDimSize(1));
-      step.getObject("attrs")->try_emplace("widths", std::move(splitWidths));
+    // split: the parts' widths (its results'); concat: its inputs'.
+    if (isa<moe::SplitOp, moe::ConcatOp>(op)) {
+      Array partWidths;
+      for (Value v : isa<moe::SplitOp>(op) ? ValueRange(op.getResults()) : op.getOperands())
+        partWidths.push_back(cast<RankedTensorType>(v.getType()).getDimSize(1));
+      step.getObject("attrs")->try_emplace("widths", std::move(partWidths));
     }
     if (op.hasAttr("moe.kv_cache")) {
       int64_t keyWidth, valueWidth;

@@ -192,6 +192,30 @@ LogicalResult SplitOp::verify() {
   return success();
 }
 
+void ConcatOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "joined");
+}
+LogicalResult ConcatOp::verify() {
+  if (getInputs().empty())
+    return emitOpError("expected at least one input");
+  Type element = getResult().getType().getElementType();
+  int64_t total = 0;
+  for (Value input : getInputs()) {
+    if (!known(dim(input, 1)))
+      return emitOpError("expected static input widths");
+    if (cast<RankedTensorType>(input.getType()).getElementType() != element)
+      return emitOpError("expected every input in the result's element type ") << element;
+    if (mismatch(dim(input, 0), dim(getResult(), 0)))
+      return emitOpError("expected every input to have the ")
+             << sz(dim(getResult(), 0)) << " result rows";
+    total += dim(input, 1);
+  }
+  if (mismatch(total, dim(getResult(), 1)))
+    return emitOpError("expected a result width of ")
+           << total << " (the inputs' widths added up) but got " << dim(getResult(), 1);
+  return success();
+}
+
 void AddOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
   setName(getResult(), "residual");
 }

@@ -166,6 +166,24 @@ def MoE_SplitOp : MoE_NamedResultOp<"split"> {
   let hasVerifier = 1;
 }
 
+def MoE_ConcatOp : MoE_NamedResultOp<"concat"> {
+  let summary = "join pieces along the last dimension (the inverse of moe.split)";
+  let description = [{
+    The result's columns are input 0's, then input 1's, and so on: its last
+    dimension is the sum of theirs, its rows and element type theirs. The
+    inverse of `moe.split` (and its gradient: the backward of a split is the
+    concat of the pieces' gradients, the backward of a concat the split).
+
+    ```mlir
+    %kv_a = moe.concat %ckv, %k_rope : tensor<?x512xbf16>, tensor<?x64xbf16> -> tensor<?x576xbf16>
+    ```
+  }];
+  let arguments = (ins Variadic<MoE_Activations>:$inputs);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = "$inputs attr-dict `:` type($inputs) `->` type($result)";
+  let hasVerifier = 1;
+}
+
 def MoE_AddOp : MoE_NamedResultOp<"add", [SameOperandsAndResultType]> {
   let summary = "elementwise sum (the residual connection)";
   let description = [{
