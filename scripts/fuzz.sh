@@ -32,12 +32,12 @@ done
 for src in "${sources[@]}"; do
   obj="$out/obj/$(echo "$src" | tr / _).o"
   if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ]; then
-    echo "$cxx $common -fsanitize=fuzzer-no-link -Iruntime/include -Iruntime/src $mpi_compile -c $src -o $obj"
+    echo "$cxx $common -fsanitize=fuzzer-no-link -Iruntime/include -Ischema/include -Iruntime/src $mpi_compile -c $src -o $obj"
   fi
 done | xargs -P "$(nproc)" -I{} sh -c '{}'
 for target in safetensors index manifest plan; do
   upper=$(echo "$target" | tr a-z A-Z)
-  "$cxx" $common -fsanitize=fuzzer -DMOE_FUZZ_TARGET_$upper=1 -Iruntime/include \
+  "$cxx" $common -fsanitize=fuzzer -DMOE_FUZZ_TARGET_$upper=1 -Iruntime/include -Ischema/include \
     tests/fuzz/fuzz_inputs.cpp "${objs[@]}" $mpi_link -lfmt -lpthread -o "$out/fuzz-$target"
 done
 # The frontend's config reader against LLVM's support library.

@@ -22,13 +22,13 @@
 
 namespace moert {
 namespace {
-// Limits on the sizes a plan may ask for (docs/plan-format.md).
-constexpr int64_t kMaxBatchTokens = int64_t(1) << 20;
-constexpr int64_t kMaxSeqLen = int64_t(1) << 24;
-constexpr int64_t kMaxSequences = int64_t(1) << 16;
-constexpr int64_t kMaxWorldSize = int64_t(1) << 16;
-constexpr int64_t kMaxWidth = int64_t(1) << 20;
-constexpr uint64_t kMaxPlanBytes = uint64_t(1) << 30;
+// Limits on the sizes a plan may ask for (moe/PlanSchema.h, docs/plan-format.md).
+using moe::plan::kMaxBatchTokens;
+using moe::plan::kMaxPlanBytes;
+using moe::plan::kMaxSeqLen;
+using moe::plan::kMaxSequences;
+using moe::plan::kMaxWidth;
+using moe::plan::kMaxWorldSize;
 } // namespace
 namespace {
 
@@ -338,8 +338,8 @@ Plan Plan::load(const std::string &path) {
   Plan plan;
   plan.path = path;
   JsonFields r(root, plan.path, "");
-  if (r.string("format") != "moe-plan")
-    r.fail("format", "expected \"moe-plan\"");
+  if (r.string("format") != moe::plan::kFormat)
+    r.fail("format", fmt::format("expected \"{}\"", moe::plan::kFormat));
   int64_t version = r.integer("version");
   if (version != kPlanFormatVersion)
     r.fail("version", fmt::format("this moert reads plan format {} but the plan is format {}",

@@ -74,8 +74,9 @@ PlanLayout PlanLayout::load(const std::string &path) {
   if (!root.is_object())
     inputError("{}: expected a JSON object", path);
   JsonFields top(root, path, "");
-  if (top.string("format") != "moe-plan")
-    top.fail("format", fmt::format("expected \"moe-plan\" but got \"{}\"", top.string("format")));
+  if (top.string("format") != moe::plan::kFormat)
+    top.fail("format", fmt::format("expected \"{}\" but got \"{}\"", moe::plan::kFormat,
+                                   top.string("format")));
   int64_t version = top.integer("version", 0);
   if (version != kPlanFormatVersion)
     top.fail("version", fmt::format("this moert reads plan format {} but the plan is format {}",

@@ -1,24 +1,19 @@
 // The integrity seal of plan files (moert/PlanSeal.h).
 #include "moert/PlanSeal.h"
 #include "moert/Error.h"
+#include "moe/PlanSchema.h"
 
 #include <fmt/format.h>
 
 namespace moert {
 namespace {
-const char kSealPrefix[] = ",\"integrity\":\"fnv1a64:";
-constexpr size_t kPrefixSize = sizeof kSealPrefix - 1;
-constexpr size_t kSealSize = kPrefixSize + 16 + 1; // prefix, digits, quote
+// The seal's spelling is the plan schema's (moe/PlanSchema.h).
+using moe::plan::kSealPrefix;
+using moe::plan::kSealSize;
+constexpr size_t kPrefixSize = moe::plan::kSealPrefixSize;
 } // namespace
 
-uint64_t fnv1a64(const char *data, size_t size) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < size; ++i) {
-    h ^= static_cast<unsigned char>(data[i]);
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
+uint64_t fnv1a64(const char *data, size_t size) { return moe::plan::fnv1a64(data, size); }
 
 std::string sealPlanText(const std::string &text) {
   const size_t brace = text.rfind('}');

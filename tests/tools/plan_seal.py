@@ -1,4 +1,4 @@
-"""The integrity seal of plan files (runtime/include/moert/PlanSeal.h), for
+"""The integrity seal of plan files (schema/include/moe/PlanSchema.h), for
 tests that build or edit plans as a buggy compiler would: the structural
 checks behind the seal still have to hold. Standard library only."""
 import re

@@ -414,7 +414,7 @@ int runPlanInfo() {
     return fail(createStringError(inconvertibleErrorCode(), "%s: not a plan: %s",
                                   planInfoPath.c_str(), toString(plan.takeError()).c_str()));
   json::Object *root = plan->getAsObject();
-  if (!root || root->getString("format") != "moe-plan")
+  if (!root || root->getString("format") != moe::plan::kFormat)
     return fail(createStringError(inconvertibleErrorCode(),
                                   "%s: not a plan (no \"format\": \"moe-plan\")",
                                   planInfoPath.c_str()));

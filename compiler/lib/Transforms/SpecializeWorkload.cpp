@@ -1,8 +1,11 @@
 //===- SpecializeWorkload.cpp - fix the compiled-for workload ----*- C++ -*-===//
+#include "moe/PlanSchema.h"
 #include "moe/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
+
+#include <tuple>
 
 namespace moe {
 #define GEN_PASS_DEF_MOESPECIALIZEWORKLOAD
@@ -26,6 +29,17 @@ struct SpecializeWorkload
           << maxBatchTokens << ", " << maxSeqLen << " and " << maxSequences;
       return signalPassFailure();
     }
+    // moert's limits (moe/PlanSchema.h): a plan beyond them is never written.
+    for (auto [name, value, limit] :
+         {std::tuple<const char *, int64_t, int64_t>{"max-batch-tokens", maxBatchTokens,
+                                                     moe::plan::kMaxBatchTokens},
+          {"max-seq-len", maxSeqLen, moe::plan::kMaxSeqLen},
+          {"max-sequences", maxSequences, moe::plan::kMaxSequences}})
+      if (value > limit) {
+        module.emitError("expected ") << name << " <= " << limit
+                                      << " (the plan format's limit) but got " << value;
+        return signalPassFailure();
+      }
     if (auto limit = module->getAttrOfType<IntegerAttr>(
             "moe.max_position_embeddings")) {
       if (maxSeqLen > limit.getInt()) {

@@ -4,6 +4,7 @@
 // that loaded cannot index out of bounds.
 #pragma once
 
+#include "moe/PlanSchema.h"
 #include "moert/KernelTable.h"
 #include "moert/Op.h"
 #include "moert/PlanLayout.h"
@@ -16,7 +17,7 @@
 
 namespace moert {
 
-constexpr int kPlanFormatVersion = 4;
+constexpr int kPlanFormatVersion = moe::plan::kFormatVersion;
 
 struct PlanWeight {
   std::string name; ///< checkpoint name; with "{e}" for an expert stack

@@ -7,13 +7,15 @@
 #ifndef MOE_TARGET_PLANWRITER_H
 #define MOE_TARGET_PLANWRITER_H
 
+#include "moe/PlanSchema.h"
+
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/JSON.h"
 
 namespace moe {
 
-constexpr int kPlanFormatVersion = 4;
+constexpr int kPlanFormatVersion = plan::kFormatVersion;
 
 /// The plan of a module that went through the whole pipeline (workload and
 /// buffers assigned). Fails when the module is not in that form.

@@ -417,7 +417,7 @@ llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
   Array ranks;
   ranks.push_back(std::move(rank));
   return JsonValue(Object{
-      {"format", "moe-plan"},
+      {"format", moe::plan::kFormat},
       {"version", kPlanFormatVersion},
       {"producer", "moec"},
       {"model", Object{{"model_type", str("moe.model_type")},
@@ -476,21 +476,17 @@ static llvm::Error writeAtomically(llvm::StringRef path,
     return planError(llvm::formatv("{0}: cannot create a temporary file: {1}",
                                    path, ec.message()));
   {
-    // The plan, then its integrity seal (runtime/include/moert/PlanSeal.h):
-    // `,"integrity":"fnv1a64:<hex>"` before the last '}', the 64-bit FNV-1a
-    // hash of every other byte.
+    // The plan, then its integrity seal (moe/PlanSchema.h, shared with
+    // moert): `,"integrity":"fnv1a64:<hex>"` before the last '}', the 64-bit
+    // FNV-1a hash of every other byte.
     std::string text;
     {
       llvm::raw_string_ostream buffer(text);
       write(buffer);
     }
     size_t brace = text.rfind('}');
-    uint64_t hash = 0xcbf29ce484222325ull;
-    for (char c : text) {
-      hash ^= static_cast<unsigned char>(c);
-      hash *= 0x100000001b3ull;
-    }
-    text.insert(brace, llvm::formatv(",\"integrity\":\"fnv1a64:{0:x-16}\"", hash).str());
+    uint64_t hash = moe::plan::fnv1a64(text.data(), text.size());
+    text.insert(brace, (moe::plan::kSealPrefix + llvm::formatv("{0:x-16}\"", hash)).str());
     llvm::raw_fd_ostream os(fd, /*shouldClose=*/false);
     os << text;
     os.flush();
