@@ -85,6 +85,10 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
   // Dead weights and ops (e.g. a tied head imported twice) go before buffers
   // are assigned, so that no buffer is reserved for them.
   pm.addPass(createCSEPass());
+  // Fusions of the rank-local programs (partitioning places its all_reduces
+  // at the plain adds).
+  if (o.fuse)
+    pm.addPass(createMoEFuseAddNorm());
   // Buffers last: they depend on the final op order and on which values are
   // still live, so nothing may reorder or add ops after this pass.
   pm.addPass(createMoEAssignBuffers());

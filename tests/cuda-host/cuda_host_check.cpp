@@ -10,10 +10,6 @@
 // caches) and prints one line per step. Two forward passes: a prefill of two
 // sequences (--prefill A,B tokens, default 7,5), then a mixed decode/prefill
 // step (1 + 3 tokens) against the cache. Exit 0 when every step matched.
-// A fused pair of entries (the add's "fuses": i + 1 with the fused launch,
-// the norm's "fused_into": i with none) runs the launch once from the add's
-// pre-step state and compares the add's output after the add step and the
-// norm's output after the norm step (both CPU states).
 #include "moert/Checkpoint.h"
 #include "moert/Plan.h"
 #include "moert/cpu/Kernels.h"
@@ -136,58 +132,15 @@ public:
     int64_t rows = T;
     int failures = 0;
     const json &steps = table.at("steps");
-    // A fused pair (the residual add and the norm of its result): the add's
-    // entry "fuses" the next step and launches the fused kernel from the
-    // add's pre-step state; its state (`fused`) is compared with the CPU's
-    // after the add (the add's output) and again after the norm (the
-    // norm's output), whose entry ("fused_into") launches nothing.
-    State fused;
-    int64_t fusedStep = -1;
     for (size_t i = 0; i < program.steps.size(); ++i) {
       const PlanStep &s = program.steps[i];
       const json &entry = steps.at(i);
       double diff = 0;
       std::string what;
-      bool ok = true;
-      int64_t after;
-      if (entry.contains("fused_into")) {
-        const int64_t into = entry.at("fused_into").get<int64_t>();
-        if (into != fusedStep || into + 1 != static_cast<int64_t>(i) ||
-            !entry.at("launches").empty())
-          die("step " + std::to_string(i) + ": fused_into " + std::to_string(into) +
-              " is not the previous step's fused launch (or has launches of its own)");
-        after = runCpu(s, rows, layout, batch);
-        ok = compare(s, fused, rows, after, diff, what);
-        what += " (fused into step " + std::to_string(into) + ")";
-        fusedStep = -1;
-        fused = State();
-      } else {
-        State gpu = cpu; // the state before the step
-        after = runCpu(s, rows, layout, batch);
-        runKernels(entry, gpu, rows, batch);
-        std::vector<int64_t> skip;
-        if (entry.contains("fuses")) {
-          const int64_t next = entry.at("fuses").get<int64_t>();
-          if (next != static_cast<int64_t>(i) + 1 || next >= static_cast<int64_t>(steps.size()) ||
-              steps.at(next).value("fused_into", int64_t(-1)) != static_cast<int64_t>(i))
-            die("step " + std::to_string(i) + ": fuses " + std::to_string(next) +
-                ", which is not the next step fused into it");
-          // The norm may write over the add's buffer (the sum dies there):
-          // that buffer holds the norm's output, checked after the norm.
-          for (int64_t b : s.out)
-            for (int64_t o : program.steps[next].out)
-              if (b == o) {
-                skip.push_back(b);
-                what += " (buf " + std::to_string(b) + ": step " + std::to_string(next) +
-                        "'s output, checked there)";
-              }
-          what += " (fuses step " + std::to_string(next) + ")";
-          fusedStep = static_cast<int64_t>(i);
-        }
-        ok = compare(s, gpu, rows, after, diff, what, skip);
-        if (fusedStep == static_cast<int64_t>(i))
-          fused = std::move(gpu);
-      }
+      State gpu = cpu; // the state before the step
+      const int64_t after = runCpu(s, rows, layout, batch);
+      runKernels(entry, gpu, rows, batch);
+      const bool ok = compare(s, gpu, rows, after, diff, what);
       std::printf("%s step %zu %-14s %-5s max_abs_diff %.3g%s\n", label.c_str(), i,
                   std::string(s.op->name).c_str(), ok ? "ok" : "FAIL", diff, what.c_str());
       failures += ok ? 0 : 1;
@@ -430,7 +383,7 @@ private:
   }
 
   bool compare(const PlanStep &s, State &gpu, int64_t rowsBefore, int64_t rowsAfter,
-               double &diff, std::string &what, const std::vector<int64_t> &skip = {}) {
+               double &diff, std::string &what) {
     bool ok = true;
     auto intsEqual = [&](int64_t b, int64_t n) {
       if (std::memcmp(ints(gpu, b), ints(cpu, b), n * 4) != 0) {
@@ -455,8 +408,6 @@ private:
       return ok;
     }
     for (int64_t b : s.out) {
-      if (std::find(skip.begin(), skip.end(), b) != skip.end())
-        continue;
       const int64_t n = rowsAfter * width(b);
       if (program.buffers[b].dtype == DType::I32)
         ok = intsEqual(b, n) && ok;

@@ -63,7 +63,7 @@ def main():
         for launch in step["launches"]:
             if "kernel" in launch:
                 names.add(launch["kernel"])
-                if step["op"] == "add" and "fuses" not in step and add is None:
+                if step["op"] == "add" and add is None:
                     add = launch
     for name in sorted(names):
         f = ctypes.c_void_p()

@@ -121,6 +121,54 @@ func.func @layer_norm_bias(%x: tensor<?x64xf32>, %w: tensor<64xf32>, %b: tensor<
 
 // -----
 
+func.func @add_norm_width(%a: tensor<?x64xf32>, %w: tensor<48xf32>) {
+  // expected-error@+1 {{'moe.add_norm' op expected the weight size 48 to divide the input width 64}}
+  %s, %n = moe.add_norm %a, %a, %w eps = 1.0e-05 : tensor<?x64xf32>, tensor<48xf32>
+  return
+}
+
+// -----
+
+func.func @add_norm_epsilon(%a: tensor<?x64xf32>, %w: tensor<64xf32>) {
+  // expected-error@+1 {{'moe.add_norm' op expected epsilon > 0 but got -1.000000e+00}}
+  %s, %n = moe.add_norm %a, %a, %w eps = -1.0 : tensor<?x64xf32>, tensor<64xf32>
+  return
+}
+
+// -----
+
+func.func @add_norm_layer_width(%a: tensor<?x64xf32>, %w: tensor<32xf32>) {
+  // expected-error@+1 {{'moe.add_norm' op expected a layer_norm weight of the input width 64 but got 32}}
+  %s, %n = moe.add_norm %a, %a, layer %w eps = 1.0e-05 : tensor<?x64xf32>, tensor<32xf32>
+  return
+}
+
+// -----
+
+func.func @add_norm_layer_bias(%a: tensor<?x64xf32>, %w: tensor<64xf32>, %b: tensor<64xbf16>) {
+  // expected-error@+1 {{'moe.add_norm' op expected the bias type 'tensor<64xf32>' but got 'tensor<64xbf16>'}}
+  %s, %n = moe.add_norm %a, %a, layer %w, %b eps = 1.0e-05 : tensor<?x64xf32>, tensor<64xf32>, tensor<64xbf16>
+  return
+}
+
+// -----
+
+func.func @add_norm_rms_bias(%a: tensor<?x64xf32>, %w: tensor<64xf32>) {
+  // expected-error@+1 {{'moe.add_norm' op expected no bias for an rms_norm (only `layer` has one)}}
+  %s, %n = moe.add_norm %a, %a, %w, %w eps = 1.0e-05 : tensor<?x64xf32>, tensor<64xf32>, tensor<64xf32>
+  return
+}
+
+// -----
+
+func.func @add_norm_types(%a: tensor<?x64xf32>, %b: tensor<?x64xbf16>, %w: tensor<64xf32>) {
+  // expected-error@+1 {{'moe.add_norm' op failed to verify that all of {lhs, rhs, sum, result} have same type}}
+  %s, %n = "moe.add_norm"(%a, %b, %w) {epsilon = 1.0e-05 : f64, operandSegmentSizes = array<i32: 1, 1, 1, 0>} : (tensor<?x64xf32>, tensor<?x64xbf16>, tensor<64xf32>) -> (tensor<?x64xf32>, tensor<?x64xf32>)
+  return
+}
+
+// -----
+
 // The epsilon check through moe.layer_norm.
 func.func @layer_norm_epsilon(%x: tensor<?x64xf32>, %w: tensor<64xf32>) {
   // expected-error@+1 {{'moe.layer_norm' op expected epsilon > 0 but got -1.000000e+00}}

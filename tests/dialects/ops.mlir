@@ -61,6 +61,20 @@ func.func @layer_norm(%x: tensor<?x64xf32>, %w: tensor<64xf32>, %b: tensor<64xf3
   return %1 : tensor<?x64xf32>
 }
 
+// moe.add_norm: the sum and the norm of it, rms (grouped too) or layer with a bias.
+// CHECK-LABEL: func.func @add_norm
+// CHECK-SAME:    (%[[A:[^:]+]]: tensor<?x64xf32>, %[[B:[^:]+]]: tensor<?x64xf32>, %[[W:[^:]+]]: tensor<64xf32>, %[[G:[^:]+]]: tensor<16xf32>)
+// CHECK:         %h, %norm = moe.add_norm %[[A]], %[[B]], %[[W]] eps = 1.000000e-05 : tensor<?x64xf32>, tensor<64xf32>
+// CHECK:         %h_0, %norm_1 = moe.add_norm %h, %norm, %[[G]] eps = 1.000000e-05 : tensor<?x64xf32>, tensor<16xf32>
+// CHECK:         %h_2, %norm_3 = moe.add_norm %h_0, %norm_1, layer %[[W]], %[[W]] eps = 9.9999999999999995E-7 : tensor<?x64xf32>, tensor<64xf32>, tensor<64xf32>
+// CHECK:         return %h_2, %norm_3
+func.func @add_norm(%a: tensor<?x64xf32>, %b: tensor<?x64xf32>, %w: tensor<64xf32>, %g: tensor<16xf32>) -> (tensor<?x64xf32>, tensor<?x64xf32>) {
+  %s0, %n0 = moe.add_norm %a, %b, %w eps = 1.0e-05 : tensor<?x64xf32>, tensor<64xf32>
+  %s1, %n1 = moe.add_norm %s0, %n0, %g eps = 1.0e-05 : tensor<?x64xf32>, tensor<16xf32>
+  %s2, %n2 = moe.add_norm %s1, %n1, layer %w, %w eps = 1.0e-06 : tensor<?x64xf32>, tensor<64xf32>, tensor<64xf32>
+  return %s2, %n2 : tensor<?x64xf32>, tensor<?x64xf32>
+}
+
 // A linear result is named after its weight's module; the LM head's is
 // `logits`.
 // CHECK-LABEL: func.func @linear

@@ -403,6 +403,53 @@ TEST(PlanLoad, ConcatIsChecked) {
             "PLAN: programs[0].steps[2] (concat): input narrower than its part");
 }
 
+TEST(PlanLoad, AddNormIsChecked) {
+  // combine's output + the hidden state, normed before the head; the sum
+  // is not read again (the step's two outputs are one buffer).
+  auto fused = [](json &p, const std::string &norm) {
+    json &program = p["programs"][0];
+    p["weights"].insert(p["weights"].begin() + 5, weight("norm", {4}));
+    program["weights"].insert(program["weights"].begin() + 5, weight("norm", {4}));
+    program["buffers"].push_back(buffer(4, 4)); // 11
+    json &steps = program["steps"];
+    steps.insert(steps.begin() + 5,
+                 step("add_norm", {2, 9}, {5}, {11, 11}, {{"eps", 1e-5}, {"norm", norm}}));
+    steps[6]["in"] = {11};
+    steps[6]["weights"] = {6};
+  };
+  for (const char *norm : {"rms_norm", "layer_norm"}) {
+    json plan = minimalPlan();
+    fused(plan, norm);
+    std::string path = writePlan(plan);
+    Plan loaded = Plan::load(path);
+    fs::remove(path);
+    const PlanStep &s = loaded.programOf(0).steps[5];
+    EXPECT_EQ(s.op->name, "add_norm");
+    EXPECT_EQ(s.layerNorm, std::string(norm) == "layer_norm");
+    EXPECT_EQ(s.eps, 1e-5);
+  }
+  EXPECT_EQ(loadError([&](json &p) { fused(p, "batch_norm"); }),
+            "PLAN: programs[0].steps[5].attrs.norm: expected \"rms_norm\" or \"layer_norm\" but "
+            "got \"batch_norm\"");
+  EXPECT_EQ(loadError([&](json &p) {
+              fused(p, "rms_norm");
+              p["programs"][0]["steps"][5]["out"] = {11};
+            }),
+            "PLAN: programs[0].steps[5] (add_norm): expected 2 inputs, 1-1 weights and 2 outputs "
+            "but got 2, 1 and 1");
+  EXPECT_EQ(loadError([&](json &p) {
+              fused(p, "layer_norm");
+              p["weights"][5] = weight("norm", {2});
+              p["programs"][0]["weights"][5] = weight("norm", {2});
+            }),
+            "PLAN: programs[0].steps[5] (add_norm): layer_norm weight must span the row");
+  EXPECT_EQ(loadError([&](json &p) {
+              fused(p, "rms_norm");
+              p["programs"][0]["steps"][5]["in"] = {2, 3};
+            }),
+            "PLAN: programs[0].steps[5] (add_norm): operand widths differ");
+}
+
 TEST(PlanLoad, KernelTableIsTyped) {
   std::string path = writePlan(cudaPlan());
   Plan plan = Plan::load(path);

@@ -24,7 +24,7 @@ struct CompileOptions {
   int64_t maxSeqLen = 2048;
   int64_t maxSequences = 8;
   double capacityFactor = 0; ///< 0: dropless
-  /// Run the fusion passes (moe-fuse-router); `moec compile --no-fuse`
+  /// Run the fusion passes (moe-fuse-router, moe-fuse-add-norm); `moec compile --no-fuse`
   /// turns them off.
   bool fuse = true;
   /// The sharding planner (moe-choose-layout) and what it is asked; when

@@ -27,10 +27,18 @@ using namespace mlir;
 
 namespace {
 
-/// Ops whose kernels may write the result over one operand of the same width
-/// (they read each element before writing it).
+/// Ops whose kernels may write their first result over one operand of the
+/// same width (they read each element before writing it).
 bool mayWriteOverOperand(Operation *op) {
-  return isa<moe::AddOp, moe::SigmoidGateOp, moe::RopeOp, moe::RMSNormOp>(op);
+  return isa<moe::AddOp, moe::SigmoidGateOp, moe::RopeOp, moe::RMSNormOp, moe::AddNormOp>(op);
+}
+
+/// moe.add_norm whose sum nothing reads (the final norm's): the sum shares
+/// the normalised rows' buffer, and the backends store only those (a step
+/// whose two outputs are one buffer).
+bool hasDeadSum(Operation *op) {
+  auto addNorm = dyn_cast<moe::AddNormOp>(op);
+  return addNorm && addNorm.getSum().use_empty();
 }
 
 /// kPerToken rows: max_batch_tokens (the value's leading dimension is T).
@@ -71,7 +79,7 @@ public:
         op.setAttr("moe.kv_cache", b.getI64IntegerAttr(caches++));
       int64_t at = index[&op];
       std::optional<int64_t> reused;
-      if (mayWriteOverOperand(&op) && op.getNumResults() == 1) {
+      if (mayWriteOverOperand(&op)) {
         for (Value operand : op.getOperands()) {
           auto found = bufferOf.find(operand);
           if (found != bufferOf.end() && lastUse[operand] == at &&
@@ -83,12 +91,18 @@ public:
         }
       }
       SmallVector<int64_t> ids;
-      for (Value result : op.getResults()) {
-        if (!isa<RankedTensorType>(result.getType()))
-          continue;
-        int64_t id = reused && ids.empty() ? *reused : allocate(result);
-        bufferOf[result] = id;
-        ids.push_back(id);
+      if (hasDeadSum(&op)) {
+        int64_t id = reused ? *reused : allocate(op.getResult(1));
+        bufferOf[op.getResult(0)] = bufferOf[op.getResult(1)] = id;
+        ids = {id, id};
+      } else {
+        for (Value result : op.getResults()) {
+          if (!isa<RankedTensorType>(result.getType()))
+            continue;
+          int64_t id = reused && ids.empty() ? *reused : allocate(result);
+          bufferOf[result] = id;
+          ids.push_back(id);
+        }
       }
       if (!ids.empty())
         op.setAttr("moe.buffers", b.getDenseI64ArrayAttr(ids));
@@ -108,7 +122,7 @@ public:
       }
       // A result nobody reads is dead right away (but keep the return value).
       for (Value result : op.getResults())
-        if (bufferOf.count(result) && result.use_empty())
+        if (bufferOf.count(result) && result.use_empty() && !hasDeadSum(&op))
           release(bufferOf[result]);
     }
 

@@ -71,6 +71,7 @@ struct PlanStep {
   DispatchParams dispatch;     ///< dispatch
   bool vocabShard = false;     ///< embedding: this rank's rows of the padded vocabulary
   bool head = false;           ///< linear: the LM head (computes the logit rows only)
+  bool layerNorm = false;      ///< add_norm: its norm is a layer_norm (else rms_norm)
 };
 
 /// The program of one pipeline stage, run by every rank of the stage. Its

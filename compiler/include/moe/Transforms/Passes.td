@@ -35,6 +35,20 @@ def MoEFuseRouter : Pass<"moe-fuse-router", "mlir::ModuleOp"> {
   }];
 }
 
+def MoEFuseAddNorm : Pass<"moe-fuse-add-norm", "mlir::ModuleOp"> {
+  let summary = "fuse a residual moe.add with the norm that first reads its sum";
+  let description = [{
+    Rewrites `moe.add` whose first reader (in block order) is a
+    `moe.rms_norm` or `moe.layer_norm` of the sum into one `moe.add_norm`
+    in the norm's place, which yields the sum (for the later readers of the
+    residual stream) and the normalised rows: one pass over each residual
+    row on every backend. Adds read first by anything else stay. The
+    pipeline runs it after `moe-partition` (whose tensor-parallel rules place
+    all_reduces at adds) and before `moe-assign-buffers`; `moec compile
+    --no-fuse` skips it.
+  }];
+}
+
 def MoEAssignBuffers : Pass<"moe-assign-buffers", "mlir::ModuleOp"> {
   let summary = "assign every activation to a reusable buffer by liveness";
   let description = [{

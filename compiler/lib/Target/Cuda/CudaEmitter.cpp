@@ -219,6 +219,8 @@ llvm::Error Emitter::step(int64_t i, const Object &s, Array &launches, std::stri
     launches.push_back(embedding(i, out[0], in[0], w[0], a.getBoolean("vocab_shard").value_or(false)));
   } else if (op == "rms_norm") {
     launches.push_back(rmsNorm(i, in[0], w[0], out[0], *a.getNumber("eps")));
+  } else if (op == "add_norm") {
+    launches.push_back(addNorm(i, s));
   } else if (op == "layer_norm") {
     launches.push_back(layerNorm(i, in[0], w[0], w.size() > 1 ? w[1] : -1, out[0],
                                  *a.getNumber("eps")));
@@ -478,27 +480,6 @@ llvm::Expected<EmittedProgram> Emitter::run() {
     Array launches;
     std::string before = rowsName;
     scratchCursor = 0;
-    // The residual add fused with the norm that reads its result: the add's
-    // entry launches the fused kernel (it writes the add's output, unless
-    // the norm writes over it, and the norm's), the norm's entry has no
-    // launches and "fused_into" the add's step.
-    const Object *next = i + 1 < steps->size() ? (*steps)[i + 1].getAsObject() : nullptr;
-    if (rowsName == "T" && *s.getString("op") == "add" && next && fusesWithAdd(s, *next)) {
-      launches.push_back(addNorm(static_cast<int64_t>(i), ids(s, "in")[0], ids(s, "in")[1],
-                                 ids(s, "out")[0], *next));
-      table.push_back(Object{{"step", static_cast<int64_t>(i)},
-                             {"op", *s.getString("op")},
-                             {"rows", before},
-                             {"fuses", static_cast<int64_t>(i + 1)},
-                             {"launches", std::move(launches)}});
-      table.push_back(Object{{"step", static_cast<int64_t>(i + 1)},
-                             {"op", *next->getString("op")},
-                             {"rows", before},
-                             {"fused_into", static_cast<int64_t>(i)},
-                             {"launches", Array{}}});
-      ++i;
-      continue;
-    }
     if (llvm::Error e = step(static_cast<int64_t>(i), s, launches, rowsName))
       return std::move(e);
     table.push_back(Object{{"step", static_cast<int64_t>(i)},

@@ -106,20 +106,21 @@ Object Emitter::layerNorm(int64_t i, int64_t in, int64_t w, int64_t b, int64_t o
   return kernel(i, "layer_norm", params, body, grid1(dim(1)), B);
 }
 
-/// The residual `add` (step i: sum = a + b) fused with the norm step that
-/// reads its result (`norm`: rms_norm or layer_norm, the next step). One
-/// block per (token, group) row, like rms_norm's (layer_norm: per token):
-/// each thread reads its a and b values once (float4 when the group width
-/// allows), keeps the sums in registers (compile-time indexed, unrolled),
-/// writes them to `sum` unless the norm writes over the add's buffer (then
-/// the sum dies at the norm and is not stored), and normalises them as the
-/// unfused kernels do. Every read precedes the block reduction's barrier and
-/// every thread writes only the elements it read, so a, b, sum and out may
-/// alias (in-place add, norm output in a buffer the add freed).
-Object Emitter::addNorm(int64_t i, int64_t a, int64_t b, int64_t sum, const Object &norm) {
-  const bool layer = *norm.getString("op") == "layer_norm";
-  const Object &attrs = *norm.getObject("attrs");
-  std::vector<int64_t> w = ids(norm, "weights"), out = ids(norm, "out");
+/// An add_norm step (i: sum = a + b and its rms_norm or layer_norm, as
+/// moe-fuse-add-norm makes it). One block per (token, group) row, like
+/// rms_norm's (layer_norm: per token): each thread reads its a and b values
+/// once (float4 when the group width allows), keeps the sums in registers
+/// (compile-time indexed, unrolled), writes them to `sum` unless the step's
+/// two outputs are one buffer (nothing reads the sum: it is not stored), and
+/// normalises them as the norm kernels do. Every read precedes the block
+/// reduction's barrier and every thread writes only the elements it read, so
+/// a, b, sum and out may alias (in-place add, norm output over an operand).
+Object Emitter::addNorm(int64_t i, const Object &step) {
+  const Object &attrs = *step.getObject("attrs");
+  const bool layer = attrs.getString("norm").value_or("") == "layer_norm";
+  std::vector<int64_t> in = ids(step, "in"), w = ids(step, "weights"), outs = ids(step, "out");
+  const int64_t a = in[0], b = in[1], sum = outs[0];
+  const std::vector<int64_t> out = {outs[1]};
   const int64_t W = width(sum), G = layer ? W : numel(w[0]), groups = W / G;
   const bool v4 = G % 4 == 0, storeSum = out[0] != sum;
   const int64_t NV = v4 ? G / 4 : G;

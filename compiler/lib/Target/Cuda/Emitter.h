@@ -174,34 +174,13 @@ private:
 
   llvm::Error step(int64_t i, const Object &s, Array &launches, std::string &rowsName);
 
-  /// Whether `norm` (the step after `add`) is an rms_norm or layer_norm of
-  /// the add's result with the add's row width, so that one kernel can do
-  /// both. Its output may be the add's buffer (the sum dies at the norm).
-  bool fusesWithAdd(const Object &add, const Object &norm) const {
-    llvm::StringRef op = norm.getString("op").value_or("");
-    if (op != "rms_norm" && op != "layer_norm")
-      return false;
-    std::vector<int64_t> ai = ids(add, "in"), ao = ids(add, "out");
-    std::vector<int64_t> ni = ids(norm, "in"), no = ids(norm, "out"), nw = ids(norm, "weights");
-    if (ai.size() != 2 || ao.size() != 1 || ni.size() != 1 || no.size() != 1 || nw.empty() ||
-        ni[0] != ao[0])
-      return false;
-    const int64_t W = width(ao[0]);
-    if (width(ai[0]) != W || width(ai[1]) != W || width(no[0]) != W)
-      return false;
-    if (op == "layer_norm")
-      return numel(nw[0]) == W && (nw.size() < 2 || numel(nw[1]) == W);
-    const int64_t G = numel(nw[0]);
-    return G > 0 && W % G == 0;
-  }
-
   // Kernel builders.
   Object embedding(int64_t i, int64_t out, int64_t ids, int64_t table, bool shard);
   Object rmsNorm(int64_t i, int64_t in, int64_t w, int64_t out, double eps);
   Object route(int64_t i, const Object &routing, int64_t E, const std::string &logits,
                int64_t bias, int64_t weightsOut, int64_t expertsOut);
   Object layerNorm(int64_t i, int64_t in, int64_t w, int64_t b, int64_t out, double eps);
-  Object addNorm(int64_t i, int64_t a, int64_t b, int64_t sum, const Object &norm);
+  Object addNorm(int64_t i, const Object &step);
   Object rope(int64_t i, std::string in, std::string out, std::string positions, int64_t width,
               int64_t headDim, int64_t headStride, int64_t headOffset, const Object &rope,
               llvm::StringRef what);

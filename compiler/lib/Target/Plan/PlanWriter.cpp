@@ -81,6 +81,10 @@ Object stepAttrs(Operation *op) {
   llvm::TypeSwitch<Operation *>(op)
       .Case([&](moe::RMSNormOp o) { a["eps"] = o.getEpsilon().convertToDouble(); })
       .Case([&](moe::LayerNormOp o) { a["eps"] = o.getEpsilon().convertToDouble(); })
+      .Case([&](moe::AddNormOp o) {
+        a["eps"] = o.getEpsilon().convertToDouble();
+        a["norm"] = o.getLayer() ? "layer_norm" : "rms_norm";
+      })
       .Case([&](moe::RopeOp o) {
         a["head_dim"] = o.getHeadDim();
         a["rope"] = ropeJson(o.getRope());

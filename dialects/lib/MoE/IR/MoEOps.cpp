@@ -125,15 +125,39 @@ LogicalResult RMSNormOp::verify() {
 void LayerNormOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
   setName(getResult(), "norm");
 }
+/// A layer_norm's weight spans the row; its optional bias has its type.
+static LogicalResult verifyLayerNormWeights(Operation *op, Value input, Value weight,
+                                            Value bias, StringRef weightKind) {
+  if (mismatch(dim(input, 1), dim(weight, 0)))
+    return op->emitOpError("expected ")
+           << weightKind << " of the input width " << dim(input, 1) << " but got "
+           << dim(weight, 0);
+  if (bias && bias.getType() != weight.getType())
+    return op->emitOpError("expected the bias type ")
+           << weight.getType() << " but got " << bias.getType();
+  return success();
+}
+
 LogicalResult LayerNormOp::verify() {
-  if (mismatch(dim(getInput(), 1), dim(getWeight(), 0)))
-    return emitOpError("expected a weight of the input width ")
-           << dim(getInput(), 1) << " but got " << dim(getWeight(), 0);
-  if (getBias() && getBias().getType() != getWeight().getType())
-    return emitOpError("expected the bias type ")
-           << getWeight().getType() << " but got " << getBias().getType();
+  if (failed(verifyLayerNormWeights(*this, getInput(), getWeight(), getBias(), "a weight")))
+    return failure();
   return verifyNormWidth(*this, getInput(), getWeight(),
                          getEpsilon().convertToDouble());
+}
+
+void AddNormOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getSum(), "h");
+  setName(getResult(), "norm");
+}
+LogicalResult AddNormOp::verify() {
+  if (getLayer()) {
+    if (failed(verifyLayerNormWeights(*this, getLhs(), getWeight(), getBias(),
+                                      "a layer_norm weight")))
+      return failure();
+  } else if (getBias()) {
+    return emitOpError("expected no bias for an rms_norm (only `layer` has one)");
+  }
+  return verifyNormWidth(*this, getLhs(), getWeight(), getEpsilon().convertToDouble());
 }
 
 void LinearOp::getAsmResultNames(OpAsmSetValueNameFn setName) {

@@ -130,6 +130,32 @@ def MoE_LayerNormOp : MoE_NamedResultOp<"layer_norm", [AllTypesMatch<["input", "
   let hasVerifier = 1;
 }
 
+def MoE_AddNormOp : MoE_Op<"add_norm", [Pure,
+    AllTypesMatch<["lhs", "rhs", "sum", "result"]>,
+    DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
+  let summary = "a residual add and the norm of its sum, in one pass over the rows";
+  let description = [{
+    `sum = lhs + rhs` (as `moe.add`) and `result` = the norm of `sum`: with
+    `layer`, `moe.layer_norm` (weight spanning the row, optional bias),
+    otherwise `moe.rms_norm` (weight size dividing the row width). Bit for
+    bit the two ops it replaces; `moe-fuse-add-norm` makes it after
+    partitioning so that every backend reads each residual row once. When
+    nothing reads `sum` the backends need not store it.
+
+    ```mlir
+    %h1, %norm = moe.add_norm %h0, %attn_out, %post_attention_layernorm eps = 1.000000e-05 : tensor<?x4096xbf16>, tensor<4096xbf16>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$lhs, MoE_Activations:$rhs, MoE_Vector:$weight,
+                       Optional<MoE_Vector>:$bias, F64Attr:$epsilon, UnitAttr:$layer);
+  let results = (outs MoE_Activations:$sum, MoE_Activations:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs `,` (`layer` $layer^)? $weight (`,` $bias^)? `eps` `=` $epsilon attr-dict `:`
+    type($lhs) `,` type($weight) (`,` type($bias)^)?
+  }];
+  let hasVerifier = 1;
+}
+
 def MoE_LinearOp : MoE_NamedResultOp<"linear"> {
   let summary = "y = x W^T (+ b), the checkpoint's [out, in] layout";
   let description = [{
