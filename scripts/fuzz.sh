@@ -16,6 +16,10 @@ seconds=${1:-60}
 out=${FUZZ_DIR:-build-fuzz}
 build=${BUILD_DIR:-build}
 cxx=${FUZZ_CXX:-clang++-19}
+# Object files go through ccache when there is one (a fresh clone on a
+# machine that built them before compiles nothing).
+cc_launcher=""
+command -v ccache > /dev/null && cc_launcher=ccache
 mkdir -p "$out/obj"
 san="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
 common="-std=c++17 -g -O1 $san -fno-omit-frame-pointer"
@@ -29,22 +33,34 @@ objs=()
 for src in "${sources[@]}"; do
   objs+=("$out/obj/$(echo "$src" | tr / _).o")
 done
+# The newest header an object may depend on: an object older than it (or
+# than its source) is compiled again.
+newest_header=$(ls -t runtime/include/moert/*.h runtime/include/moert/*/*.h runtime/src/*.h \
+                  runtime/src/*/*.h schema/include/moe/*.h | head -1)
 for src in "${sources[@]}"; do
   obj="$out/obj/$(echo "$src" | tr / _).o"
-  if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ]; then
-    echo "$cxx $common -fsanitize=fuzzer-no-link -Iruntime/include -Ischema/include -Iruntime/src $mpi_compile -c $src -o $obj"
+  if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ] || [ "$newest_header" -nt "$obj" ]; then
+    echo "$cc_launcher $cxx $common -fsanitize=fuzzer-no-link -Iruntime/include -Ischema/include -Iruntime/src $mpi_compile -c $src -o $obj"
   fi
 done | xargs -P "$(nproc)" -I{} sh -c '{}'
 for target in safetensors index manifest plan; do
   upper=$(echo "$target" | tr a-z A-Z)
-  "$cxx" $common -fsanitize=fuzzer -DMOE_FUZZ_TARGET_$upper=1 -Iruntime/include -Ischema/include \
-    tests/fuzz/fuzz_inputs.cpp "${objs[@]}" $mpi_link -lfmt -lpthread -o "$out/fuzz-$target"
+  $cc_launcher "$cxx" $common -fsanitize=fuzzer -DMOE_FUZZ_TARGET_$upper=1 -Iruntime/include \
+    -Ischema/include -c tests/fuzz/fuzz_inputs.cpp -o "$out/obj/fuzz-$target.o"
+  "$cxx" $common -fsanitize=fuzzer "$out/obj/fuzz-$target.o" "${objs[@]}" $mpi_link -lfmt \
+    -lpthread -o "$out/fuzz-$target"
 done
 # The frontend's config reader against LLVM's support library.
 llvm_flags=$(llvm-config-19 --cxxflags | sed 's/-std=c++[0-9]*//')
-"$cxx" $common -fsanitize=fuzzer $llvm_flags -DMOE_FUZZ_TARGET_CONFIG=1 \
-  -Ifrontends/hf/include tests/fuzz/fuzz_inputs.cpp frontends/hf/lib/ModelConfig.cpp \
-  frontends/hf/lib/CheckpointLayout.cpp $(llvm-config-19 --ldflags) \
+config_objs=()
+for src in tests/fuzz/fuzz_inputs.cpp frontends/hf/lib/ModelConfig.cpp \
+           frontends/hf/lib/CheckpointLayout.cpp; do
+  obj="$out/obj/config_$(echo "$src" | tr / _).o"
+  $cc_launcher "$cxx" $common -fsanitize=fuzzer-no-link $llvm_flags -DMOE_FUZZ_TARGET_CONFIG=1 \
+    -Ifrontends/hf/include -c "$src" -o "$obj"
+  config_objs+=("$obj")
+done
+"$cxx" $common -fsanitize=fuzzer "${config_objs[@]}" $(llvm-config-19 --ldflags) \
   $(llvm-config-19 --libs support) -o "$out/fuzz-config"
 
 # Seed corpora.
