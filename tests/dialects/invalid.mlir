@@ -48,6 +48,46 @@ func.func @expert_weight_no_placeholder() {
 
 // -----
 
+func.func @weight_role_experts() {
+  // expected-error@+1 {{'moe.weight' op expected role 'experts' only on moe.expert_weight}}
+  %0 = moe.weight "model.layers.0.mlp.gate_proj.weight" as experts layer 0 : tensor<4x4xf32>
+  return
+}
+
+// -----
+
+func.func @weight_role_row_vector() {
+  // expected-error@+1 {{'moe.weight' op expected a matrix for a row-parallel weight but got 'tensor<4xf32>'}}
+  %0 = moe.weight "model.layers.0.self_attn.o_proj.bias" as row layer 0 : tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @weight_negative_layer() {
+  // expected-error@+1 {{'moe.weight' op expected a decoder layer >= 0 but got -1}}
+  %0 = moe.weight "model.layers.0.input_layernorm.weight" layer -1 : tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @expert_weight_negative_layer() {
+  // expected-error@+1 {{'moe.expert_weight' op expected a decoder layer >= 0 but got -2}}
+  %0 = moe.expert_weight "model.layers.0.experts.{e}.w1.weight" layer -2 : tensor<2x4x4xf32>
+  return
+}
+
+// -----
+
+func.func @expert_weight_etp_dim() {
+  // expected-error@+1 {{'moe.expert_weight' op expected etp_dim 0 (an expert's output rows) or 1 (its input columns) but got 2}}
+  %0 = moe.expert_weight "model.layers.0.experts.{e}.w1.weight" etp_dim 2 : tensor<2x4x4xf32>
+  return
+}
+
+// -----
+
 func.func @expert_weight_two_placeholders() {
   // expected-error@+1 {{'moe.expert_weight' op expected exactly one '{e}' placeholder in 'model.layers.{e}.experts.{e}.w1.weight'}}
   %0 = moe.expert_weight "model.layers.{e}.experts.{e}.w1.weight" : tensor<2x4x4xf32>

@@ -23,6 +23,26 @@ func.func @weights() -> (tensor<64x64xbf16>, tensor<4x128x64xbf16>, tensor<64xf3
   return %0, %1, %2 : tensor<64x64xbf16>, tensor<4x128x64xbf16>, tensor<64xf32>
 }
 
+// Roles and layers (absent: replicated, outside the layers; etp_dim absent: 0).
+// CHECK-LABEL: func.func @roles
+// CHECK:         moe.weight "model.embed_tokens.weight" as embedding : tensor<100x64xbf16>
+// CHECK:         moe.weight "model.layers.3.self_attn.q_proj.weight" as column layer 3 : tensor<64x64xbf16>
+// CHECK:         moe.weight "model.layers.3.self_attn.o_proj.weight" as row layer 3 : tensor<64x64xbf16>
+// CHECK:         moe.weight "model.layers.3.input_layernorm.weight" as replicated layer 3 : tensor<64xbf16>
+// CHECK:         moe.weight "model.norm.weight" : tensor<64xbf16>
+// CHECK:         moe.weight "lm_head.weight" as lm_head : tensor<100x64xbf16>
+// CHECK:         moe.expert_weight "model.layers.3.mlp.experts.{e}.down_proj.weight" etp_dim 1 layer 3 : tensor<4x64x128xbf16>
+func.func @roles() {
+  %0 = moe.weight "model.embed_tokens.weight" as embedding : tensor<100x64xbf16>
+  %1 = moe.weight "model.layers.3.self_attn.q_proj.weight" as column layer 3 : tensor<64x64xbf16>
+  %2 = moe.weight "model.layers.3.self_attn.o_proj.weight" as row layer 3 : tensor<64x64xbf16>
+  %3 = moe.weight "model.layers.3.input_layernorm.weight" as replicated layer 3 : tensor<64xbf16>
+  %4 = moe.weight "model.norm.weight" : tensor<64xbf16>
+  %5 = moe.weight "lm_head.weight" as lm_head : tensor<100x64xbf16>
+  %6 = moe.expert_weight "model.layers.3.mlp.experts.{e}.down_proj.weight" etp_dim 1 layer 3 : tensor<4x64x128xbf16>
+  return
+}
+
 //===----------------------------------------------------------------------===//
 // Embedding, norms, linear maps
 //===----------------------------------------------------------------------===//

@@ -56,16 +56,6 @@ struct Degrees {
   int64_t dp = 1, pp = 1, tp = 1, ep = 1, etp = 1;
 };
 
-/// The layer a weight belongs to (model.layers.N.*), if any.
-std::optional<int64_t> layerOf(StringRef name) {
-  if (!name.consume_front("model.layers."))
-    return std::nullopt;
-  int64_t layer;
-  if (name.consumeInteger(10, layer))
-    return std::nullopt;
-  return layer;
-}
-
 /// The weight op (moe.weight / moe.expert_weight) behind a value, through its
 /// mesh.shard annotation.
 Operation *weightOpOf(Value v, mesh::ShardOp *shard = nullptr) {
@@ -80,11 +70,7 @@ Operation *weightOpOf(Value v, mesh::ShardOp *shard = nullptr) {
   return nullptr;
 }
 
-StringRef weightName(Operation *op) {
-  if (auto w = dyn_cast<moe::WeightOp>(op))
-    return w.getName();
-  return cast<moe::ExpertWeightOp>(op).getName();
-}
+StringRef weightName(Operation *op) { return cast<moe::WeightOpInterface>(op).getTensorName(); }
 
 RankedTensorType withDim(RankedTensorType t, unsigned dim, int64_t size) {
   SmallVector<int64_t> shape(t.getShape());
@@ -198,7 +184,7 @@ LogicalResult Partitioner::assignStages(SmallVectorImpl<int64_t> &stageOfOp) {
       for (Value operand : op.getOperands())
         if (Operation *w = weightOpOf(operand)) {
           usesWeight = true;
-          if (auto l = layerOf(weightName(w)))
+          if (auto l = cast<moe::WeightOpInterface>(w).getDecoderLayer())
             layer = layer ? std::max(*layer, *l) : *l;
         }
       if (layer) {

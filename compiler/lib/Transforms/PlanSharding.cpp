@@ -7,8 +7,8 @@
 
 #include "mlir/Dialect/Mesh/IR/MeshOps.h"
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/StringSet.h"
 
-#include <unordered_map>
 
 namespace moe {
 #define GEN_PASS_DEF_MOEPLANSHARDING
@@ -75,10 +75,6 @@ LogicalResult moe::applySharding(ModuleOp module, const moe::sharding::ModelInfo
     return failure();
   }
 
-  std::unordered_map<std::string, const moe::sharding::PlannedTensor *> byName;
-  for (const moe::sharding::PlannedTensor &t : info.tensors)
-    byName[t.spec.name] = &t;
-
   OpBuilder b(module.getContext());
   b.setInsertionPointToStart(module.getBody());
   b.create<mesh::MeshOp>(module.getLoc(), "mesh",
@@ -96,35 +92,44 @@ LogicalResult moe::applySharding(ModuleOp module, const moe::sharding::ModelInfo
     auto shard = b.create<mesh::ShardOp>(op->getLoc(), weight, sharding);
     weight.replaceAllUsesExcept(shard.getResult(), shard);
   };
+  // The weight slices come from the model's checkpoint layout: every
+  // weight the programs bind must be one of its tensors.
+  llvm::StringSet<> checkpoint;
+  for (const moe::sharding::PlannedTensor &t : info.tensors)
+    checkpoint.insert(t.spec.name);
+  // Each weight's role (the importer's, moe::WeightOpInterface) says how
+  // it is split: column-parallel and vocabulary rows over TP on dim 0,
+  // row-parallel over TP on dim 1, an expert stack over EP on dim 0 and over
+  // ETP on its experts' etp_dim.
   WalkResult walk = module.walk([&](Operation *op) -> WalkResult {
-    if (auto w = dyn_cast<moe::WeightOp>(op)) {
-      auto it = byName.find(w.getName().str());
-      if (it == byName.end())
-        return op->emitOpError("weight '") << w.getName()
-               << "' is not a tensor of the model's checkpoint";
-      switch (it->second->split) {
-      case moe::sharding::Split::Column:
-      case moe::sharding::Split::Vocab:
-        annotate(op, meshRef, {{kTpAxis}});
-        break;
-      case moe::sharding::Split::Row:
-        annotate(op, meshRef, {{}, {kTpAxis}});
-        break;
-      default:
-        annotate(op, meshRef, {{}});
-        break;
-      }
+    if (auto s = dyn_cast<moe::ExpertWeightOp>(op)) {
+      if (!checkpoint.contains(s.getExpertTensorName(0)))
+        return op->emitOpError("expert weight '")
+               << s.getName() << "' is not in the model's checkpoint";
+      SmallVector<SmallVector<MeshAxis>> axes = {{kEpAxis}, {}, {}};
+      axes[1 + s.getEtpDimOrDefault()] = {kEtpAxis};
+      annotate(op, expertsRef, axes);
       return WalkResult::advance();
     }
-    if (auto s = dyn_cast<moe::ExpertWeightOp>(op)) {
-      auto it = byName.find(s.getExpertTensorName(0));
-      if (it == byName.end())
-        return op->emitOpError("expert weight '") << s.getName()
-               << "' is not in the model's checkpoint";
-      // Dim 0 (the expert) over EP; the intermediate dim over ETP.
-      SmallVector<SmallVector<MeshAxis>> axes = {{kEpAxis}, {}, {}};
-      axes[1 + it->second->etpDim] = {kEtpAxis};
-      annotate(op, expertsRef, axes);
+    auto w = dyn_cast<moe::WeightOp>(op);
+    if (!w)
+      return WalkResult::advance();
+    if (!checkpoint.contains(w.getName()))
+      return op->emitOpError("weight '")
+             << w.getName() << "' is not a tensor of the model's checkpoint";
+    switch (w.getWeightRole()) {
+    case moe::WeightRole::column:
+    case moe::WeightRole::embedding:
+    case moe::WeightRole::lm_head:
+      annotate(op, meshRef, {{kTpAxis}});
+      break;
+    case moe::WeightRole::row:
+      annotate(op, meshRef, {{}, {kTpAxis}});
+      break;
+    case moe::WeightRole::replicated:
+    case moe::WeightRole::experts:
+      annotate(op, meshRef, {{}});
+      break;
     }
     return WalkResult::advance();
   });

@@ -11,6 +11,7 @@ using namespace moe;
 
 #include "moe/Dialect/MoE/IR/MoEDialect.cpp.inc"
 #include "moe/Dialect/MoE/IR/MoEEnums.cpp.inc"
+#include "moe/Dialect/MoE/IR/MoEInterfaces.cpp.inc"
 
 #define GET_ATTRDEF_CLASSES
 #include "moe/Dialect/MoE/IR/MoEAttrs.cpp.inc"

@@ -57,13 +57,31 @@ void WeightOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
   setName(getResult(), weightAsmName(getName()));
 }
 
+/// A layer index is never negative.
+static LogicalResult verifyLayer(Operation *op, std::optional<int64_t> layer) {
+  if (layer && *layer < 0)
+    return op->emitOpError("expected a decoder layer >= 0 but got ") << *layer;
+  return success();
+}
+
 LogicalResult WeightOp::verify() {
   if (getName().contains("{e}"))
     return emitOpError("expected a plain tensor name; '{e}' belongs to "
                        "moe.expert_weight but got '")
            << getName() << "'";
+  WeightRole role = getWeightRole();
+  if (role == WeightRole::experts)
+    return emitOpError("expected role 'experts' only on moe.expert_weight");
+  if (role == WeightRole::row && getType().getRank() != 2)
+    return emitOpError("expected a matrix for a row-parallel weight but got ") << getType();
+  if (failed(verifyLayer(*this, getLayer())))
+    return failure();
   return verifyStaticWeight(*this, getType(), getName());
 }
+
+StringRef WeightOp::getTensorName() { return getName(); }
+WeightRole WeightOp::getWeightRole() { return getRole().value_or(WeightRole::replicated); }
+std::optional<int64_t> WeightOp::getDecoderLayer() { return getLayer(); }
 
 void ExpertWeightOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
   setName(getResult(), weightAsmName(getName()));
@@ -81,8 +99,18 @@ LogicalResult ExpertWeightOp::verify() {
   if (first == StringRef::npos || name.find("{e}", first + 1) != StringRef::npos)
     return emitOpError("expected exactly one '{e}' placeholder in '")
            << name << "'";
+  if (getEtpDim() && *getEtpDim() != 0 && *getEtpDim() != 1)
+    return emitOpError("expected etp_dim 0 (an expert's output rows) or 1 (its input "
+                       "columns) but got ")
+           << *getEtpDim();
+  if (failed(verifyLayer(*this, getLayer())))
+    return failure();
   return verifyStaticWeight(*this, getType(), name);
 }
+
+StringRef ExpertWeightOp::getTensorName() { return getName(); }
+WeightRole ExpertWeightOp::getWeightRole() { return WeightRole::experts; }
+std::optional<int64_t> ExpertWeightOp::getDecoderLayer() { return getLayer(); }
 
 //===----------------------------------------------------------------------===//
 // Embedding, norms, linear maps

@@ -66,6 +66,24 @@ def MoE_GroupScore : I32EnumAttr<"GroupScore",
 }
 def MoE_GroupScoreAttr : EnumAttr<MoE_Dialect, MoE_GroupScore, "group_score">;
 
+def MoE_RoleReplicated : I32EnumAttrCase<"replicated", 0>;
+def MoE_RoleColumn : I32EnumAttrCase<"column", 1>;
+def MoE_RoleRow : I32EnumAttrCase<"row", 2>;
+def MoE_RoleEmbedding : I32EnumAttrCase<"embedding", 3>;
+def MoE_RoleLMHead : I32EnumAttrCase<"lm_head", 4>;
+def MoE_RoleExperts : I32EnumAttrCase<"experts", 5>;
+def MoE_WeightRole : I32EnumAttr<"WeightRole",
+    "how a weight is laid out across ranks: replicated (norms, routers, "
+    "latent projections), column (tensor parallelism splits dim 0, the "
+    "output rows: q/k/v, gate/up and their biases), row (TP splits dim 1, the "
+    "input columns: o_proj, down_proj), embedding / lm_head (TP splits the "
+    "vocabulary rows, padded), experts (a routed-expert stack: expert "
+    "parallelism splits dim 0, expert tensor parallelism `etp_dim`)",
+    [MoE_RoleReplicated, MoE_RoleColumn, MoE_RoleRow, MoE_RoleEmbedding,
+     MoE_RoleLMHead, MoE_RoleExperts]> {
+  let cppNamespace = "::moe";
+}
+
 def MoE_ActSilu : I32EnumAttrCase<"silu", 0>;
 def MoE_ActGelu : I32EnumAttrCase<"gelu", 1>;
 def MoE_ActGeluTanh : I32EnumAttrCase<"gelu_tanh", 2>;

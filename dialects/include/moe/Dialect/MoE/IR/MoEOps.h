@@ -12,6 +12,8 @@
 
 #include "moe/Dialect/MoE/IR/MoEEnums.h.inc"
 
+#include "moe/Dialect/MoE/IR/MoEInterfaces.h.inc"
+
 #define GET_ATTRDEF_CLASSES
 #include "moe/Dialect/MoE/IR/MoEAttrs.h.inc"
 

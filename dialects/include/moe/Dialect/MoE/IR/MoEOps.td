@@ -30,45 +30,91 @@ class MoE_NamedResultOp<string mnemonic, list<Trait> traits = []>
 // Weights
 //===----------------------------------------------------------------------===//
 
-def MoE_WeightOp : MoE_NamedResultOp<"weight"> {
+def MoE_WeightOpInterface : OpInterface<"WeightOpInterface"> {
+  let cppNamespace = "::moe";
+  let description = [{
+    A checkpoint tensor and what the importer knows of it: how it is laid
+    out across ranks (its role) and which decoder layer it belongs to. The
+    sharding passes, the partitioner and the weight slices read these,
+    never the tensor's name.
+  }];
+  let methods = [
+    InterfaceMethod<"the checkpoint name (`{e}` for an expert stack)",
+                    "::llvm::StringRef", "getTensorName">,
+    InterfaceMethod<"how tensor / expert parallelism split it",
+                    "::moe::WeightRole", "getWeightRole">,
+    InterfaceMethod<"its decoder layer; none outside the layers",
+                    "std::optional<int64_t>", "getDecoderLayer">,
+  ];
+}
+
+def MoE_WeightOp : MoE_NamedResultOp<"weight", [
+    DeclareOpInterfaceMethods<MoE_WeightOpInterface>]> {
   let summary = "a checkpoint tensor, by its name";
   let description = [{
     The value of the checkpoint tensor `name` (its Hugging Face name, e.g.
     `model.layers.0.self_attn.q_proj.weight`) with the result's static shape
-    and element type. The printed SSA name is the tensor name without the
+    and element type. `as ROLE` says how tensor parallelism lays it out
+    (`#moe` WeightRole; absent: replicated) and `layer N` its decoder layer
+    (absent: outside the layers: embedding, final norm, LM head); the
+    importer records both, and the sharding passes read them through
+    `WeightOpInterface`. The printed SSA name is the tensor name without the
     `model.` prefix and `.weight` suffix.
 
     ```mlir
-    %layers.0.self_attn.q_proj = moe.weight "model.layers.0.self_attn.q_proj.weight" : tensor<4096x4096xbf16>
+    %layers.0.self_attn.q_proj = moe.weight "model.layers.0.self_attn.q_proj.weight" as column layer 0 : tensor<4096x4096xbf16>
     ```
   }];
-  let arguments = (ins StrAttr:$name);
+  let arguments = (ins StrAttr:$name, OptionalAttr<MoE_WeightRole>:$role,
+                       OptionalAttr<I64Attr>:$layer);
   let results = (outs MoE_FloatTensor:$result);
-  let assemblyFormat = "$name attr-dict `:` type($result)";
+  let assemblyFormat = [{
+    $name (`as` $role^)? (`layer` $layer^)? attr-dict `:` type($result)
+  }];
   let hasVerifier = 1;
+  let builders = [
+    OpBuilder<(ins "::mlir::Type":$type, "::llvm::StringRef":$name), [{
+      build($_builder, $_state, type, name, nullptr, nullptr);
+    }]>
+  ];
 }
 
-def MoE_ExpertWeightOp : MoE_NamedResultOp<"expert_weight"> {
+def MoE_ExpertWeightOp : MoE_NamedResultOp<"expert_weight", [
+    DeclareOpInterfaceMethods<MoE_WeightOpInterface>]> {
   let summary = "the same tensor of every routed expert, stacked along dimension 0";
   let description = [{
     Row `e` of the result is the checkpoint tensor named `name` with `{e}`
     replaced by the decimal expert index, so a [E, out, in] stack stands for E
     per-expert tensors as published (Mixtral's
     `model.layers.0.block_sparse_moe.experts.{e}.w1.weight`). Expert
-    parallelism splits this value along dimension 0.
+    parallelism splits this value along dimension 0; expert tensor
+    parallelism splits each expert's dimension `etp_dim` (0: its output rows,
+    gate / up; 1: its input columns, down; absent: 0). `layer N`: its decoder
+    layer.
 
     ```mlir
-    %w1 = moe.expert_weight "model.layers.0.block_sparse_moe.experts.{e}.w1.weight" : tensor<8x14336x4096xbf16>
+    %w1 = moe.expert_weight "model.layers.0.block_sparse_moe.experts.{e}.w1.weight" layer 0 : tensor<8x14336x4096xbf16>
+    %w2 = moe.expert_weight "model.layers.0.block_sparse_moe.experts.{e}.w2.weight" etp_dim 1 layer 0 : tensor<8x4096x14336xbf16>
     ```
   }];
-  let arguments = (ins StrAttr:$name);
+  let arguments = (ins StrAttr:$name, OptionalAttr<I64Attr>:$etp_dim,
+                       OptionalAttr<I64Attr>:$layer);
   let results = (outs MoE_ExpertStack:$result);
-  let assemblyFormat = "$name attr-dict `:` type($result)";
+  let assemblyFormat = [{
+    $name (`etp_dim` $etp_dim^)? (`layer` $layer^)? attr-dict `:` type($result)
+  }];
   let hasVerifier = 1;
+  let builders = [
+    OpBuilder<(ins "::mlir::Type":$type, "::llvm::StringRef":$name), [{
+      build($_builder, $_state, type, name, nullptr, nullptr);
+    }]>
+  ];
   let extraClassDeclaration = [{
     /// The checkpoint name of expert `expert`'s tensor.
     std::string getExpertTensorName(int64_t expert);
     int64_t getNumExperts() { return getType().getDimSize(0); }
+    /// The dimension of one expert's tensor that ETP splits (0 or 1).
+    int64_t getEtpDimOrDefault() { return getEtpDim().value_or(0); }
   }];
 }
 
