@@ -17,11 +17,29 @@ module attributes {moe.source = "@FIXTURES@/models/no-such-config.json"} {
 
 // -----
 
+// The weights' layers (moe::WeightOpInterface) must be the config's.
+// expected-error @below {{tensor 'model.layers.7.input_layernorm.weight' is outside the decoder layers}}
 module attributes {moe.source = "@FIXTURES@/models/mixtral/config.json"} {
-  func.func @forward(%tokens: tensor<?xi32>) -> tensor<?x64xf32> {
-    // expected-error @below {{'moe.weight' op weight 'model.layers.0.self_attn.nope.weight' is not a tensor of the model's checkpoint}}
-    %w = moe.weight "model.layers.0.self_attn.nope.weight" : tensor<251x64xf32>
-    %h = moe.embedding %w[%tokens] : tensor<251x64xf32>, tensor<?xi32> -> tensor<?x64xf32>
-    return %h : tensor<?x64xf32>
+  func.func @forward(%x: tensor<?x64xf32>) -> tensor<?x64xf32> {
+    %w = moe.weight "model.layers.7.input_layernorm.weight" layer 7 : tensor<64xf32>
+    %n = moe.rms_norm %x, %w eps = 1.0e-05 : tensor<?x64xf32>, tensor<64xf32>
+    return %n : tensor<?x64xf32>
+  }
+}
+
+// -----
+
+// expected-error @below {{expected func.func @forward or, after moe-partition, moe.logical_weights}}
+module attributes {moe.source = "@FIXTURES@/models/mixtral/config.json"} {
+}
+
+// -----
+
+// A module the first RUN line accepts; the second's stage-begin does not fit it.
+module attributes {moe.source = "@FIXTURES@/models/mixtral/config.json"} {
+  func.func @forward(%x: tensor<?x64xf32>) -> tensor<?x64xf32> {
+    %w = moe.weight "model.norm.weight" : tensor<64xf32>
+    %n = moe.rms_norm %x, %w eps = 1.0e-05 : tensor<?x64xf32>, tensor<64xf32>
+    return %n : tensor<?x64xf32>
   }
 }

@@ -118,6 +118,12 @@ std::string ModelInfo::sharedWidthField() const {
 
 Expected<ModelInfo> ModelInfo::build(const hf::ModelConfig &config,
                                      std::optional<DType> weightDtype) {
+  return build(config, hf::checkpointTensors(config), weightDtype);
+}
+
+Expected<ModelInfo> ModelInfo::build(const hf::ModelConfig &config,
+                                     std::vector<hf::TensorSpec> specs,
+                                     std::optional<DType> weightDtype) {
   StringRef type = config.modelType;
   if (type == "dbrx" || type == "switch_transformers")
     return makeError(config.path +
@@ -150,7 +156,6 @@ Expected<ModelInfo> ModelInfo::build(const hf::ModelConfig &config,
     for (auto &perLayer : m.expertTensors)
       perLayer.assign(config.numExperts, {});
 
-  std::vector<hf::TensorSpec> specs = hf::checkpointTensors(config);
   m.tensors.reserve(specs.size());
   for (hf::TensorSpec &spec : specs) {
     PlannedTensor t;

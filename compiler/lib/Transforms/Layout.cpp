@@ -2,14 +2,94 @@
 #include "moe/Transforms/Layout.h"
 #include "moe/Frontend/HF/ModelConfig.h"
 
+#include "moe/Dialect/MoE/IR/MoEOps.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
+#include "llvm/ADT/StringSet.h"
 
 using namespace mlir;
 namespace sh = moe::sharding;
 
 static llvm::Error layoutError(const llvm::Twine &message) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
+}
+
+namespace {
+
+/// One weight's entry: a plain tensor, or each expert's of a stack.
+void addWeight(std::vector<moe::hf::TensorSpec> &out, llvm::StringSet<> &seen, StringRef name,
+               RankedTensorType type, moe::WeightRole role, std::optional<int64_t> layer,
+               int64_t etpDim) {
+  using moe::hf::TensorRole;
+  using moe::hf::TensorSplit;
+  if (!seen.insert(name).second)
+    return;
+  moe::hf::TensorSpec spec;
+  spec.layer = layer.value_or(-1);
+  spec.shape.assign(type.getShape().begin(), type.getShape().end());
+  switch (role) {
+  case moe::WeightRole::embedding: spec.role = TensorRole::Embedding; break;
+  case moe::WeightRole::lm_head: spec.role = TensorRole::LMHead; break;
+  case moe::WeightRole::column: spec.tpSplit = TensorSplit::Column; break;
+  case moe::WeightRole::row: spec.tpSplit = TensorSplit::Row; break;
+  case moe::WeightRole::replicated: break;
+  case moe::WeightRole::experts: {
+    // One tensor per expert, as the checkpoint publishes them.
+    spec.role = TensorRole::RoutedExperts;
+    spec.etpDim = static_cast<int>(etpDim);
+    spec.shape.erase(spec.shape.begin());
+    const size_t at = name.find("{e}");
+    for (int64_t e = 0; e < type.getDimSize(0); ++e) {
+      moe::hf::TensorSpec one = spec;
+      one.expert = e;
+      one.name = (name.take_front(at) + std::to_string(e) + name.drop_front(at + 3)).str();
+      out.push_back(std::move(one));
+    }
+    return;
+  }
+  }
+  spec.name = name.str();
+  out.push_back(std::move(spec));
+}
+
+} // namespace
+
+llvm::Expected<std::vector<moe::hf::TensorSpec>> moe::modelWeights(ModuleOp module) {
+  std::vector<hf::TensorSpec> out;
+  llvm::StringSet<> seen;
+  if (auto forward = module.lookupSymbol<func::FuncOp>("forward")) {
+    forward.walk([&](moe::WeightOpInterface w) {
+      auto stack = dyn_cast<moe::ExpertWeightOp>(w.getOperation());
+      addWeight(out, seen, w.getTensorName(),
+                cast<RankedTensorType>(w->getResult(0).getType()), w.getWeightRole(),
+                w.getDecoderLayer(), stack ? stack.getEtpDimOrDefault() : 0);
+    });
+    return out;
+  }
+  auto kept = module->getAttrOfType<ArrayAttr>("moe.logical_weights");
+  if (!kept)
+    return layoutError("expected func.func @forward or, after moe-partition, "
+                       "moe.logical_weights");
+  for (Attribute a : kept) {
+    auto entry = dyn_cast<DictionaryAttr>(a);
+    auto name = entry ? entry.getAs<StringAttr>("name") : nullptr;
+    auto type = entry ? entry.getAs<TypeAttr>("type") : nullptr;
+    auto ranked = type ? dyn_cast<RankedTensorType>(type.getValue()) : nullptr;
+    if (!name || !ranked)
+      return layoutError("moe.logical_weights: expected entries with a name and a tensor type");
+    auto role = entry.getAs<moe::WeightRoleAttr>("role");
+    auto layer = entry.getAs<IntegerAttr>("layer");
+    auto etpDim = entry.getAs<IntegerAttr>("etp_dim");
+    moe::WeightRole r = role ? role.getValue()
+                        : entry.get("experts") ? moe::WeightRole::experts
+                                               : moe::WeightRole::replicated;
+    addWeight(out, seen, name.getValue(), ranked, r,
+              layer ? std::optional<int64_t>(layer.getInt()) : std::nullopt,
+              etpDim ? etpDim.getInt() : 0);
+  }
+  return out;
 }
 
 llvm::Expected<moe::PlannedLayout> moe::planLayout(ModuleOp module,
@@ -33,7 +113,10 @@ llvm::Expected<moe::PlannedLayout> moe::planLayout(ModuleOp module,
     if (!dtype)
       return layoutError("--dtype " + request.dtype + ": expected bf16, f16, f32 or fp8");
   }
-  llvm::Expected<sh::ModelInfo> model = sh::ModelInfo::build(*config, dtype);
+  llvm::Expected<std::vector<hf::TensorSpec>> weights = modelWeights(module);
+  if (!weights)
+    return weights.takeError();
+  llvm::Expected<sh::ModelInfo> model = sh::ModelInfo::build(*config, std::move(*weights), dtype);
   if (!model)
     return model.takeError();
   llvm::Expected<sh::Cluster> cluster =

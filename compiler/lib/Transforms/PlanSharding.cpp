@@ -7,7 +7,6 @@
 
 #include "mlir/Dialect/Mesh/IR/MeshOps.h"
 #include "mlir/IR/Builders.h"
-#include "llvm/ADT/StringSet.h"
 
 
 namespace moe {
@@ -41,7 +40,12 @@ struct PlanSharding : moe::impl::MoEPlanShardingBase<PlanSharding> {
       module.emitError(llvm::toString(config.takeError()));
       return signalPassFailure();
     }
-    auto info = moe::sharding::ModelInfo::build(*config);
+    auto weights = moe::modelWeights(module);
+    if (!weights) {
+      module.emitError(llvm::toString(weights.takeError()));
+      return signalPassFailure();
+    }
+    auto info = moe::sharding::ModelInfo::build(*config, std::move(*weights));
     if (!info) {
       module.emitError(llvm::toString(info.takeError()));
       return signalPassFailure();
@@ -92,20 +96,12 @@ LogicalResult moe::applySharding(ModuleOp module, const moe::sharding::ModelInfo
     auto shard = b.create<mesh::ShardOp>(op->getLoc(), weight, sharding);
     weight.replaceAllUsesExcept(shard.getResult(), shard);
   };
-  // The weight slices come from the model's checkpoint layout: every
-  // weight the programs bind must be one of its tensors.
-  llvm::StringSet<> checkpoint;
-  for (const moe::sharding::PlannedTensor &t : info.tensors)
-    checkpoint.insert(t.spec.name);
   // Each weight's role (the importer's, moe::WeightOpInterface) says how
   // it is split: column-parallel and vocabulary rows over TP on dim 0,
   // row-parallel over TP on dim 1, an expert stack over EP on dim 0 and over
   // ETP on its experts' etp_dim.
   WalkResult walk = module.walk([&](Operation *op) -> WalkResult {
     if (auto s = dyn_cast<moe::ExpertWeightOp>(op)) {
-      if (!checkpoint.contains(s.getExpertTensorName(0)))
-        return op->emitOpError("expert weight '")
-               << s.getName() << "' is not in the model's checkpoint";
       SmallVector<SmallVector<MeshAxis>> axes = {{kEpAxis}, {}, {}};
       axes[1 + s.getEtpDimOrDefault()] = {kEtpAxis};
       annotate(op, expertsRef, axes);
@@ -114,9 +110,6 @@ LogicalResult moe::applySharding(ModuleOp module, const moe::sharding::ModelInfo
     auto w = dyn_cast<moe::WeightOp>(op);
     if (!w)
       return WalkResult::advance();
-    if (!checkpoint.contains(w.getName()))
-      return op->emitOpError("weight '")
-             << w.getName() << "' is not a tensor of the model's checkpoint";
     switch (w.getWeightRole()) {
     case moe::WeightRole::column:
     case moe::WeightRole::embedding:

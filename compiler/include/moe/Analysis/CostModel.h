@@ -177,6 +177,12 @@ struct ModelInfo {
   static llvm::Expected<ModelInfo>
   build(const hf::ModelConfig &config,
         std::optional<DType> weightDtype = std::nullopt);
+  /// The same over `tensors` (a module's weights with the roles the
+  /// importer recorded on them: moe::modelWeights) instead of the config's
+  /// checkpoint layout; the config gives the model's sizes.
+  static llvm::Expected<ModelInfo>
+  build(const hf::ModelConfig &config, std::vector<hf::TensorSpec> tensors,
+        std::optional<DType> weightDtype = std::nullopt);
 
   int64_t numLayers() const { return config.numLayers; }
   bool isMoE() const { return config.isMoE(); }

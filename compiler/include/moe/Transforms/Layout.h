@@ -28,8 +28,15 @@ struct LayoutRequest {
   int64_t vocabPadTo = 64;
 };
 
-/// The planner's search for `module` (the config.json of its moe.source,
-/// the workload of its moe.workload).
+/// The model's weights as the planner classifies them: each moe.weight /
+/// moe.expert_weight of @forward (a stack as one tensor per expert) with the
+/// role and layer the importer recorded (moe::WeightOpInterface), or, in a
+/// partitioned module, the same from `moe.logical_weights`. In program
+/// order, each name once.
+llvm::Expected<std::vector<hf::TensorSpec>> modelWeights(mlir::ModuleOp module);
+
+/// The planner's search for `module` (the config.json of its moe.source for
+/// the model's sizes, its weights' roles, the workload of its moe.workload).
 struct PlannedLayout {
   sharding::ModelInfo model;
   sharding::Cluster cluster;
