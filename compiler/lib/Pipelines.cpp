@@ -74,9 +74,10 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
   if (partition) {
     // Per-stage programs with collectives (capacity needs the workload), then
     // the proof that they match: a plan that fails it is never written.
-    MoEPartitionOptions options;
-    options.capacityFactor = o.capacityFactor;
-    pm.addPass(createMoEPartition(options));
+    MoELowerRoutingOptions routing;
+    routing.capacityFactor = o.capacityFactor;
+    pm.addPass(createMoELowerRouting(routing));
+    pm.addPass(createMoEPartition());
     pm.addPass(createCSEPass());
     pm.addPass(createMoEVerifyCollectives());
   }

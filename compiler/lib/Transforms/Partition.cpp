@@ -35,15 +35,6 @@ namespace moe {
 
 using namespace mlir;
 
-namespace moe {
-int64_t dispatchCapacity(double factor, int64_t tokens, int64_t k, int64_t experts) {
-  if (factor <= 0)
-    return tokens;
-  double c = std::ceil(factor * double(tokens) * double(k) / double(experts));
-  return std::min<int64_t>(tokens, static_cast<int64_t>(c));
-}
-} // namespace moe
-
 namespace {
 
 constexpr int64_t kTpAxis = 2;  // @mesh: pp x dp x tp
@@ -80,8 +71,8 @@ RankedTensorType withDim(RankedTensorType t, unsigned dim, int64_t size) {
 
 class Partitioner {
 public:
-  Partitioner(ModuleOp module, func::FuncOp forward, double capacityFactor)
-      : module(module), forward(forward), capacityFactor(capacityFactor),
+  Partitioner(ModuleOp module, func::FuncOp forward)
+      : module(module), forward(forward),
         b(module.getContext()) {}
 
   LogicalResult run();
@@ -98,7 +89,7 @@ private:
   LogicalResult buildStage(int64_t stage, ArrayRef<int64_t> stageOfOp,
                            ArrayRef<Value> incoming, ArrayRef<Value> outgoing);
   LogicalResult rewrite(Operation &op);
-  LogicalResult lowerExperts(moe::ExpertsOp op);
+  LogicalResult expertFFN(moe::ExpertFFNOp op);
 
   /// The rank-local weight for `v` (a weight or its annotation), cloned into
   /// the stage's function once.
@@ -115,10 +106,9 @@ private:
 
   ModuleOp module;
   func::FuncOp forward;
-  double capacityFactor;
   OpBuilder b;
   Degrees d;
-  int64_t vocab = 0, paddedVocab = 0, maxTokens = 0;
+  int64_t vocab = 0, paddedVocab = 0;
   SmallVector<int64_t> stageBegin;
   FlatSymbolRefAttr meshRef, expertsRef;
   // Per stage function being built.
@@ -151,7 +141,6 @@ LogicalResult Partitioner::readSharding() {
        get(sharding, "ep"), get(sharding, "etp")};
   paddedVocab = get(sharding, "vocab_padded");
   vocab = vocabAttr.getInt();
-  maxTokens = get(workload, "max_batch_tokens");
   auto stages = sharding.getAs<DenseI64ArrayAttr>("stage_begin");
   if (!stages || int64_t(stages.size()) != d.pp)
     return module.emitError("expected moe.sharding.stage_begin with ")
@@ -272,48 +261,34 @@ FailureOr<Value> Partitioner::replicated(Value old, Operation *user) {
   return failure();
 }
 
-LogicalResult Partitioner::lowerExperts(moe::ExpertsOp op) {
-  FailureOr<Value> input = replicated(op.getInput(), op);
-  FailureOr<Value> routing = replicated(op.getWeights(), op);
-  FailureOr<Value> chosen = replicated(op.getExperts(), op);
+/// The experts' MLPs on this rank's experts: under EP the blocks go to the
+/// ranks that hold their experts (all_to_all of the blocks and their
+/// counts) and the outputs come back the same way.
+LogicalResult Partitioner::expertFFN(moe::ExpertFFNOp op) {
   FailureOr<Value> gate = weight(op.getGateWeights(), op);
   FailureOr<Value> up = weight(op.getUpWeights(), op);
   FailureOr<Value> down = weight(op.getDownWeights(), op);
-  if (failed(input) || failed(routing) || failed(chosen) || failed(gate) ||
-      failed(up) || failed(down))
+  if (failed(gate) || failed(up) || failed(down))
     return failure();
-  int64_t numExperts = op.getGateWeights().getType().getDimSize(0);
-  int64_t k = op.getExperts().getType().getDimSize(1);
-  auto inputType = cast<RankedTensorType>(input->getType());
-  int64_t hidden = inputType.getDimSize(1);
-  int64_t capacity = moe::dispatchCapacity(capacityFactor, maxTokens, k, numExperts);
+  if (!values.count(op.getBuffer()) || !values.count(op.getCounts()))
+    return op.emitOpError("operand is not available on this stage");
+  Value buffer = get(op.getBuffer()).value, counts = get(op.getCounts()).value;
   Location loc = op.getLoc();
-  auto bufferType = RankedTensorType::get({numExperts, capacity, hidden},
-                                          inputType.getElementType());
-  auto countsType = RankedTensorType::get({numExperts}, b.getI32Type());
-  auto dispatch = b.create<moe::DispatchOp>(
-      loc, bufferType, countsType, op.getExperts().getType(), *input, *chosen,
-      b.getI64IntegerAttr(capacity), b.getF64FloatAttr(capacityFactor),
-      b.getI64IntegerAttr(d.tp / d.etp), b.getI64IntegerAttr(d.etp));
-  Value buffer = dispatch.getBuffer(), counts = dispatch.getCounts();
+  auto bufferType = cast<RankedTensorType>(buffer.getType());
+  auto countsType = cast<RankedTensorType>(counts.getType());
   if (d.ep > 1) {
-    auto there = b.create<moe::AllToAllOp>(loc, bufferType, countsType, buffer,
-                                           counts, expertsRef,
-                                           b.getI64IntegerAttr(kEpAxis));
+    auto there = b.create<moe::AllToAllOp>(loc, bufferType, countsType, buffer, counts,
+                                           expertsRef, b.getI64IntegerAttr(kEpAxis));
     buffer = there.getResult();
     counts = there.getResultCounts();
   }
-  Value out = b.create<moe::ExpertFFNOp>(loc, bufferType, buffer, counts, *gate,
-                                         *up, *down, op.getActivationAttr());
+  Value out = b.create<moe::ExpertFFNOp>(loc, bufferType, buffer, counts, *gate, *up, *down,
+                                         op.getActivationAttr());
   if (d.ep > 1)
-    out = b.create<moe::AllToAllOp>(loc, bufferType, countsType, out, counts,
-                                    expertsRef, b.getI64IntegerAttr(kEpAxis))
+    out = b.create<moe::AllToAllOp>(loc, bufferType, countsType, out, counts, expertsRef,
+                                    b.getI64IntegerAttr(kEpAxis))
               .getResult();
-  Value combined = b.create<moe::CombineOp>(loc, inputType, out,
-                                            dispatch.getSlots(), *routing);
-  // Under TP the ranks of a group dispatched different rows (and hold ETP
-  // slices): the group's sum is the whole result.
-  set(op.getResult(), combined, d.tp > 1 ? Dist::Partial : Dist::Replicated);
+  set(op.getResult(), out, Dist::Replicated);
   return success();
 }
 
@@ -335,10 +310,11 @@ LogicalResult Partitioner::rewrite(Operation &op) {
     b.create<func::ReturnOp>(loc, results);
     return success();
   }
-  if (auto experts = dyn_cast<moe::ExpertsOp>(op)) {
-    if (d.ep > 1 || d.tp > 1 || capacityFactor > 0)
-      return lowerExperts(experts);
-  }
+  if (isa<moe::ExpertsOp>(op) && (d.ep > 1 || d.tp > 1))
+    return fail("needs moe-lower-routing first: routed experts under expert or tensor "
+                "parallelism run as dispatch / expert_ffn / combine");
+  if (auto ffn = dyn_cast<moe::ExpertFFNOp>(op))
+    return expertFFN(ffn);
 
   // Generic: clone with mapped operands, then fix types and attributes.
   IRMapping mapping;
@@ -524,6 +500,32 @@ LogicalResult Partitioner::rewrite(Operation &op) {
     cloneAs(d.tp > 1 ? Dist::Partial : Dist::Replicated);
     return success();
   }
+  if (auto dispatch = dyn_cast<moe::DispatchOp>(op)) {
+    // Every rank of a TP group routes all T rows alike but dispatches only
+    // its row part (its ETP slices see the same rows): the group's ranks
+    // share the dispatch and the expert work.
+    if (failed(mapReplicated()))
+      return failure();
+    Operation *copy = cloneAs(Dist::Replicated);
+    copy->setAttr("row_parts", b.getI64IntegerAttr(d.tp / d.etp));
+    copy->setAttr("row_part_stride", b.getI64IntegerAttr(d.etp));
+    return success();
+  }
+  if (auto combine = dyn_cast<moe::CombineOp>(op)) {
+    // The blocks and slots are this rank's (as dispatched); the routing
+    // weights are whole. Under TP the ranks of a group combined different
+    // rows (and ETP slices): the group's sum is the whole result.
+    if (!values.count(combine.getOutputs()) || !values.count(combine.getSlots()))
+      return fail("operand is not available on this stage");
+    mapping.map(combine.getOutputs(), get(combine.getOutputs()).value);
+    mapping.map(combine.getSlots(), get(combine.getSlots()).value);
+    FailureOr<Value> routing = replicated(combine.getWeights(), &op);
+    if (failed(routing))
+      return failure();
+    mapping.map(combine.getWeights(), *routing);
+    cloneAs(d.tp > 1 ? Dist::Partial : Dist::Replicated);
+    return success();
+  }
   if (isa<moe::SplitOp, moe::ConcatOp, moe::RouterOp, moe::RouteOp, moe::ExpertsOp>(op)) {
     if (failed(mapReplicated()))
       return failure();
@@ -641,7 +643,6 @@ LogicalResult Partitioner::run() {
 }
 
 struct Partition : moe::impl::MoEPartitionBase<Partition> {
-  using MoEPartitionBase::MoEPartitionBase;
   void runOnOperation() override {
     ModuleOp module = getOperation();
     auto forward = module.lookupSymbol<func::FuncOp>("forward");
@@ -649,12 +650,7 @@ struct Partition : moe::impl::MoEPartitionBase<Partition> {
       module.emitError("expected a single-block func.func @forward");
       return signalPassFailure();
     }
-    if (capacityFactor < 0) {
-      module.emitError("expected capacity-factor >= 0 (0: dropless) but got ")
-          << capacityFactor;
-      return signalPassFailure();
-    }
-    if (failed(Partitioner(module, forward, capacityFactor).run()))
+    if (failed(Partitioner(module, forward).run()))
       signalPassFailure();
   }
 };

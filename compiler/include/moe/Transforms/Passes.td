@@ -127,28 +127,44 @@ def MoEPlanSharding : Pass<"moe-plan-sharding", "mlir::ModuleOp"> {
   ];
 }
 
-def MoEPartition : Pass<"moe-partition", "mlir::ModuleOp"> {
-  let summary = "one program per pipeline stage, with rank-local shapes and collectives";
+def MoELowerRouting : Pass<"moe-lower-routing", "mlir::ModuleOp"> {
+  let summary = "lower routed experts to capacity-limited dispatch, expert_ffn and combine";
   let description = [{
-    Rewrites the sharded `@forward` (after moe-plan-sharding and
-    moe-specialize-workload) into `@stage0 .. @stage<pp-1>` (attribute
-    `moe.stage`), each run by every rank of its stage: weights get the
-    rank-local shapes of their sharding; column-parallel outputs stay split,
-    row-parallel ones are partial sums that get an `moe.all_reduce` over tp
-    where a whole value is needed; attention runs heads / tp; the embedding
-    is vocabulary-sharded and the LM head's parts are joined by
-    `moe.all_gather` (padding dropped by a split); routed experts lower to
-    `moe.dispatch` (capacity from `capacity-factor` and max_batch_tokens),
-    `moe.all_to_all` over ep, `moe.expert_ffn` on the local experts,
-    `moe.all_to_all` back and `moe.combine` (kept fused as `moe.experts` when
-    no EP, TP or capacity applies); values live across a stage cut are sent
-    with `moe.send` / `moe.recv` in program order. The complete semantics are
-    in docs/partitioned-execution.md.
+    Rewrites each `moe.experts` into `moe.dispatch` (every kept (token,
+    choice) row into its expert's block of C slots; C from `capacity-factor`
+    and the workload's max_batch_tokens, docs/partitioned-execution.md),
+    `moe.expert_ffn` (each expert's MLP over its block) and `moe.combine`
+    (the weighted sum per token). It runs when a layout needs the blocks:
+    a capacity factor, or expert or tensor parallelism in `moe.sharding`;
+    otherwise `moe.experts` stays (grouped GEMMs over the routed rows). The
+    pipeline runs it after moe-plan-sharding and before moe-partition, which
+    then places the blocks (all_to_all over EP, row parts over TP).
   }];
   let options = [
     Option<"capacityFactor", "capacity-factor", "double", "0.0",
            "expert capacity factor; 0: dropless">,
   ];
+}
+
+def MoEPartition : Pass<"moe-partition", "mlir::ModuleOp"> {
+  let summary = "one program per pipeline stage, with rank-local shapes and collectives";
+  let description = [{
+    Rewrites the sharded `@forward` (after moe-plan-sharding,
+    moe-specialize-workload and moe-lower-routing) into `@stage0 ..
+    @stage<pp-1>` (attribute `moe.stage`), each run by every rank of its
+    stage: weights get the rank-local shapes of their sharding;
+    column-parallel outputs stay split, row-parallel ones are partial sums
+    that get an `moe.all_reduce` over tp where a whole value is needed;
+    attention runs heads / tp; the embedding is vocabulary-sharded and the LM
+    head's parts are joined by `moe.all_gather` (padding dropped by a split);
+    `moe.dispatch` gets the rank's row part of its TP group, `moe.expert_ffn`
+    the local experts with an `moe.all_to_all` over ep before and after, and
+    `moe.combine`'s result is a partial sum under TP (`moe.experts` under
+    expert or tensor parallelism is refused: it needs moe-lower-routing);
+    values live across a stage cut are sent with `moe.send` / `moe.recv` in
+    program order. The complete semantics are in
+    docs/partitioned-execution.md.
+  }];
 }
 
 def MoEVerifyCollectives : Pass<"moe-verify-collectives", "mlir::ModuleOp"> {
