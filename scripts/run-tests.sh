@@ -7,6 +7,10 @@
 # need a GPU carry the ctest label `gpu` and are skipped without one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# ccache keys without this checkout's path (the sanitizer and fuzz builds
+# carry debug info, whose paths would otherwise make a fresh clone miss
+# every object another checkout of the same sources compiled).
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true
 # Each stage's wall time, printed when it ends (where CI's minutes go).
 stage() {
   local name=$1 start=$SECONDS

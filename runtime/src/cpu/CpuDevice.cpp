@@ -6,6 +6,7 @@
 // the box's bytes, from a Hugging Face or a sharded checkpoint of any
 // layout) otherwise.
 #include "../Collectives.h"
+#include "../StepLoop.h"
 #include "moert/Device.h"
 #include "moert/Error.h"
 #include "moert/RankWeights.h"
@@ -16,7 +17,6 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -50,7 +50,7 @@ private:
   int64_t current = 0, peak_ = 0;
 };
 
-class CpuDevice final : public Device, private cpu::StepContext {
+class CpuDevice final : public Device, private cpu::StepContext, private StepKernels {
 public:
   std::string name() const override { return "cpu"; }
 
@@ -110,18 +110,7 @@ public:
     layout = &tokenLayout;
     this->batch = &batch;
     // Rows of every per-token buffer: T, then the logit rows after the head.
-    rows = T;
-    for (size_t i = 0; i < program->steps.size(); ++i) {
-      const PlanStep &s = program->steps[i];
-      auto start = std::chrono::steady_clock::now();
-      step = &s;
-      index = i;
-      if (s.op->collective != Collective::None)
-        collectives::run(collective, i, s, rows);
-      else if (rows > 0 || s.op->has(OpDef::RunsEmpty))
-        rows = s.op->cpu(*this);
-      seconds[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    }
+    rows = runSteps(collective, T, *this, &seconds);
     layout = nullptr;
     this->batch = nullptr;
     // The last stage's logits buffer is vocab_size wide (the compiler drops
@@ -151,6 +140,14 @@ public:
   int64_t loadedWeightBytes() const override { return rankWeights.loadedBytes(); }
 
 private:
+  /// A step's kernel (the executor's loop, StepLoop.h): the op's CPU kernel.
+  int64_t compute(size_t i, const PlanStep &s, int64_t stepRows) override {
+    step = &s;
+    index = i;
+    rows = stepRows;
+    return s.op->cpu(*this);
+  }
+
   // What the ops' CPU kernels see (cpu::StepContext).
   float *f(int64_t id) override { return buffers[id].data(); }
   const TensorView &weight(size_t i) override { return weights[step->weights[i]].view; }

@@ -25,6 +25,7 @@
 // single-rank run); the GPU e2e tests carry the ctest label `gpu`
 // (docs/cuda.md).
 #include "../Collectives.h"
+#include "../StepLoop.h"
 #include "CudaApi.h"
 #include "CudaMemory.h"
 #include "NcclComm.h"
@@ -71,7 +72,7 @@ void writeFile(const std::string &path, const std::string &bytes) {
     runtimeError("{}: cannot write the plan's kernels", path);
 }
 
-class CudaDevice final : public Device {
+class CudaDevice final : public Device, private StepKernels {
 public:
   ~CudaDevice() override {
     if (!api)
@@ -440,31 +441,42 @@ private:
   // Steps
   //===--------------------------------------------------------------------===//
 
+  /// The program's steps (the executor's loop, StepLoop.h) over T tokens
+  /// and R logit rows; `capturing`: into a CUDA graph (no host reads).
   void runSteps(int64_t T, int64_t R, bool capturing) {
     countsStep = -1;
     exchangedRows = -1;
-    for (size_t i = 0; i < table->steps.size(); ++i) {
-      if (program->steps[i].op->has(OpDef::FillsExpertBlocks))
-        exchangedRows = -1; // blocks filled from this rank's T tokens (until an all_to_all)
-      const KernelStep &step = table->steps[i];
-      const int64_t stepRows = step.logitRows ? R : T;
-      for (const KernelLaunch &l : step.launches) {
-        const int64_t rows = l.rows == KernelLaunch::Rows::Step ? stepRows
-                             : l.rows == KernelLaunch::Rows::R  ? R
-                                                                : T;
-        switch (l.kind) {
-        case KernelLaunch::Kind::Collective:
-          collective(i, program->steps[i], rows);
-          break;
-        case KernelLaunch::Kind::Gemm:
-          gemm(l.gemm, T, R, grouped[i] && !capturing ? static_cast<int64_t>(i) : -1);
-          break;
-        case KernelLaunch::Kind::Kernel:
-          launch(l, rows, T, R);
-          break;
-        }
+    current = {T, R, capturing};
+    moert::runSteps(collectiveContext, T, *this);
+  }
+
+  /// A step's launches: kernels from the table (rows: the step's, T or R)
+  /// and cuBLAS GEMMs.
+  int64_t compute(size_t i, const PlanStep &s, int64_t rows) override {
+    const auto [T, R, capturing] = current;
+    if (s.op->has(OpDef::FillsExpertBlocks))
+      exchangedRows = -1; // blocks filled from this rank's T tokens (until an all_to_all)
+    for (const KernelLaunch &l : table->steps[i].launches) {
+      const int64_t launchRows = l.rows == KernelLaunch::Rows::Step ? rows
+                                 : l.rows == KernelLaunch::Rows::R  ? R
+                                                                    : T;
+      switch (l.kind) {
+      case KernelLaunch::Kind::Collective:
+        break; // the loop runs collective steps
+      case KernelLaunch::Kind::Gemm:
+        gemm(l.gemm, T, R, grouped[i] && !capturing ? static_cast<int64_t>(i) : -1);
+        break;
+      case KernelLaunch::Kind::Kernel:
+        launch(l, launchRows, T, R);
+        break;
       }
     }
+    return s.head ? R : rows;
+  }
+
+  void exchanged(size_t, const PlanStep &s, int64_t most) override {
+    if (s.op->collective == Collective::AllToAll)
+      exchangedRows = most;
   }
 
   /// A parameter's value (indices were checked when the plan was read).
@@ -616,15 +628,6 @@ private:
     }
   }
 
-  void collective(size_t index, const PlanStep &s, int64_t rows) {
-    if (!collectiveContext.comm)
-      runtimeError("{}: {} in a plan of one rank", plan->path,
-                   collectives::describe(index, s));
-    int64_t most = collectives::run(collectiveContext, index, s, rows);
-    if (s.op->collective == Collective::AllToAll)
-      exchangedRows = most;
-  }
-
   const Plan *plan = nullptr;
   int64_t rank = 0;
   const PlanProgram *program = nullptr;
@@ -656,6 +659,10 @@ private:
   std::vector<int32_t> stepCounts;   // the counts of the grouped step in flight
   int64_t countsStep = -1;
   int64_t exchangedRows = -1; // most rows of a block received by the last all_to_all (-1: none)
+  struct Current {
+    int64_t T = 0, R = 0;
+    bool capturing = false;
+  } current; ///< the forward pass in flight
   std::map<std::pair<int64_t, int64_t>, CUgraphExec> graphs;
 };
 
