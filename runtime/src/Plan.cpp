@@ -24,7 +24,6 @@ namespace moert {
 namespace {
 // Limits on the sizes a plan may ask for (moe/PlanSchema.h, docs/plan-format.md).
 using moe::plan::kMaxBatchTokens;
-using moe::plan::kMaxPlanBytes;
 using moe::plan::kMaxSeqLen;
 using moe::plan::kMaxSequences;
 using moe::plan::kMaxWidth;
@@ -324,27 +323,11 @@ std::vector<int64_t> PlanWeight::tensorShape() const {
 }
 
 Plan Plan::load(const std::string &path) {
-  const std::string text = readInputFile(path, kMaxPlanBytes, "a plan");
-  checkJsonDepth(text, path);
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::exception &e) { // parse_error, and out_of_range for a number like 1e512
-    inputError("{}: malformed JSON: {}", path, jsonMessage(e));
-  }
-  if (!root.is_object())
-    inputError("{}: not a plan (expected a JSON object written by moec compile)", path);
-
+  const PlanDocument doc = readPlanDocument(path);
+  const json &root = doc.root;
   Plan plan;
   plan.path = path;
   JsonFields r(root, plan.path, "");
-  if (r.string("format") != moe::plan::kFormat)
-    r.fail("format", fmt::format("expected \"{}\"", moe::plan::kFormat));
-  int64_t version = r.integer("version");
-  if (version != kPlanFormatVersion)
-    r.fail("version", fmt::format("this moert reads plan format {} but the plan is format {}",
-                                  kPlanFormatVersion, version));
-  checkPlanSeal(text, path); // after the version: another format may seal otherwise
   plan.layout = std::make_shared<const PlanLayout>(readPlanLayout(r, path));
   JsonFields model = r.child("model");
   plan.modelType = model.string("model_type");

@@ -62,18 +62,18 @@ PlanSlice readSlice(const JsonFields &w) {
 
 } // namespace
 
-PlanLayout PlanLayout::load(const std::string &path) {
-  const std::string text = readInputFile(path, uint64_t(1) << 30, "a plan");
-  checkJsonDepth(text, path);
-  json root;
+PlanDocument readPlanDocument(const std::string &path) {
+  PlanDocument doc;
+  doc.text = readInputFile(path, moe::plan::kMaxPlanBytes, "a plan");
+  checkJsonDepth(doc.text, path);
   try {
-    root = json::parse(text);
+    doc.root = json::parse(doc.text);
   } catch (const json::exception &e) { // parse_error, and out_of_range for a number like 1e512
     inputError("{}: malformed JSON: {}", path, jsonMessage(e));
   }
-  if (!root.is_object())
-    inputError("{}: expected a JSON object", path);
-  JsonFields top(root, path, "");
+  if (!doc.root.is_object())
+    inputError("{}: not a plan (expected a JSON object written by moec compile)", path);
+  JsonFields top(doc.root, path, "");
   if (top.string("format") != moe::plan::kFormat)
     top.fail("format", fmt::format("expected \"{}\" but got \"{}\"", moe::plan::kFormat,
                                    top.string("format")));
@@ -81,8 +81,13 @@ PlanLayout PlanLayout::load(const std::string &path) {
   if (version != kPlanFormatVersion)
     top.fail("version", fmt::format("this moert reads plan format {} but the plan is format {}",
                                     kPlanFormatVersion, version));
-  checkPlanSeal(text, path);
-  return readPlanLayout(top, path);
+  checkPlanSeal(doc.text, path); // after the version: another format may seal otherwise
+  return doc;
+}
+
+PlanLayout PlanLayout::load(const std::string &path) {
+  PlanDocument doc = readPlanDocument(path);
+  return readPlanLayout(JsonFields(doc.root, path, ""), path);
 }
 
 PlanLayout readPlanLayout(const JsonFields &top, const std::string &path) {

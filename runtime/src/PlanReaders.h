@@ -8,9 +8,22 @@
 #include "moert/Plan.h"
 #include "moert/PlanLayout.h"
 
+#include <nlohmann/json.hpp>
+
 #include <memory>
+#include <string>
 
 namespace moert {
+
+/// A plan file read, parsed and checked up to its content: its size limit,
+/// JSON depth, a JSON object, format and version, then the integrity seal.
+/// InputError naming the file (and field) otherwise. Plan::load and
+/// PlanLayout::load (moert convert) both start here.
+struct PlanDocument {
+  std::string text;
+  nlohmann::json root;
+};
+PlanDocument readPlanDocument(const std::string &path);
 
 /// The program's "cuda" object, checked field by field against `program`
 /// (its steps, buffers, weights and KV caches read already); InputError
