@@ -100,11 +100,17 @@ public:
     if (steps.size() != program.steps.size())
       cuda.fail("steps", fmt::format("expected one entry per plan step ({}) but got {}",
                                      program.steps.size(), steps.size()));
+    // The rows the step loop gives each step: T up to the LM head, the logit
+    // rows R after it. A table that says otherwise was made for another
+    // program.
+    bool afterHead = false;
     for (size_t i = 0; i < steps.size(); ++i) {
       JsonFields s = cuda.element("steps", i);
       KernelStep step;
-      if (s.has("rows"))
-        step.logitRows = rows(s) == KernelLaunch::Rows::R;
+      if (s.has("rows") && (rows(s) == KernelLaunch::Rows::R) != afterHead)
+        s.fail("rows", afterHead ? "expected \"R\": the step follows the LM head"
+                                 : "expected \"T\": the step runs before the LM head's logit rows");
+      afterHead = afterHead || program.steps[i].head;
       const json &launches = s.array("launches");
       for (size_t j = 0; j < launches.size(); ++j)
         step.launches.push_back(launch(s.element("launches", j), program.steps[i].op));

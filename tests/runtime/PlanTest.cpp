@@ -523,6 +523,9 @@ TEST(PlanLoad, BadKernelTableFieldsAreNamed) {
             "PLAN: programs[0].cuda.steps: expected one entry per plan step (6) but got 5");
   EXPECT_EQ(cudaError([](json &c) { c["steps"][4]["rows"] = "N"; }),
             "PLAN: programs[0].cuda.steps[4].rows: expected \"T\" or \"R\" but got \"N\"");
+  EXPECT_EQ(cudaError([](json &c) { c["steps"][5]["rows"] = "R"; }),
+            "PLAN: programs[0].cuda.steps[5].rows: expected \"T\": the step runs before the LM "
+            "head's logit rows");
   EXPECT_EQ(cudaError([](json &c) { c["fatbin"] = "p.stage0.fatbin"; }),
             "PLAN: programs[0].cuda.fatbin: expected nvcc's fatbin in base64");
   EXPECT_EQ(cudaError([](json &c) { c["fatbin"] = "UO1VugEAEAB4VjQSAAAAAAAAAA=A"; }),

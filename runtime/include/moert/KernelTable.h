@@ -63,7 +63,6 @@ struct KernelLaunch {
 };
 
 struct KernelStep {
-  bool logitRows = false; ///< "rows": "R"
   std::vector<KernelLaunch> launches;
 };
 
