@@ -1,5 +1,6 @@
 //===- InitAll.cpp ----------------------------------------------*- C++ -*-===//
 #include "moe/InitAll.h"
+#include "moe/Dialect/Exec/IR/ExecOps.h"
 #include "moe/Dialect/MoE/IR/MoEDialect.h"
 #include "moe/Pipelines.h"
 #include "moe/Transforms/Passes.h"
@@ -9,7 +10,7 @@
 #include "mlir/Transforms/Passes.h"
 
 void moe::registerAllDialects(mlir::DialectRegistry &registry) {
-  registry.insert<moe::MoEDialect, mlir::func::FuncDialect,
+  registry.insert<moe::MoEDialect, moe::exec::ExecDialect, mlir::func::FuncDialect,
                   mlir::mesh::MeshDialect>();
 }
 

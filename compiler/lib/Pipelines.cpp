@@ -1,6 +1,7 @@
 //===- Pipelines.cpp - the one place pass pipelines are assembled -*- C++ -*-===//
 #include "moe/Pipelines.h"
 #include "moe/Analysis/Cluster.h"
+#include "moe/Target/TargetBackend.h"
 #include "moe/Transforms/Passes.h"
 
 #include "mlir/Pass/PassOptions.h"
@@ -16,11 +17,12 @@ std::optional<moe::Phase> moe::parsePhase(llvm::StringRef name) {
       .Case("workload", Phase::Workload)
       .Case("partition", Phase::Partition)
       .Case("buffers", Phase::Buffers)
+      .Case("exec", Phase::Exec)
       .Case("plan", Phase::Plan)
       .Default(std::nullopt);
 }
 
-const char *moe::phaseNames() { return "import, workload, partition, buffers, plan"; }
+const char *moe::phaseNames() { return "import, workload, partition, buffers, exec, plan"; }
 
 /// The ranks the planner will lay out: --world-size, else the cluster
 /// file's, else one (a cluster file that does not load fails in the pass).
@@ -93,6 +95,20 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
   // Buffers last: they depend on the final op order and on which values are
   // still live, so nothing may reorder or add ops after this pass.
   pm.addPass(createMoEAssignBuffers());
+  if (last == Phase::Buffers)
+    return;
+  // Each rank's programs at the execution level: declarations, launches by
+  // kernel id, collectives with their groups. The targets and the plan
+  // writer read only these.
+  pm.addPass(createMoELowerToExec());
+  // The target's own passes on the exec programs (an unknown target is
+  // diagnosed by moe-emit-plan).
+  TargetOptions target;
+  target.output = o.output;
+  target.cudaArch = o.cudaArch;
+  target.kernelsOnly = o.kernelsOnly;
+  if (const TargetBackend *backend = lookupTargetBackend(o.target))
+    backend->buildPipeline(pm, target);
   if (last == Phase::Plan && (!o.output.empty() || o.kernelsOnly)) {
     MoEEmitPlanOptions emit;
     emit.output = o.output;

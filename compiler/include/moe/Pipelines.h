@@ -13,7 +13,7 @@
 namespace moe {
 
 /// The phases `moec compile --compile-to=<phase>` can stop after.
-enum class Phase { Import, Workload, Partition, Buffers, Plan };
+enum class Phase { Import, Workload, Partition, Buffers, Exec, Plan };
 std::optional<Phase> parsePhase(llvm::StringRef name);
 /// "import, workload, partition, buffers, plan"
 const char *phaseNames();

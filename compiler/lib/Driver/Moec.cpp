@@ -13,6 +13,7 @@
 #include "moe/Target/Cuda.h"
 #include "moe/Target/Distribution.h"
 #include "moe/Target/PlanWriter.h"
+#include "moe/Target/TargetBackend.h"
 #include "moe/Transforms/Passes.h"
 
 #include "mlir/IR/Diagnostics.h"
@@ -63,7 +64,7 @@ cl::opt<std::string> compileOutput(
 cl::opt<std::string> compileTo(
     "compile-to",
     cl::desc("Stop after this phase and print its IR: import, workload, "
-             "partition, buffers (default: plan, which writes the plan file); "
+             "partition, buffers, exec (default: plan, which writes the plan file); "
              "kernels: with --target cuda, write the CUDA sources (and the plan "
              "with its kernel tables) to the -o directory, or the sources to "
              "standard output, without running nvcc"),
@@ -310,10 +311,10 @@ int runImport() {
 int runCompile() {
   const bool kernelsOnly = compileTo == "kernels";
   std::optional<Phase> last = kernelsOnly ? std::optional<Phase>(Phase::Plan) : parsePhase(compileTo);
-  if (compileTarget != "cpu" && compileTarget != "cuda")
+  if (!lookupTargetBackend(compileTarget))
     return fail(createStringError(inconvertibleErrorCode(),
-                                  "--target: unknown target '%s' (expected cpu or cuda)",
-                                  compileTarget.c_str()));
+                                  "--target: unknown target '%s' (expected %s)",
+                                  compileTarget.c_str(), targetBackendNames().c_str()));
   const bool cudaTarget = compileTarget == "cuda";
   if (kernelsOnly && !cudaTarget)
     return fail(createStringError(inconvertibleErrorCode(),

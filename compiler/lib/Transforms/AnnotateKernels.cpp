@@ -5,13 +5,11 @@
 // `moe-opt --moe-annotate-kernels` prints the kernel-level lowering.
 //
 //===----------------------------------------------------------------------===//
-#include "moe/Dialect/MoE/IR/MoEOps.h"
+#include "moe/Dialect/Exec/IR/ExecOps.h"
 #include "moe/Target/Cuda.h"
 #include "moe/Target/PlanWriter.h"
 #include "moe/Transforms/Passes.h"
 
-#include "mlir/Dialect/Func/IR/FuncOps.h"
-#include "mlir/Dialect/Mesh/IR/MeshOps.h"
 #include "mlir/IR/Builders.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -77,26 +75,19 @@ struct AnnotateKernels : moe::impl::MoEAnnotateKernelsBase<AnnotateKernels> {
     }
     Object &root = *plan->getAsObject();
     Array &programs = *root.getArray("programs");
-    // The programs in buildPlan's order: @forward, or @stage0...
-    SmallVector<func::FuncOp> functions;
-    if (auto forward = module.lookupSymbol<func::FuncOp>("forward"))
-      functions.push_back(forward);
-    else
-      for (auto fn : module.getOps<func::FuncOp>())
-        if (fn->hasAttr("moe.stage"))
-          functions.push_back(fn);
+    // The programs in buildPlan's order (by stage).
     Builder b(module.getContext());
-    for (auto [index, fn] : llvm::enumerate(functions)) {
+    for (auto [index, program] : llvm::enumerate(module.getOps<moe::exec::ProgramOp>())) {
       llvm::Expected<moe::cuda::EmittedProgram> emitted =
           moe::cuda::emitProgram(root, *programs[index].getAsObject(), int64_t(index));
       if (!emitted) {
-        fn.emitError() << "moe-annotate-kernels: " << llvm::toString(emitted.takeError());
+        program.emitError() << "moe-annotate-kernels: " << llvm::toString(emitted.takeError());
         return signalPassFailure();
       }
       const Array &steps = *emitted->table.getArray("steps");
       size_t step = 0;
-      for (Operation &op : fn.getBody().front()) {
-        if (isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp, func::ReturnOp>(op))
+      for (Operation &op : program.getBody().front()) {
+        if (!isa<moe::exec::LaunchOp, moe::exec::CollectiveOp>(op))
           continue;
         if (step >= steps.size())
           break;

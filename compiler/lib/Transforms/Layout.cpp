@@ -209,3 +209,28 @@ llvm::Expected<std::unique_ptr<moe::PlannedLayout>> moe::recordedLayout(ModuleOp
     return layoutError("moe.layout: the planner no longer places the recorded stages");
   return std::make_unique<PlannedLayout>(std::move(*planned));
 }
+
+ArrayAttr moe::logicalWeightsAttr(func::FuncOp forward) {
+  Builder b(forward.getContext());
+  SmallVector<Attribute> entries;
+  forward.walk([&](Operation *op) {
+    SmallVector<NamedAttribute> e;
+    if (auto w = dyn_cast<moe::WeightOp>(op)) {
+      e = {b.getNamedAttr("name", w.getNameAttr()), b.getNamedAttr("type", TypeAttr::get(w.getType()))};
+      if (w.getRoleAttr())
+        e.push_back(b.getNamedAttr("role", w.getRoleAttr()));
+    } else if (auto w = dyn_cast<moe::ExpertWeightOp>(op)) {
+      e = {b.getNamedAttr("name", w.getNameAttr()), b.getNamedAttr("type", TypeAttr::get(w.getType())),
+           b.getNamedAttr("experts", b.getI64IntegerAttr(w.getNumExperts()))};
+      if (w.getEtpDimAttr())
+        e.push_back(b.getNamedAttr("etp_dim", w.getEtpDimAttr()));
+    } else {
+      return;
+    }
+    // The planner's inputs after partitioning (moe::modelWeights).
+    if (auto layer = cast<moe::WeightOpInterface>(op).getDecoderLayer())
+      e.push_back(b.getNamedAttr("layer", b.getI64IntegerAttr(*layer)));
+    entries.push_back(b.getDictionaryAttr(e));
+  });
+  return b.getArrayAttr(entries);
+}

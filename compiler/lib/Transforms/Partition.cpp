@@ -16,6 +16,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "moe/Dialect/MoE/IR/MoEOps.h"
+#include "moe/Transforms/Layout.h"
 #include "moe/Transforms/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -578,35 +579,6 @@ LogicalResult Partitioner::buildStage(int64_t stage, ArrayRef<int64_t> stageOfOp
   return success();
 }
 
-/// The weights of @forward (name, type, experts of each, role, layer and
-/// etp_dim as the op has them, in order), kept on the module as
-/// `moe.logical_weights` for the plan's top-level weights and the planner.
-ArrayAttr logicalWeightsAttr(func::FuncOp forward) {
-  Builder b(forward.getContext());
-  SmallVector<Attribute> entries;
-  forward.walk([&](Operation *op) {
-    SmallVector<NamedAttribute> e;
-    if (auto w = dyn_cast<moe::WeightOp>(op)) {
-      e = {b.getNamedAttr("name", w.getNameAttr()), b.getNamedAttr("type", TypeAttr::get(w.getType()))};
-      if (w.getRoleAttr())
-        e.push_back(b.getNamedAttr("role", w.getRoleAttr()));
-    } else if (auto w = dyn_cast<moe::ExpertWeightOp>(op)) {
-      e = {b.getNamedAttr("name", w.getNameAttr()), b.getNamedAttr("type", TypeAttr::get(w.getType())),
-           b.getNamedAttr("experts", b.getI64IntegerAttr(w.getNumExperts()))};
-      if (w.getEtpDimAttr())
-        e.push_back(b.getNamedAttr("etp_dim", w.getEtpDimAttr()));
-    } else {
-      return;
-    }
-    // The planner's inputs after partitioning (moe::modelWeights).
-    if (auto layer = cast<moe::WeightOpInterface>(op).getDecoderLayer())
-      e.push_back(b.getNamedAttr("layer", b.getI64IntegerAttr(*layer)));
-    entries.push_back(b.getDictionaryAttr(e));
-  });
-  return b.getArrayAttr(entries);
-}
-
-
 LogicalResult Partitioner::run() {
   if (failed(readSharding()))
     return failure();
@@ -637,7 +609,7 @@ LogicalResult Partitioner::run() {
                           crossing[s])))
       return failure();
   // The model's whole weights, for the plan (moe-emit-plan).
-  module->setAttr("moe.logical_weights", logicalWeightsAttr(forward));
+  module->setAttr("moe.logical_weights", moe::logicalWeightsAttr(forward));
   forward.erase();
   return success();
 }

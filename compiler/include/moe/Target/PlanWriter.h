@@ -17,14 +17,15 @@ namespace moe {
 
 constexpr int kPlanFormatVersion = plan::kFormatVersion;
 
-/// The plan of a module that went through the whole pipeline (workload and
-/// buffers assigned). Fails when the module is not in that form.
+/// The plan of a module that went through the whole pipeline (its
+/// moe.workload and exec.program ops, one per stage): each program's
+/// declarations and steps as the exec ops have them. Fails when the module
+/// is not in that form.
 llvm::Expected<llvm::json::Value> buildPlan(mlir::ModuleOp module);
 
-/// The model's logical weights (whole shapes) of an unpartitioned module's
-/// @forward, as the plan's top-level `weights`: kept before moe-partition
-/// gives the programs their rank-local shapes.
-/// A partitioned module (no @forward) has them as `moe.logical_weights`.
+/// The model's logical weights (whole shapes), as the plan's top-level
+/// `weights`: those of @forward, or, once moe-partition or
+/// moe-lower-to-exec has replaced it, `moe.logical_weights`.
 llvm::json::Array logicalWeights(mlir::ModuleOp module);
 
 /// Puts a distribution (Distribution.h) into a plan: world_size, degrees,

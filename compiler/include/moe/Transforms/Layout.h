@@ -11,6 +11,7 @@
 
 #include "moe/Analysis/Planner.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/Support/Error.h"
 
@@ -34,6 +35,12 @@ struct LayoutRequest {
 /// partitioned module, the same from `moe.logical_weights`. In program
 /// order, each name once.
 llvm::Expected<std::vector<hf::TensorSpec>> modelWeights(mlir::ModuleOp module);
+
+/// The weights of `forward` (name, type, experts of each, role, layer and
+/// etp_dim as the ops have them, in order), as moe-partition and
+/// moe-lower-to-exec keep them on the module (`moe.logical_weights`) for the
+/// plan's top-level weights and the planner once @forward is gone.
+mlir::ArrayAttr logicalWeightsAttr(mlir::func::FuncOp forward);
 
 /// The planner's search for `module` (the config.json of its moe.source for
 /// the model's sizes, its weights' roles, the workload of its moe.workload).

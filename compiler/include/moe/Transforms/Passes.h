@@ -2,6 +2,8 @@
 #ifndef MOE_TRANSFORMS_PASSES_H
 #define MOE_TRANSFORMS_PASSES_H
 
+#include "moe/Dialect/Exec/IR/ExecOps.h"
+
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Dialect/Mesh/IR/MeshDialect.h"
 #include "mlir/Pass/Pass.h"

@@ -67,6 +67,23 @@ def MoEAssignBuffers : Pass<"moe-assign-buffers", "mlir::ModuleOp"> {
   }];
 }
 
+def MoELowerToExec : Pass<"moe-lower-to-exec", "mlir::ModuleOp"> {
+  let summary = "lower each rank program to the exec dialect";
+  let description = [{
+    After moe-assign-buffers: each program (`@forward`, or every `@stage<s>`)
+    becomes an `exec.program` (entry `forward`, its stage) that declares its
+    buffers (rows resolved against the workload), its weights in the order
+    its launches first bind them, its KV caches and its inputs, then one
+    `exec.launch` (the op's kernel id and constants) or `exec.collective`
+    (all_reduce / all_gather / all_to_all over a mesh axis, send / recv to a
+    stage) per op, in order, and `exec.return` with the logits' buffer. The
+    model's logical weights stay on the module (`moe.logical_weights`).
+    Diagnoses programs without buffers, weights no op binds and KV caches
+    out of order.
+  }];
+  let dependentDialects = ["::moe::exec::ExecDialect"];
+}
+
 def MoEChooseLayout : Pass<"moe-choose-layout", "mlir::ModuleOp"> {
   let summary = "choose the expert / tensor / pipeline / data layout and apply it";
   let description = [{
@@ -185,10 +202,10 @@ def MoEVerifyCollectives : Pass<"moe-verify-collectives", "mlir::ModuleOp"> {
 def MoEAnnotateKernels : Pass<"moe-annotate-kernels", "mlir::ModuleOp"> {
   let summary = "attach the CUDA target's kernel-level lowering to every op";
   let description = [{
-    The kernel-level view of the CUDA target (docs/cuda.md) in the IR: on a
-    module that went through the whole pipeline (workload, partitioning,
-    buffers), emits every program's kernels as `moec compile --target cuda`
-    does and attaches to each op of a program `moe.cuda.launches`: one string
+    The kernel-level view of the CUDA target (docs/cuda.md) in the IR: on the
+    exec programs (moe-lower-to-exec), emits every program's kernels as
+    `moec compile --target cuda` does and attaches to each exec.launch and
+    exec.collective `moe.cuda.launches`: one string
     per launch, in order: `KERNEL<<<(grid), block>>>(params)` for an emitted
     kernel (grid in terms of the step's rows T or R), `gemm MxNxK (A, B ->
     C)` for a cuBLAS call, `collective OP` for NCCL. Changes nothing else.
@@ -198,17 +215,19 @@ def MoEAnnotateKernels : Pass<"moe-annotate-kernels", "mlir::ModuleOp"> {
 def MoEEmitPlan : Pass<"moe-emit-plan", "mlir::ModuleOp"> {
   let summary = "write the compiled module as a plan (the last pass of moec compile)";
   let description = [{
-    Serializes the module (after moe-assign-buffers) as the plan file
+    Serializes the exec programs (moe-lower-to-exec) as the plan file
     `output` (docs/plan-format.md), written atomically: the programs, the
     model's logical weights and, with `moe.layout` (moe-choose-layout), the
     distribution: degrees, stages and every rank's coordinates, predicted
-    memory and checkpoint slices. With `target=cuda` each program also gets
-    its CUDA kernel table, source and fatbin (nvcc: $MOE_NVCC or the CUDA
-    toolkit's; docs/cuda.md). Changes nothing in the module.
+    memory and checkpoint slices. The `target`'s TargetBackend adds its part:
+    with `target=cuda` each program gets its CUDA kernel table, source and
+    fatbin (nvcc: $MOE_NVCC or the CUDA toolkit's; docs/cuda.md). Changes
+    nothing in the module.
   }];
   let options = [
     Option<"output", "output", "std::string", "\"\"", "the plan file to write">,
-    Option<"target", "target", "std::string", "\"cpu\"", "cpu or cuda">,
+    Option<"target", "target", "std::string", "\"cpu\"",
+           "the TargetBackend: cpu or cuda">,
     Option<"cudaArch", "cuda-arch", "std::string", "\"sm_80,sm_90\"",
            "with target=cuda: architectures to compile SASS for, plus PTX">,
     Option<"kernelsOnly", "kernels-only", "bool", "false",

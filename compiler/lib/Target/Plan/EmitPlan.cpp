@@ -1,19 +1,18 @@
 //===- EmitPlan.cpp - the plan file, as the last pass ------------*- C++ -*-===//
 //
-// moe-emit-plan: buildPlan (PlanWriter.h), the CUDA kernels for target=cuda
-// (Cuda.h), the distribution of `moe.layout` (Layout.h, Distribution.h),
+// moe-emit-plan: buildPlan (PlanWriter.h) of the exec programs, the target's
+// part (TargetBackend.h: the CUDA kernels for target=cuda), the distribution of `moe.layout` (Layout.h, Distribution.h),
 // written atomically. `moec compile -o` and `moe-opt --moe-compile-pipeline=
 // "output=..."` both end with it, so they write the same bytes.
 //
 //===----------------------------------------------------------------------===//
-#include "moe/Target/Cuda.h"
 #include "moe/Target/Distribution.h"
 #include "moe/Target/PlanWriter.h"
+#include "moe/Target/TargetBackend.h"
 #include "moe/Transforms/Layout.h"
 #include "moe/Transforms/Passes.h"
 
 #include "mlir/IR/Diagnostics.h"
-#include "llvm/Support/Path.h"
 
 namespace moe {
 #define GEN_PASS_DEF_MOEEMITPLAN
@@ -35,21 +34,18 @@ struct EmitPlan : moe::impl::MoEEmitPlanBase<EmitPlan> {
       module.emitError("moe-emit-plan: expected output=<plan file>");
       return signalPassFailure();
     }
-    if (target != "cpu" && target != "cuda") {
-      module.emitError("moe-emit-plan: unknown target '") << target << "' (expected cpu or cuda)";
+    backend = moe::lookupTargetBackend(target);
+    if (!backend) {
+      module.emitError("moe-emit-plan: unknown target '")
+          << target << "' (expected " << moe::targetBackendNames() << ")";
       return signalPassFailure();
     }
-    if (kernelsOnly && target != "cuda") {
-      module.emitError("moe-emit-plan: kernels-only needs target=cuda");
+    options.output = output;
+    options.cudaArch = cudaArch;
+    options.kernelsOnly = kernelsOnly;
+    if (llvm::Error e = backend->checkOptions(options)) {
+      module.emitError(llvm::toString(std::move(e)));
       return signalPassFailure();
-    }
-    if (target == "cuda") {
-      llvm::Expected<std::vector<std::string>> parsed = moe::cuda::parseArchs(cudaArch);
-      if (!parsed) {
-        module.emitError(llvm::toString(parsed.takeError()));
-        return signalPassFailure();
-      }
-      archs = std::move(*parsed);
     }
     // What the files and tools say (nvcc, the disk, the planner): unlocated,
     // the message names them.
@@ -62,31 +58,14 @@ struct EmitPlan : moe::impl::MoEEmitPlanBase<EmitPlan> {
 
   llvm::Error emit() {
     ModuleOp module = getOperation();
-    auto error = [](const llvm::Twine &message) {
-      return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
-    };
     llvm::Expected<json::Value> plan = moe::buildPlan(module);
     if (!plan)
       return plan.takeError();
     json::Object &root = *plan->getAsObject();
-    if (target == "cuda") {
-      std::string nvcc, dir;
-      if (kernelsOnly) {
-        dir = llvm::sys::path::parent_path(output).str();
-        if (dir.empty() && !output.empty())
-          dir = ".";
-      } else {
-        nvcc = moe::cuda::findNvcc();
-        if (nvcc.empty())
-          return error("--target cuda: nvcc not found (set MOE_NVCC, or install the CUDA "
-                       "toolkit at /usr/local/cuda; --compile-to=kernels writes the sources "
-                       "without nvcc)");
-      }
-      if (llvm::Error e = moe::cuda::emitPlanKernels(root, dir, nvcc, archs))
-        return e;
-      if (output.empty())
-        return llvm::Error::success(); // the sources went to standard output
-    }
+    if (llvm::Error e = backend->serialize(module, root, options))
+      return e;
+    if (!backend->writesPlan(options))
+      return llvm::Error::success();
     llvm::Expected<std::unique_ptr<moe::PlannedLayout>> layout = moe::recordedLayout(module);
     if (!layout)
       return layout.takeError();
@@ -106,7 +85,8 @@ struct EmitPlan : moe::impl::MoEEmitPlanBase<EmitPlan> {
     });
   }
 
-  std::vector<std::string> archs;
+  const moe::TargetBackend *backend = nullptr;
+  moe::TargetOptions options;
 };
 
 } // namespace

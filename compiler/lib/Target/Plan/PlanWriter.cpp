@@ -1,10 +1,9 @@
 //===- PlanWriter.cpp - the plan manifest -----------------------*- C++ -*-===//
 #include "moe/Target/PlanWriter.h"
+#include "moe/Dialect/Exec/IR/ExecOps.h"
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
-#include "mlir/Dialect/Mesh/IR/MeshOps.h"
-#include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
@@ -43,278 +42,130 @@ Array shapeOf(RankedTensorType type) {
   return shape;
 }
 
-Object ropeJson(moe::RopeAttr rope) {
-  return Object{{"kind", moe::stringifyRopeKind(rope.getKind())},
-                {"theta", rope.getTheta().convertToDouble()},
-                {"rotary_dim", rope.getRotaryDim()},
-                {"interleaved", rope.getInterleaved()},
-                {"factor", rope.getFactor().convertToDouble()},
-                {"original_max_position", rope.getOriginalMaxPosition()},
-                {"low_freq_factor", rope.getLowFreqFactor().convertToDouble()},
-                {"high_freq_factor", rope.getHighFreqFactor().convertToDouble()},
-                {"beta_fast", rope.getBetaFast().convertToDouble()},
-                {"beta_slow", rope.getBetaSlow().convertToDouble()},
-                {"truncate", rope.getTruncate()},
-                {"attention_factor", rope.getAttentionFactor().convertToDouble()}};
-}
-
-Object routingJson(moe::RoutingAttr r) {
-  return Object{{"scoring", moe::stringifyScoringFunc(r.getScoring())},
-                {"top_k", r.getTopK()},
-                {"topk_on", moe::stringifyTopKInput(r.getTopkOn())},
-                {"normalize", r.getNormalize()},
-                {"scaling_factor", r.getScalingFactor().convertToDouble()},
-                {"num_groups", r.getNumGroups()},
-                {"topk_groups", r.getTopkGroups()},
-                {"group_score", moe::stringifyGroupScore(r.getGroupScore())},
-                // Plans of format 1 compute every activation in f32, the
-                // router's included, whatever the model's dtype (the IR keeps
-                // the reference's compute_type for a later bf16 plan).
-                {"compute_type", "F32"}};
-}
-
-/// The op-specific attributes of a step.
-Object stepAttrs(Operation *op) {
-  Object a;
-  if (auto kv = op->getAttrOfType<IntegerAttr>("moe.kv_cache"))
-    a["kv_cache"] = kv.getInt();
-  llvm::TypeSwitch<Operation *>(op)
-      .Case([&](moe::RMSNormOp o) { a["eps"] = o.getEpsilon().convertToDouble(); })
-      .Case([&](moe::LayerNormOp o) { a["eps"] = o.getEpsilon().convertToDouble(); })
-      .Case([&](moe::AddNormOp o) {
-        a["eps"] = o.getEpsilon().convertToDouble();
-        a["norm"] = o.getLayer() ? "layer_norm" : "rms_norm";
-      })
-      .Case([&](moe::RopeOp o) {
-        a["head_dim"] = o.getHeadDim();
-        a["rope"] = ropeJson(o.getRope());
-      })
-      .Case([&](moe::AttentionOp o) {
-        a["heads"] = o.getNumHeads();
-        a["kv_heads"] = o.getNumKvHeads();
-        a["scale"] = o.getScale().convertToDouble();
-        a["sliding_window"] = o.getSlidingWindow() ? *o.getSlidingWindow() : 0;
-      })
-      .Case([&](moe::MLAttentionOp o) {
-        a["heads"] = o.getNumHeads();
-        a["scale"] = o.getScale().convertToDouble();
-        a["rope"] = ropeJson(o.getRope());
-      })
-      .Case([&](moe::MLPOp o) { a["activation"] = moe::stringifyActivation(o.getActivation()); })
-      .Case([&](moe::ExpertFFNOp o) {
-        a["activation"] = moe::stringifyActivation(o.getActivation());
-      })
-      .Case([&](moe::DispatchOp o) {
-        a["num_experts"] = o.getNumExperts();
-        a["capacity"] = o.getCapacity();
-        a["capacity_factor"] = o.getCapacityFactor().convertToDouble();
-        a["top_k"] = o.getExperts().getType().getDimSize(1);
-        a["row_parts"] = o.getRowParts();
-        a["row_part_stride"] = o.getRowPartStride();
-      })
-      .Case([&](moe::EmbeddingOp o) {
-        if (o->hasAttr("moe.vocab_shard"))
-          a["vocab_shard"] = true;
-      })
-      .Case([&](moe::SendOp o) { a["stage"] = o.getStage(); })
-      .Case([&](moe::RecvOp o) { a["stage"] = o.getStage(); })
-      .Case([&](moe::ExpertsOp o) {
-        a["activation"] = moe::stringifyActivation(o.getActivation());
-      })
-      .Case([&](moe::RouterOp o) { a["routing"] = routingJson(o.getRouting()); })
-      .Case([&](moe::RouteOp o) { a["routing"] = routingJson(o.getRouting()); });
-  return a;
-}
-
-} // namespace
-
-namespace {
-
-const char *axisName(StringRef mesh, int64_t axis) {
-  static const char *attention[] = {"pp", "dp", "tp"};
-  static const char *experts[] = {"pp", "edp", "ep", "etp"};
-  if (mesh == "experts")
-    return axis < 4 ? experts[axis] : "?";
-  return axis < 3 ? attention[axis] : "?";
-}
-
-/// The LM head: the linear whose result the program returns, directly or
-/// through the all_gather / split that join its vocabulary parts.
-Operation *headOf(func::FuncOp fn) {
-  auto ret = cast<func::ReturnOp>(fn.getBody().front().getTerminator());
-  if (ret.getNumOperands() != 1)
-    return nullptr;
-  Value v = ret.getOperand(0);
-  while (Operation *def = v.getDefiningOp()) {
-    if (isa<moe::LinearOp>(def))
-      return def;
-    if (!isa<moe::AllGatherOp, moe::SplitOp>(def))
-      return nullptr;
-    v = def->getOperand(0);
+/// A launch constant as JSON (exec::isPlainConstant: what the verifier lets
+/// through).
+JsonValue constantJson(Attribute a) {
+  if (auto b = dyn_cast<BoolAttr>(a))
+    return b.getValue();
+  if (isa<UnitAttr>(a))
+    return true;
+  if (auto i = dyn_cast<IntegerAttr>(a))
+    return i.getValue().getSExtValue();
+  if (auto f = dyn_cast<FloatAttr>(a))
+    return f.getValueAsDouble();
+  if (auto s = dyn_cast<StringAttr>(a))
+    return s.getValue();
+  if (auto array = dyn_cast<ArrayAttr>(a)) {
+    Array out;
+    for (Attribute e : array)
+      out.push_back(constantJson(e));
+    return out;
   }
-  return nullptr;
+  Object out;
+  for (NamedAttribute n : cast<DictionaryAttr>(a))
+    out[n.getName().getValue()] = constantJson(n.getValue());
+  return out;
 }
 
-/// One program (a stage's function) as the plan's JSON.
-llvm::Expected<Object> programJson(func::FuncOp fn, int64_t stage, int64_t maxTokens,
-                                   int64_t maxSeqLen, int64_t maxSequences) {
-  auto rows = fn->getAttrOfType<DenseI64ArrayAttr>("moe.buffer_rows");
-  auto widths = fn->getAttrOfType<DenseI64ArrayAttr>("moe.buffer_widths");
-  auto types = fn->getAttrOfType<ArrayAttr>("moe.buffer_types");
-  auto argBuffers = fn->getAttrOfType<DenseI64ArrayAttr>("moe.arg_buffers");
-  if (!rows || !widths || !types || !argBuffers)
-    return planError(llvm::formatv("@{0} has no assigned buffers (run "
-                                   "moe-assign-buffers)",
-                                   fn.getSymName()));
-
-  // Weights: one entry per weight op, in order of appearance, with the
-  // program's (rank-local) shapes.
-  Array weights;
-  DenseMap<Value, int64_t> weightId;
-  int64_t weightBytes = 0;
-  auto addWeight = [&](Value v, StringRef name, int64_t experts) {
-    auto type = cast<RankedTensorType>(v.getType());
-    int64_t bytes = type.getNumElements() * (type.getElementTypeBitWidth() / 8);
-    Object w{{"name", name},
-             {"shape", shapeOf(type)},
-             {"dtype", dtypeName(type.getElementType())},
-             {"bytes", bytes}};
-    if (experts)
-      w["experts"] = experts;
-    weightId[v] = static_cast<int64_t>(weights.size());
-    weights.push_back(std::move(w));
-    weightBytes += bytes;
-  };
-
-  // Buffers: activations are computed in f32 whatever the weights' type;
-  // token ids, routing indices, slots and counts are i32.
-  Array buffers;
-  int64_t bufferBytes = 0;
-  for (auto [r, width, type] : llvm::zip(rows.asArrayRef(), widths.asArrayRef(), types)) {
-    Type element = cast<TypeAttr>(type).getValue();
-    std::string dtype = element.isInteger(32) ? "I32" : "F32";
-    int64_t n = r < 0 ? maxTokens : r;
-    int64_t bytes = n * width * 4;
-    buffers.push_back(Object{{"rows", n}, {"width", width}, {"dtype", dtype}, {"bytes", bytes}});
-    bufferBytes += bytes;
-  }
-
-  Array steps, caches;
-  int64_t cacheBytes = 0;
-  DenseMap<Value, int64_t> bufferOf;
-  // The step that computes each value: every input of a step names it
+/// One exec.program as the plan's JSON: its declarations numbered in order,
+/// one step per launch or collective. Knows no kernel: the constants are
+/// the launch's.
+llvm::Expected<Object> programJson(moe::exec::ProgramOp program, int64_t maxSeqLen,
+                                   int64_t maxSequences) {
+  Array weights, buffers, caches, steps;
+  int64_t weightBytes = 0, bufferBytes = 0, cacheBytes = 0;
+  DenseMap<Value, int64_t> bufferId, weightId;
+  // The step that last wrote each buffer: every input of a step names it
   // ("in_from"), so moert sees a step dropped, duplicated or moved.
-  DenseMap<Value, int64_t> producerOf;
-  Block &body = fn.getBody().front();
-  for (auto [arg, id] : llvm::zip(body.getArguments(), argBuffers.asArrayRef()))
-    bufferOf[arg] = id;
-  int64_t logitsBuffer = -1;
-  Operation *head = headOf(fn);
-  for (Operation &op : body) {
-    if (auto w = dyn_cast<moe::WeightOp>(op)) {
-      addWeight(w, w.getName(), 0);
-      continue;
-    }
-    if (auto w = dyn_cast<moe::ExpertWeightOp>(op)) {
-      addWeight(w, w.getName(), w.getNumExperts());
-      continue;
-    }
-    if (auto shard = dyn_cast<mesh::ShardOp>(op)) {
-      // A sharding annotation names the same weight.
-      if (weightId.count(shard.getSrc()))
-        weightId[shard.getResult()] = weightId[shard.getSrc()];
-      continue;
-    }
-    if (auto ret = dyn_cast<func::ReturnOp>(op)) {
-      if (ret.getNumOperands())
-        logitsBuffer = bufferOf.lookup(ret.getOperand(0));
-      continue;
-    }
-    Array in, inFrom, ws, out;
-    for (Value operand : op.getOperands()) {
-      if (weightId.count(operand))
-        ws.push_back(weightId[operand]);
-      else if (bufferOf.count(operand)) {
-        in.push_back(bufferOf[operand]);
-        auto producer = producerOf.find(operand);
-        inFrom.push_back(producer == producerOf.end() ? -1 : producer->second);
-      } else
-        return planError(llvm::formatv("operand of '{0}' has no buffer",
-                                       op.getName().getStringRef()));
-    }
-    auto ids = op.getAttrOfType<DenseI64ArrayAttr>("moe.buffers");
-    if (!ids && op.getNumResults())
-      return planError(llvm::formatv("'{0}' has no assigned buffers",
-                                     op.getName().getStringRef()));
-    if (ids)
-      for (auto [result, id] : llvm::zip(op.getResults(), ids.asArrayRef())) {
-        bufferOf[result] = id;
-        producerOf[result] = static_cast<int64_t>(steps.size());
-        out.push_back(id);
-      }
-    Object attrs = stepAttrs(&op);
-    if (auto mesh = op.getAttrOfType<FlatSymbolRefAttr>("mesh")) {
-      int64_t axis = op.getAttrOfType<IntegerAttr>("axis").getInt();
-      attrs["mesh"] = mesh.getValue();
-      attrs["axis"] = axisName(mesh.getValue(), axis);
-    }
-    if (&op == head)
-      attrs["head"] = true;
-    Object step{{"op", op.getName().stripDialect()},
-                {"in", std::move(in)},
-                {"in_from", std::move(inFrom)},
-                {"weights", std::move(ws)},
-                {"out", std::move(out)},
-                {"attrs", std::move(attrs)}};
-    // split: the parts' widths (its results'); concat: its inputs'.
-    if (isa<moe::SplitOp, moe::ConcatOp>(op)) {
-      Array partWidths;
-      for (Value v : isa<moe::SplitOp>(op) ? ValueRange(op.getResults()) : op.getOperands())
-        partWidths.push_back(cast<RankedTensorType>(v.getType()).getDimSize(1));
-      step.getObject("attrs")->try_emplace("widths", std::move(partWidths));
-    }
-    if (op.hasAttr("moe.kv_cache")) {
-      int64_t keyWidth, valueWidth;
-      if (auto a = dyn_cast<moe::AttentionOp>(op)) {
-        keyWidth = a.getKey().getType().getDimSize(1);
-        valueWidth = a.getValue().getType().getDimSize(1);
-      } else {
-        auto m = cast<moe::MLAttentionOp>(op);
-        keyWidth = m.getNumHeads() * (m.getNopeHeadDim() + m.getRopeHeadDim());
-        valueWidth = m.getNumHeads() * m.getValueHeadDim();
-      }
+  DenseMap<Value, int64_t> writer;
+  std::optional<int64_t> tokens, positions;
+  int64_t logits = -1;
+  auto ids = [](ValueRange values, const DenseMap<Value, int64_t> &of) {
+    Array out;
+    for (Value v : values)
+      out.push_back(of.lookup(v));
+    return out;
+  };
+  for (Operation &op : program.getBody().front()) {
+    if (auto b = dyn_cast<moe::exec::BufferOp>(op)) {
+      int64_t rows = b.getRowsAttr().getInt(), width = b.getWidthAttr().getInt();
+      int64_t bytes = rows * width * 4;
+      bufferId[b] = int64_t(buffers.size());
+      buffers.push_back(Object{{"rows", rows},
+                               {"width", width},
+                               {"dtype", b.getElementType().isInteger(32) ? "I32" : "F32"},
+                               {"bytes", bytes}});
+      bufferBytes += bytes;
+    } else if (auto w = dyn_cast<moe::exec::WeightOp>(op)) {
+      auto type = cast<RankedTensorType>(w.getTensorType());
+      int64_t bytes = type.getNumElements() * (type.getElementTypeBitWidth() / 8);
+      Object entry{{"name", w.getTensor()},
+                   {"shape", shapeOf(type)},
+                   {"dtype", dtypeName(type.getElementType())},
+                   {"bytes", bytes}};
+      if (auto experts = w.getExpertsAttr())
+        entry["experts"] = experts.getInt();
+      weightId[w] = int64_t(weights.size());
+      weights.push_back(std::move(entry));
+      weightBytes += bytes;
+    } else if (auto kv = dyn_cast<moe::exec::KVCacheOp>(op)) {
+      int64_t keyWidth = kv.getKeyWidthAttr().getInt(),
+              valueWidth = kv.getValueWidthAttr().getInt();
       int64_t bytes = maxSequences * maxSeqLen * (keyWidth + valueWidth) * 4;
       caches.push_back(Object{{"key_width", keyWidth},
                               {"value_width", valueWidth},
                               {"bytes", bytes}});
       cacheBytes += bytes;
-    }
-    steps.push_back(std::move(step));
-  }
-  // Weights are numbered in the order the steps first bind them; moert
-  // checks that order (a weight id swapped for another of the same shape is
-  // then out of order).
-  std::vector<int64_t> bound(weights.size(), -1);
-  Array ordered;
-  for (llvm::json::Value &step : steps)
-    for (llvm::json::Value &id : *step.getAsObject()->getArray("weights")) {
-      int64_t old = *id.getAsInteger();
-      if (bound[old] < 0) {
-        bound[old] = static_cast<int64_t>(ordered.size());
-        ordered.push_back(weights[old]);
+    } else if (auto in = dyn_cast<moe::exec::InputsOp>(op)) {
+      tokens = bufferId.lookup(in.getTokens());
+      positions = bufferId.lookup(in.getPositions());
+    } else if (auto ret = dyn_cast<moe::exec::ReturnOp>(op)) {
+      if (ret.getLogits())
+        logits = bufferId.lookup(ret.getLogits());
+    } else {
+      StringRef name;
+      ValueRange ins, ws, outs;
+      Object attrs;
+      if (auto launch = dyn_cast<moe::exec::LaunchOp>(op)) {
+        name = launch.getKernel();
+        ins = launch.getIns();
+        ws = launch.getWeights();
+        outs = launch.getOuts();
+        attrs = std::move(*constantJson(launch.getConstants()).getAsObject());
+      } else {
+        auto c = cast<moe::exec::CollectiveOp>(op);
+        name = c.getKind();
+        ins = c.getIns();
+        outs = c.getOuts();
+        attrs = std::move(*constantJson(c.getConstants()).getAsObject());
+        if (c.getMesh()) {
+          attrs["mesh"] = *c.getMesh();
+          attrs["axis"] = *c.getAxis();
+        }
       }
-      id = bound[old];
+      Array inFrom;
+      for (Value v : ins) {
+        auto w = writer.find(v);
+        inFrom.push_back(w == writer.end() ? -1 : w->second);
+      }
+      for (Value v : outs)
+        writer[v] = int64_t(steps.size());
+      steps.push_back(Object{{"op", name},
+                             {"in", ids(ins, bufferId)},
+                             {"in_from", std::move(inFrom)},
+                             {"weights", ids(ws, weightId)},
+                             {"out", ids(outs, bufferId)},
+                             {"attrs", std::move(attrs)}});
     }
-  for (auto [old, id] : llvm::enumerate(bound))
-    if (id < 0)
-      return planError(llvm::formatv("@{0}: weight '{1}' is bound by no op", fn.getSymName(),
-                                     *weights[old].getAsObject()->getString("name")));
-  return Object{{"stage", stage},
-                {"weights", std::move(ordered)},
+  }
+  if (!tokens)
+    return planError(llvm::formatv("@{0}: no exec.inputs", program.getSymName()));
+  return Object{{"stage", program.getStageAttr().getInt()},
+                {"weights", std::move(weights)},
                 {"buffers", std::move(buffers)},
                 {"kv_caches", std::move(caches)},
-                {"inputs", Object{{"tokens", argBuffers[0]}, {"positions", argBuffers[1]}}},
-                {"logits", logitsBuffer},
+                {"inputs", Object{{"tokens", *tokens}, {"positions", *positions}}},
+                {"logits", logits},
                 {"memory", Object{{"weights", weightBytes},
                                   {"activations", bufferBytes},
                                   {"kv_cache", cacheBytes},
@@ -369,25 +220,19 @@ llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
   int64_t maxTokens = get("max_batch_tokens"), maxSeqLen = get("max_seq_len"),
           maxSequences = get("max_sequences");
 
-  // The programs: @forward, or one @stage<s> per pipeline stage.
-  SmallVector<func::FuncOp> programs;
-  if (auto forward = module.lookupSymbol<func::FuncOp>("forward")) {
-    programs.push_back(forward);
-  } else {
-    for (auto fn : module.getOps<func::FuncOp>())
-      if (auto stage = fn->getAttrOfType<IntegerAttr>("moe.stage")) {
-        if (stage.getInt() != int64_t(programs.size()))
-          return planError(llvm::formatv("@{0}: expected the stages in order",
-                                         fn.getSymName()));
-        programs.push_back(fn);
-      }
+  // The programs (moe-lower-to-exec), one per pipeline stage, in order.
+  SmallVector<moe::exec::ProgramOp> programs;
+  for (auto program : module.getOps<moe::exec::ProgramOp>()) {
+    if (program.getStageAttr().getInt() != int64_t(programs.size()))
+      return planError(llvm::formatv("@{0}: expected the stages in order",
+                                     program.getSymName()));
+    programs.push_back(program);
   }
   if (programs.empty())
-    return planError("expected @forward or @stage0.. programs");
+    return planError("expected exec.program ops (run moe-lower-to-exec)");
   Array programsJson;
-  for (auto [stage, fn] : llvm::enumerate(programs)) {
-    llvm::Expected<Object> p = programJson(fn, int64_t(stage), maxTokens, maxSeqLen,
-                                           maxSequences);
+  for (auto program : programs) {
+    llvm::Expected<Object> p = programJson(program, maxSeqLen, maxSequences);
     if (!p)
       return p.takeError();
     programsJson.push_back(std::move(*p));

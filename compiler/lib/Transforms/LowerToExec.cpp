@@ -1,0 +1,372 @@
+//===- LowerToExec.cpp - moe programs to exec programs ----------*- C++ -*-===//
+//
+// moe-lower-to-exec: each program of the module (@forward, or every
+// @stage<s> of a partitioned one), after moe-assign-buffers, becomes an
+// exec.program: its buffers, the weights in the order its launches first
+// bind them, its KV caches and inputs declared, then one exec.launch (a
+// kernel id with its constants) or exec.collective (with its group or peer)
+// per op, in order. The op-specific knowledge of what a kernel needs (its
+// constants) lives here, once; the plan writer and the targets read the
+// exec ops only.
+//
+//===----------------------------------------------------------------------===//
+#include "moe/Dialect/Exec/IR/ExecOps.h"
+#include "moe/Dialect/MoE/IR/MoEOps.h"
+#include "moe/Transforms/Layout.h"
+#include "moe/Transforms/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Mesh/IR/MeshOps.h"
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+namespace moe {
+#define GEN_PASS_DEF_MOELOWERTOEXEC
+#include "moe/Transforms/Passes.h.inc"
+} // namespace moe
+
+using namespace mlir;
+namespace exec = moe::exec;
+
+namespace {
+
+DictionaryAttr ropeConstants(Builder &b, moe::RopeAttr rope) {
+  auto f = [&](APFloat v) { return b.getF64FloatAttr(v.convertToDouble()); };
+  return b.getDictionaryAttr({
+      b.getNamedAttr("kind", b.getStringAttr(moe::stringifyRopeKind(rope.getKind()))),
+      b.getNamedAttr("theta", f(rope.getTheta())),
+      b.getNamedAttr("rotary_dim", b.getI64IntegerAttr(rope.getRotaryDim())),
+      b.getNamedAttr("interleaved", b.getBoolAttr(rope.getInterleaved())),
+      b.getNamedAttr("factor", f(rope.getFactor())),
+      b.getNamedAttr("original_max_position", b.getI64IntegerAttr(rope.getOriginalMaxPosition())),
+      b.getNamedAttr("low_freq_factor", f(rope.getLowFreqFactor())),
+      b.getNamedAttr("high_freq_factor", f(rope.getHighFreqFactor())),
+      b.getNamedAttr("beta_fast", f(rope.getBetaFast())),
+      b.getNamedAttr("beta_slow", f(rope.getBetaSlow())),
+      b.getNamedAttr("truncate", b.getBoolAttr(rope.getTruncate())),
+      b.getNamedAttr("attention_factor", f(rope.getAttentionFactor())),
+  });
+}
+
+DictionaryAttr routingConstants(Builder &b, moe::RoutingAttr r) {
+  return b.getDictionaryAttr({
+      b.getNamedAttr("scoring", b.getStringAttr(moe::stringifyScoringFunc(r.getScoring()))),
+      b.getNamedAttr("top_k", b.getI64IntegerAttr(r.getTopK())),
+      b.getNamedAttr("topk_on", b.getStringAttr(moe::stringifyTopKInput(r.getTopkOn()))),
+      b.getNamedAttr("normalize", b.getBoolAttr(r.getNormalize())),
+      b.getNamedAttr("scaling_factor", b.getF64FloatAttr(r.getScalingFactor().convertToDouble())),
+      b.getNamedAttr("num_groups", b.getI64IntegerAttr(r.getNumGroups())),
+      b.getNamedAttr("topk_groups", b.getI64IntegerAttr(r.getTopkGroups())),
+      b.getNamedAttr("group_score", b.getStringAttr(moe::stringifyGroupScore(r.getGroupScore()))),
+      // Plans of format 1 compute every activation in f32, the router's
+      // included, whatever the model's dtype (the IR keeps the reference's
+      // compute_type for a later bf16 plan).
+      b.getNamedAttr("compute_type", b.getStringAttr("F32")),
+  });
+}
+
+/// The constants of an op's kernel: what a target needs beyond its buffers
+/// and weights.
+NamedAttrList kernelConstants(Builder &b, Operation *op) {
+  NamedAttrList a;
+  auto f64 = [&](APFloat v) { return b.getF64FloatAttr(v.convertToDouble()); };
+  auto i64 = [&](int64_t v) { return b.getI64IntegerAttr(v); };
+  if (auto kv = op->getAttrOfType<IntegerAttr>("moe.kv_cache"))
+    a.set("kv_cache", i64(kv.getInt()));
+  llvm::TypeSwitch<Operation *>(op)
+      .Case([&](moe::RMSNormOp o) { a.set("eps", f64(o.getEpsilon())); })
+      .Case([&](moe::LayerNormOp o) { a.set("eps", f64(o.getEpsilon())); })
+      .Case([&](moe::AddNormOp o) {
+        a.set("eps", f64(o.getEpsilon()));
+        a.set("norm", b.getStringAttr(o.getLayer() ? "layer_norm" : "rms_norm"));
+      })
+      .Case([&](moe::RopeOp o) {
+        a.set("head_dim", i64(o.getHeadDim()));
+        a.set("rope", ropeConstants(b, o.getRope()));
+      })
+      .Case([&](moe::AttentionOp o) {
+        a.set("heads", i64(o.getNumHeads()));
+        a.set("kv_heads", i64(o.getNumKvHeads()));
+        a.set("scale", f64(o.getScale()));
+        a.set("sliding_window", i64(o.getSlidingWindow() ? *o.getSlidingWindow() : 0));
+      })
+      .Case([&](moe::MLAttentionOp o) {
+        a.set("heads", i64(o.getNumHeads()));
+        a.set("scale", f64(o.getScale()));
+        a.set("rope", ropeConstants(b, o.getRope()));
+      })
+      .Case([&](moe::MLPOp o) {
+        a.set("activation", b.getStringAttr(moe::stringifyActivation(o.getActivation())));
+      })
+      .Case([&](moe::ExpertFFNOp o) {
+        a.set("activation", b.getStringAttr(moe::stringifyActivation(o.getActivation())));
+      })
+      .Case([&](moe::ExpertsOp o) {
+        a.set("activation", b.getStringAttr(moe::stringifyActivation(o.getActivation())));
+      })
+      .Case([&](moe::DispatchOp o) {
+        a.set("num_experts", i64(o.getNumExperts()));
+        a.set("capacity", i64(o.getCapacity()));
+        a.set("capacity_factor", f64(o.getCapacityFactor()));
+        a.set("top_k", i64(o.getExperts().getType().getDimSize(1)));
+        a.set("row_parts", i64(o.getRowParts()));
+        a.set("row_part_stride", i64(o.getRowPartStride()));
+      })
+      .Case([&](moe::EmbeddingOp o) {
+        if (o->hasAttr("moe.vocab_shard"))
+          a.set("vocab_shard", b.getBoolAttr(true));
+      })
+      .Case([&](moe::SendOp o) { a.set("stage", i64(o.getStage())); })
+      .Case([&](moe::RecvOp o) { a.set("stage", i64(o.getStage())); })
+      .Case([&](moe::RouterOp o) { a.set("routing", routingConstants(b, o.getRouting())); })
+      .Case([&](moe::RouteOp o) { a.set("routing", routingConstants(b, o.getRouting())); });
+  // split: the parts' widths (its results'); concat: its inputs'.
+  if (isa<moe::SplitOp, moe::ConcatOp>(op)) {
+    SmallVector<Attribute> widths;
+    for (Value v : isa<moe::SplitOp>(op) ? ValueRange(op->getResults()) : op->getOperands())
+      widths.push_back(i64(cast<RankedTensorType>(v.getType()).getDimSize(1)));
+    a.set("widths", b.getArrayAttr(widths));
+  }
+  return a;
+}
+
+const char *axisName(StringRef mesh, int64_t axis) {
+  static const char *attention[] = {"pp", "dp", "tp"};
+  static const char *experts[] = {"pp", "edp", "ep", "etp"};
+  if (mesh == "experts")
+    return axis < 4 ? experts[axis] : "?";
+  return axis < 3 ? attention[axis] : "?";
+}
+
+/// The LM head: the linear whose result the program returns, directly or
+/// through the all_gather / split that join its vocabulary parts.
+Operation *headOf(func::FuncOp fn) {
+  auto ret = cast<func::ReturnOp>(fn.getBody().front().getTerminator());
+  if (ret.getNumOperands() != 1)
+    return nullptr;
+  Value v = ret.getOperand(0);
+  while (Operation *def = v.getDefiningOp()) {
+    if (isa<moe::LinearOp>(def))
+      return def;
+    if (!isa<moe::AllGatherOp, moe::SplitOp>(def))
+      return nullptr;
+    v = def->getOperand(0);
+  }
+  return nullptr;
+}
+
+struct Lowering {
+  ModuleOp module;
+  int64_t maxTokens;
+
+  /// The weight op (moe.weight / moe.expert_weight) a value names, through
+  /// sharding annotations.
+  static Operation *weightOf(Value v) {
+    while (Operation *def = v.getDefiningOp()) {
+      if (isa<moe::WeightOp, moe::ExpertWeightOp>(def))
+        return def;
+      auto shard = dyn_cast<mesh::ShardOp>(def);
+      if (!shard)
+        return nullptr;
+      v = shard.getSrc();
+    }
+    return nullptr;
+  }
+
+  LogicalResult lower(func::FuncOp fn, int64_t stage) {
+    auto rows = fn->getAttrOfType<DenseI64ArrayAttr>("moe.buffer_rows");
+    auto widths = fn->getAttrOfType<DenseI64ArrayAttr>("moe.buffer_widths");
+    auto types = fn->getAttrOfType<ArrayAttr>("moe.buffer_types");
+    auto argBuffers = fn->getAttrOfType<DenseI64ArrayAttr>("moe.arg_buffers");
+    if (!rows || !widths || !types || !argBuffers)
+      return fn.emitError("moe-lower-to-exec: @")
+             << fn.getSymName() << " has no assigned buffers (run moe-assign-buffers)";
+    if (argBuffers.size() != 2 || fn.getNumArguments() != 2)
+      return fn.emitError("moe-lower-to-exec: expected the arguments tokens and positions");
+    Block &body = fn.getBody().front();
+
+    OpBuilder b(fn);
+    auto program = b.create<exec::ProgramOp>(fn.getLoc(), fn.getSymName(), "forward", stage);
+    Block *block = new Block();
+    program.getBody().push_back(block);
+    b.setInsertionPointToStart(block);
+
+    // Buffers, in id order (activations in f32, ids and counts in i32).
+    auto bufferType = b.getType<exec::BufferType>();
+    SmallVector<Value> buffer;
+    for (auto [r, width, type] : llvm::zip(rows.asArrayRef(), widths.asArrayRef(), types)) {
+      Type element = cast<TypeAttr>(type).getValue();
+      element = element.isInteger(32) ? element : b.getF32Type();
+      buffer.push_back(b.create<exec::BufferOp>(fn.getLoc(), bufferType, element,
+                                                r < 0 ? maxTokens : r, width));
+    }
+    auto bufferId = [&](int64_t id) -> FailureOr<Value> {
+      if (id < 0 || id >= int64_t(buffer.size()))
+        return failure();
+      return buffer[id];
+    };
+
+    // Weights, in the order the ops first bind them (moert checks it: a
+    // weight id swapped for another of the same shape is then out of order).
+    DenseMap<Operation *, Value> weight;
+    for (Operation &op : body) {
+      if (isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp, func::ReturnOp>(op))
+        continue;
+      for (Value operand : op.getOperands()) {
+        Operation *w = weightOf(operand);
+        if (!w || weight.count(w))
+          continue;
+        auto type = cast<RankedTensorType>(w->getResult(0).getType());
+        IntegerAttr experts;
+        if (auto e = dyn_cast<moe::ExpertWeightOp>(w))
+          experts = b.getI64IntegerAttr(e.getNumExperts());
+        weight[w] = b.create<exec::WeightOp>(
+            w->getLoc(), b.getType<exec::WeightType>(),
+            b.getStringAttr(cast<moe::WeightOpInterface>(w).getTensorName()), TypeAttr::get(type),
+            experts);
+      }
+    }
+    for (Operation &op : body)
+      if (isa<moe::WeightOp, moe::ExpertWeightOp>(op) && !weight.count(&op))
+        return op.emitError("moe-lower-to-exec: @")
+               << fn.getSymName() << ": weight '"
+               << cast<moe::WeightOpInterface>(op).getTensorName() << "' is bound by no op";
+
+    // KV caches, in the order of their ids.
+    int64_t caches = 0;
+    for (Operation &op : body) {
+      auto kv = op.getAttrOfType<IntegerAttr>("moe.kv_cache");
+      if (!kv)
+        continue;
+      if (kv.getInt() != caches)
+        return op.emitError("moe-lower-to-exec: expected KV cache ")
+               << caches << " here, got " << kv.getInt();
+      ++caches;
+      int64_t keyWidth, valueWidth;
+      if (auto a = dyn_cast<moe::AttentionOp>(op)) {
+        keyWidth = a.getKey().getType().getDimSize(1);
+        valueWidth = a.getValue().getType().getDimSize(1);
+      } else if (auto m = dyn_cast<moe::MLAttentionOp>(op)) {
+        keyWidth = m.getNumHeads() * (m.getNopeHeadDim() + m.getRopeHeadDim());
+        valueWidth = m.getNumHeads() * m.getValueHeadDim();
+      } else {
+        return op.emitError("moe-lower-to-exec: a KV cache on an op that is not attention");
+      }
+      b.create<exec::KVCacheOp>(op.getLoc(), keyWidth, valueWidth);
+    }
+
+    DenseMap<Value, Value> bufferOf;
+    for (auto [arg, id] : llvm::zip(body.getArguments(), argBuffers.asArrayRef())) {
+      FailureOr<Value> v = bufferId(id);
+      if (failed(v))
+        return fn.emitError("moe-lower-to-exec: argument buffer ") << id << " is not declared";
+      bufferOf[arg] = *v;
+    }
+    b.create<exec::InputsOp>(fn.getLoc(), bufferOf[body.getArgument(0)],
+                             bufferOf[body.getArgument(1)]);
+
+    Operation *head = headOf(fn);
+    for (Operation &op : body) {
+      if (isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp>(op))
+        continue;
+      if (auto ret = dyn_cast<func::ReturnOp>(op)) {
+        Value logits;
+        if (ret.getNumOperands())
+          logits = bufferOf.lookup(ret.getOperand(0));
+        b.create<exec::ReturnOp>(ret.getLoc(), logits);
+        continue;
+      }
+      SmallVector<Value> ins, ws, outs;
+      for (Value operand : op.getOperands()) {
+        if (Operation *w = weightOf(operand))
+          ws.push_back(weight[w]);
+        else if (Value v = bufferOf.lookup(operand))
+          ins.push_back(v);
+        else
+          return op.emitError("moe-lower-to-exec: an operand has no buffer");
+      }
+      auto ids = op.getAttrOfType<DenseI64ArrayAttr>("moe.buffers");
+      if (!ids && op.getNumResults())
+        return op.emitError("moe-lower-to-exec: no assigned buffers (run moe-assign-buffers)");
+      if (ids) {
+        if (ids.size() != int64_t(op.getNumResults()))
+          return op.emitError("moe-lower-to-exec: expected one buffer per result");
+        for (auto [result, id] : llvm::zip(op.getResults(), ids.asArrayRef())) {
+          FailureOr<Value> v = bufferId(id);
+          if (failed(v))
+            return op.emitError("moe-lower-to-exec: buffer ") << id << " is not declared";
+          bufferOf[result] = *v;
+          outs.push_back(*v);
+        }
+      }
+      NamedAttrList constants = kernelConstants(b, &op);
+      StringRef name = op.getName().stripDialect();
+      if (auto mesh = op.getAttrOfType<FlatSymbolRefAttr>("mesh")) {
+        int64_t axis = op.getAttrOfType<IntegerAttr>("axis").getInt();
+        b.create<exec::CollectiveOp>(op.getLoc(), b.getStringAttr(name), mesh,
+                                     b.getStringAttr(axisName(mesh.getValue(), axis)), ins, outs,
+                                     constants.getDictionary(b.getContext()));
+        continue;
+      }
+      if (isa<moe::SendOp, moe::RecvOp>(op)) {
+        b.create<exec::CollectiveOp>(op.getLoc(), b.getStringAttr(name), FlatSymbolRefAttr(), StringAttr(), ins,
+                                     outs, constants.getDictionary(b.getContext()));
+        continue;
+      }
+      if (&op == head)
+        constants.set("head", b.getBoolAttr(true));
+      b.create<exec::LaunchOp>(op.getLoc(), b.getStringAttr(name), ins, ws, outs,
+                               constants.getDictionary(b.getContext()));
+    }
+    return success();
+  }
+};
+
+struct LowerToExec : moe::impl::MoELowerToExecBase<LowerToExec> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    auto workload = module->getAttrOfType<DictionaryAttr>("moe.workload");
+    auto maxTokens = workload ? workload.getAs<IntegerAttr>("max_batch_tokens") : IntegerAttr();
+    if (!maxTokens) {
+      module.emitError("moe-lower-to-exec: expected a module with moe.workload "
+                       "(run moe-specialize-workload)");
+      return signalPassFailure();
+    }
+    // The programs: @forward, or one @stage<s> per pipeline stage, in order.
+    SmallVector<func::FuncOp> programs;
+    auto forward = module.lookupSymbol<func::FuncOp>("forward");
+    if (forward) {
+      programs.push_back(forward);
+    } else {
+      for (auto fn : module.getOps<func::FuncOp>())
+        if (auto stage = fn->getAttrOfType<IntegerAttr>("moe.stage")) {
+          if (stage.getInt() != int64_t(programs.size())) {
+            fn.emitError("moe-lower-to-exec: expected the stages in order");
+            return signalPassFailure();
+          }
+          programs.push_back(fn);
+        }
+    }
+    if (programs.empty()) {
+      module.emitError("moe-lower-to-exec: expected @forward or @stage0.. programs");
+      return signalPassFailure();
+    }
+    for (func::FuncOp fn : programs)
+      if (fn.getBody().getBlocks().size() != 1) {
+        fn.emitError("moe-lower-to-exec: expected a single-block program");
+        return signalPassFailure();
+      }
+    // The model's whole weights stay on the module for the plan and the
+    // planner (moe-partition keeps them when it splits @forward).
+    if (forward && !module->hasAttr("moe.logical_weights"))
+      module->setAttr("moe.logical_weights", moe::logicalWeightsAttr(forward));
+    Lowering lowering{module, maxTokens.getInt()};
+    for (auto [stage, fn] : llvm::enumerate(programs))
+      if (failed(lowering.lower(fn, int64_t(stage))))
+        return signalPassFailure();
+    for (func::FuncOp fn : programs)
+      fn.erase();
+  }
+};
+
+} // namespace

@@ -1,0 +1,157 @@
+//===- ExecOps.td - the execution dialect ----------------------*- tablegen -*-===//
+//
+// The `exec` dialect: what one rank runs, after the `moe` programs have been
+// partitioned, fused and given buffers. A program is a list of buffers,
+// weights and KV caches it declares, and the launches and collectives that
+// read and write them, in order. Kernels are named by id (the op-level kernel
+// every target implements: the CPU registry's and the CUDA emitter's), with
+// their constants; collectives name their group (a mesh and an axis) or their
+// peer stage. The plan writer serializes these programs without knowing any
+// model op (moe-emit-plan); docs/dialect.md describes the lowering.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_DIALECT_EXEC_IR_EXECOPS_TD
+#define MOE_DIALECT_EXEC_IR_EXECOPS_TD
+
+include "mlir/IR/OpBase.td"
+include "mlir/IR/AttrTypeBase.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/IR/OpAsmInterface.td"
+
+def Exec_Dialect : Dialect {
+  let name = "exec";
+  let cppNamespace = "::moe::exec";
+  let summary = "per-rank programs: buffers, weights, kernel launches, collectives";
+  let description = [{
+    The level the runtime executes. Values are handles (`!exec.buffer`,
+    `!exec.weight`), not tensors: a buffer is a rows x width region of f32 or
+    i32 values that many launches write in turn (the liveness assignment of
+    moe-assign-buffers), a weight is this rank's slice of a checkpoint tensor.
+    A launch reads `ins` and `weights` and writes `outs`; nothing else is
+    implied by the op's name.
+  }];
+  let useDefaultTypePrinterParser = 1;
+}
+
+class Exec_Op<string mnemonic, list<Trait> traits = []>
+    : Op<Exec_Dialect, mnemonic, traits>;
+
+def Exec_BufferType : TypeDef<Exec_Dialect, "Buffer"> {
+  let mnemonic = "buffer";
+  let summary = "a rank-local activation buffer (rows x width)";
+}
+
+def Exec_WeightType : TypeDef<Exec_Dialect, "Weight"> {
+  let mnemonic = "weight";
+  let summary = "this rank's slice of a checkpoint tensor";
+}
+
+def Exec_ProgramOp : Exec_Op<"program", [Symbol, IsolatedFromAbove, SingleBlock]> {
+  let summary = "one entry point of a rank: declarations, then launches in order";
+  let description = [{
+    `entry` names what the program computes (`forward` today: prefill and
+    decode steps alike; `backward` and `optimizer` later), `stage` the
+    pipeline stage whose ranks run it. Buffers, weights and KV caches are
+    numbered in the order they are declared; weights in the order launches
+    first bind them.
+
+    ```mlir
+    exec.program @stage0 entry "forward" stage 0 {
+      %b0 = exec.buffer i32 rows 512 width 1
+      %w0 = exec.weight "model.norm.weight" : tensor<64xf32>
+      ...
+      exec.return logits(%b9)
+    }
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, StrAttr:$entry, I64Attr:$stage);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "$sym_name `entry` $entry `stage` $stage attr-dict-with-keyword $body";
+  let hasVerifier = 1;
+}
+
+def Exec_ReturnOp : Exec_Op<"return", [Terminator, HasParent<"ProgramOp">]> {
+  let summary = "the end of a program, with the buffer of its logits (if any)";
+  let arguments = (ins Optional<Exec_BufferType>:$logits);
+  let assemblyFormat = "(`logits` `(` $logits^ `)`)? attr-dict";
+}
+
+def Exec_BufferOp : Exec_Op<"buffer", [HasParent<"ProgramOp">,
+    DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
+  let summary = "declares a buffer: rows x width values of f32 or i32";
+  let arguments = (ins TypeAttr:$element_type, I64Attr:$rows, I64Attr:$width);
+  let results = (outs Exec_BufferType:$result);
+  let assemblyFormat = "$element_type `rows` $rows `width` $width attr-dict";
+  let hasVerifier = 1;
+}
+
+def Exec_WeightOp : Exec_Op<"weight", [HasParent<"ProgramOp">,
+    DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
+  let summary = "declares a weight: this rank's slice of a checkpoint tensor";
+  let description = [{
+    `tensor_type` is the slice's shape and the checkpoint's dtype; `experts`
+    (an expert stack) the number of experts stacked in its leading dimension.
+  }];
+  let arguments = (ins StrAttr:$tensor, TypeAttr:$tensor_type,
+                       OptionalAttr<I64Attr>:$experts);
+  let results = (outs Exec_WeightType:$result);
+  let assemblyFormat = "$tensor `:` $tensor_type (`experts` $experts^)? attr-dict";
+  let hasVerifier = 1;
+}
+
+def Exec_KVCacheOp : Exec_Op<"kv_cache", [HasParent<"ProgramOp">]> {
+  let summary = "declares a KV cache (key and value row widths), numbered in order";
+  let arguments = (ins I64Attr:$key_width, I64Attr:$value_width);
+  let assemblyFormat = "`key_width` $key_width `value_width` $value_width attr-dict";
+}
+
+def Exec_InputsOp : Exec_Op<"inputs", [HasParent<"ProgramOp">]> {
+  let summary = "the buffers the runtime fills before the first launch";
+  let arguments = (ins Exec_BufferType:$tokens, Exec_BufferType:$positions);
+  let assemblyFormat = "`tokens` `(` $tokens `)` `positions` `(` $positions `)` attr-dict";
+}
+
+def Exec_LaunchOp : Exec_Op<"launch", [HasParent<"ProgramOp">, AttrSizedOperandSegments]> {
+  let summary = "runs a kernel by id with its constants";
+  let description = [{
+    `kernel` is the op-level kernel id every target implements (the CPU
+    runtime's registry, the CUDA emitter); `constants` are its parameters
+    (epsilon, heads, the routing attribute as a dictionary, ...), plain
+    integers, floats, strings, booleans, arrays and dictionaries.
+
+    ```mlir
+    exec.launch "rms_norm" ins(%b2) weights(%w1) outs(%b3) {eps = 1.0e-05 : f64}
+    ```
+  }];
+  let arguments = (ins StrAttr:$kernel, Variadic<Exec_BufferType>:$ins,
+                       Variadic<Exec_WeightType>:$weights, Variadic<Exec_BufferType>:$outs,
+                       DictionaryAttr:$constants);
+  let assemblyFormat = [{
+    $kernel (`ins` `(` $ins^ `)`)? (`weights` `(` $weights^ `)`)? (`outs` `(` $outs^ `)`)?
+    $constants attr-dict
+  }];
+  let hasVerifier = 1;
+}
+
+def Exec_CollectiveOp : Exec_Op<"collective", [HasParent<"ProgramOp">, AttrSizedOperandSegments]> {
+  let summary = "a collective over a group (mesh and axis), or a send/recv to a stage";
+  let description = [{
+    `kind` is one of all_reduce, all_gather, all_to_all (the group: `over
+    @mesh["axis"]`) or send, recv (the peer: `stage` in the constants).
+
+    ```mlir
+    exec.collective "all_reduce" over @attention["tp"] ins(%b4) outs(%b4) {}
+    ```
+  }];
+  let arguments = (ins StrAttr:$kind, OptionalAttr<FlatSymbolRefAttr>:$mesh,
+                       OptionalAttr<StrAttr>:$axis, Variadic<Exec_BufferType>:$ins,
+                       Variadic<Exec_BufferType>:$outs, DictionaryAttr:$constants);
+  let assemblyFormat = [{
+    $kind (`over` $mesh^ `[` $axis `]`)? (`ins` `(` $ins^ `)`)? (`outs` `(` $outs^ `)`)?
+    $constants attr-dict
+  }];
+  let hasVerifier = 1;
+}
+
+#endif // MOE_DIALECT_EXEC_IR_EXECOPS_TD

@@ -1,0 +1,130 @@
+//===- ExecDialect.cpp - the exec dialect -----------------------*- C++ -*-===//
+#include "moe/Dialect/Exec/IR/ExecOps.h"
+
+#include "llvm/ADT/StringSwitch.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+using namespace mlir;
+using namespace moe::exec;
+
+#include "moe/Dialect/Exec/IR/ExecDialect.cpp.inc"
+
+#define GET_TYPEDEF_CLASSES
+#include "moe/Dialect/Exec/IR/ExecTypes.cpp.inc"
+
+#define GET_OP_CLASSES
+#include "moe/Dialect/Exec/IR/ExecOps.cpp.inc"
+
+void ExecDialect::initialize() {
+  addTypes<
+#define GET_TYPEDEF_LIST
+#include "moe/Dialect/Exec/IR/ExecTypes.cpp.inc"
+      >();
+  addOperations<
+#define GET_OP_LIST
+#include "moe/Dialect/Exec/IR/ExecOps.cpp.inc"
+      >();
+}
+
+bool moe::exec::isPlainConstant(Attribute a) {
+  if (isa<IntegerAttr, FloatAttr, StringAttr, BoolAttr, UnitAttr>(a))
+    return true;
+  if (auto array = dyn_cast<ArrayAttr>(a))
+    return llvm::all_of(array, isPlainConstant);
+  if (auto dict = dyn_cast<DictionaryAttr>(a))
+    return llvm::all_of(dict, [](NamedAttribute n) { return isPlainConstant(n.getValue()); });
+  return false;
+}
+
+static LogicalResult verifyConstants(Operation *op, DictionaryAttr constants) {
+  for (NamedAttribute n : constants)
+    if (!isPlainConstant(n.getValue()))
+      return op->emitOpError("constant '")
+             << n.getName().getValue()
+             << "' is not an integer, float, string, bool, array or dictionary";
+  return success();
+}
+
+LogicalResult ProgramOp::verify() {
+  if (getEntry().empty())
+    return emitOpError("needs an entry name");
+  if (getStageAttr().getInt() < 0)
+    return emitOpError("stage must be >= 0");
+  Dialect *exec = getOperation()->getDialect();
+  for (Operation &op : getBody().front())
+    if (op.getDialect() != exec)
+      return op.emitOpError("cannot appear in an exec.program (lower it to exec ops first)");
+  auto inputs = getBody().front().getOps<InputsOp>();
+  if (std::distance(inputs.begin(), inputs.end()) > 1)
+    return emitOpError("has more than one exec.inputs");
+  return success();
+}
+
+/// The id the plan gives a declaration: its position among its kind's.
+template <typename OpT>
+static int64_t declarationId(OpT op) {
+  int64_t id = 0;
+  for (Operation *prev = op->getPrevNode(); prev; prev = prev->getPrevNode())
+    id += isa<OpT>(prev);
+  return id;
+}
+
+// Printed as %b<id> and %w<id>, the ids of the plan ("buf:3", "weight:2").
+void BufferOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), ("b" + llvm::Twine(declarationId(*this))).str());
+}
+void WeightOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), ("w" + llvm::Twine(declarationId(*this))).str());
+}
+
+LogicalResult BufferOp::verify() {
+  Type t = getElementType();
+  if (!t.isF32() && !t.isInteger(32))
+    return emitOpError("element type must be f32 or i32, got ") << t;
+  int64_t rows = getRowsAttr().getInt(), width = getWidthAttr().getInt();
+  if (rows <= 0 || width <= 0)
+    return emitOpError("rows and width must be positive, got ") << rows << " x " << width;
+  return success();
+}
+
+LogicalResult WeightOp::verify() {
+  if (getTensor().empty())
+    return emitOpError("needs the checkpoint tensor's name");
+  auto type = dyn_cast<RankedTensorType>(getTensorType());
+  if (!type || !type.hasStaticShape())
+    return emitOpError("'") << getTensor() << "' needs a static tensor type, got "
+                            << getTensorType();
+  Type e = type.getElementType();
+  if (!e.isF32() && !e.isBF16() && !e.isF16() && !e.isInteger(32))
+    return emitOpError("'") << getTensor() << "': dtype " << e
+                            << " is not a checkpoint dtype (f32, bf16, f16, i32)";
+  if (auto experts = getExpertsAttr(); experts && experts.getInt() <= 0)
+    return emitOpError("'") << getTensor() << "': experts must be positive";
+  return success();
+}
+
+LogicalResult LaunchOp::verify() {
+  if (getKernel().empty())
+    return emitOpError("needs a kernel id");
+  return verifyConstants(*this, getConstants());
+}
+
+LogicalResult CollectiveOp::verify() {
+  StringRef kind = getKind();
+  bool grouped = llvm::StringSwitch<bool>(kind)
+                     .Cases("all_reduce", "all_gather", "all_to_all", true)
+                     .Default(false);
+  bool peer = kind == "send" || kind == "recv";
+  if (!grouped && !peer)
+    return emitOpError("unknown collective '")
+           << kind << "' (expected all_reduce, all_gather, all_to_all, send or recv)";
+  if (grouped && (!getMesh() || !getAxis()))
+    return emitOpError("'") << kind << "' needs its group: over @mesh[\"axis\"]";
+  if (peer) {
+    if (getMesh())
+      return emitOpError("'") << kind << "' names a stage, not a group";
+    if (!getConstants().getAs<IntegerAttr>("stage"))
+      return emitOpError("'") << kind << "' needs the peer stage (constant 'stage')";
+  }
+  return verifyConstants(*this, getConstants());
+}

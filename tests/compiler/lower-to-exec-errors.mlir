@@ -1,0 +1,67 @@
+// RUN: moe-opt --moe-lower-to-exec --split-input-file -verify-diagnostics %s
+
+// Diagnostics of moe-lower-to-exec, one input each.
+
+// expected-error @below {{moe-lower-to-exec: expected a module with moe.workload (run moe-specialize-workload)}}
+module {
+}
+
+// -----
+
+// expected-error @below {{moe-lower-to-exec: expected @forward or @stage0.. programs}}
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+}
+
+// -----
+
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  // expected-error @below {{moe-lower-to-exec: @forward has no assigned buffers (run moe-assign-buffers)}}
+  func.func @forward(%tokens: tensor<?xi32>, %positions: tensor<?xi32>) {
+    return
+  }
+}
+
+// -----
+
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  func.func @stage0(%tokens: tensor<?xi32>, %positions: tensor<?xi32>) attributes {moe.stage = 0 : i64} {
+    return
+  }
+  // expected-error @below {{moe-lower-to-exec: expected the stages in order}}
+  func.func @stage2(%tokens: tensor<?xi32>, %positions: tensor<?xi32>) attributes {moe.stage = 2 : i64} {
+    return
+  }
+}
+
+// -----
+
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  func.func @forward(%tokens: tensor<?xi32>, %positions: tensor<?xi32>) attributes {moe.arg_buffers = array<i64: 0, 1>, moe.buffer_rows = array<i64: -1, -1>, moe.buffer_types = [i32, i32], moe.buffer_widths = array<i64: 1, 1>} {
+    // expected-error @below {{moe-lower-to-exec: @forward: weight 'model.norm.weight' is bound by no op}}
+    %norm = moe.weight "model.norm.weight" : tensor<64xf32>
+    return
+  }
+}
+
+// -----
+
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  func.func @forward(%tokens: tensor<?xi32>, %positions: tensor<?xi32>) attributes {moe.arg_buffers = array<i64: 0, 1>, moe.buffer_rows = array<i64: -1, -1>, moe.buffer_types = [i32, i32], moe.buffer_widths = array<i64: 1, 1>} {
+    %table = moe.weight "model.embed_tokens.weight" : tensor<251x64xf32>
+    // expected-error @below {{moe-lower-to-exec: buffer 2 is not declared}}
+    %h = moe.embedding %table[%tokens] {moe.buffers = array<i64: 2>} : tensor<251x64xf32>, tensor<?xi32> -> tensor<?x64xf32>
+    return
+  }
+}
+
+// -----
+
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  func.func @forward(%tokens: tensor<?xi32>, %positions: tensor<?xi32>) attributes {moe.arg_buffers = array<i64: 0, 1>, moe.buffer_rows = array<i64: -1, -1, -1, -1>, moe.buffer_types = [i32, i32, f32, f32], moe.buffer_widths = array<i64: 1, 1, 64, 64>} {
+    %table = moe.weight "model.embed_tokens.weight" : tensor<251x64xf32>
+    %h = moe.embedding %table[%tokens] {moe.buffers = array<i64: 2>} : tensor<251x64xf32>, tensor<?xi32> -> tensor<?x64xf32>
+    // expected-error @below {{moe-lower-to-exec: expected KV cache 0 here, got 1}}
+    %a = moe.attention %h, %h, %h heads = 4 kv_heads = 4 scale = 0.25 {moe.buffers = array<i64: 3>, moe.kv_cache = 1 : i64} : tensor<?x64xf32>, tensor<?x64xf32>, tensor<?x64xf32> -> tensor<?x64xf32>
+    return
+  }
+}

@@ -1,0 +1,150 @@
+// RUN: moe-opt --split-input-file --verify-diagnostics %s
+
+// One case per verifier message of lib/Exec/IR/ExecDialect.cpp.
+
+// expected-error @below {{'exec.program' op needs an entry name}}
+exec.program @p entry "" stage 0 {
+  exec.return
+}
+
+// -----
+
+// expected-error @below {{'exec.program' op stage must be >= 0}}
+exec.program @p entry "forward" stage -1 {
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  // expected-error @below {{'func.call' op cannot appear in an exec.program (lower it to exec ops first)}}
+  func.call @f() : () -> ()
+  exec.return
+}
+
+// -----
+
+// expected-error @below {{'exec.program' op has more than one exec.inputs}}
+exec.program @p entry "forward" stage 0 {
+  %b = exec.buffer i32 rows 8 width 1
+  exec.inputs tokens(%b) positions(%b)
+  exec.inputs tokens(%b) positions(%b)
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  // expected-error @below {{'exec.buffer' op element type must be f32 or i32, got 'bf16'}}
+  %b = exec.buffer bf16 rows 8 width 1
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  // expected-error @below {{'exec.buffer' op rows and width must be positive, got 0 x 4}}
+  %b = exec.buffer f32 rows 0 width 4
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  // expected-error @below {{'exec.weight' op needs the checkpoint tensor's name}}
+  %w = exec.weight "" : tensor<4xf32>
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  // expected-error @below {{'exec.weight' op 'w' needs a static tensor type, got 'tensor<?x4xf32>'}}
+  %w = exec.weight "w" : tensor<?x4xf32>
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  // expected-error @below {{'exec.weight' op 'w': dtype 'f64' is not a checkpoint dtype (f32, bf16, f16, i32)}}
+  %w = exec.weight "w" : tensor<4xf64>
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  // expected-error @below {{'exec.weight' op 'w': experts must be positive}}
+  %w = exec.weight "w" : tensor<4x4xf32> experts 0
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  // expected-error @below {{'exec.launch' op needs a kernel id}}
+  exec.launch "" {}
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  // expected-error @below {{'exec.launch' op constant 'm' is not an integer, float, string, bool, array or dictionary}}
+  exec.launch "k" {m = @mesh}
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  %b = exec.buffer f32 rows 8 width 4
+  // expected-error @below {{'exec.collective' op unknown collective 'broadcast' (expected all_reduce, all_gather, all_to_all, send or recv)}}
+  exec.collective "broadcast" ins(%b) outs(%b) {}
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  %b = exec.buffer f32 rows 8 width 4
+  // expected-error @below {{'exec.collective' op 'all_reduce' needs its group: over @mesh["axis"]}}
+  exec.collective "all_reduce" ins(%b) outs(%b) {}
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  %b = exec.buffer f32 rows 8 width 4
+  // expected-error @below {{'exec.collective' op 'send' names a stage, not a group}}
+  exec.collective "send" over @mesh["pp"] ins(%b) {stage = 1}
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  %b = exec.buffer f32 rows 8 width 4
+  // expected-error @below {{'exec.collective' op 'recv' needs the peer stage (constant 'stage')}}
+  exec.collective "recv" outs(%b) {}
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  %b = exec.buffer f32 rows 8 width 4
+  // expected-error @below {{'exec.collective' op constant 'x' is not an integer, float, string, bool, array or dictionary}}
+  exec.collective "all_gather" over @mesh["tp"] ins(%b) outs(%b) {x = f32}
+  exec.return
+}
+
+// -----
+
+func.func @f() {
+  // expected-error @below {{'exec.launch' op expects parent op 'exec.program'}}
+  exec.launch "k" {}
+  return
+}
