@@ -305,18 +305,18 @@ struct Lowering {
         int64_t axis = op.getAttrOfType<IntegerAttr>("axis").getInt();
         b.create<exec::CollectiveOp>(op.getLoc(), b.getStringAttr(name), mesh,
                                      b.getStringAttr(axisName(mesh.getValue(), axis)), ins, outs,
-                                     constants.getDictionary(b.getContext()));
+                                     constants.getDictionary(b.getContext()), StringAttr());
         continue;
       }
       if (isa<moe::SendOp, moe::RecvOp>(op)) {
         b.create<exec::CollectiveOp>(op.getLoc(), b.getStringAttr(name), FlatSymbolRefAttr(), StringAttr(), ins,
-                                     outs, constants.getDictionary(b.getContext()));
+                                     outs, constants.getDictionary(b.getContext()), StringAttr());
         continue;
       }
       if (&op == head)
         constants.set("head", b.getBoolAttr(true));
       b.create<exec::LaunchOp>(op.getLoc(), b.getStringAttr(name), ins, ws, outs,
-                               constants.getDictionary(b.getContext()));
+                               constants.getDictionary(b.getContext()), StringAttr());
     }
     return success();
   }

@@ -10,6 +10,8 @@
 //===----------------------------------------------------------------------===//
 #pragma once
 
+#include "moe/Dialect/Exec/IR/ExecOps.h"
+
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/JSON.h"
@@ -18,6 +20,20 @@
 #include <vector>
 
 namespace moe::cuda {
+
+/// What the kernel templates need to know about a GPU target: the seam
+/// between the kernels (written against MOE_WARP_SIZE and MOE_SHFL_XOR) and
+/// a vendor's spelling. Another GPU target is another GpuTargetInfo (with a
+/// warp size of 32 or more: the kernels' per-warp shared arrays hold 32).
+struct GpuTargetInfo {
+  std::string name;             ///< the target ("cuda")
+  int64_t warpSize = 32;        ///< lanes per warp (wavefront)
+  std::string shuffleXor;       ///< MOE_SHFL_XOR(v, o)'s expansion
+  std::string kernelQualifiers; ///< before `void` of a kernel
+  std::string launchBounds;     ///< after `void`, @N@ the block size ("" if none)
+};
+/// NVIDIA's: warps of 32, __shfl_xor_sync, __launch_bounds__.
+const GpuTargetInfo &cudaTargetInfo();
 
 /// One program's emitted kernels.
 struct EmittedProgram {
@@ -29,16 +45,24 @@ struct EmittedProgram {
 /// Emits program `index` of `plan` (the plan's root object: workload and
 /// model are read from it).
 llvm::Expected<EmittedProgram> emitProgram(const llvm::json::Object &plan,
-                                           const llvm::json::Object &program, int64_t index);
+                                           const llvm::json::Object &program, int64_t index,
+                                           const GpuTargetInfo &target = cudaTargetInfo());
 
-/// --target cuda: emits every program's kernels into `root` (a plan from
-/// buildPlan; each program's "cuda" object, docs/cuda.md): the CUDA C++
-/// source ("code"), and unless `nvcc` is empty the fatbin nvcc makes of it
-/// (base64) and ptxas' report, so that the plan is one file (one `mv` moves
-/// all of it). With `dir` (--compile-to=kernels -o DIR) each source is also
-/// written there as stage<i>.cu; with neither dir nor nvcc the sources go to
-/// standard output.
-llvm::Error emitPlanKernels(llvm::json::Object &root, llvm::StringRef dir, llvm::StringRef nvcc,
+/// A program's kernels as moe-cuda-kernels put them into its IR (its
+/// exec.kernels and the kernels regions of its launches): the source, the
+/// kernel names and the table (without "source"/"fatbin"). An error names
+/// the program when it was not lowered.
+llvm::Expected<EmittedProgram> programKernels(moe::exec::ProgramOp program);
+
+/// --target cuda: puts every program's kernels (`programs`, in the order of
+/// the plan's) into `root` (a plan from buildPlan; each program's "cuda"
+/// object, docs/cuda.md): the table, the CUDA C++ source ("code"), and
+/// unless `nvcc` is empty the fatbin nvcc makes of it (base64) and ptxas'
+/// report, so that the plan is one file (one `mv` moves all of it). With
+/// `dir` (--compile-to=kernels -o DIR) each source is also written there as
+/// stage<i>.cu; with neither dir nor nvcc the sources go to standard output.
+llvm::Error emitPlanKernels(llvm::json::Object &root, std::vector<EmittedProgram> programs,
+                            llvm::StringRef dir, llvm::StringRef nvcc,
                             const std::vector<std::string> &archs);
 
 /// "sm_80,sm_90" as a list; an error naming --cuda-arch for anything but

@@ -7,6 +7,7 @@
 #ifndef MOE_TARGET_PLANWRITER_H
 #define MOE_TARGET_PLANWRITER_H
 
+#include "moe/Dialect/Exec/IR/ExecOps.h"
 #include "moe/PlanSchema.h"
 
 #include "mlir/IR/BuiltinOps.h"
@@ -22,6 +23,15 @@ constexpr int kPlanFormatVersion = plan::kFormatVersion;
 /// declarations and steps as the exec ops have them. Fails when the module
 /// is not in that form.
 llvm::Expected<llvm::json::Value> buildPlan(mlir::ModuleOp module);
+
+/// One exec.program as the plan's program object (its declarations and
+/// steps), as buildPlan writes it; the KV caches sized for the workload.
+llvm::Expected<llvm::json::Object> programPlan(exec::ProgramOp program, int64_t maxSeqLen,
+                                               int64_t maxSequences);
+
+/// A plain attribute (exec::isPlainConstant) as JSON: integers, floats,
+/// strings, booleans (unit: true), arrays and dictionaries.
+llvm::json::Value attributeJson(mlir::Attribute a);
 
 /// The model's logical weights (whole shapes), as the plan's top-level
 /// `weights`: those of @forward, or, once moe-partition or

@@ -199,16 +199,19 @@ def MoEVerifyCollectives : Pass<"moe-verify-collectives", "mlir::ModuleOp"> {
   }];
 }
 
-def MoEAnnotateKernels : Pass<"moe-annotate-kernels", "mlir::ModuleOp"> {
-  let summary = "attach the CUDA target's kernel-level lowering to every op";
+def MoECudaKernels : Pass<"moe-cuda-kernels", "mlir::ModuleOp"> {
+  let summary = "the CUDA target: generate each exec program's kernels into the IR";
   let description = [{
-    The kernel-level view of the CUDA target (docs/cuda.md) in the IR: on the
-    exec programs (moe-lower-to-exec), emits every program's kernels as
-    `moec compile --target cuda` does and attaches to each exec.launch and
-    exec.collective `moe.cuda.launches`: one string
-    per launch, in order: `KERNEL<<<(grid), block>>>(params)` for an emitted
-    kernel (grid in terms of the step's rows T or R), `gemm MxNxK (A, B ->
-    C)` for a cuBLAS call, `collective OP` for NCCL. Changes nothing else.
+    The CUDA TargetBackend's pipeline hook (docs/cuda.md), after
+    moe-lower-to-exec: generates every program's CUDA kernels from its exec
+    ops, specialised to the program's constants, and puts them into the IR:
+    each exec.launch gets its `rows` (T, or R after the LM head) and a
+    `kernels` region of exec.dispatch (an emitted kernel with its grid in
+    terms of the rows, block and parameters) and exec.gemm (a cuBLAS call)
+    ops in launch order, each exec.collective its rows (NCCL), and each
+    program an exec.kernels op with the CUDA source, the kernel names, the
+    scratch sizes, the RoPE tables and the greedy sampler. moe-emit-plan
+    with target=cuda writes the kernel table from these ops.
   }];
 }
 

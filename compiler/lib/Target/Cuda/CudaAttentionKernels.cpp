@@ -82,7 +82,7 @@ Object Emitter::attend(int64_t i, std::string q, int64_t ldq, std::string out, i
   const long long t = blockIdx.x;
   const int h = blockIdx.y;
   if (t >= T) return;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x % MOE_WARP_SIZE, warp = threadIdx.x / MOE_WARP_SIZE;
   for (int d = threadIdx.x; d < @DQ@; d += @B@) qs[d] = q[t * @LDQ@ + h * @DQ@ + d];
   const long long pos = positions[t];
   const long long first = @WINDOW@ > 0 && pos - @WINDOW@ + 1 > 0 ? pos - @WINDOW@ + 1 : 0;
@@ -98,10 +98,10 @@ Object Emitter::attend(int64_t i, std::string q, int64_t ldq, std::string out, i
   __syncthreads();
   for (int j0 = 0; j0 < n; j0 += 64) {
     const int nt = n - j0 < 64 ? n - j0 : 64;
-    for (int jj = warp; jj < nt; jj += @B@ / 32) {
+    for (int jj = warp; jj < nt; jj += @B@ / MOE_WARP_SIZE) {
       const float *kr = K + static_cast<long long>(j0 + jj) * @KW@;
       float s = 0.0f;
-      for (int d = lane; d < @DQ@; d += 32) s += qs[d] * kr[d];
+      for (int d = lane; d < @DQ@; d += MOE_WARP_SIZE) s += qs[d] * kr[d];
       s = moe_warp_sum(s);
       if (lane == 0) ps[jj] = s * @SCALE@;
     }

@@ -1,12 +1,14 @@
 //===- CudaBackend.cpp - the CUDA target -------------------------*- C++ -*-===//
 //
-// Each program's kernels (Emitter, Cuda.h) as its kernel table, source and,
-// unless only the sources are asked for, the fatbin nvcc makes of them
-// (docs/cuda.md).
+// The pipeline hook lowers each exec program's launches to kernels in the IR
+// (moe-cuda-kernels); the serializer writes them as each program's kernel
+// table, source and, unless only the sources are asked for, the fatbin nvcc
+// makes of them (docs/cuda.md).
 //
 //===----------------------------------------------------------------------===//
 #include "moe/Target/Cuda.h"
 #include "moe/Target/TargetBackend.h"
+#include "moe/Transforms/Passes.h"
 
 #include "llvm/Support/Path.h"
 
@@ -27,8 +29,20 @@ public:
     return !options.output.empty();
   }
 
-  llvm::Error serialize(mlir::ModuleOp, llvm::json::Object &plan,
+  void buildPipeline(mlir::OpPassManager &pm, const TargetOptions &) const override {
+    // The kernels, generated from the exec programs, into the IR.
+    pm.addPass(createMoECudaKernels());
+  }
+
+  llvm::Error serialize(mlir::ModuleOp module, llvm::json::Object &plan,
                         const TargetOptions &options) const override {
+    std::vector<cuda::EmittedProgram> kernels;
+    for (auto program : module.getOps<exec::ProgramOp>()) {
+      llvm::Expected<cuda::EmittedProgram> k = cuda::programKernels(program);
+      if (!k)
+        return k.takeError();
+      kernels.push_back(std::move(*k));
+    }
     llvm::Expected<std::vector<std::string>> archs = cuda::parseArchs(options.cudaArch);
     if (!archs)
       return archs.takeError();
@@ -45,7 +59,7 @@ public:
             "--target cuda: nvcc not found (set MOE_NVCC, or install the CUDA toolkit at "
             "/usr/local/cuda; --compile-to=kernels writes the sources without nvcc)");
     }
-    return cuda::emitPlanKernels(plan, dir, nvcc, *archs);
+    return cuda::emitPlanKernels(plan, std::move(kernels), dir, nvcc, *archs);
   }
 };
 

@@ -113,16 +113,16 @@ static Error writeText(StringRef path, StringRef text) {
   return Error::success();
 }
 
-Error moe::cuda::emitPlanKernels(json::Object &root, StringRef dir, StringRef nvcc,
+Error moe::cuda::emitPlanKernels(json::Object &root, std::vector<EmittedProgram> kernels,
+                                 StringRef dir, StringRef nvcc,
                                  const std::vector<std::string> &archs) {
   json::Array *programs = root.getArray("programs");
-  if (!programs)
-    return createStringError(inconvertibleErrorCode(), "--target cuda: plan has no programs");
+  if (!programs || programs->size() != kernels.size())
+    return createStringError(inconvertibleErrorCode(),
+                             "--target cuda: expected the kernels of every program of the plan");
   for (size_t i = 0; i < programs->size(); ++i) {
     json::Object &program = *(*programs)[i].getAsObject();
-    Expected<EmittedProgram> emitted = emitProgram(root, program, int64_t(i));
-    if (!emitted)
-      return emitted.takeError();
+    EmittedProgram *emitted = &kernels[i];
     std::string name = ("stage" + Twine(i)).str();
     if (dir.empty() && nvcc.empty()) {
       outs() << "// ===== program " << i << " (" << name << ".cu) =====\n" << emitted->source;

@@ -35,8 +35,6 @@ std::string floatLit(double v);
 /// A double literal of v.
 std::string doubleLit(double v);
 int64_t roundUp(int64_t v, int64_t m);
-/// A block size for `work` items per block: a multiple of 32 in [32, cap].
-int64_t blockFor(int64_t work, int64_t cap = 256);
 
 /// The CUDA element type and widening expression of a weight dtype.
 struct WeightType {
@@ -57,8 +55,8 @@ struct Param {
 /// Builds one program's source and table.
 class Emitter {
 public:
-  Emitter(const Object &plan, const Object &program, int64_t index)
-      : plan(plan), program(program), index(index) {}
+  Emitter(const Object &plan, const Object &program, int64_t index, const GpuTargetInfo &target)
+      : plan(plan), program(program), index(index), target(target) {}
 
   llvm::Expected<EmittedProgram> run();
 
@@ -66,6 +64,7 @@ private:
   const Object &plan;
   const Object &program;
   int64_t index;
+  const GpuTargetInfo &target;
   int64_t maxTokens = 0, maxSeqLen = 0, maxSequences = 0;
   std::string source;
   std::vector<std::string> kernels;
@@ -131,8 +130,7 @@ private:
     std::string sig;
     for (size_t i = 0; i < params.size(); ++i)
       sig += (i ? ", " : "") + params[i].decl;
-    std::string text = "extern \"C\" __global__ void __launch_bounds__(" + str(block) +
-                       ") @NAME@(" + sig + ") {\n" + body + "}\n";
+    std::string text = declaration("@NAME@", block) + "(" + sig + ") {\n" + body + "}\n";
     std::string name;
     auto found = byBody.find(text);
     if (found != byBody.end()) {
@@ -159,6 +157,18 @@ private:
       refs.push_back(p.ref);
     return Object{{"kernel", name}, {"grid", std::move(grid)}, {"block", block},
                   {"shared_bytes", 0}, {"params", std::move(refs)}};
+  }
+
+  /// `qualifiers void bounds name` of a kernel with `block` threads.
+  std::string declaration(llvm::StringRef name, int64_t block) const {
+    std::string bounds = subst(target.launchBounds, {{"N", str(block)}});
+    return target.kernelQualifiers + " void " + (bounds.empty() ? "" : bounds + " ") + name.str();
+  }
+  /// A block size for `work` items per block: a multiple of the warp size
+  /// in [warp, cap].
+  int64_t blockFor(int64_t work, int64_t cap = 256) const {
+    const int64_t w = target.warpSize;
+    return std::max<int64_t>(w, std::min<int64_t>(cap, roundUp(work, w)));
   }
 
   /// Grid dimension ceil(a * N / d) + c (N: the step's rows, T or R).

@@ -42,9 +42,9 @@ Array shapeOf(RankedTensorType type) {
   return shape;
 }
 
-/// A launch constant as JSON (exec::isPlainConstant: what the verifier lets
-/// through).
-JsonValue constantJson(Attribute a) {
+} // namespace
+
+JsonValue moe::attributeJson(Attribute a) {
   if (auto b = dyn_cast<BoolAttr>(a))
     return b.getValue();
   if (isa<UnitAttr>(a))
@@ -58,20 +58,19 @@ JsonValue constantJson(Attribute a) {
   if (auto array = dyn_cast<ArrayAttr>(a)) {
     Array out;
     for (Attribute e : array)
-      out.push_back(constantJson(e));
+      out.push_back(attributeJson(e));
     return out;
   }
   Object out;
   for (NamedAttribute n : cast<DictionaryAttr>(a))
-    out[n.getName().getValue()] = constantJson(n.getValue());
+    out[n.getName().getValue()] = attributeJson(n.getValue());
   return out;
 }
 
-/// One exec.program as the plan's JSON: its declarations numbered in order,
-/// one step per launch or collective. Knows no kernel: the constants are
-/// the launch's.
-llvm::Expected<Object> programJson(moe::exec::ProgramOp program, int64_t maxSeqLen,
-                                   int64_t maxSequences) {
+// One step per launch or collective, declarations numbered in order. Knows
+// no kernel: the constants are the launch's.
+llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t maxSeqLen,
+                                        int64_t maxSequences) {
   Array weights, buffers, caches, steps;
   int64_t weightBytes = 0, bufferBytes = 0, cacheBytes = 0;
   DenseMap<Value, int64_t> bufferId, weightId;
@@ -122,7 +121,8 @@ llvm::Expected<Object> programJson(moe::exec::ProgramOp program, int64_t maxSeqL
     } else if (auto ret = dyn_cast<moe::exec::ReturnOp>(op)) {
       if (ret.getLogits())
         logits = bufferId.lookup(ret.getLogits());
-    } else {
+    } else if (isa<moe::exec::LaunchOp, moe::exec::CollectiveOp>(op)) {
+      // (exec.kernels and the launches' kernels regions are the target's.)
       StringRef name;
       ValueRange ins, ws, outs;
       Object attrs;
@@ -131,13 +131,13 @@ llvm::Expected<Object> programJson(moe::exec::ProgramOp program, int64_t maxSeqL
         ins = launch.getIns();
         ws = launch.getWeights();
         outs = launch.getOuts();
-        attrs = std::move(*constantJson(launch.getConstants()).getAsObject());
+        attrs = std::move(*attributeJson(launch.getConstants()).getAsObject());
       } else {
         auto c = cast<moe::exec::CollectiveOp>(op);
         name = c.getKind();
         ins = c.getIns();
         outs = c.getOuts();
-        attrs = std::move(*constantJson(c.getConstants()).getAsObject());
+        attrs = std::move(*attributeJson(c.getConstants()).getAsObject());
         if (c.getMesh()) {
           attrs["mesh"] = *c.getMesh();
           attrs["axis"] = *c.getAxis();
@@ -172,8 +172,6 @@ llvm::Expected<Object> programJson(moe::exec::ProgramOp program, int64_t maxSeqL
                                   {"peak", weightBytes + bufferBytes + cacheBytes}}},
                 {"steps", std::move(steps)}};
 }
-
-} // namespace
 
 llvm::json::Array moe::logicalWeights(ModuleOp module) {
   Array weights;
@@ -232,7 +230,7 @@ llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
     return planError("expected exec.program ops (run moe-lower-to-exec)");
   Array programsJson;
   for (auto program : programs) {
-    llvm::Expected<Object> p = programJson(program, maxSeqLen, maxSequences);
+    llvm::Expected<Object> p = programPlan(program, maxSeqLen, maxSequences);
     if (!p)
       return p.takeError();
     programsJson.push_back(std::move(*p));

@@ -106,7 +106,38 @@ LogicalResult WeightOp::verify() {
 LogicalResult LaunchOp::verify() {
   if (getKernel().empty())
     return emitOpError("needs a kernel id");
+  if (!getKernels().empty() && !getRows())
+    return emitOpError("'") << getKernel() << "': a lowered launch needs its rows";
+  if (!getKernels().empty())
+    for (Operation &op : getKernels().front())
+      if (!isa<DispatchOp, GemmOp>(op))
+        return op.emitOpError("cannot appear in a launch's kernels (exec.dispatch or exec.gemm)");
   return verifyConstants(*this, getConstants());
+}
+
+LogicalResult DispatchOp::verify() {
+  for (ArrayRef<int64_t> dim : {getGridX(), getGridY(), getGridZ()})
+    if (dim.size() != 3 || dim[0] < 0 || dim[1] < 1 || dim[2] < 0)
+      return emitOpError("'") << getKernel()
+                              << "': each grid dimension is [a, d, c] (ceil(a * N / d) + c) "
+                                 "with a, c >= 0 and d >= 1";
+  int64_t block = getBlockAttr().getInt();
+  if (block < 1 || block > 1024)
+    return emitOpError("'") << getKernel() << "': block must be in [1, 1024], got " << block;
+  if (getSharedBytesAttr().getInt() < 0)
+    return emitOpError("'") << getKernel() << "': shared_bytes must be >= 0";
+  return success();
+}
+
+LogicalResult GemmOp::verify() {
+  int64_t n = getNAttr().getInt(), k = getKAttr().getInt(), batch = getBatchAttr().getInt();
+  if (n <= 0 || k <= 0 || batch <= 0)
+    return emitOpError("n, k and batch must be positive");
+  if (getLdaAttr().getInt() < k || getLdcAttr().getInt() < n)
+    return emitOpError("lda must be >= k and ldc >= n");
+  if (batch > 1 && (!getStrideA() || !getStrideB() || !getStrideC()))
+    return emitOpError("a batched gemm needs stride_a, stride_b and stride_c");
+  return success();
 }
 
 LogicalResult CollectiveOp::verify() {

@@ -112,7 +112,8 @@ def Exec_InputsOp : Exec_Op<"inputs", [HasParent<"ProgramOp">]> {
   let assemblyFormat = "`tokens` `(` $tokens `)` `positions` `(` $positions `)` attr-dict";
 }
 
-def Exec_LaunchOp : Exec_Op<"launch", [HasParent<"ProgramOp">, AttrSizedOperandSegments]> {
+def Exec_LaunchOp : Exec_Op<"launch", [HasParent<"ProgramOp">, AttrSizedOperandSegments,
+                                        NoTerminator, SingleBlock]> {
   let summary = "runs a kernel by id with its constants";
   let description = [{
     `kernel` is the op-level kernel id every target implements (the CPU
@@ -123,13 +124,19 @@ def Exec_LaunchOp : Exec_Op<"launch", [HasParent<"ProgramOp">, AttrSizedOperandS
     ```mlir
     exec.launch "rms_norm" ins(%b2) weights(%w1) outs(%b3) {eps = 1.0e-05 : f64}
     ```
+
+    A GPU target lowers it in place (moe-cuda-kernels): `rows` (the rows the
+    step runs on: `T`, the batch's tokens, or `R`, its logit rows) and the
+    `kernels` region with the step's exec.dispatch and exec.gemm ops, in
+    launch order.
   }];
   let arguments = (ins StrAttr:$kernel, Variadic<Exec_BufferType>:$ins,
                        Variadic<Exec_WeightType>:$weights, Variadic<Exec_BufferType>:$outs,
-                       DictionaryAttr:$constants);
+                       DictionaryAttr:$constants, OptionalAttr<StrAttr>:$rows);
+  let regions = (region AnyRegion:$kernels);
   let assemblyFormat = [{
     $kernel (`ins` `(` $ins^ `)`)? (`weights` `(` $weights^ `)`)? (`outs` `(` $outs^ `)`)?
-    $constants attr-dict
+    (`rows` $rows^)? $constants attr-dict (`kernels` $kernels^)?
   }];
   let hasVerifier = 1;
 }
@@ -146,12 +153,82 @@ def Exec_CollectiveOp : Exec_Op<"collective", [HasParent<"ProgramOp">, AttrSized
   }];
   let arguments = (ins StrAttr:$kind, OptionalAttr<FlatSymbolRefAttr>:$mesh,
                        OptionalAttr<StrAttr>:$axis, Variadic<Exec_BufferType>:$ins,
-                       Variadic<Exec_BufferType>:$outs, DictionaryAttr:$constants);
+                       Variadic<Exec_BufferType>:$outs, DictionaryAttr:$constants,
+                       OptionalAttr<StrAttr>:$rows);
   let assemblyFormat = [{
     $kind (`over` $mesh^ `[` $axis `]`)? (`ins` `(` $ins^ `)`)? (`outs` `(` $outs^ `)`)?
-    $constants attr-dict
+    (`rows` $rows^)? $constants attr-dict
   }];
   let hasVerifier = 1;
+}
+
+
+//===----------------------------------------------------------------------===//
+// The kernel level: what a GPU target lowers a launch to
+//===----------------------------------------------------------------------===//
+
+def Exec_DispatchOp : Exec_Op<"dispatch", [ParentOneOf<["LaunchOp", "KernelsOp"]>]> {
+  let summary = "one kernel launch: grid, block and parameters";
+  let description = [{
+    `kernel` names a kernel of the program's exec.kernels source. Each grid
+    dimension `[a, d, c]` is ceil(a * N / d) + c blocks, N the step's rows
+    (`T` or `R`, or the launch's own `rows`). `params` are the kernel's
+    arguments by reference, as the runtime binds them: `buf:N`, `weight:N`,
+    `scratch:N`, `rope:N`, `batch:...`, `coord:...`, `const:V`, `T`, `R`,
+    `null` (docs/cuda.md).
+
+    ```mlir
+    exec.dispatch "moe_s1_rms_norm" grid([1, 1, 0], [0, 1, 1], [0, 1, 1]) block 64
+        params ["buf:2", "weight:1", "buf:3", "T"] {shared_bytes = 0 : i64}
+    ```
+  }];
+  let arguments = (ins StrAttr:$kernel, DenseI64ArrayAttr:$grid_x, DenseI64ArrayAttr:$grid_y,
+                       DenseI64ArrayAttr:$grid_z, I64Attr:$block, I64Attr:$shared_bytes,
+                       StrArrayAttr:$params, OptionalAttr<StrAttr>:$rows);
+  let assemblyFormat = [{
+    $kernel `grid` `(` $grid_x `,` $grid_y `,` $grid_z `)` `block` $block
+    `params` $params (`rows` $rows^)? attr-dict
+  }];
+  let hasVerifier = 1;
+}
+
+def Exec_GemmOp : Exec_Op<"gemm", [HasParent<"LaunchOp">]> {
+  let summary = "C = A x op(B) by the target's BLAS (strided-batched with batch > 1)";
+  let description = [{
+    Row-major `c[m x n] = a[m x k] * b^T` (`transpose_b`), `b` in `b_dtype`;
+    `m` is `T`, `R` or a number. With `batch` > 1 the operands advance by
+    their strides per block; `b_batch_modulo` makes block i use weight block
+    i mod it (an expert stack shared by the blocks of several ranks) and
+    `rows_from_counts` bounds each block's rows by a counts buffer.
+  }];
+  let arguments = (ins StrAttr:$a, StrAttr:$b, StrAttr:$c, StrAttr:$m, I64Attr:$n, I64Attr:$k,
+                       I64Attr:$lda, I64Attr:$ldb, I64Attr:$ldc, StrAttr:$b_dtype,
+                       BoolAttr:$transpose_b, I64Attr:$batch,
+                       OptionalAttr<I64Attr>:$stride_a, OptionalAttr<I64Attr>:$stride_b,
+                       OptionalAttr<I64Attr>:$stride_c, OptionalAttr<I64Attr>:$b_batch_modulo,
+                       OptionalAttr<StrAttr>:$rows_from_counts, OptionalAttr<StrAttr>:$rows);
+  let assemblyFormat = [{
+    `(` $a `,` $b `)` `->` $c `m` $m `n` $n `k` $k (`rows` $rows^)? attr-dict
+  }];
+  let hasVerifier = 1;
+}
+
+def Exec_KernelsOp : Exec_Op<"kernels", [HasParent<"ProgramOp">, NoTerminator, SingleBlock]> {
+  let summary = "a program's kernels for a target: their source and shared state";
+  let description = [{
+    `source` is the kernels' translation unit (CUDA C++ for `cuda`), `names`
+    its kernels in order, `scratch_bytes` the step-local workspaces the
+    dispatches share (`scratch:N`), `rope_tables` the cos/sin tables they
+    read (`rope:N`); the `sampling` region holds the greedy sampler's
+    dispatch (argmax over the logit rows).
+  }];
+  let arguments = (ins StrAttr:$target, StrAttr:$source, StrArrayAttr:$names,
+                       DenseI64ArrayAttr:$scratch_bytes, ArrayAttr:$rope_tables);
+  let regions = (region AnyRegion:$sampling);
+  let assemblyFormat = [{
+    $target `names` $names `scratch` $scratch_bytes attr-dict-with-keyword
+    (`sampling` $sampling^)?
+  }];
 }
 
 #endif // MOE_DIALECT_EXEC_IR_EXECOPS_TD
