@@ -4,7 +4,7 @@
 // planner's own (degrees the model does not divide, no layout fits, a bad
 // cluster file or dtype) name the option: tests/tools/plan.test.
 
-// expected-error @below {{expected moe.source (the config.json the module was imported from)}}
+// expected-error @below {{expected moe.config or moe.source (the config.json the module was imported from)}}
 module {
 }
 

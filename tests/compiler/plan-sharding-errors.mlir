@@ -5,7 +5,7 @@
 // Diagnostics of moe-plan-sharding (the degree checks themselves:
 // tests/compiler/plan-sharding.mlir and the planner's units).
 
-// expected-error @below {{expected moe.source (the config.json the module was imported from)}}
+// expected-error @below {{expected moe.config or moe.source (the config.json the module was imported from)}}
 module {
 }
 

@@ -37,8 +37,9 @@ struct ChooseLayout : moe::impl::MoEChooseLayoutBase<ChooseLayout> {
     request.etp = etp;
     request.vocabPadTo = vocabPadTo;
     // What the module lacks: at the module.
-    if (!module->hasAttr("moe.source")) {
-      module.emitError("expected moe.source (the config.json the module was imported from)");
+    if (!module->hasAttr("moe.config") && !module->hasAttr("moe.source")) {
+      module.emitError("expected moe.config or moe.source (the config.json the module was "
+                       "imported from)");
       return signalPassFailure();
     }
     if (!module->hasAttr("moe.workload")) {

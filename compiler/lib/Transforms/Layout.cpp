@@ -92,11 +92,18 @@ llvm::Expected<std::vector<moe::hf::TensorSpec>> moe::modelWeights(ModuleOp modu
   return out;
 }
 
+llvm::Expected<moe::hf::ModelConfig> moe::moduleConfig(ModuleOp module) {
+  auto source = module->getAttrOfType<StringAttr>("moe.source");
+  if (auto text = module->getAttrOfType<StringAttr>("moe.config"))
+    return hf::parseModelConfig(text.getValue(), source ? source.getValue() : "moe.config");
+  if (!source)
+    return layoutError("expected moe.config or moe.source (the config.json the module was "
+                       "imported from)");
+  return hf::loadModelConfig(source.getValue());
+}
+
 llvm::Expected<moe::PlannedLayout> moe::planLayout(ModuleOp module,
                                                    const LayoutRequest &request) {
-  auto source = module->getAttrOfType<StringAttr>("moe.source");
-  if (!source)
-    return layoutError("expected moe.source (the config.json the module was imported from)");
   auto workload = module->getAttrOfType<DictionaryAttr>("moe.workload");
   if (!workload)
     return layoutError("expected moe.workload (run moe-specialize-workload first)");
@@ -104,7 +111,7 @@ llvm::Expected<moe::PlannedLayout> moe::planLayout(ModuleOp module,
     auto v = workload.getAs<IntegerAttr>(key);
     return v ? v.getInt() : 0;
   };
-  llvm::Expected<hf::ModelConfig> config = hf::loadModelConfig(source.getValue());
+  llvm::Expected<hf::ModelConfig> config = moduleConfig(module);
   if (!config)
     return config.takeError();
   std::optional<sh::DType> dtype;

@@ -29,13 +29,7 @@ struct PlanSharding : moe::impl::MoEPlanShardingBase<PlanSharding> {
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    auto source = module->getAttrOfType<StringAttr>("moe.source");
-    if (!source) {
-      module.emitError("expected moe.source (the config.json the module was "
-                       "imported from)");
-      return signalPassFailure();
-    }
-    auto config = moe::hf::loadModelConfig(source.getValue());
+    auto config = moe::moduleConfig(module);
     if (!config) {
       module.emitError(llvm::toString(config.takeError()));
       return signalPassFailure();

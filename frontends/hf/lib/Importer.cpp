@@ -273,6 +273,9 @@ OwningOpRef<ModuleOp> ModelImporter::run() {
   ModuleOp m = *module;
   m->setAttr("moe.model_type", b.getStringAttr(c.modelType));
   m->setAttr("moe.source", b.getStringAttr(c.path));
+  // The config itself: the planner reads the model's sizes from the module,
+  // wherever the module and the file have gone since.
+  m->setAttr("moe.config", b.getStringAttr(c.text));
   m->setAttr("moe.vocab_size", b.getI64IntegerAttr(c.vocabSize));
   m->setAttr("moe.eos_token_ids", b.getDenseI64ArrayAttr(c.eosTokenIds));
   m->setAttr("moe.max_position_embeddings",

@@ -624,6 +624,10 @@ Expected<ModelConfig> moe::hf::parseModelConfig(StringRef text, StringRef path) 
   Fields f(*object, path);
   ModelConfig c;
   c.path = path.str();
+  {
+    llvm::raw_string_ostream os(c.text);
+    os << json::Value(json::Object(*object));
+  }
   if (!f.has("model_type"))
     return f.fail("model_type", "missing (required)");
   MOE_ASSIGN(c.modelType, f.string("model_type", ""));

@@ -29,6 +29,10 @@ struct LayoutRequest {
   int64_t vocabPadTo = 64;
 };
 
+/// The model's config.json of the module: `moe.config` (the text the
+/// importer kept), else the file `moe.source` names (a hand-written module).
+llvm::Expected<hf::ModelConfig> moduleConfig(mlir::ModuleOp module);
+
 /// The model's weights as the planner classifies them: each moe.weight /
 /// moe.expert_weight of @forward (a stack as one tensor per expert) with the
 /// role and layer the importer recorded (moe::WeightOpInterface), or, in a

@@ -53,6 +53,10 @@ enum class GroupScoring { Top2Sum, Max };
 /// A validated model description. Sizes are > 0 unless documented otherwise.
 struct ModelConfig {
   std::string path;      ///< the config.json it came from (for messages)
+  /// The config.json it was parsed from, as compact JSON: the importer keeps
+  /// it on the module (`moe.config`), so that the passes that read the
+  /// model's sizes need no file.
+  std::string text;
   std::string modelType; ///< config.json `model_type`
   /// Non-empty when the family is parsed and counted but cannot be imported
   /// into IR yet: names the missing feature.
