@@ -85,6 +85,18 @@ public:
     return *it;
   }
   bool has(const std::string &field) const { return object.contains(field); }
+  /// Refuses a member not among `members` (the object's fields in
+  /// moe/PlanSchema.h): "FILE: where.KEY: unknown field".
+  template <size_t N> void onlyMembers(const char *const (&members)[N]) const {
+    for (auto it = object.begin(); it != object.end(); ++it) {
+      const std::string &key = it.key();
+      bool known = false;
+      for (const char *m : members)
+        known = known || key == m;
+      if (!known)
+        fail(key.size() > 80 ? key.substr(0, 80) + "..." : key, "unknown field");
+    }
+  }
 
   int64_t integer(const std::string &field, int64_t min = INT64_MIN) const {
     const json &v = get(field);

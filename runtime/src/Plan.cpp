@@ -7,6 +7,7 @@
 
 #include "JsonFields.h"
 #include "PlanReaders.h"
+#include "moe/PlanSchema.h"
 #include "InputFile.h"
 #include "PlanChecks.h"
 
@@ -152,15 +153,25 @@ PlanWeight readWeight(const JsonFields &w) {
 /// Reads programs[index] (its weights checked against the plan's logical
 /// weights, every step against its buffers and weights).
 PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
+  namespace members = moe::plan::members;
+  pr.onlyMembers(members::kProgram);
   PlanProgram program;
   program.stage = pr.integer("stage", 0);
   if (program.stage >= plan.degrees.pp)
     pr.fail("stage", fmt::format("expected a stage below pp = {}", plan.degrees.pp));
+  if (pr.has("entry")) {
+    program.entry = pr.string("entry");
+    if (program.entry != "forward")
+      pr.fail("entry", fmt::format("'{}': not supported yet (this moert runs forward "
+                                   "programs)",
+                                   program.entry));
+  }
   const bool last = program.stage == plan.degrees.pp - 1;
 
   const json &weights = pr.array("weights");
   for (size_t i = 0; i < weights.size(); ++i) {
     JsonFields w = pr.element("weights", i);
+    w.onlyMembers(members::kWeight);
     PlanWeight pw = readWeight(w);
     auto global = std::find_if(plan.weights.begin(), plan.weights.end(),
                                [&](const PlanWeight &g) { return g.name == pw.name; });
@@ -180,6 +191,7 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
   const json &buffers = pr.array("buffers");
   for (size_t i = 0; i < buffers.size(); ++i) {
     JsonFields b = pr.element("buffers", i);
+    b.onlyMembers(members::kBuffer);
     PlanBuffer pb;
     pb.rows = b.integer("rows", 1);
     pb.width = b.integer("width", 1);
@@ -193,6 +205,7 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
   const json &caches = pr.array("kv_caches");
   for (size_t i = 0; i < caches.size(); ++i) {
     JsonFields c = pr.element("kv_caches", i);
+    c.onlyMembers(members::kKVCache);
     program.caches.push_back({c.bounded("key_width", 1, kMaxWidth),
                               c.bounded("value_width", 1, kMaxWidth), c.integer("bytes", 0)});
     // max_sequences x max_seq_len rows of keys and values, f32: at most
@@ -211,6 +224,7 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
   };
   // Token ids and positions: -1 where the stage reads none.
   JsonFields inputs = pr.child("inputs");
+  inputs.onlyMembers(members::kInputs);
   for (const char *field : {"tokens", "positions"}) {
     int64_t id = inputs.integer(field, -1);
     if (id >= 0) {
@@ -232,6 +246,7 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
       pr.fail("logits", "the logits buffer is not an F32 buffer vocab_size wide");
   }
   JsonFields memory = pr.child("memory");
+  memory.onlyMembers(members::kProgramMemory);
   program.activationBytes = memory.integer("activations", 0);
   program.cacheBytes = memory.integer("kv_cache", 0);
   program.weightBytes = memory.integer("weights", 0);
@@ -240,6 +255,7 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
   int64_t heads = 0;
   for (size_t i = 0; i < steps.size(); ++i) {
     JsonFields s = pr.element("steps", i);
+    s.onlyMembers(members::kStep);
     PlanStep step;
     step.op = parseOp(s);
     step.in = s.integers("in", 0);
@@ -345,6 +361,7 @@ Plan Plan::load(const std::string &path) {
     }
   }
   JsonFields workload = r.child("workload");
+  workload.onlyMembers(moe::plan::members::kWorkload);
   // Limits keep every size computed from them far from overflow
   // (docs/plan-format.md).
   plan.maxBatchTokens = workload.bounded("max_batch_tokens", 1, kMaxBatchTokens);
@@ -378,6 +395,7 @@ Plan Plan::load(const std::string &path) {
   plan.paddedVocab = plan.vocabSize;
   if (r.has("vocab")) {
     JsonFields vocab = r.child("vocab");
+    vocab.onlyMembers(moe::plan::members::kVocab);
     if (vocab.integer("size", 1) != plan.vocabSize)
       vocab.fail("size", fmt::format("expected model.vocab_size ({})", plan.vocabSize));
     plan.paddedVocab = vocab.integer("padded", 1);
@@ -433,6 +451,7 @@ Plan Plan::load(const std::string &path) {
     RankCoords &c = rank.coords;
     if (rr.has("coords") || plan.worldSize > 1) {
       JsonFields coords = rr.child("coords");
+      coords.onlyMembers(moe::plan::members::kCoords);
       using Field = std::tuple<const char *, int64_t *, int64_t>;
       for (auto [field, value, degree] : std::initializer_list<Field>{
                {"dp", &c.dp, d.dp}, {"pp", &c.pp, d.pp}, {"tp", &c.tp, d.tp},
@@ -451,6 +470,7 @@ Plan Plan::load(const std::string &path) {
       rr.fail("program", fmt::format("program {} is of stage {} but the rank is on stage {}",
                                      rank.program, plan.programs[rank.program].stage, c.pp));
     JsonFields memory = rr.child("memory");
+    memory.onlyMembers(moe::plan::members::kRankMemory);
     // The planner's estimate of the rank's slices is exact; its peak is a
     // model of any program. The prediction the runtime is held to is the
     // compiled program's: its (local) weights, buffers and KV caches.

@@ -8,6 +8,7 @@
 
 #include "JsonFields.h"
 #include "PlanReaders.h"
+#include "moe/PlanSchema.h"
 
 #include <nlohmann/json.hpp>
 
@@ -28,6 +29,7 @@ int64_t elements(const std::vector<int64_t> &shape) {
 }
 
 PlanSlice readSlice(const JsonFields &w) {
+  w.onlyMembers(moe::plan::members::kSlice);
   PlanSlice s;
   s.name = w.string("name");
   if (s.name.empty() || s.name.find("{e}") != std::string::npos)
@@ -93,11 +95,15 @@ PlanLayout PlanLayout::load(const std::string &path) {
 PlanLayout readPlanLayout(const JsonFields &top, const std::string &path) {
   PlanLayout layout;
   layout.path = path;
+  namespace members = moe::plan::members;
+  top.onlyMembers(members::kRoot);
   JsonFields model = top.child(top.get("model"), "model");
+  model.onlyMembers(members::kModel);
   layout.modelType = model.string("model_type");
   layout.source = model.string("source");
   layout.worldSize = top.integer("world_size", 1);
   JsonFields degrees = top.child(top.get("degrees"), "degrees");
+  degrees.onlyMembers(members::kDegrees);
   for (auto it = top.get("degrees").begin(); it != top.get("degrees").end(); ++it)
     layout.degrees[it.key()] = degrees.integer(it.key(), 1);
 
@@ -109,6 +115,7 @@ PlanLayout readPlanLayout(const JsonFields &top, const std::string &path) {
   for (size_t r = 0; r < ranks.size(); ++r) {
     std::string field = fmt::format("ranks[{}]", r);
     JsonFields rank = top.child(ranks[r], field);
+    rank.onlyMembers(members::kRank);
     if (rank.integer("rank", 0) != static_cast<int64_t>(r))
       rank.fail("rank", fmt::format("expected {}", r));
     if (rank.has("weights_of_rank")) {
@@ -128,6 +135,7 @@ PlanLayout readPlanLayout(const JsonFields &top, const std::string &path) {
       const json &weights = top.array("weights");
       for (size_t i = 0; i < weights.size(); ++i) {
         JsonFields w = top.child(weights[i], fmt::format("weights[{}]", i));
+        w.onlyMembers(members::kWeight);
         std::string name = w.string("name");
         std::vector<int64_t> shape = w.integers("shape", 0);
         DType dtype = w.dtype("dtype");

@@ -78,7 +78,7 @@ TEST(PlanLayout, MultiRankSlices) {
 }
 
 TEST(PlanLayout, SingleRankExpandsExpertStacks) {
-  std::string path = writePlan(R"("world_size": 1, "ranks": [{"rank": 0, "steps": []}],
+  std::string path = writePlan(R"("world_size": 1, "ranks": [{"rank": 0}],
     "weights": [{"name": "e.{e}.w", "shape": [3, 2, 4], "dtype": "F16", "bytes": 48, "experts": 3},
                 {"name": "n", "shape": [4], "dtype": "F32", "bytes": 16}])");
   PlanLayout layout = PlanLayout::load(path);

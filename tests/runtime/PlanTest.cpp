@@ -267,6 +267,26 @@ TEST(PlanLoad, BadFieldsAreNamed) {
             "PLAN: programs[0].steps[4].attrs.axis: \"ep\" is not an axis of @mesh (pp, dp, tp)");
   EXPECT_EQ(loadError([](json &p) { p["programs"][0]["steps"][0] = step("send", {2}, {}, {}); }),
             "PLAN: programs[0].steps[0] (send): a send on stage 0, the last of 1");
+  // A program's entry (its exec.program's): forward runs; a training
+  // program is refused by name, not run as if it were one.
+  EXPECT_EQ(loadError([](json &p) { p["programs"][0]["entry"] = "forward"; }), "");
+  EXPECT_EQ(loadError([](json &p) { p["programs"][0]["entry"] = "backward"; }),
+            "PLAN: programs[0].entry: 'backward': not supported yet (this moert runs forward "
+            "programs)");
+  EXPECT_EQ(loadError([](json &p) { p["programs"][0]["entry"] = 3; }),
+            "PLAN: programs[0].entry: expected a string");
+  // Members not in the plan schema (moe/PlanSchema.h) are refused by name
+  // wherever they are: a misspelt field never silently means its default.
+  EXPECT_EQ(loadError([](json &p) { p["programz"] = json::array(); }),
+            "PLAN: programz: unknown field");
+  EXPECT_EQ(loadError([](json &p) { p["programs"][0]["steps"][1]["weight"] = {0}; }),
+            "PLAN: programs[0].steps[1].weight: unknown field");
+  EXPECT_EQ(loadError([](json &p) { p["programs"][0]["buffers"][0]["stride"] = 4; }),
+            "PLAN: programs[0].buffers[0].stride: unknown field");
+  EXPECT_EQ(loadError([](json &p) { p["model"]["tie_word_embeddings"] = true; }),
+            "PLAN: model.tie_word_embeddings: unknown field");
+  EXPECT_EQ(loadError([](json &p) { p["ranks"][0]["memory"]["gpu"] = 0; }),
+            "PLAN: ranks[0].memory.gpu: unknown field");
 }
 
 // Issue 14: the CUDA kernel table is read with the plan, every field and

@@ -2,8 +2,7 @@
 // written against MOE_WARP_SIZE and MOE_SHFL_XOR, so a target with another
 // warp size, shuffle and launch-bounds spelling changes only the target
 // info, never a kernel template.
-#include "moe/Frontend/HF/Importer.h"
-#include "moe/InitAll.h"
+#include "TinyModel.h"
 #include "moe/Pipelines.h"
 #include "moe/Target/Cuda.h"
 #include "moe/Target/PlanWriter.h"
@@ -19,28 +18,20 @@ using llvm::json::Object;
 /// Every program of a small Mixtral-like model at the exec level, emitted
 /// for `target`.
 std::vector<moe::cuda::EmittedProgram> emitAll(const moe::cuda::GpuTargetInfo &target) {
-  auto config = moe::hf::parseModelConfig(R"({
-    "model_type": "mixtral", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 48,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "num_local_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 128})",
-                                          "mixtral/config.json");
-  EXPECT_TRUE(static_cast<bool>(config)) << llvm::toString(config.takeError());
-  mlir::DialectRegistry registry;
-  moe::registerAllDialects(registry);
-  mlir::MLIRContext context(registry);
-  auto module = moe::hf::importModel(*config, context);
-  EXPECT_TRUE(static_cast<bool>(module)) << llvm::toString(module.takeError());
+  std::unique_ptr<mlir::MLIRContext> owned = moe::test::makeContext();
+  mlir::MLIRContext &context = *owned;
+  mlir::OwningOpRef<mlir::ModuleOp> module = moe::test::importTinyMixtral(context);
   moe::CompileOptions options;
   options.maxSeqLen = 128;
   mlir::PassManager pm(&context);
   moe::buildPipeline(pm, options, moe::Phase::Exec);
-  EXPECT_TRUE(mlir::succeeded(pm.run(**module)));
+  EXPECT_TRUE(mlir::succeeded(pm.run(*module)));
   std::vector<moe::cuda::EmittedProgram> out;
   Object root{{"workload", Object{{"max_batch_tokens", options.maxBatchTokens},
                                   {"max_seq_len", options.maxSeqLen},
                                   {"max_sequences", options.maxSequences}}}};
   int64_t index = 0;
-  for (auto program : (**module).getOps<moe::exec::ProgramOp>()) {
+  for (auto program : (*module).getOps<moe::exec::ProgramOp>()) {
     auto plan = moe::programPlan(program, options.maxSeqLen, options.maxSequences);
     EXPECT_TRUE(static_cast<bool>(plan)) << llvm::toString(plan.takeError());
     auto emitted = moe::cuda::emitProgram(root, *plan, index++, target);

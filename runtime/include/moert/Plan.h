@@ -78,6 +78,9 @@ struct PlanStep {
 /// weights have the rank-local shapes; steps index them and its buffers.
 struct PlanProgram {
   int64_t stage = 0;
+  /// What the program computes (its exec.program's entry): "forward", the
+  /// only entry this runtime runs; absent in a plan means "forward".
+  std::string entry = "forward";
   std::vector<PlanWeight> weights;
   std::vector<PlanBuffer> buffers;
   std::vector<PlanCache> caches;

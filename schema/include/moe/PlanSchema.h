@@ -33,6 +33,42 @@ inline constexpr const char kSealPrefix[] = ",\"integrity\":\"fnv1a64:";
 inline constexpr size_t kSealPrefixSize = sizeof kSealPrefix - 1;
 inline constexpr size_t kSealSize = kSealPrefixSize + 16 + 1; ///< prefix, digits, quote
 
+/// The members each object of a plan may have (docs/plan-format.md
+/// describes them): the writer emits no others and the reader refuses any
+/// other by name, and every plan the writer makes in the tests is read back,
+/// so the two sides cannot drift apart. A step's "attrs" are its op's
+/// (checked by the op's definition in moert) and a program's "cuda" object
+/// is the kernel table's (typed by moert's KernelTable).
+namespace members {
+inline constexpr const char *kRoot[] = {"format",   "version",  "producer",    "model",
+                                        "workload", "world_size", "degrees",   "vocab",
+                                        "stage_begin", "weights", "programs",  "ranks",
+                                        "integrity"};
+inline constexpr const char *kModel[] = {"model_type",   "source", "vocab_size",
+                                         "max_position_embeddings", "eos_token_ids",
+                                         "unused_tensor_prefixes"};
+inline constexpr const char *kWorkload[] = {"max_batch_tokens", "max_seq_len", "max_sequences"};
+inline constexpr const char *kDegrees[] = {"dp", "pp", "tp", "ep", "etp", "edp"};
+inline constexpr const char *kVocab[] = {"size", "padded", "pad_to"};
+/// A logical weight (top-level "weights") and a program's local weight.
+inline constexpr const char *kWeight[] = {"name", "shape", "dtype", "bytes", "experts"};
+inline constexpr const char *kProgram[] = {"stage",  "entry",  "weights", "buffers", "kv_caches",
+                                           "inputs", "logits", "memory",  "steps",   "cuda"};
+inline constexpr const char *kBuffer[] = {"rows", "width", "dtype", "bytes"};
+inline constexpr const char *kKVCache[] = {"key_width", "value_width", "bytes"};
+inline constexpr const char *kInputs[] = {"tokens", "positions"};
+inline constexpr const char *kProgramMemory[] = {"weights", "activations", "kv_cache", "peak"};
+inline constexpr const char *kStep[] = {"op", "in", "in_from", "weights", "out", "attrs"};
+inline constexpr const char *kRank[] = {"rank",   "program", "coords",
+                                        "memory", "weights", "weights_of_rank"};
+inline constexpr const char *kCoords[] = {"dp", "pp", "tp", "edp", "ep", "etp"};
+inline constexpr const char *kRankMemory[] = {"weights", "kv_cache", "activations", "workspace",
+                                              "peak"};
+/// One slice of a rank's checkpoint (ranks[].weights[]).
+inline constexpr const char *kSlice[] = {"name",  "global_shape", "offset", "shape",
+                                         "dtype", "bytes",        "primary"};
+} // namespace members
+
 /// FNV-1a, 64 bits, of `size` bytes, continuing from `h`.
 inline constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
 inline uint64_t fnv1a64(const char *data, size_t size, uint64_t h = kFnvOffset) {

@@ -161,6 +161,7 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
   if (!tokens)
     return planError(llvm::formatv("@{0}: no exec.inputs", program.getSymName()));
   return Object{{"stage", program.getStageAttr().getInt()},
+                {"entry", program.getEntry()},
                 {"weights", std::move(weights)},
                 {"buffers", std::move(buffers)},
                 {"kv_caches", std::move(caches)},
