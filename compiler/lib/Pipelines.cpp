@@ -80,6 +80,7 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
     routing.capacityFactor = o.capacityFactor;
     pm.addPass(createMoELowerRouting(routing));
     pm.addPass(createMoEPartition());
+    pm.addPass(createMoEInsertCollectives());
     pm.addPass(createCSEPass());
     pm.addPass(createMoEVerifyCollectives());
   }

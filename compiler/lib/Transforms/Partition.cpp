@@ -96,12 +96,21 @@ private:
   /// the stage's function once.
   FailureOr<Value> weight(Value v, Operation *user);
   Mapped &get(Value old) { return values[old]; }
-  /// The replicated form of an old value: inserts an all_reduce for a
-  /// partial sum (once).
+  /// The replicated form of an old value: for a partial sum (once), the
+  /// annotations that say so, which moe-insert-collectives turns into the
+  /// all_reduce over tp.
   FailureOr<Value> replicated(Value old, Operation *user);
-  Value allReduce(Value v) {
-    return b.create<moe::AllReduceOp>(v.getLoc(), v, meshRef,
-                                      b.getI64IntegerAttr(kTpAxis));
+  Value wholeOfPartial(Value v) {
+    MLIRContext *ctx = b.getContext();
+    // Split axes [[]]: not split (an empty list does not print back).
+    mesh::MeshAxesAttr none = mesh::MeshAxesAttr::get(ctx, ArrayRef<mesh::MeshAxis>{});
+    auto partial = mesh::MeshShardingAttr::get(ctx, meshRef, ArrayRef<mesh::MeshAxesAttr>{none},
+                                               ArrayRef<mesh::MeshAxis>{kTpAxis},
+                                               mesh::ReductionKind::Sum);
+    Value p = b.create<mesh::ShardOp>(v.getLoc(), v, partial);
+    auto whole = mesh::MeshShardingAttr::get(ctx, meshRef, ArrayRef<mesh::MeshAxesAttr>{none},
+                                             ArrayRef<mesh::MeshAxis>{}, mesh::ReductionKind::Sum);
+    return b.create<mesh::ShardOp>(v.getLoc(), p, whole, /*annotate_for_users=*/true);
   }
   void set(Value old, Value now, Dist dist) { values[old] = Mapped{now, dist, {}}; }
 
@@ -251,7 +260,7 @@ FailureOr<Value> Partitioner::replicated(Value old, Operation *user) {
     return m.value;
   case Dist::Partial:
     if (!m.replicated)
-      m.replicated = allReduce(m.value);
+      m.replicated = wholeOfPartial(m.value);
     return m.replicated;
   case Dist::Local:
     return user->emitOpError("needs a whole (replicated) operand but it is "

@@ -170,8 +170,10 @@ def MoEPartition : Pass<"moe-partition", "mlir::ModuleOp"> {
     moe-specialize-workload and moe-lower-routing) into `@stage0 ..
     @stage<pp-1>` (attribute `moe.stage`), each run by every rank of its
     stage: weights get the rank-local shapes of their sharding;
-    column-parallel outputs stay split, row-parallel ones are partial sums
-    that get an `moe.all_reduce` over tp where a whole value is needed;
+    column-parallel outputs stay split, row-parallel ones are partial sums,
+    annotated (`mesh.shard ... partial = sum[2]`, then `annotate_for_users`
+    as a whole value) where a user needs them whole, which
+    moe-insert-collectives turns into an `moe.all_reduce` over tp;
     attention runs heads / tp; the embedding is vocabulary-sharded and the LM
     head's parts are joined by `moe.all_gather` (padding dropped by a split);
     `moe.dispatch` gets the rank's row part of its TP group, `moe.expert_ffn`
@@ -181,6 +183,18 @@ def MoEPartition : Pass<"moe-partition", "mlir::ModuleOp"> {
     values live across a stage cut are sent with `moe.send` / `moe.recv` in
     program order. The complete semantics are in
     docs/partitioned-execution.md.
+  }];
+}
+
+def MoEInsertCollectives : Pass<"moe-insert-collectives", "mlir::ModuleOp"> {
+  let summary = "turn moe-partition's reshardings into collectives";
+  let description = [{
+    moe-partition places values and marks where a user needs a partial sum
+    whole: `mesh.shard %v to <@mesh, [[]], partial = sum[axes]>` followed by
+    `mesh.shard ... to <@mesh, [[]]> annotate_for_users`. This pass replaces
+    each such pair by one `moe.all_reduce` over each partial axis, at the
+    user's annotation. Any other resharding between two annotations, or a
+    partial reduction other than a sum, is an error naming it.
   }];
 }
 

@@ -1,0 +1,71 @@
+//===- InsertCollectives.cpp - reshardings to collectives --------*- C++ -*-===//
+//
+// moe-insert-collectives: moe-partition places every value (whole, a
+// tensor-parallel part, a partial sum) and, where a user needs a partial sum
+// whole, says so with a pair of annotations:
+//
+//   %p = mesh.shard %v to <@mesh, [[]], partial = sum[2]>
+//   %w = mesh.shard %p to <@mesh, [[]]> annotate_for_users
+//
+// This pass decides how each such resharding is communicated: a partial sum
+// over mesh axes becomes one moe.all_reduce per axis (where a later choice,
+// reduce_scatter + all_gather for sequence parallelism, belongs). Any other
+// resharding between two annotations is refused, naming it.
+//
+//===----------------------------------------------------------------------===//
+#include "moe/Dialect/MoE/IR/MoEOps.h"
+#include "moe/Transforms/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Mesh/IR/MeshOps.h"
+#include "mlir/IR/Builders.h"
+
+namespace moe {
+#define GEN_PASS_DEF_MOEINSERTCOLLECTIVES
+#include "moe/Transforms/Passes.h.inc"
+} // namespace moe
+
+using namespace mlir;
+
+namespace {
+
+bool isWhole(mesh::MeshShardingAttr s) {
+  return llvm::all_of(s.getSplitAxes(), [](mesh::MeshAxesAttr a) { return a.empty(); });
+}
+
+struct InsertCollectives : moe::impl::MoEInsertCollectivesBase<InsertCollectives> {
+  void runOnOperation() override {
+    SmallVector<mesh::ShardOp> uses;
+    getOperation().walk([&](mesh::ShardOp op) {
+      if (op.getAnnotateForUsers() && op.getSrc().getDefiningOp<mesh::ShardOp>())
+        uses.push_back(op);
+    });
+    for (mesh::ShardOp use : uses) {
+      auto def = use.getSrc().getDefiningOp<mesh::ShardOp>();
+      mesh::MeshShardingAttr from = def.getShard(), to = use.getShard();
+      if (def.getAnnotateForUsers() || from.getPartialAxes().empty() || !isWhole(from) ||
+          !isWhole(to) || !to.getPartialAxes().empty() || from.getMesh() != to.getMesh()) {
+        use.emitError("moe-insert-collectives: no collective for resharding ")
+            << from << " to " << to << " (only a partial sum to a whole value)";
+        return signalPassFailure();
+      }
+      if (from.getPartialType() != mesh::ReductionKind::Sum) {
+        use.emitError("moe-insert-collectives: a partial ")
+            << mesh::stringifyReductionKind(from.getPartialType())
+            << " is not supported yet (only sums)";
+        return signalPassFailure();
+      }
+      OpBuilder b(use);
+      Value v = def.getSrc();
+      for (mesh::MeshAxis axis : from.getPartialAxes())
+        v = b.create<moe::AllReduceOp>(use.getLoc(), v, from.getMesh(),
+                                       b.getI64IntegerAttr(axis));
+      use.replaceAllUsesWith(v);
+      use.erase();
+      if (def->use_empty())
+        def.erase();
+    }
+  }
+};
+
+} // namespace
