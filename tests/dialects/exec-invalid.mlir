@@ -148,3 +148,91 @@ func.func @f() {
   exec.launch "k" {}
   return
 }
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  %b = exec.buffer f32 rows 8 width 4
+  // expected-error @below {{'exec.launch' op 'add': a lowered launch needs its rows}}
+  exec.launch "add" ins(%b) outs(%b) {} kernels {
+    exec.dispatch "k" grid([1, 1, 0], [0, 1, 1], [0, 1, 1]) block 32 params [] {shared_bytes = 0}
+  }
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  %b = exec.buffer f32 rows 8 width 4
+  exec.launch "add" ins(%b) outs(%b) rows "T" {} kernels {
+    // expected-error @below {{'exec.kernels' op cannot appear in a launch's kernels (exec.dispatch or exec.gemm)}}
+    exec.kernels "cuda" names [] scratch [] attributes {rope_tables = [], source = ""}
+  }
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  %b = exec.buffer f32 rows 8 width 4
+  exec.launch "add" ins(%b) outs(%b) rows "T" {} kernels {
+    // expected-error @below {{'exec.dispatch' op 'k': each grid dimension is [a, d, c] (ceil(a * N / d) + c) with a, c >= 0 and d >= 1}}
+    exec.dispatch "k" grid([1, 0, 0], [0, 1, 1], [0, 1, 1]) block 32 params [] {shared_bytes = 0}
+  }
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  %b = exec.buffer f32 rows 8 width 4
+  exec.launch "add" ins(%b) outs(%b) rows "T" {} kernels {
+    // expected-error @below {{'exec.dispatch' op 'k': block must be in [1, 1024], got 2048}}
+    exec.dispatch "k" grid([1, 1, 0], [0, 1, 1], [0, 1, 1]) block 2048 params [] {shared_bytes = 0}
+  }
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  %b = exec.buffer f32 rows 8 width 4
+  exec.launch "add" ins(%b) outs(%b) rows "T" {} kernels {
+    // expected-error @below {{'exec.dispatch' op 'k': shared_bytes must be >= 0}}
+    exec.dispatch "k" grid([1, 1, 0], [0, 1, 1], [0, 1, 1]) block 32 params [] {shared_bytes = -4}
+  }
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  %b = exec.buffer f32 rows 8 width 4
+  exec.launch "linear" ins(%b) outs(%b) rows "T" {} kernels {
+    // expected-error @below {{'exec.gemm' op n, k and batch must be positive}}
+    exec.gemm("buf:0", "weight:0") -> "buf:0" m "T" n 0 k 4 {b_dtype = "F32", batch = 1, lda = 4, ldb = 4, ldc = 4, transpose_b = true}
+  }
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  %b = exec.buffer f32 rows 8 width 4
+  exec.launch "linear" ins(%b) outs(%b) rows "T" {} kernels {
+    // expected-error @below {{'exec.gemm' op lda must be >= k and ldc >= n}}
+    exec.gemm("buf:0", "weight:0") -> "buf:0" m "T" n 4 k 4 {b_dtype = "F32", batch = 1, lda = 2, ldb = 4, ldc = 4, transpose_b = true}
+  }
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  %b = exec.buffer f32 rows 8 width 4
+  exec.launch "linear" ins(%b) outs(%b) rows "T" {} kernels {
+    // expected-error @below {{'exec.gemm' op a batched gemm needs stride_a, stride_b and stride_c}}
+    exec.gemm("buf:0", "weight:0") -> "buf:0" m "T" n 4 k 4 {b_dtype = "F32", batch = 2, lda = 4, ldb = 4, ldc = 4, transpose_b = true}
+  }
+  exec.return
+}

@@ -18,8 +18,16 @@
 // CHECK-NEXT: exec.collective "send" ins(%b3) {stage = 1 : i64}
 // CHECK-NEXT: exec.return
 // CHECK-LABEL: exec.program @stage1 entry "forward" stage 1 {
-// CHECK: exec.collective "recv" outs(%b0) {stage = 0 : i64}
-// CHECK-NEXT: exec.return logits(%b0)
+// CHECK: exec.collective "recv" outs(%b0) rows "T" {stage = 0 : i64}
+// CHECK-NEXT: exec.launch "linear" ins(%b0) weights(%w0) outs(%b1) rows "T" {head = true} kernels {
+// CHECK-NEXT: exec.dispatch "head_rows" grid([1, 1, 0], [0, 1, 1], [0, 1, 1]) block 128 params ["buf:0", "batch:logit_rows", "scratch:0", "R"] rows "R" {shared_bytes = 0 : i64}
+// CHECK-NEXT: exec.gemm("scratch:0", "weight:0") -> "buf:1" m "R" n 97 k 64 rows "R" {b_dtype = "BF16", batch = 1 : i64, lda = 64 : i64, ldb = 64 : i64, ldc = 97 : i64, transpose_b = true}
+// CHECK-NEXT: exec.gemm("buf:0", "weight:1") -> "scratch:1" m "512" n 8 k 64 {b_batch_modulo = 2 : i64, b_dtype = "F32", batch = 4 : i64, lda = 64 : i64, ldb = 64 : i64, ldc = 8 : i64, rows_from_counts = "buf:2", stride_a = 8192 : i64, stride_b = 512 : i64, stride_c = 1024 : i64, transpose_b = true}
+// CHECK-NEXT: }
+// CHECK-NEXT: exec.kernels "cuda" names ["head_rows", "argmax"] scratch [256, 4096] attributes {rope_tables = [], source = "// kernels"} sampling {
+// CHECK-NEXT: exec.dispatch "argmax" grid([1, 1, 0], [0, 1, 1], [0, 1, 1]) block 256 params ["buf:1", "batch:argmax", "R"] {shared_bytes = 0 : i64}
+// CHECK-NEXT: }
+// CHECK-NEXT: exec.return logits(%b1)
 exec.program @stage0 entry "forward" stage 0 {
   %t = exec.buffer i32 rows 8 width 1
   %p = exec.buffer i32 rows 8 width 1
@@ -35,8 +43,21 @@ exec.program @stage0 entry "forward" stage 0 {
   exec.collective "send" ins(%n) {stage = 1}
   exec.return
 }
+// The kernel level a GPU target lowers launches to (moe-cuda-kernels).
 exec.program @stage1 entry "forward" stage 1 {
   %h = exec.buffer f32 rows 8 width 64
-  exec.collective "recv" outs(%h) {stage = 0}
-  exec.return logits(%h)
+  %logits = exec.buffer f32 rows 8 width 97
+  %counts = exec.buffer i32 rows 1 width 4
+  %head = exec.weight "lm_head.weight" : tensor<97x64xbf16>
+  %experts = exec.weight "e.{e}.w" : tensor<2x8x64xf32> experts 2
+  exec.collective "recv" outs(%h) rows "T" {stage = 0}
+  exec.launch "linear" ins(%h) weights(%head) outs(%logits) rows "T" {head = true} kernels {
+    exec.dispatch "head_rows" grid([1, 1, 0], [0, 1, 1], [0, 1, 1]) block 128 params ["buf:0", "batch:logit_rows", "scratch:0", "R"] rows "R" {shared_bytes = 0}
+    exec.gemm("scratch:0", "weight:0") -> "buf:1" m "R" n 97 k 64 rows "R" {b_dtype = "BF16", batch = 1, lda = 64, ldb = 64, ldc = 97, transpose_b = true}
+    exec.gemm("buf:0", "weight:1") -> "scratch:1" m "512" n 8 k 64 {b_batch_modulo = 2, b_dtype = "F32", batch = 4, lda = 64, ldb = 64, ldc = 8, rows_from_counts = "buf:2", stride_a = 8192, stride_b = 512, stride_c = 1024, transpose_b = true}
+  }
+  exec.kernels "cuda" names ["head_rows", "argmax"] scratch [256, 4096] attributes {rope_tables = [], source = "// kernels"} sampling {
+    exec.dispatch "argmax" grid([1, 1, 0], [0, 1, 1], [0, 1, 1]) block 256 params ["buf:1", "batch:argmax", "R"] {shared_bytes = 0}
+  }
+  exec.return logits(%logits)
 }
