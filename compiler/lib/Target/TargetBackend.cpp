@@ -11,10 +11,6 @@ llvm::Error TargetBackend::checkOptions(const TargetOptions &) const {
 
 void TargetBackend::buildPipeline(mlir::OpPassManager &, const TargetOptions &) const {}
 
-bool TargetBackend::writesPlan(const TargetOptions &options) const {
-  return !options.output.empty();
-}
-
 namespace {
 
 /// The CPU: the runtime's kernels are its registry's, found by the kernel

@@ -34,8 +34,8 @@ llvm::Expected<llvm::json::Object> programPlan(exec::ProgramOp program, int64_t 
 llvm::json::Value attributeJson(mlir::Attribute a);
 
 /// The model's logical weights (whole shapes), as the plan's top-level
-/// `weights`: those of @forward, or, once moe-partition or
-/// moe-lower-to-exec has replaced it, `moe.logical_weights`.
+/// `weights`: the `moe.logical_weights` that moe-partition or
+/// moe-lower-to-exec kept when they replaced @forward.
 llvm::json::Array logicalWeights(mlir::ModuleOp module);
 
 /// Puts a distribution (Distribution.h) into a plan: world_size, degrees,

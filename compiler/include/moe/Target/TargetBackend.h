@@ -41,9 +41,6 @@ public:
   /// one entry of "programs" per exec.program of `module`, in stage order).
   virtual llvm::Error serialize(mlir::ModuleOp module, llvm::json::Object &plan,
                                 const TargetOptions &options) const = 0;
-  /// Whether serialize wrote what the user asked for already (the sources
-  /// of --compile-to=kernels without a plan file): no plan is written then.
-  virtual bool writesPlan(const TargetOptions &options) const;
 };
 
 /// The target called `name`, or null.

@@ -24,11 +24,6 @@ public:
     return cuda::parseArchs(options.cudaArch).takeError();
   }
 
-  bool writesPlan(const TargetOptions &options) const override {
-    // --compile-to=kernels without -o: the sources went to standard output.
-    return !options.output.empty();
-  }
-
   void buildPipeline(mlir::OpPassManager &pm, const TargetOptions &) const override {
     // The kernels, generated from the exec programs, into the IR.
     pm.addPass(createMoECudaKernels());

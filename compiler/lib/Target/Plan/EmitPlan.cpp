@@ -64,8 +64,8 @@ struct EmitPlan : moe::impl::MoEEmitPlanBase<EmitPlan> {
     json::Object &root = *plan->getAsObject();
     if (llvm::Error e = backend->serialize(module, root, options))
       return e;
-    if (!backend->writesPlan(options))
-      return llvm::Error::success();
+    if (output.empty())
+      return llvm::Error::success(); // kernels-only: the sources went to standard output
     llvm::Expected<std::unique_ptr<moe::PlannedLayout>> layout = moe::recordedLayout(module);
     if (!layout)
       return layout.takeError();

@@ -1,9 +1,7 @@
 //===- PlanWriter.cpp - the plan manifest -----------------------*- C++ -*-===//
 #include "moe/Target/PlanWriter.h"
 #include "moe/Dialect/Exec/IR/ExecOps.h"
-#include "moe/Dialect/MoE/IR/MoEOps.h"
 
-#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
@@ -175,38 +173,22 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
 }
 
 llvm::json::Array moe::logicalWeights(ModuleOp module) {
+  // moe-partition or moe-lower-to-exec kept them when @forward went away.
   Array weights;
-  auto add = [&](StringRef name, RankedTensorType type, int64_t experts) {
-    Object w{{"name", name},
-             {"shape", shapeOf(type)},
-             {"dtype", dtypeName(type.getElementType())},
-             {"bytes", type.getNumElements() * (type.getElementTypeBitWidth() / 8)}};
-    if (experts)
-      w["experts"] = experts;
-    weights.push_back(std::move(w));
-  };
-  auto forward = module.lookupSymbol<func::FuncOp>("forward");
-  if (!forward) {
-    // A partitioned module: moe-partition kept them.
-    if (auto kept = module->getAttrOfType<ArrayAttr>("moe.logical_weights"))
-      for (Attribute a : kept) {
-        auto entry = cast<DictionaryAttr>(a);
-        auto experts = entry.getAs<IntegerAttr>("experts");
-        add(entry.getAs<StringAttr>("name").getValue(),
-            cast<RankedTensorType>(entry.getAs<TypeAttr>("type").getValue()),
-            experts ? experts.getInt() : 0);
-      }
-    return weights;
-  }
-  forward.walk([&](Operation *op) {
-    if (auto w = dyn_cast<moe::WeightOp>(op))
-      add(w.getName(), cast<RankedTensorType>(w.getType()), 0);
-    else if (auto w = dyn_cast<moe::ExpertWeightOp>(op))
-      add(w.getName(), cast<RankedTensorType>(w.getType()), w.getNumExperts());
-  });
+  if (auto kept = module->getAttrOfType<ArrayAttr>("moe.logical_weights"))
+    for (Attribute a : kept) {
+      auto entry = cast<DictionaryAttr>(a);
+      auto type = cast<RankedTensorType>(entry.getAs<TypeAttr>("type").getValue());
+      Object w{{"name", entry.getAs<StringAttr>("name").getValue()},
+               {"shape", shapeOf(type)},
+               {"dtype", dtypeName(type.getElementType())},
+               {"bytes", type.getNumElements() * (type.getElementTypeBitWidth() / 8)}};
+      if (auto experts = entry.getAs<IntegerAttr>("experts"))
+        w["experts"] = experts.getInt();
+      weights.push_back(std::move(w));
+    }
   return weights;
 }
-
 
 llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
   auto workload = module->getAttrOfType<DictionaryAttr>("moe.workload");
