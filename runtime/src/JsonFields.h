@@ -78,6 +78,8 @@ public:
   [[noreturn]] void fail(const std::string &field, const std::string &message) const {
     inputError("{}: {}{}: {}", file, where, field, message);
   }
+  /// "FILE: where.FIELD", the prefix of this field's errors.
+  std::string fieldName(const std::string &field) const { return file + ": " + where + field; }
   const json &get(const std::string &field) const {
     auto it = object.find(field);
     if (it == object.end())
