@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes every input reader for SECONDS each (default 60): config.json
-# (moec's frontend), safetensors files, index.json, sharded manifests and
-# plans (moert). libFuzzer + AddressSanitizer + UndefinedBehaviorSanitizer,
+# (moec's frontend), safetensors files, index.json, sharded manifests, plans
+# and tokenizer.json (moert). libFuzzer + AddressSanitizer + UndefinedBehaviorSanitizer,
 # built with clang into build-fuzz/ (tests/fuzz/fuzz_inputs.cpp says what
 # each target does). Seed corpora come from the fixtures and from plans and
 # a manifest made with build/ (run scripts/setup.sh first). A finding
@@ -28,7 +28,8 @@ common="-std=c++17 -g -O1 $san -fno-omit-frame-pointer"
 mpi_compile=$(mpicxx --showme:compile)
 mpi_link=$(mpicxx --showme:link)
 # The runtime's sources: runtime/CMakeLists.txt's globs.
-sources=(runtime/src/*.cpp runtime/src/cpu/*.cpp runtime/src/ops/*.cpp runtime/src/checkpoint/*.cpp)
+sources=(runtime/src/*.cpp runtime/src/cpu/*.cpp runtime/src/ops/*.cpp runtime/src/checkpoint/*.cpp
+         runtime/src/tokenizer/*.cpp)
 objs=()
 for src in "${sources[@]}"; do
   objs+=("$out/obj/$(echo "$src" | tr / _).o")
@@ -43,12 +44,12 @@ for src in "${sources[@]}"; do
     echo "$cc_launcher $cxx $common -fsanitize=fuzzer-no-link -Iruntime/include -Ischema/include -Iruntime/src $mpi_compile -c $src -o $obj"
   fi
 done | xargs -P "$(nproc)" -I{} sh -c '{}'
-for target in safetensors index manifest plan; do
+for target in safetensors index manifest plan tokenizer; do
   upper=$(echo "$target" | tr a-z A-Z)
   $cc_launcher "$cxx" $common -fsanitize=fuzzer -DMOE_FUZZ_TARGET_$upper=1 -Iruntime/include \
     -Ischema/include -c tests/fuzz/fuzz_inputs.cpp -o "$out/obj/fuzz-$target.o"
   "$cxx" $common -fsanitize=fuzzer "$out/obj/fuzz-$target.o" "${objs[@]}" $mpi_link -lfmt \
-    -lpthread -o "$out/fuzz-$target"
+    -lpcre2-8 -lutf8proc -lpthread -o "$out/fuzz-$target"
 done
 # The frontend's config reader against LLVM's support library.
 llvm_flags=$(llvm-config-19 --cxxflags | sed 's/-std=c++[0-9]*//')
@@ -65,11 +66,14 @@ done
 
 # Seed corpora.
 seeds="$out/seeds"
-rm -rf "$seeds" && mkdir -p "$seeds"/{config,safetensors,index,manifest,plan}
+rm -rf "$seeds" && mkdir -p "$seeds"/{config,safetensors,index,manifest,plan,tokenizer}
 i=0
 for f in tests/fixtures/models/*/config.json tests/fixtures/conformance/v*/*-r0[01]*/config.json \
          tests/frontends/hf/Inputs/*.json ../shared/configs/*/config.json; do
   [ -f "$f" ] && cp "$f" "$seeds/config/$((i++)).json"
+done
+for f in tests/fixtures/tokenizers/*/tokenizer.json tests/fixtures/models/*/tokenizer.json; do
+  cp "$f" "$seeds/tokenizer/$((i++)).json"
 done
 for f in tests/fixtures/conformance/v5/*-r00/model.safetensors; do
   cp "$f" "$seeds/safetensors/$((i++)).safetensors"
@@ -92,7 +96,7 @@ rm -rf "$out/ckpt" && "$moert" convert "$out/tp2.plan" --weights tests/fixtures/
 cp "$out/ckpt/manifest.json" "$seeds/manifest/"
 
 status=0
-for target in config safetensors index manifest plan; do
+for target in config safetensors index manifest plan tokenizer; do
   dir="$out/$target"
   mkdir -p "$dir/corpus"
   echo "fuzz: $target for $seconds s"

@@ -1,4 +1,6 @@
-// moert run PLAN --weights DIR --tokens 1,2,3 [--tokens ...] [options]
+// moert run PLAN --weights DIR --prompt TEXT | --tokens 1,2,3 [...] [options],
+// and the other commands of the moert command line.
+#include "TextCli.h"
 #include "moert/Cli.h"
 #include "moert/Checkpoint.h"
 #include "moert/Comm.h"
@@ -27,14 +29,20 @@
 namespace moert {
 namespace {
 
-const char *kUsage = R"(usage: moert run PLAN --weights DIR --tokens IDS [--tokens IDS ...] [options]
+const char *kUsage = R"(usage: moert run PLAN --weights DIR --prompt TEXT [--prompt TEXT ...] [options]
+       moert run PLAN --weights DIR --tokens IDS [--tokens IDS ...] [options]
        mpirun -np N moert run PLAN ...   (a plan of N ranks)
+       moert tokenize --tokenizer PATH TEXT [TEXT ...]
+       moert tokenize --tokenizer PATH --input FILE [--input FILE ...] --output PREFIX
+       moert detokenize --tokenizer PATH IDS [IDS ...]
        moert convert PLAN --weights HF_DIR --out CKPT
        moert export CKPT --hf-out DIR [--max-shard-bytes N] [--expert-layout per-expert|fused]
        moert --version
 
 Runs a plan written by `moec compile` on the CPU and prints, per prompt, the
-generated token ids (comma-separated, one line per prompt). A plan of N > 1
+continuation: as text for a --prompt (streamed token by token when stdout is
+a terminal and there is one prompt), as token ids (comma-separated, one line
+per prompt) for --tokens or with --print-ids. A plan of N > 1
 ranks runs under `mpirun -np N`: every rank loads its slices of the weights,
 rank 0 prints the results and writes --logits-out.
 
@@ -43,7 +51,14 @@ rank 0 prints the results and writes --logits-out.
                         shards of DIR/model.safetensors.index.json (F32/BF16/F16);
                         or a sharded checkpoint (DIR/manifest.json) written by
                         moert convert under any plan
+  --prompt TEXT         one prompt as text, encoded with the model's tokenizer
+                        (tokenizer.json of --weights, or --tokenizer); repeat
+                        for a batch; special tokens are added as the tokenizer
+                        says (BOS for Llama-style ones)
   --tokens 1,2,3        one prompt as comma-separated token ids; repeat for a batch
+  --tokenizer PATH      a tokenizer.json, or a directory holding one (and its
+                        tokenizer_config.json)
+  --print-ids           print the generated ids of --prompt too, not text
   --max-new-tokens N    tokens to generate per prompt (default 16); stops early at
                         the model's EOS token unless --ignore-eos
   --ignore-eos          always generate --max-new-tokens tokens
@@ -67,6 +82,16 @@ rank 0 prints the results and writes --logits-out.
   --device cpu|cuda     where to run (default: cuda for a plan compiled with
                         moec --target cuda, else cpu); a CUDA plan also runs on
                         the CPU
+
+`moert tokenize` prints the ids of each TEXT (--no-special: without the
+special tokens the post-processor adds), or with --input writes token data
+for training: PREFIX.tokens.npy (int32: each document's ids, then EOS unless
+--no-eos) and PREFIX.docs.npy (int64: where each document starts, then the
+total). A .jsonl input (or --jsonl-field KEY) is one document per line (its
+"text" field), a text file one document (--lines: one per line); encoding
+runs on --threads threads. `moert detokenize` prints the text of each
+comma-separated id list (--skip-special leaves special tokens out).
+docs/tokenizer.md.
 
 `moert convert` writes the primary weight slices of every rank of PLAN, read
 from HF_DIR (or from a sharded checkpoint of any plan), as a sharded
@@ -130,8 +155,10 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 /// `moert run`; every rank of the job runs it with the same arguments.
 int run(int argc, char **argv, Comm &comm) {
-  std::string planPath, weightsPath, logitsOut;
+  std::string planPath, weightsPath, logitsOut, tokenizerPath;
   std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::pair<size_t, std::string>> texts; // prompt index, text
+  bool printIds = false;
   GenerateOptions options;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   double collectiveTimeout = 300;
@@ -146,6 +173,12 @@ int run(int argc, char **argv, Comm &comm) {
     };
     if (arg == "--weights") weightsPath = value();
     else if (arg == "--tokens") prompts.push_back(parseTokens(value()));
+    else if (arg == "--prompt") {
+      texts.emplace_back(prompts.size(), value());
+      prompts.emplace_back();
+    }
+    else if (arg == "--tokenizer") tokenizerPath = value();
+    else if (arg == "--print-ids") printIds = true;
     else if (arg == "--max-new-tokens") options.maxNewTokens = parseInt(arg, value());
     else if (arg == "--ignore-eos") options.stopAtEos = false;
     else if (arg == "--logits-out") logitsOut = value();
@@ -169,7 +202,7 @@ int run(int argc, char **argv, Comm &comm) {
     else inputError("unexpected argument '{}'", arg);
   }
   if (planPath.empty())
-    inputError("expected a plan (moert run PLAN --weights DIR --tokens IDS)");
+    inputError("expected a plan (moert run PLAN --weights DIR --prompt TEXT)");
   if (weightsPath.empty())
     inputError("--weights: expected the checkpoint directory");
   if (threads < 1 || threads > 1024)
@@ -220,11 +253,33 @@ int run(int argc, char **argv, Comm &comm) {
   std::unique_ptr<Device> device = deviceName == "cuda" ? createCudaDevice() : createCpuDevice();
   device->prepare(plan, comm.rank(), *checkpoint, comm);
   checkNoUnexpectedTensors(plan, *checkpoint);
+  std::optional<Tokenizer> tokenizer;
+  if (!texts.empty()) {
+    tokenizer = promptTokenizer(tokenizerPath, weightsPath, plan.vocabSize);
+    for (const auto &[index, text] : texts)
+      prompts[index] = tokenizer->encode(text);
+  }
+  // One text prompt on a terminal: its continuation is printed as it comes.
+  std::optional<TextStream> stream;
+  if (comm.rank() == 0 && prompts.size() == 1 && texts.size() == 1 && !printIds &&
+      ::isatty(STDOUT_FILENO)) {
+    stream.emplace(*tokenizer);
+    options.onToken = [&](size_t, int32_t id) { stream->add(id); };
+  }
   Executor executor(plan, *device, comm, comm.rank());
   GenerateResult result = executor.generate(prompts, options);
   if (comm.rank() == 0) {
-    for (const std::vector<int32_t> &ids : result.generated)
-      fmt::print("{}\n", fmt::join(ids, ","));
+    std::vector<bool> isText(prompts.size(), false);
+    for (const auto &t : texts)
+      isText[t.first] = !printIds;
+    for (size_t p = 0; p < result.generated.size(); ++p) {
+      if (stream)
+        stream->finish();
+      else if (isText[p])
+        fmt::print("{}\n", tokenizer->decode(result.generated[p], /*skipSpecialTokens=*/true));
+      else
+        fmt::print("{}\n", fmt::join(result.generated[p], ","));
+    }
     if (!logitsOut.empty()) {
       int64_t rows = static_cast<int64_t>(result.promptLogits.size()) / plan.vocabSize;
       writeNpy(logitsOut, {rows, plan.vocabSize}, result.promptLogits);
@@ -340,8 +395,13 @@ int moertMain(int argc, char **argv) {
     }
     if (!std::strcmp(argv[1], "export"))
       return exportHf(argc, argv);
+    if (!std::strcmp(argv[1], "tokenize"))
+      return tokenizeCommand(argc, argv);
+    if (!std::strcmp(argv[1], "detokenize"))
+      return detokenizeCommand(argc, argv);
     if (std::strcmp(argv[1], "run") != 0)
-      inputError("unknown command '{}' (expected run, convert or export; see moert --help)",
+      inputError("unknown command '{}' (expected run, convert, export, tokenize or detokenize; "
+                 "see moert --help)",
                  argv[1]);
     comm = createComm(&argc, &argv);
     return run(argc, argv, *comm);

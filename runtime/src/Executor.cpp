@@ -133,6 +133,8 @@ GenerateResult Executor::generate(const std::vector<std::vector<int32_t>> &promp
         if (!live[s])
           continue;
         generated[s].push_back(pending[s]);
+        if (options.onToken)
+          options.onToken(mine[s], pending[s]);
         if (isEos(pending[s]) ||
             static_cast<int64_t>(generated[s].size()) >= options.maxNewTokens) {
           live[s] = false;

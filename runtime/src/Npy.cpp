@@ -10,8 +10,11 @@
 
 namespace moert {
 
-void writeNpy(const std::string &path, const std::vector<int64_t> &shape,
-              const std::vector<float> &values) {
+namespace {
+
+/// One array of `descr` ('<f4', '<i4', '<i8') and `shape`, atomically.
+void writeArray(const std::string &path, const std::vector<int64_t> &shape, const char *descr,
+                const void *data, size_t bytes) {
   std::string dims;
   for (int64_t d : shape)
     dims += std::to_string(d) + ", ";
@@ -19,7 +22,8 @@ void writeNpy(const std::string &path, const std::vector<int64_t> &shape,
     dims.erase(dims.size() - 1); // "(3, 4)" but "(3,)"
   else if (shape.size() == 1)
     dims.pop_back();
-  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + dims + "), }";
+  std::string header =
+      std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" + dims + "), }";
   // Magic (6) + version (2) + length (2) + header + '\n', padded to 64 bytes.
   size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
@@ -48,12 +52,29 @@ void writeNpy(const std::string &path, const std::vector<int64_t> &shape,
     return true;
   };
   bool ok = writeAll(prefix.data(), prefix.size()) &&
-            writeAll(values.data(), values.size() * sizeof(float)) && ::fsync(fd) == 0;
+            writeAll(data, bytes) && ::fsync(fd) == 0;
   ::close(fd);
   if (!ok || std::rename(temp.c_str(), path.c_str()) != 0) {
     std::remove(temp.c_str());
     inputError("{}: cannot write", path);
   }
+}
+
+} // namespace
+
+void writeNpy(const std::string &path, const std::vector<int64_t> &shape,
+              const std::vector<float> &values) {
+  writeArray(path, shape, "<f4", values.data(), values.size() * sizeof(float));
+}
+
+void writeNpy(const std::string &path, const std::vector<int64_t> &shape,
+              const std::vector<int32_t> &values) {
+  writeArray(path, shape, "<i4", values.data(), values.size() * sizeof(int32_t));
+}
+
+void writeNpy(const std::string &path, const std::vector<int64_t> &shape,
+              const std::vector<int64_t> &values) {
+  writeArray(path, shape, "<i8", values.data(), values.size() * sizeof(int64_t));
 }
 
 std::vector<float> readNpy(const std::string &path, std::vector<int64_t> &shape) {

@@ -27,6 +27,7 @@
 #include "moert/PlanLayout.h"
 #include "moert/PlanSeal.h"
 #include "moert/ShardedCheckpoint.h"
+#include "moert/Tokenizer.h"
 #endif
 
 namespace {
@@ -90,6 +91,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                  text.size());
     moert::Plan plan = moert::Plan::load(path);
     (void)moert::PlanLayout::load(path);
+#elif MOE_FUZZ_TARGET_TOKENIZER
+    std::string path = writeFile("tokenizer.json", data, size);
+    moert::Tokenizer tokenizer = moert::Tokenizer::load(path);
+    // Encode a mixed text and the input's own start; decode ids around the
+    // vocabulary's edges.
+    std::string text = "Hello <s> world 123 \xF0\x9F\x98\x80 \xC3(";
+    text.append(reinterpret_cast<const char *>(data), size < 256 ? size : 256);
+    std::vector<int32_t> ids = tokenizer.encode(text);
+    for (int32_t id = 0; id < 300 && id < tokenizer.size(); ++id)
+      ids.push_back(id);
+    ids.push_back(static_cast<int32_t>(tokenizer.size()));
+    ids.push_back(-1);
+    (void)tokenizer.decode(ids);
+    (void)tokenizer.decode(ids, true);
 #else
 #error "define one MOE_FUZZ_TARGET_*"
 #endif

@@ -7,6 +7,7 @@
 #include "moert/Plan.h"
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace moert {
@@ -23,6 +24,9 @@ struct GenerateOptions {
   bool stopAtEos = true;
   /// Keep the logits of every prompt position ([prompt tokens, vocab]).
   bool keepPromptLogits = false;
+  /// Called with (prompt index, token) as each token of this rank's replica
+  /// is generated (streaming); may be empty.
+  std::function<void(size_t, int32_t)> onToken;
   SamplingOptions sampling;
 };
 

@@ -40,8 +40,10 @@ Bpe::Bpe(const JsonFields &model) {
   const nlohmann::json &v = model.get("vocab");
   for (auto it = v.begin(); it != v.end(); ++it) {
     const std::string &token = it.key();
-    if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > INT32_MAX)
+    if (!it->is_number_integer() || it->get<int64_t>() < 0)
       vocabulary.fail(token, "expected a token id (an integer >= 0)");
+    if (it->get<int64_t>() >= kMaxTokenId)
+      vocabulary.fail(token, fmt::format("expected an id below {} (moert's limit)", kMaxTokenId));
     const auto id = static_cast<int32_t>(it->get<int64_t>());
     if (static_cast<size_t>(id) >= tokens.size()) {
       tokens.resize(static_cast<size_t>(id) + 1);

@@ -112,6 +112,9 @@ const std::vector<char32_t> &byteLevelChars();
 // The BPE model (Bpe.cpp)
 //===----------------------------------------------------------------------===//
 
+/// Token ids are below this (real vocabularies have at most a few 100k).
+constexpr int64_t kMaxTokenId = int64_t(1) << 22;
+
 class Bpe {
 public:
   /// Reads "model" (type BPE) of the file.

@@ -86,6 +86,7 @@ std::string escapeLiteral(std::string_view s) {
 
 struct Pattern::Code {
   pcre2_code *code = nullptr;
+  std::string where;
   ~Code() { pcre2_code_free(code); }
 };
 
@@ -119,6 +120,7 @@ void Pattern::compile(const std::string &regex, const std::string &where) {
   int error = 0;
   PCRE2_SIZE offset = 0;
   code = std::make_unique<Code>();
+  code->where = where;
   code->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(regex.data()), regex.size(),
                              PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE, &error, &offset, nullptr);
   if (!code->code) {
@@ -143,8 +145,15 @@ std::vector<Slice> Pattern::findMatches(std::string_view s) const {
   while (searchFrom <= s.size()) {
     int rc = pcre2_match(code->code, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), searchFrom,
                          PCRE2_NO_UTF_CHECK, data, nullptr);
-    if (rc < 0)
+    if (rc == PCRE2_ERROR_NOMATCH)
       break;
+    if (rc < 0) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(rc, message, sizeof message);
+      pcre2_match_data_free(data);
+      inputError("{}: the regex failed on the input: {}", code->where,
+                 reinterpret_cast<const char *>(message));
+    }
     const PCRE2_SIZE *v = pcre2_get_ovector_pointer(data);
     const size_t start = v[0], end = v[1];
     if (start == end && hadMatch && lastMatchEnd == end) {

@@ -6,15 +6,14 @@
 // model; the post-processor adds the special tokens. Decoding maps ids to
 // token strings (added tokens included) and runs the decoder.
 #include "moert/Tokenizer.h"
+#include "../InputFile.h"
 #include "Parts.h"
 #include "moert/Error.h"
 
 #include <sys/stat.h>
 
-#include <fstream>
 #include <mutex>
 #include <shared_mutex>
-#include <sstream>
 
 namespace moert {
 namespace tokenizer {
@@ -158,13 +157,11 @@ void Pipeline::tokenizeWord(const std::string &word, std::vector<int32_t> &out) 
 
 namespace {
 
+/// A tokenizer file's JSON text (at most 1 GiB, nesting bounded).
 std::string readFile(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    inputError("{}: cannot read the tokenizer", path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  std::string text = readInputFile(path, uint64_t(1) << 30, "a tokenizer file");
+  checkJsonDepth(text, path);
+  return text;
 }
 
 bool isDirectory(const std::string &path) {
@@ -308,7 +305,7 @@ std::unique_ptr<Pipeline> readTokenizer(const std::string &path, const std::stri
         return t.has(f) ? t.boolean(f) : fallback;
       };
       AddedToken a;
-      a.id = static_cast<int32_t>(t.bounded("id", 0, INT32_MAX));
+      a.id = static_cast<int32_t>(t.bounded("id", 0, kMaxTokenId - 1));
       a.original = a.text = t.string("content");
       if (a.text.empty() || validUtf8(a.text) != a.text)
         t.fail("content", "expected a non-empty UTF-8 string");
