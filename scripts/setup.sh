@@ -9,6 +9,7 @@ packages=(cmake ninja-build ccache g++ python3 pkg-config
           llvm-19-dev libmlir-19-dev mlir-19-tools llvm-19-tools
           libzstd-dev zlib1g-dev libedit-dev libcurl4-openssl-dev libffi-dev libxml2-dev
           libfmt-dev libgtest-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev
+          chromium
           libopenmpi-dev openmpi-bin
           clang-19 libclang-rt-19-dev)
 missing=()

@@ -1,5 +1,6 @@
 // moert run PLAN --weights DIR --prompt TEXT | --tokens 1,2,3 [...] [options],
 // and the other commands of the moert command line.
+#include "InputFile.h"
 #include "TextCli.h"
 #include "moert/Cli.h"
 #include "moert/Checkpoint.h"
@@ -14,11 +15,13 @@
 
 #include <fmt/core.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include <unistd.h>
 
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -79,6 +82,8 @@ rank 0 prints the results and writes --logits-out.
                         complete within S seconds (default 300)
   --report-memory       print, per rank, the weights loaded and the peak memory
                         measured, against the plan's predictions
+  --report-json FILE    write those figures and the generation's throughput as
+                        JSON, for `moec report PLAN --measured FILE`
   --device cpu|cuda     where to run (default: cuda for a plan compiled with
                         moec --target cuda, else cpu); a CUDA plan also runs on
                         the CPU
@@ -153,6 +158,49 @@ std::vector<int32_t> parseTokens(const char *text) {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
+/// --report-memory: each rank's loaded weights and measured peak (`all`:
+/// pairs by rank) against the plan's predictions.
+void printMemoryReport(const Plan &plan, const std::vector<int64_t> &all) {
+  for (int64_t r = 0; r < static_cast<int64_t>(all.size() / 2); ++r) {
+    int64_t predictedWeights = 0, predictedPeak = 0;
+    if (r < static_cast<int64_t>(plan.ranks.size())) {
+      predictedWeights = plan.ranks[r].predictedWeightBytes;
+      predictedPeak = plan.ranks[r].predictedPeakBytes;
+    }
+    int64_t peak = all[2 * r + 1];
+    std::string error =
+        predictedPeak > 0
+            ? fmt::format("{:+.1f}%", 100.0 * static_cast<double>(peak - predictedPeak) /
+                                          static_cast<double>(predictedPeak))
+            : std::string("n/a");
+    fmt::print("rank {}: weights loaded {} bytes (plan {}), peak measured {:.2f} MiB, "
+               "predicted {:.2f} MiB ({})\n",
+               r, all[2 * r], predictedWeights, static_cast<double>(peak) / kMiB,
+               static_cast<double>(predictedPeak) / kMiB, error);
+  }
+}
+
+/// --report-json: the measured figures moec report draws (docs/plan-report.md),
+/// written atomically.
+void writeMeasured(const std::string &path, const std::string &planPath, const Plan &plan,
+                   const std::vector<int64_t> &all, int64_t tokens, double seconds) {
+  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+  for (int64_t r = 0; r < static_cast<int64_t>(all.size() / 2); ++r)
+    ranks.push_back({{"rank", r}, {"weights_loaded", all[2 * r]}, {"peak", all[2 * r + 1]}});
+  nlohmann::ordered_json out = {
+      {"format", "moert-measured"},
+      {"version", 1},
+      {"plan", planPath},
+      {"world_size", plan.worldSize},
+      {"ranks", std::move(ranks)},
+      {"generation",
+       {{"tokens", tokens},
+        {"seconds", seconds},
+        {"tokens_per_second", seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0}}}};
+  const std::string text = out.dump(2) + "\n";
+  writeFileAtomically(path, text);
+}
+
 /// `moert run`; every rank of the job runs it with the same arguments.
 int run(int argc, char **argv, Comm &comm) {
   std::string planPath, weightsPath, logitsOut, tokenizerPath;
@@ -163,7 +211,7 @@ int run(int argc, char **argv, Comm &comm) {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   double collectiveTimeout = 300;
   bool reportMemory = false;
-  std::string deviceName;
+  std::string deviceName, reportJson;
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
     auto value = [&]() -> const char * {
@@ -189,6 +237,7 @@ int run(int argc, char **argv, Comm &comm) {
     else if (arg == "--threads") threads = static_cast<int>(parseInt(arg, value()));
     else if (arg == "--collective-timeout") collectiveTimeout = parseDouble(arg, value());
     else if (arg == "--report-memory") reportMemory = true;
+    else if (arg == "--report-json") reportJson = value();
     else if (arg == "--device") deviceName = value();
     else if (arg == "--matmul-precision") {
       std::string name = value();
@@ -267,7 +316,10 @@ int run(int argc, char **argv, Comm &comm) {
     options.onToken = [&](size_t, int32_t id) { stream->add(id); };
   }
   Executor executor(plan, *device, comm, comm.rank());
+  const auto started = std::chrono::steady_clock::now();
   GenerateResult result = executor.generate(prompts, options);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (comm.rank() == 0) {
     std::vector<bool> isText(prompts.size(), false);
     for (const auto &t : texts)
@@ -285,32 +337,22 @@ int run(int argc, char **argv, Comm &comm) {
       writeNpy(logitsOut, {rows, plan.vocabSize}, result.promptLogits);
     }
   }
-  if (reportMemory) {
-    // Rank 0 prints every rank's measured figures against the plan's.
+  if (reportMemory || !reportJson.empty()) {
+    // Rank 0 gathers every rank's measured figures.
     int64_t mine[2] = {device->loadedWeightBytes(), device->peakBytes()};
     std::vector<int64_t> all(2 * static_cast<size_t>(comm.size()));
     std::vector<int> world(comm.size());
     for (int r = 0; r < comm.size(); ++r)
       world[r] = r;
     comm.allGather(mine, sizeof mine, all.data(), world, "--report-memory (gathering the figures)");
-    if (comm.rank() == 0)
-      for (int r = 0; r < comm.size(); ++r) {
-        int64_t predictedWeights = 0, predictedPeak = 0;
-        if (r < static_cast<int>(plan.ranks.size())) {
-          predictedWeights = plan.ranks[r].predictedWeightBytes;
-          predictedPeak = plan.ranks[r].predictedPeakBytes;
-        }
-        int64_t peak = all[2 * r + 1];
-        std::string error =
-            predictedPeak > 0
-                ? fmt::format("{:+.1f}%", 100.0 * static_cast<double>(peak - predictedPeak) /
-                                              static_cast<double>(predictedPeak))
-                : std::string("n/a");
-        fmt::print("rank {}: weights loaded {} bytes (plan {}), peak measured {:.2f} MiB, "
-                   "predicted {:.2f} MiB ({})\n",
-                   r, all[2 * r], predictedWeights, static_cast<double>(peak) / kMiB,
-                   static_cast<double>(predictedPeak) / kMiB, error);
-      }
+    if (comm.rank() == 0 && reportMemory)
+      printMemoryReport(plan, all);
+    if (comm.rank() == 0 && !reportJson.empty()) {
+      int64_t tokens = 0;
+      for (size_t p = 0; p < prompts.size(); ++p)
+        tokens += static_cast<int64_t>(prompts[p].size() + result.generated[p].size());
+      writeMeasured(reportJson, planPath, plan, all, tokens, seconds);
+    }
   }
   std::fflush(stdout);
   return 0;

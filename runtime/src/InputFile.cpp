@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace moert {
@@ -68,6 +70,33 @@ void checkJsonDepth(const std::string &text, const std::string &path) {
     } else if (c == ']' || c == '}') {
       --depth;
     }
+  }
+}
+
+void writeFileAtomically(const std::string &path, std::string_view head, std::string_view body) {
+  std::string temp = path + ".tmp-XXXXXX";
+  int fd = mkstemp(temp.data());
+  if (fd < 0)
+    inputError("{}: cannot create a temporary file beside it", path);
+  auto writeAll = [&](std::string_view bytes) {
+    const char *p = bytes.data();
+    size_t left = bytes.size();
+    while (left > 0) {
+      ssize_t n = ::write(fd, p, left);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n <= 0)
+        return false;
+      p += n;
+      left -= static_cast<size_t>(n);
+    }
+    return true;
+  };
+  bool ok = writeAll(head) && writeAll(body) && ::fsync(fd) == 0;
+  ::close(fd);
+  if (!ok || std::rename(temp.c_str(), path.c_str()) != 0) {
+    std::remove(temp.c_str());
+    inputError("{}: cannot write", path);
   }
 }
 

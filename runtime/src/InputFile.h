@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace moert {
 
@@ -20,6 +21,12 @@ std::string readInputFile(const std::string &path, uint64_t maxBytes, const char
 /// kMaxJsonDepth (JSON parsers and destructors recurse).
 constexpr int kMaxJsonDepth = 256;
 void checkJsonDepth(const std::string &text, const std::string &path);
+
+/// Writes `head` then `body` to `path` atomically: a temporary file beside
+/// it, fsync, rename; nothing is left behind on failure (InputError naming
+/// the path).
+void writeFileAtomically(const std::string &path, std::string_view head,
+                         std::string_view body = {});
 
 } // namespace moert
 

@@ -1,4 +1,5 @@
 #include "moert/Npy.h"
+#include "InputFile.h"
 #include "moert/Error.h"
 #include "moert/Tensor.h"
 
@@ -29,10 +30,6 @@ void writeArray(const std::string &path, const std::vector<int64_t> &shape, cons
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
 
-  std::string temp = path + ".tmp-XXXXXX";
-  int fd = mkstemp(temp.data());
-  if (fd < 0)
-    inputError("{}: cannot create a temporary file beside it", path);
   std::string prefix = "\x93NUMPY";
   prefix += '\x01';
   prefix += '\x00';
@@ -40,24 +37,7 @@ void writeArray(const std::string &path, const std::vector<int64_t> &shape, cons
   prefix += static_cast<char>(length & 0xff);
   prefix += static_cast<char>(length >> 8);
   prefix += header;
-  auto writeAll = [&](const void *data, size_t bytes) {
-    const char *p = static_cast<const char *>(data);
-    while (bytes > 0) {
-      ssize_t n = ::write(fd, p, bytes);
-      if (n <= 0)
-        return false;
-      p += n;
-      bytes -= static_cast<size_t>(n);
-    }
-    return true;
-  };
-  bool ok = writeAll(prefix.data(), prefix.size()) &&
-            writeAll(data, bytes) && ::fsync(fd) == 0;
-  ::close(fd);
-  if (!ok || std::rename(temp.c_str(), path.c_str()) != 0) {
-    std::remove(temp.c_str());
-    inputError("{}: cannot write", path);
-  }
+  writeFileAtomically(path, prefix, std::string_view(static_cast<const char *>(data), bytes));
 }
 
 } // namespace

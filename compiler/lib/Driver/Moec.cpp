@@ -12,6 +12,7 @@
 #include "moe/Analysis/Planner.h"
 #include "moe/Target/Cuda.h"
 #include "moe/Target/Distribution.h"
+#include "moe/Target/PlanReport.h"
 #include "moe/Target/PlanWriter.h"
 #include "moe/Target/TargetBackend.h"
 #include "moe/Transforms/Passes.h"
@@ -150,6 +151,24 @@ cl::opt<bool> printJson("json",
                         cl::desc("Print the layout as one JSON object (world_size, degrees, "
                                  "vocab, ranks with their memory and weight slices)"),
                         cl::sub(compileCommand), cl::cat(distribution));
+
+cl::opt<std::string> compileReport(
+    "report",
+    cl::desc("Also write the plan's report, one HTML page (as moec report does; needs -o)"),
+    cl::value_desc("report.html"), cl::sub(compileCommand));
+
+cl::SubCommand reportCommand(
+    "report", "Draw a plan as one self-contained HTML page: mesh, experts, memory, "
+              "time, layouts considered, vocabulary, slices (docs/plan-report.md)");
+cl::opt<std::string> reportPlan(cl::Positional, cl::Required, cl::desc("<plan>"),
+                                cl::sub(reportCommand));
+cl::opt<std::string> reportOutput("o", cl::desc("Write the report to <file>"),
+                                  cl::value_desc("report.html"), cl::Required,
+                                  cl::sub(reportCommand));
+cl::opt<std::string> reportMeasured(
+    "measured",
+    cl::desc("Draw the figures of `moert run --report-json FILE` beside the predictions"),
+    cl::value_desc("FILE"), cl::sub(reportCommand));
 
 cl::SubCommand planInfoCommand("plan-info", "Describe an existing plan's distribution");
 cl::opt<std::string> planInfoPath(cl::Positional, cl::Required, cl::desc("<plan>"),
@@ -343,6 +362,9 @@ int runCompile() {
     return fail(createStringError(inconvertibleErrorCode(),
                                   "--dtype %s: expected bf16, f16, f32 or fp8",
                                   planDtype.c_str()));
+  if (!compileReport.empty() && (*last != Phase::Plan || compileOutput.empty() || kernelsOnly))
+    return fail(createStringError(inconvertibleErrorCode(),
+                                  "--report: expected a plan to draw (-o PLAN, no --compile-to)"));
   if (*last == Phase::Plan && compileOutput.empty() && !explain && !printJson && !kernelsOnly)
     return fail(createStringError(inconvertibleErrorCode(),
                                   "-o: expected the plan's output path"));
@@ -402,6 +424,9 @@ int runCompile() {
     return kExitBadInput; // the pass printed a diagnostic naming the option or file
   if (*last != Phase::Plan)
     return writeIR(*module, compileOutput.empty() ? "-" : compileOutput.getValue());
+  if (!compileReport.empty())
+    if (Error e = moe::writePlanReport(options.output, "", compileReport))
+      return fail(std::move(e));
   return kExitOk;
 }
 
@@ -466,7 +491,8 @@ int moe::moecMain(int argc, char **argv) {
       "  moec compile CONFIG -o PLAN    a plan for moert (see moec compile --help)\n"
       "  moec compile CONFIG --world-size N --gpu h100 [--explain] [--json] [-o PLAN]\n"
       "                                 choose the sharding and say why\n"
-      "  moec plan-info PLAN [--json]   a plan's distribution\n\n"
+      "  moec plan-info PLAN [--json]   a plan's distribution\n"
+      "  moec report PLAN -o report.html [--measured FILE]   the plan as one HTML page\n\n"
       "Bad input (a missing, mistyped or inconsistent config field) is "
       "reported as 'FILE: field 'NAME': ...' with exit code 2.\n");
   if (inspectCommand)
@@ -477,6 +503,12 @@ int moe::moecMain(int argc, char **argv) {
     return runCompile();
   if (planInfoCommand)
     return runPlanInfo();
-  errs() << "moec: expected a command (inspect, import, compile, plan-info); see moec --help\n";
+  if (reportCommand) {
+    if (Error e = moe::writePlanReport(reportPlan, reportMeasured, reportOutput))
+      return fail(std::move(e));
+    return kExitOk;
+  }
+  errs() << "moec: expected a command (inspect, import, compile, plan-info, report); see moec "
+            "--help\n";
   return kExitBadInput;
 }

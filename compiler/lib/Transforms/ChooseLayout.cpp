@@ -66,6 +66,22 @@ struct ChooseLayout : moe::impl::MoEChooseLayoutBase<ChooseLayout> {
       llvm::outs() << "\n";
     }
     moe::setLayoutAttr(module, request, chosen.layout);
+    // The search, for the plan's report (moec report): the chosen layout's
+    // time and memory per stage, the alternatives, the rejections and the
+    // machine. Compact JSON; the search's wall time is left out (the plan's
+    // bytes depend only on its inputs).
+    llvm::json::Value search = moe::sharding::toJSON(planned->result);
+    llvm::json::Object &o = *search.getAsObject();
+    o.erase("search_seconds");
+    const moe::sharding::Cluster &c = planned->cluster;
+    o["cluster"] = llvm::json::Object{{"name", c.name},
+                                      {"description", c.description},
+                                      {"nodes", c.nodes},
+                                      {"devices_per_node", c.devicesPerNode},
+                                      {"memory_bytes", c.memoryBytes}};
+    std::string text;
+    llvm::raw_string_ostream(text) << search;
+    module->setAttr("moe.planner", StringAttr::get(&getContext(), text));
 
     const moe::sharding::ShardingLayout &layout = chosen.layout;
     // The layout also lists the end (num layers); the annotation takes the firsts.

@@ -73,6 +73,13 @@ struct EmitPlan : moe::impl::MoEEmitPlanBase<EmitPlan> {
       return moe::writePlanFile(*plan, output);
     const moe::sharding::LayoutEstimate &chosen = (*layout)->result.chosen();
     root["weights"] = moe::logicalWeights(module);
+    // The planner's search (moe-choose-layout), for moec report.
+    if (auto search = module->getAttrOfType<StringAttr>("moe.planner")) {
+      llvm::Expected<json::Value> parsed = json::parse(search.getValue());
+      if (!parsed)
+        return parsed.takeError();
+      root["planner"] = std::move(*parsed);
+    }
     if (chosen.layout.degrees.world() == 1) {
       moe::mergeDistribution(root, moe::distributionJson((*layout)->model, chosen));
       return moe::writePlanFile(*plan, output);

@@ -287,9 +287,15 @@ llvm::Error moe::writePlanFile(const Object &plan, llvm::StringRef path,
                                llvm::function_ref<void(llvm::json::OStream &)> more) {
   return writeAtomically(path, [&](llvm::raw_ostream &os) {
     llvm::json::OStream J(os);
+    // In key order, as llvm::json prints an object (a json::Object's own
+    // order depends on its insertion history).
+    std::vector<llvm::StringRef> keys;
+    for (const auto &entry : plan)
+      keys.push_back(entry.first);
+    llvm::sort(keys);
     J.object([&] {
-      for (const auto &[key, value] : plan)
-        J.attribute(key, value);
+      for (llvm::StringRef key : keys)
+        J.attribute(key, *plan.get(key));
       more(J);
     });
     os << "\n";
