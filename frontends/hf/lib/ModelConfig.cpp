@@ -247,6 +247,21 @@ Error parseDecoderCommon(const Fields &f, ModelConfig &c) {
   if (c.dtype != "float32" && c.dtype != "bfloat16" && c.dtype != "float16")
     return f.fail("torch_dtype", "expected float32, bfloat16 or float16 but got '" +
                                      clip(c.dtype) + "'");
+  // Quantized checkpoints: transformers dequantizes (or runs) them by
+  // quantization_config. FP8 block-scaled weights (DeepSeek-V3, FP8 Qwen3)
+  // are planned (--dtype fp8 counts their bytes); moert refuses their F8
+  // tensors by name until it reads them. Other kinds would load tensors of
+  // another layout: refused here.
+  std::optional<Fields> quantization;
+  MOE_ASSIGN(quantization, f.nested("quantization_config"));
+  if (quantization) {
+    std::string method;
+    MOE_ASSIGN(method, quantization->string("quant_method", ""));
+    if (method != "fp8")
+      c.unsupportedFeature =
+          "quantization " + (method.empty() ? std::string("without a quant_method") : clip(method)) +
+          " (quantization_config.quant_method)";
+  }
   return parseRopeScaling(f, c);
 }
 
