@@ -134,7 +134,13 @@ TEST_F(BadTokenizer, UnknownKindsAreNotSupportedYet) {
             std::string::npos);
   t = original;
   t["post_processor"] = {{"type", "Pairs"}};
-  EXPECT_NE(error(t.dump()).find("not supported yet: post_processor Pairs"), std::string::npos);
+  EXPECT_NE(error(t.dump()).find("post_processor.type: not supported yet: post_processor Pairs"),
+            std::string::npos);
+  t["post_processor"] = {{"type", "Sequence"},
+                         {"processors", json::array({{{"type", "ByteLevel"}}, {{"type", "Pairs"}}})}};
+  EXPECT_NE(error(t.dump()).find("post_processor.processors[1].type: not supported yet: "
+                                 "post_processor Pairs"),
+            std::string::npos);
   t = original;
   t["truncation"] = {{"max_length", 8}};
   EXPECT_NE(error(t.dump()).find("truncation: not supported yet: truncation"), std::string::npos);

@@ -175,19 +175,13 @@ bool exists(const std::string &path) {
 }
 
 /// The post-processor's ids before and after the sequence.
-void readPostProcessor(const JsonFields &parent, const std::string &field, Pipeline &p) {
-  if (!parent.has(field) || parent.get(field).is_null())
-    return;
-  JsonFields o = parent.child(field);
+void postProcessorOf(const JsonFields &o, Pipeline &p) {
   const std::string type = o.string("type");
   if (type == "ByteLevel")
     return; // offsets only
   if (type == "Sequence") {
-    for (size_t i = 0; i < o.array("processors").size(); ++i) {
-      nlohmann::json wrapper = {{"p", o.array("processors")[i]}};
-      readPostProcessor(JsonFields(wrapper, p.path, fmt::format("{}.processors[{}]", field, i)),
-                        "p", p);
-    }
+    for (size_t i = 0; i < o.array("processors").size(); ++i)
+      postProcessorOf(o.element("processors", i), p);
     return;
   }
   if (type == "TemplateProcessing") {
@@ -222,6 +216,11 @@ void readPostProcessor(const JsonFields &parent, const std::string &field, Pipel
     return;
   }
   inputError("{}: not supported yet: post_processor {}", o.fieldName("type"), type);
+}
+
+void readPostProcessor(const JsonFields &parent, const std::string &field, Pipeline &p) {
+  if (parent.has(field) && !parent.get(field).is_null())
+    postProcessorOf(parent.child(field), p);
 }
 
 /// A token of tokenizer_config.json: a string, {"content": ...}, or null.
