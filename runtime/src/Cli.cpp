@@ -136,7 +136,9 @@ double parseDouble(const std::string &option, const char *text) {
   return value;
 }
 
-std::vector<int32_t> parseTokens(const char *text) {
+} // namespace
+
+std::vector<int32_t> parseTokenIds(const char *text, const char *option) {
   std::vector<int32_t> ids;
   std::string list(text);
   if (list.empty())
@@ -145,9 +147,9 @@ std::vector<int32_t> parseTokens(const char *text) {
   for (;;) {
     size_t comma = list.find(',', at);
     std::string item = list.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-    int64_t id = parseInt("--tokens", item.c_str());
+    int64_t id = parseInt(option, item.c_str());
     if (id < INT32_MIN || id > INT32_MAX)
-      inputError("--tokens: token id {} out of range", id);
+      inputError("{}: token id {} out of range", option, id);
     ids.push_back(static_cast<int32_t>(id));
     if (comma == std::string::npos)
       break;
@@ -155,6 +157,8 @@ std::vector<int32_t> parseTokens(const char *text) {
   }
   return ids;
 }
+
+namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
@@ -220,7 +224,7 @@ int run(int argc, char **argv, Comm &comm) {
       return argv[++i];
     };
     if (arg == "--weights") weightsPath = value();
-    else if (arg == "--tokens") prompts.push_back(parseTokens(value()));
+    else if (arg == "--tokens") prompts.push_back(parseTokenIds(value(), "--tokens"));
     else if (arg == "--prompt") {
       texts.emplace_back(prompts.size(), value());
       prompts.emplace_back();

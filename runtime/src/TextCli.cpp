@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <sstream>
 #include <thread>
 
 namespace moert {
@@ -23,21 +22,6 @@ const char *kTokenizeUsage =
        moert tokenize --tokenizer PATH --input FILE [--input FILE ...] --output PREFIX
                       [--jsonl-field KEY] [--lines] [--no-eos] [--threads N]
        moert detokenize --tokenizer PATH [--skip-special] IDS [IDS ...])";
-
-std::vector<int32_t> parseIds(const std::string &text, const char *what) {
-  std::vector<int32_t> ids;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    char *end = nullptr;
-    errno = 0;
-    long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end || errno || v < INT32_MIN || v > INT32_MAX)
-      inputError("{}: expected comma-separated token ids but got '{}'", what, text);
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  return ids;
-}
 
 /// The documents of one input: a JSONL file (one object per non-empty line,
 /// its `field` a string), a text file one document per line (`lines`), or
@@ -221,7 +205,7 @@ int detokenizeCommand(int argc, char **argv) {
     } else if (arg.size() > 1 && arg[0] == '-' && !(arg[1] >= '0' && arg[1] <= '9')) {
       inputError("unknown option '{}'\n{}", arg, kTokenizeUsage);
     } else {
-      lists.push_back(parseIds(arg, "moert detokenize"));
+      lists.push_back(parseTokenIds(arg.c_str(), "moert detokenize"));
     }
   }
   if (tokenizerPath.empty() || lists.empty())

@@ -12,6 +12,9 @@
 namespace moert {
 
 int tokenizeCommand(int argc, char **argv);
+/// Comma-separated token ids ("1,2,3"; "" is none); InputError naming
+/// `option` (Cli.cpp).
+std::vector<int32_t> parseTokenIds(const char *text, const char *option);
 int detokenizeCommand(int argc, char **argv);
 
 /// The tokenizer of `moert run --prompt`: --tokenizer PATH, else the one in
