@@ -125,6 +125,7 @@ public:
 private:
   void header();
   void mesh();
+  void groups();
   void experts();
   void memory();
   void time();
@@ -246,7 +247,57 @@ void Page::mesh() {
     items.push_back({kStageColours[s % 8], formatv("stage {0}: layers {1}-{2}", s, first, end - 1)});
   }
   legend(items);
+  groups();
   os << "</section>\n";
+}
+
+void Page::groups() {
+  // The groups rank 0 communicates in, one per axis of degree > 1: the
+  // ranks that share its other coordinates (dense axes dp, pp, tp; expert
+  // axes edp, ep, etp within its stage).
+  struct Axis {
+    const char *name, *what;
+    int64_t Rank::*coord;
+    std::vector<int64_t Rank::*> same;
+  };
+  const std::vector<Axis> axes = {
+      {"tp", "all-reduces of tensor-parallel layers", &Rank::tp, {&Rank::dp, &Rank::pp}},
+      {"ep", "all-to-alls of the routed tokens", &Rank::ep, {&Rank::pp, &Rank::edp, &Rank::etp}},
+      {"etp", "all-reduces of expert-tensor-parallel FFNs", &Rank::etp,
+       {&Rank::pp, &Rank::edp, &Rank::ep}},
+      {"pp", "send/recv between stages", &Rank::pp, {&Rank::dp, &Rank::tp}},
+      {"dp", "replicas (no collective in inference)", &Rank::dp, {&Rank::pp, &Rank::tp}}};
+  const Rank &zero = m.ranks.front();
+  bool any = false;
+  for (const Axis &a : axes) {
+    if (m.degrees.at(a.name) <= 1)
+      continue;
+    if (!any)
+      os << "<table class=\"groups\"><tr><th>axis</th><th>rank 0's group</th><th>link</th>"
+         << "<th>carries</th></tr>\n";
+    any = true;
+    std::vector<int64_t> members;
+    for (const Rank &k : m.ranks) {
+      bool same = true;
+      for (auto c : a.same)
+        same = same && k.*c == zero.*c;
+      if (same)
+        members.push_back(k.rank);
+    }
+    auto link = m.links.find(a.name);
+    std::string kind = "";
+    if (link != m.links.end())
+      kind = link->second == "intra_node" ? "within a node" : "across nodes";
+    else if (!members.empty())
+      kind = members.back() / m.devicesPerNode == members.front() / m.devicesPerNode
+                 ? "within a node"
+                 : "across nodes";
+    os << formatv("<tr data-axis=\"{0}\"><td>{0} {1}</td><td>{2}</td><td>{3}</td><td>{4}</td>"
+                  "</tr>\n",
+                  a.name, m.degrees.at(a.name), ranges(members), kind, a.what);
+  }
+  if (any)
+    os << "</table>\n";
 }
 
 void Page::experts() {
