@@ -12,7 +12,7 @@ model=tests/fixtures/models/mixtral
 "$build/tools/moec/moec" inspect "$model/config.json"
 "$build/tools/moec/moec" compile "$model/config.json" -o "$build/mixtral.plan" --max-seq-len 64
 echo "plan: $build/mixtral.plan"
-echo "continuations (16 tokens each) of 'Hello world' and 'The program is free software':"
+echo "continuations (16 tokens each) of 'Hello world' and 'The program is free software' (random weights: random text):"
 "$build/tools/moert/moert" run "$build/mixtral.plan" --weights "$model" \
   --prompt "Hello world" --prompt "The program is free software" --max-new-tokens 16
 echo "the same as token ids (moert tokenize gives a prompt's ids):"
