@@ -76,13 +76,8 @@ struct ReplaceDecoder final : Decoder {
   ReplaceDecoder(Pattern pattern, std::string content)
       : pattern(std::move(pattern)), content(std::move(content)) {}
   void apply(std::vector<std::string> &tokens) const override {
-    for (std::string &t : tokens) {
-      std::string out;
-      for (const Slice &m : pattern.findMatches(t))
-        out.append(m.match ? std::string_view(content)
-                           : std::string_view(t).substr(m.start, m.end - m.start));
-      t = std::move(out);
-    }
+    for (std::string &t : tokens)
+      t = replaceAll(pattern, content, t);
   }
 };
 
@@ -187,17 +182,8 @@ std::unique_ptr<Decoder> decoderOf(const JsonFields &o) {
     return std::make_unique<ByteLevelDecoder>();
   if (type == "Metaspace") {
     auto d = std::make_unique<MetaspaceDecoder>();
-    std::string rep = o.string("replacement");
-    size_t length = 0;
-    if (rep.empty() || validUtf8(rep) != rep || (codePointAt(rep, 0, &length), length != rep.size()))
-      o.fail("replacement", "expected one character");
-    d->rep = rep;
-    std::string scheme = o.has("prepend_scheme") ? o.string("prepend_scheme") : "always";
-    if (scheme != "always" && scheme != "first" && scheme != "never")
-      inputError("{}: not supported yet: prepend_scheme {}", o.fieldName("prepend_scheme"), scheme);
-    bool addPrefixSpace = !o.has("add_prefix_space") || o.get("add_prefix_space").is_null() ||
-                          o.boolean("add_prefix_space");
-    d->dropFirst = scheme != "never" && addPrefixSpace;
+    appendUtf8(d->rep, singleChar(o, "replacement"));
+    d->dropFirst = readPrependScheme(o) != Prepend::Never;
     return d;
   }
   if (type == "Replace")
@@ -208,12 +194,7 @@ std::unique_ptr<Decoder> decoderOf(const JsonFields &o) {
     return std::make_unique<FuseDecoder>();
   if (type == "Strip") {
     auto d = std::make_unique<StripDecoder>();
-    std::string content = o.string("content");
-    size_t length = 0;
-    if (content.empty() || validUtf8(content) != content ||
-        (codePointAt(content, 0, &length), length != content.size()))
-      o.fail("content", "expected one character");
-    d->content = codePointAt(content, 0, &length);
+    d->content = singleChar(o, "content");
     d->start = static_cast<size_t>(o.integer("start", 0));
     d->stop = static_cast<size_t>(o.integer("stop", 0));
     return d;

@@ -105,6 +105,17 @@ std::unique_ptr<Normalizer> readNormalizer(const JsonFields &fields, const std::
 std::unique_ptr<PreTokenizer> readPreTokenizer(const JsonFields &fields, const std::string &field);
 std::unique_ptr<Decoder> readDecoder(const JsonFields &fields, const std::string &field);
 
+/// A boolean field that may be absent or null (then `fallback`).
+bool flag(const JsonFields &o, const std::string &field, bool fallback);
+/// A field holding exactly one character.
+char32_t singleChar(const JsonFields &o, const std::string &field);
+/// `s` with every match of `pattern` replaced by `content`.
+std::string replaceAll(const Pattern &pattern, const std::string &content, std::string_view s);
+/// Metaspace's prepend_scheme (default always; add_prefix_space: false
+/// means never), as its pre-tokenizer and decoder read it.
+enum class Prepend { Always, First, Never };
+Prepend readPrependScheme(const JsonFields &o);
+
 /// The byte-level alphabet of GPT-2 (tokenizers' bytes_char): byte -> char.
 const std::vector<char32_t> &byteLevelChars();
 

@@ -20,18 +20,6 @@ namespace {
 std::unique_ptr<Normalizer> normalizerOf(const JsonFields &o);
 std::unique_ptr<PreTokenizer> preTokenizerOf(const JsonFields &o);
 
-bool flag(const JsonFields &o, const std::string &field, bool fallback) {
-  return o.has(field) && !o.get(field).is_null() ? o.boolean(field) : fallback;
-}
-
-char32_t singleChar(const JsonFields &o, const std::string &field) {
-  std::string s = o.string(field);
-  size_t length = 0;
-  if (s.empty() || validUtf8(s) != s || (codePointAt(s, 0, &length), length != s.size()))
-    o.fail(field, "expected one character");
-  return codePointAt(s, 0, &length);
-}
-
 //===----------------------------------------------------------------------===//
 // Normalizers
 //===----------------------------------------------------------------------===//
@@ -57,14 +45,6 @@ struct PrependNormalizer final : Normalizer {
       s.insert(0, prefix);
   }
 };
-
-/// Every match of the pattern replaced by `content` (normalizers and decoders).
-std::string replaceAll(const Pattern &pattern, const std::string &content, std::string_view s) {
-  std::string out;
-  for (const Slice &m : pattern.findMatches(s))
-    out.append(m.match ? std::string_view(content) : s.substr(m.start, m.end - m.start));
-  return out;
-}
 
 struct ReplaceNormalizer final : Normalizer {
   Pattern pattern;
@@ -250,26 +230,6 @@ struct ByteLevelPreTokenizer final : PreTokenizer {
   }
 };
 
-enum class Prepend { Always, First, Never };
-
-Prepend readPrependScheme(const JsonFields &o) {
-  Prepend scheme = Prepend::Always;
-  if (o.has("prepend_scheme")) {
-    const std::string s = o.string("prepend_scheme");
-    if (s == "always") scheme = Prepend::Always;
-    else if (s == "first") scheme = Prepend::First;
-    else if (s == "never") scheme = Prepend::Never;
-    else unsupported(o, "prepend_scheme", s);
-  }
-  if (o.has("add_prefix_space") && !o.get("add_prefix_space").is_null() &&
-      !o.boolean("add_prefix_space")) {
-    if (o.has("prepend_scheme") && scheme != Prepend::Never)
-      o.fail("add_prefix_space", "false does not match prepend_scheme");
-    scheme = Prepend::Never;
-  }
-  return scheme;
-}
-
 struct MetaspacePreTokenizer final : PreTokenizer {
   char32_t replacement;
   std::string rep;
@@ -304,6 +264,44 @@ struct DigitsPreTokenizer final : PreTokenizer {
 };
 
 } // namespace
+
+// Shared with Decoders.cpp (Parts.h).
+bool flag(const JsonFields &o, const std::string &field, bool fallback) {
+  return o.has(field) && !o.get(field).is_null() ? o.boolean(field) : fallback;
+}
+
+char32_t singleChar(const JsonFields &o, const std::string &field) {
+  std::string s = o.string(field);
+  size_t length = 0;
+  if (s.empty() || validUtf8(s) != s || (codePointAt(s, 0, &length), length != s.size()))
+    o.fail(field, "expected one character");
+  return codePointAt(s, 0, &length);
+}
+
+std::string replaceAll(const Pattern &pattern, const std::string &content, std::string_view s) {
+  std::string out;
+  for (const Slice &m : pattern.findMatches(s))
+    out.append(m.match ? std::string_view(content) : s.substr(m.start, m.end - m.start));
+  return out;
+}
+
+Prepend readPrependScheme(const JsonFields &o) {
+  Prepend scheme = Prepend::Always;
+  if (o.has("prepend_scheme")) {
+    const std::string s = o.string("prepend_scheme");
+    if (s == "always") scheme = Prepend::Always;
+    else if (s == "first") scheme = Prepend::First;
+    else if (s == "never") scheme = Prepend::Never;
+    else unsupported(o, "prepend_scheme", s);
+  }
+  if (o.has("add_prefix_space") && !o.get("add_prefix_space").is_null() &&
+      !o.boolean("add_prefix_space")) {
+    if (o.has("prepend_scheme") && scheme != Prepend::Never)
+      o.fail("add_prefix_space", "false does not match prepend_scheme");
+    scheme = Prepend::Never;
+  }
+  return scheme;
+}
 
 const std::vector<char32_t> &byteLevelChars() {
   static const std::vector<char32_t> table = [] {

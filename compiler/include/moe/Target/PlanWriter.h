@@ -47,6 +47,9 @@ void mergeDistribution(llvm::json::Object &plan, llvm::json::Object distribution
 /// Writes `plan` to `path` atomically: a temporary file beside it, fsync,
 /// rename. A failure leaves no file at `path` changed.
 llvm::Error writePlanFile(const llvm::json::Value &plan, llvm::StringRef path);
+/// Writes `text` to `path` atomically: a temporary file beside it, fsync,
+/// rename; on failure nothing is left behind ("PATH: cannot write WHAT: ...").
+llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef text, llvm::StringRef what);
 
 /// The same for a plan whose last attributes are streamed by `more` (inside
 /// the top-level object): used for many-rank distributions. Written compact.

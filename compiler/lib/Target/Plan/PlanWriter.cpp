@@ -304,6 +304,22 @@ llvm::Error moe::writePlanFile(const Object &plan, llvm::StringRef path,
 
 static llvm::Error writeAtomically(llvm::StringRef path,
                                    llvm::function_ref<void(llvm::raw_ostream &)> write) {
+  // The plan, then its integrity seal (moe/PlanSchema.h, shared with moert):
+  // `,"integrity":"fnv1a64:<hex>"` before the last '}', the 64-bit FNV-1a
+  // hash of every other byte.
+  std::string text;
+  {
+    llvm::raw_string_ostream buffer(text);
+    write(buffer);
+  }
+  size_t brace = text.rfind('}');
+  uint64_t hash = moe::plan::fnv1a64(text.data(), text.size());
+  text.insert(brace, (moe::plan::kSealPrefix + llvm::formatv("{0:x-16}\"", hash)).str());
+  return moe::writeFileAtomically(path, text, "the plan");
+}
+
+llvm::Error moe::writeFileAtomically(llvm::StringRef path, llvm::StringRef text,
+                                     llvm::StringRef what) {
   llvm::SmallString<256> temp;
   int fd;
   llvm::SmallString<256> model(path);
@@ -312,17 +328,6 @@ static llvm::Error writeAtomically(llvm::StringRef path,
     return planError(llvm::formatv("{0}: cannot create a temporary file: {1}",
                                    path, ec.message()));
   {
-    // The plan, then its integrity seal (moe/PlanSchema.h, shared with
-    // moert): `,"integrity":"fnv1a64:<hex>"` before the last '}', the 64-bit
-    // FNV-1a hash of every other byte.
-    std::string text;
-    {
-      llvm::raw_string_ostream buffer(text);
-      write(buffer);
-    }
-    size_t brace = text.rfind('}');
-    uint64_t hash = moe::plan::fnv1a64(text.data(), text.size());
-    text.insert(brace, (moe::plan::kSealPrefix + llvm::formatv("{0:x-16}\"", hash)).str());
     llvm::raw_fd_ostream os(fd, /*shouldClose=*/false);
     os << text;
     os.flush();
@@ -336,15 +341,15 @@ static llvm::Error writeAtomically(llvm::StringRef path,
     if (!why.empty()) {
       ::close(fd);
       llvm::sys::fs::remove(temp);
-      return planError(llvm::formatv("{0}: cannot write the plan: {1} (nothing was written)",
-                                     path, why));
+      return planError(llvm::formatv("{0}: cannot write {1}: {2} (nothing was written)",
+                                     path, what, why));
     }
   }
   ::close(fd);
   if (std::error_code ec = llvm::sys::fs::rename(temp, path)) {
     llvm::sys::fs::remove(temp);
-    return planError(llvm::formatv("{0}: cannot rename the plan into place: {1}",
-                                   path, ec.message()));
+    return planError(llvm::formatv("{0}: cannot rename {1} into place: {2}",
+                                   path, what, ec.message()));
   }
   return llvm::Error::success();
 }

@@ -11,22 +11,20 @@
 //
 //===----------------------------------------------------------------------===//
 #include "moe/Target/PlanReport.h"
+#include "moe/Target/PlanWriter.h"
 #include "ReportModel.h"
+#include "ReportText.h"
 
-#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <map>
 
 using namespace llvm;
 using moe::report::Model;
 using moe::report::Rank;
+using namespace moe::report;
 
 namespace {
 
@@ -49,73 +47,6 @@ const MemoryPart kMemoryParts[] = {
 /// More ranks than this: drawn as nodes, and memory bars grouped.
 constexpr int64_t kRanksDrawn = 256;
 constexpr int64_t kBarsDrawn = 64;
-
-std::string escape(StringRef s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-    case '&': out += "&amp;"; break;
-    case '<': out += "&lt;"; break;
-    case '>': out += "&gt;"; break;
-    case '"': out += "&quot;"; break;
-    default: out += c;
-    }
-  }
-  return out;
-}
-
-std::string gib(int64_t bytes) {
-  const double g = static_cast<double>(bytes) / (1024.0 * 1024 * 1024);
-  if (g >= 10)
-    return formatv("{0:f1} GiB", g).str();
-  if (g >= 0.1)
-    return formatv("{0:f2} GiB", g).str();
-  return formatv("{0:f1} MiB", static_cast<double>(bytes) / (1024.0 * 1024)).str();
-}
-
-std::string ms(double seconds) { return formatv("{0:f2} ms", seconds * 1e3).str(); }
-
-std::string percent(double x) { return formatv("{0:f0}%", x * 100).str(); }
-
-std::string thousands(double v) {
-  std::string digits = formatv("{0:f0}", v).str(), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i && (digits.size() - i) % 3 == 0 && digits[i - 1] != '-')
-      out += ',';
-    out += digits[i];
-  }
-  return out;
-}
-
-/// Sorted distinct ranks as "0-3,8,10-11", an arithmetic progression of
-/// three or more with a stride > 1 as "0-2016:32" (every 32nd from 0 to 2016).
-std::string ranges(std::vector<int64_t> v) {
-  std::sort(v.begin(), v.end());
-  v.erase(std::unique(v.begin(), v.end()), v.end());
-  if (v.size() >= 3 && v[1] - v[0] > 1) {
-    const int64_t stride = v[1] - v[0];
-    bool progression = true;
-    for (size_t i = 2; i < v.size() && progression; ++i)
-      progression = v[i] - v[i - 1] == stride;
-    if (progression)
-      return formatv("{0}-{1}:{2}", v.front(), v.back(), stride).str();
-  }
-  std::string out;
-  for (size_t i = 0; i < v.size();) {
-    size_t j = i;
-    while (j + 1 < v.size() && v[j + 1] == v[j] + 1)
-      ++j;
-    out += (out.empty() ? "" : ",") + std::to_string(v[i]);
-    if (j > i)
-      out += "-" + std::to_string(v[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
-std::string coordsText(const Rank &k) {
-  return formatv("dp {0}, pp {1}, tp {2}, ep {3}, etp {4}", k.dp, k.pp, k.tp, k.ep, k.etp).str();
-}
 
 class Page {
 public:
@@ -668,36 +599,5 @@ llvm::Error moe::writePlanReport(StringRef planPath, StringRef measuredPath, Str
   if (!model)
     return model.takeError();
   const std::string html = Page(*model).render();
-  // Atomically: a temporary file beside it, then rename.
-  SmallString<256> temp;
-  int fd;
-  SmallString<256> pattern(outPath);
-  pattern += ".tmp-%%%%%%";
-  if (std::error_code ec = sys::fs::createUniqueFile(pattern, fd, temp))
-    return createStringError(ec, "%s: cannot create a temporary file: %s", outPath.str().c_str(),
-                             ec.message().c_str());
-  {
-    raw_fd_ostream out(fd, /*shouldClose=*/false);
-    out << html;
-    out.flush();
-    std::string why;
-    if (out.has_error()) {
-      why = out.error().message();
-      out.clear_error();
-    } else if (::fsync(fd) != 0) {
-      why = std::strerror(errno);
-    }
-    ::close(fd);
-    if (!why.empty()) {
-      sys::fs::remove(temp);
-      return createStringError(inconvertibleErrorCode(), "%s: cannot write: %s",
-                               outPath.str().c_str(), why.c_str());
-    }
-  }
-  if (std::error_code ec = sys::fs::rename(temp, outPath)) {
-    sys::fs::remove(temp);
-    return createStringError(ec, "%s: cannot write: %s", outPath.str().c_str(),
-                             ec.message().c_str());
-  }
-  return Error::success();
+  return writeFileAtomically(outPath, html, "the report");
 }
