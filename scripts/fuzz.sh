@@ -54,7 +54,7 @@ done
 # The frontend's config reader against LLVM's support library.
 llvm_flags=$(llvm-config-19 --cxxflags | sed 's/-std=c++[0-9]*//')
 config_objs=()
-for src in tests/fuzz/fuzz_inputs.cpp frontends/hf/lib/ModelConfig.cpp \
+for src in tests/fuzz/fuzz_inputs.cpp frontends/hf/lib/ModelConfig.cpp frontends/hf/lib/RopeScaling.cpp \
            frontends/hf/lib/CheckpointLayout.cpp; do
   obj="$out/obj/config_$(echo "$src" | tr / _).o"
   $cc_launcher "$cxx" $common -fsanitize=fuzzer-no-link $llvm_flags -DMOE_FUZZ_TARGET_CONFIG=1 \
