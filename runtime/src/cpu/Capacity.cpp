@@ -79,42 +79,50 @@ void expertFfn(const float *buf, const int32_t *counts, int64_t sources, int64_t
 
   // Per local expert, the rows of every source as one matrix: one GEMM per
   // projection instead of one per (source, expert) block. With one source
-  // the block already is that matrix; else it is gathered and the results
-  // scattered back to the blocks' rows.
+  // the block already is that matrix; else the rows are gathered and the
+  // results scattered back to the blocks' rows.
   thread_local std::vector<float> gatheredBuf, resultBuf, scratchBuf;
+  std::vector<int64_t> rows(static_cast<size_t>(El), 0);
+  int64_t total = 0, maxI = 0;
   for (int64_t l = 0; l < El; ++l) {
-    const int64_t I = gate[l].rows;
     if (gate[l].cols != H || down[l].rows != H)
       runtimeError("expert_ffn: expert {} does not map {} features to {}", l, H, H);
-    int64_t rows = 0;
     for (int64_t q = 0; q < sources; ++q)
-      rows += counts[q * El + l];
-    if (rows == 0)
+      rows[l] += counts[q * El + l];
+    total += rows[l];
+    maxI = std::max(maxI, gate[l].rows);
+  }
+  if (sources > 1 && gatheredBuf.size() < static_cast<size_t>(total * H)) {
+    gatheredBuf.resize(static_cast<size_t>(total * H));
+    resultBuf.resize(static_cast<size_t>(total * H));
+  }
+  std::vector<ExpertRows> groups;
+  for (int64_t l = 0, at = 0; l < El; ++l) {
+    if (rows[l] == 0)
       continue;
-    if (scratchBuf.size() < static_cast<size_t>(2 * rows * I))
-      scratchBuf.resize(static_cast<size_t>(2 * rows * I));
     if (sources == 1) {
-      mlp(buf + l * C * H, rows, gate[l], up[l], down[l], act, scratchBuf.data(),
-          y + l * C * H);
+      groups.push_back({&gate[l], &up[l], &down[l], buf + l * C * H, y + l * C * H, rows[l]});
       continue;
     }
-    if (gatheredBuf.size() < static_cast<size_t>(rows * H)) {
-      gatheredBuf.resize(static_cast<size_t>(rows * H));
-      resultBuf.resize(static_cast<size_t>(rows * H));
-    }
-    for (int64_t q = 0, at = 0; q < sources; ++q) {
+    groups.push_back({&gate[l], &up[l], &down[l], gatheredBuf.data() + at * H,
+                      resultBuf.data() + at * H, rows[l]});
+    for (int64_t q = 0; q < sources; ++q) {
       const int64_t n = counts[q * El + l];
       std::copy_n(buf + (q * El + l) * C * H, n * H, gatheredBuf.data() + at * H);
       at += n;
     }
-    mlp(gatheredBuf.data(), rows, gate[l], up[l], down[l], act, scratchBuf.data(),
-        resultBuf.data());
-    for (int64_t q = 0, at = 0; q < sources; ++q) {
+  }
+  if (scratchBuf.size() < static_cast<size_t>(2 * total * maxI))
+    scratchBuf.resize(static_cast<size_t>(2 * total * maxI));
+  expertMlps(groups, act, scratchBuf.data());
+  if (sources == 1)
+    return;
+  for (int64_t l = 0, at = 0; l < El; ++l)
+    for (int64_t q = 0; q < sources; ++q) {
       const int64_t n = counts[q * El + l];
       std::copy_n(resultBuf.data() + at * H, n * H, y + (q * El + l) * C * H);
       at += n;
     }
-  }
 }
 
 void combine(const float *y, int64_t H, const int32_t *slots, const float *weights, int64_t T,

@@ -129,6 +129,25 @@ enum class Activation { Silu, Gelu, GeluTanh, Relu };
 void mlp(const float *x, int64_t tokens, const Matrix &gate, const Matrix &up,
          const Matrix &down, Activation act, float *scratch, float *out);
 
+/// One group of rows for expertMlps: `count` rows of x (row stride = the
+/// matrices' hidden width) through one expert's gate/up/down into y.
+struct ExpertRows {
+  const Matrix *gate, *up, *down;
+  const float *x;
+  float *y;
+  int64_t count;
+};
+
+/// Groups with at most this many rows each take expertMlps' few-row path.
+constexpr int64_t kFewExpertRows = 16;
+
+/// The gated MLPs of several experts, each over its own rows (cpu::mlp's
+/// math). When every group has at most kFewExpertRows rows (decoding), all
+/// groups share two parallel loops (gate + up + activation, then down), so
+/// the threads split the weights of every expert at once; otherwise one
+/// cpu::mlp per group. `scratch` >= 2 * (rows of all groups) * I floats.
+void expertMlps(const std::vector<ExpertRows> &groups, Activation act, float *scratch);
+
 /// #moe.routing parameters.
 struct RoutingParams {
   bool sigmoid = false;        ///< scoring: sigmoid instead of softmax
