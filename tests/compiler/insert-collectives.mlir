@@ -53,3 +53,39 @@ module {
     return %w : tensor<?x64xf32>
   }
 }
+
+// -----
+
+// An expert_ffn whose blocks are exchanged over the experts' ep axis: the
+// blocks and counts go out before it, the outputs come back after it with
+// the received counts, and the mark is gone.
+// CHECK-LABEL: func.func @stage0
+// CHECK: %[[B:.+]], %[[C:.+]] = moe.all_to_all %arg0, %arg1 over @experts[2] : tensor<4x8x16xf32>, tensor<4xi32>
+// CHECK-NEXT: %[[Y:.+]] = moe.expert_ffn silu %[[B]], %[[C]], %{{.+}}, %{{.+}}, %{{.+}} :
+// CHECK-NOT: moe.exchange
+// CHECK-NEXT: %[[BACK:.+]], %{{.+}} = moe.all_to_all %[[Y]], %[[C]] over @experts[2]
+// CHECK-NEXT: return %[[BACK]]
+module {
+  mesh.mesh @experts(shape = 1x1x2x1)
+  func.func @stage0(%buf: tensor<4x8x16xf32>, %counts: tensor<4xi32>) -> tensor<4x8x16xf32> attributes {moe.stage = 0 : i64} {
+    %g = moe.expert_weight "e.{e}.g" etp_dim 0 : tensor<2x32x16xf32>
+    %u = moe.expert_weight "e.{e}.u" etp_dim 0 : tensor<2x32x16xf32>
+    %d = moe.expert_weight "e.{e}.d" etp_dim 1 : tensor<2x16x32xf32>
+    %y = moe.expert_ffn silu %buf, %counts, %g, %u, %d {moe.exchange = {mesh = @experts, axis = 2 : i64}} : tensor<4x8x16xf32>, tensor<4xi32>, tensor<2x32x16xf32>, tensor<2x32x16xf32>, tensor<2x16x32xf32>
+    return %y : tensor<4x8x16xf32>
+  }
+}
+
+// -----
+
+module {
+  mesh.mesh @experts(shape = 1x1x2x1)
+  func.func @stage0(%buf: tensor<4x8x16xf32>, %counts: tensor<4xi32>) -> tensor<4x8x16xf32> attributes {moe.stage = 0 : i64} {
+    %g = moe.expert_weight "e.{e}.g" etp_dim 0 : tensor<2x32x16xf32>
+    %u = moe.expert_weight "e.{e}.u" etp_dim 0 : tensor<2x32x16xf32>
+    %d = moe.expert_weight "e.{e}.d" etp_dim 1 : tensor<2x16x32xf32>
+    // expected-error @below {{'moe.expert_ffn' op moe-insert-collectives: moe.exchange must be {mesh = @symbol, axis = integer}}}
+    %y = moe.expert_ffn silu %buf, %counts, %g, %u, %d {moe.exchange = {mesh = @experts}} : tensor<4x8x16xf32>, tensor<4xi32>, tensor<2x32x16xf32>, tensor<2x32x16xf32>, tensor<2x16x32xf32>
+    return %y : tensor<4x8x16xf32>
+  }
+}

@@ -12,6 +12,11 @@
 // reduce_scatter + all_gather for sequence parallelism, belongs). Any other
 // resharding between two annotations is refused, naming it.
 //
+// An moe.expert_ffn that moe-partition marks with `moe.exchange = {mesh =
+// @experts, axis = 2}` gets its blocks from the ranks of that group and
+// gives the outputs back: an moe.all_to_all of the blocks and their counts
+// before it, and one of the outputs (with the received counts) after it.
+//
 //===----------------------------------------------------------------------===//
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Transforms/Passes.h"
@@ -33,8 +38,39 @@ bool isWhole(mesh::MeshShardingAttr s) {
   return llvm::all_of(s.getSplitAxes(), [](mesh::MeshAxesAttr a) { return a.empty(); });
 }
 
+/// The all_to_alls around an expert_ffn marked with moe.exchange.
+LogicalResult exchange(moe::ExpertFFNOp op) {
+  auto group = op->getAttrOfType<DictionaryAttr>(moe::kExchangeAttr);
+  auto mesh = group ? group.getAs<FlatSymbolRefAttr>("mesh") : nullptr;
+  auto axis = group ? group.getAs<IntegerAttr>("axis") : nullptr;
+  if (!mesh || !axis)
+    return op.emitOpError("moe-insert-collectives: ")
+           << moe::kExchangeAttr << " must be {mesh = @symbol, axis = integer}";
+  OpBuilder b(op);
+  auto there = b.create<moe::AllToAllOp>(op.getLoc(), op.getBuffer().getType(),
+                                         op.getCounts().getType(), op.getBuffer(),
+                                         op.getCounts(), mesh, axis);
+  op.getBufferMutable().assign(there.getResult());
+  op.getCountsMutable().assign(there.getResultCounts());
+  b.setInsertionPointAfter(op);
+  auto back = b.create<moe::AllToAllOp>(op.getLoc(), op.getResult().getType(),
+                                        op.getCounts().getType(), op.getResult(),
+                                        there.getResultCounts(), mesh, axis);
+  op.getResult().replaceAllUsesExcept(back.getResult(), back);
+  op->removeAttr(moe::kExchangeAttr);
+  return success();
+}
+
 struct InsertCollectives : moe::impl::MoEInsertCollectivesBase<InsertCollectives> {
   void runOnOperation() override {
+    SmallVector<moe::ExpertFFNOp> exchanges;
+    getOperation().walk([&](moe::ExpertFFNOp op) {
+      if (op->hasAttr(moe::kExchangeAttr))
+        exchanges.push_back(op);
+    });
+    for (moe::ExpertFFNOp op : exchanges)
+      if (failed(exchange(op)))
+        return signalPassFailure();
     SmallVector<mesh::ShardOp> uses;
     getOperation().walk([&](mesh::ShardOp op) {
       if (op.getAnnotateForUsers() && op.getSrc().getDefiningOp<mesh::ShardOp>())

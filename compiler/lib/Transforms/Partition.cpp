@@ -271,9 +271,10 @@ FailureOr<Value> Partitioner::replicated(Value old, Operation *user) {
   return failure();
 }
 
-/// The experts' MLPs on this rank's experts: under EP the blocks go to the
-/// ranks that hold their experts (all_to_all of the blocks and their
-/// counts) and the outputs come back the same way.
+/// The experts' MLPs on this rank's experts. Under EP the blocks must go to
+/// the ranks that hold their experts and the outputs come back: the op says
+/// over which group (`moe.exchange`), and moe-insert-collectives places the
+/// exchanges.
 LogicalResult Partitioner::expertFFN(moe::ExpertFFNOp op) {
   FailureOr<Value> gate = weight(op.getGateWeights(), op);
   FailureOr<Value> up = weight(op.getUpWeights(), op);
@@ -285,20 +286,13 @@ LogicalResult Partitioner::expertFFN(moe::ExpertFFNOp op) {
   Value buffer = get(op.getBuffer()).value, counts = get(op.getCounts()).value;
   Location loc = op.getLoc();
   auto bufferType = cast<RankedTensorType>(buffer.getType());
-  auto countsType = cast<RankedTensorType>(counts.getType());
-  if (d.ep > 1) {
-    auto there = b.create<moe::AllToAllOp>(loc, bufferType, countsType, buffer, counts,
-                                           expertsRef, b.getI64IntegerAttr(kEpAxis));
-    buffer = there.getResult();
-    counts = there.getResultCounts();
-  }
-  Value out = b.create<moe::ExpertFFNOp>(loc, bufferType, buffer, counts, *gate, *up, *down,
-                                         op.getActivationAttr());
+  auto ffn = b.create<moe::ExpertFFNOp>(loc, bufferType, buffer, counts, *gate, *up, *down,
+                                        op.getActivationAttr());
   if (d.ep > 1)
-    out = b.create<moe::AllToAllOp>(loc, bufferType, countsType, out, counts, expertsRef,
-                                    b.getI64IntegerAttr(kEpAxis))
-              .getResult();
-  set(op.getResult(), out, Dist::Replicated);
+    ffn->setAttr(moe::kExchangeAttr,
+                 b.getDictionaryAttr({b.getNamedAttr("mesh", expertsRef),
+                                      b.getNamedAttr("axis", b.getI64IntegerAttr(kEpAxis))}));
+  set(op.getResult(), ffn.getResult(), Dist::Replicated);
   return success();
 }
 

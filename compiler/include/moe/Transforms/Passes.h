@@ -10,6 +10,12 @@
 
 namespace moe {
 
+/// Set by moe-partition on an moe.expert_ffn whose blocks travel to the
+/// ranks that hold their experts and back, naming the group:
+/// `{mesh = @experts, axis = 2}`. moe-insert-collectives replaces it by an
+/// moe.all_to_all over that group before the op and one after.
+inline constexpr llvm::StringLiteral kExchangeAttr = "moe.exchange";
+
 #define GEN_PASS_DECL
 #include "moe/Transforms/Passes.h.inc"
 

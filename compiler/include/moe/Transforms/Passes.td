@@ -177,7 +177,8 @@ def MoEPartition : Pass<"moe-partition", "mlir::ModuleOp"> {
     attention runs heads / tp; the embedding is vocabulary-sharded and the LM
     head's parts are joined by `moe.all_gather` (padding dropped by a split);
     `moe.dispatch` gets the rank's row part of its TP group, `moe.expert_ffn`
-    the local experts with an `moe.all_to_all` over ep before and after, and
+    the local experts, marked under EP with the group its blocks are
+    exchanged over (`moe.exchange = {mesh = @experts, axis = 2}`), and
     `moe.combine`'s result is a partial sum under TP (`moe.experts` under
     expert or tensor parallelism is refused: it needs moe-lower-routing);
     values live across a stage cut are sent with `moe.send` / `moe.recv` in
@@ -194,7 +195,10 @@ def MoEInsertCollectives : Pass<"moe-insert-collectives", "mlir::ModuleOp"> {
     `mesh.shard ... to <@mesh, [[]]> annotate_for_users`. This pass replaces
     each such pair by one `moe.all_reduce` over each partial axis, at the
     user's annotation. Any other resharding between two annotations, or a
-    partial reduction other than a sum, is an error naming it.
+    partial reduction other than a sum, is an error naming it. An
+    `moe.expert_ffn` marked `moe.exchange = {mesh = @experts, axis = N}` gets
+    an `moe.all_to_all` of its blocks and counts over that group before it
+    and one of its outputs after it.
   }];
 }
 
