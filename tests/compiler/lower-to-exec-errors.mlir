@@ -65,3 +65,32 @@ module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64
     return
   }
 }
+
+// -----
+
+// A partial sum still marked for moe-insert-collectives: lowering it would
+// drop its all_reduce.
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  mesh.mesh @mesh(shape = 1x1x2)
+  func.func @forward(%tokens: tensor<?xi32>, %positions: tensor<?xi32>) attributes {moe.arg_buffers = array<i64: 0, 1>, moe.buffer_rows = array<i64: -1, -1, -1>, moe.buffer_types = [i32, i32, f32], moe.buffer_widths = array<i64: 1, 1, 64>} {
+    %table = moe.weight "model.embed_tokens.weight" : tensor<251x64xf32>
+    %h = moe.embedding %table[%tokens] {moe.buffers = array<i64: 2>} : tensor<251x64xf32>, tensor<?xi32> -> tensor<?x64xf32>
+    // expected-error @below {{moe-lower-to-exec: a resharding that no collective implements (run moe-insert-collectives)}}
+    %p = mesh.shard %h to <@mesh, [[]], partial = sum[2]> : tensor<?x64xf32>
+    return
+  }
+}
+
+// -----
+
+// An op still carrying moe-partition's exchange mark (the check reads only
+// the mark, so the first op of a program shows it).
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  mesh.mesh @experts(shape = 1x1x2x1)
+  func.func @forward(%tokens: tensor<?xi32>, %positions: tensor<?xi32>) attributes {moe.arg_buffers = array<i64: 0, 1>, moe.buffer_rows = array<i64: -1, -1, -1>, moe.buffer_types = [i32, i32, f32], moe.buffer_widths = array<i64: 1, 1, 64>} {
+    %table = moe.weight "model.embed_tokens.weight" : tensor<251x64xf32>
+    // expected-error @below {{moe-lower-to-exec: an expert exchange that no collective implements (run moe-insert-collectives)}}
+    %h = moe.embedding %table[%tokens] {moe.buffers = array<i64: 2>, moe.exchange = {mesh = @experts, axis = 2 : i64}} : tensor<251x64xf32>, tensor<?xi32> -> tensor<?x64xf32>
+    return
+  }
+}

@@ -91,3 +91,31 @@ module attributes {moe.sharding = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64, ep 
     return
   }
 }
+
+// -----
+
+// moe-partition's marks are collectives still to be placed: the schedule
+// without them is not proven.
+module attributes {moe.sharding = {dp = 1 : i64, pp = 1 : i64, tp = 2 : i64, ep = 1 : i64, etp = 1 : i64}} {
+  mesh.mesh @mesh(shape = 1x1x2)
+  func.func @stage0(%x: tensor<?x64xf32>) -> tensor<?x64xf32> attributes {moe.stage = 0 : i64} {
+    %p = mesh.shard %x to <@mesh, [[]], partial = sum[2]> : tensor<?x64xf32>
+    // expected-error @below {{a collective is not placed yet (run moe-insert-collectives first)}}
+    %w = mesh.shard %p to <@mesh, [[]]> annotate_for_users : tensor<?x64xf32>
+    return %w : tensor<?x64xf32>
+  }
+}
+
+// -----
+
+module attributes {moe.sharding = {dp = 1 : i64, pp = 1 : i64, tp = 1 : i64, ep = 2 : i64, etp = 1 : i64}} {
+  mesh.mesh @experts(shape = 1x1x2x1)
+  func.func @stage0(%buf: tensor<4x8x16xf32>, %counts: tensor<4xi32>) -> tensor<4x8x16xf32> attributes {moe.stage = 0 : i64} {
+    %g = moe.expert_weight "e.{e}.g" etp_dim 0 : tensor<2x32x16xf32>
+    %u = moe.expert_weight "e.{e}.u" etp_dim 0 : tensor<2x32x16xf32>
+    %d = moe.expert_weight "e.{e}.d" etp_dim 1 : tensor<2x16x32xf32>
+    // expected-error @below {{a collective is not placed yet (run moe-insert-collectives first)}}
+    %y = moe.expert_ffn silu %buf, %counts, %g, %u, %d {moe.exchange = {mesh = @experts, axis = 2 : i64}} : tensor<4x8x16xf32>, tensor<4xi32>, tensor<2x32x16xf32>, tensor<2x32x16xf32>, tensor<2x16x32xf32>
+    return %y : tensor<4x8x16xf32>
+  }
+}

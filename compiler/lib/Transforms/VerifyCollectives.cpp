@@ -135,10 +135,20 @@ struct VerifyCollectives
         module.emitError("rank ") << r << " has no program";
         return signalPassFailure();
       }
+      // A collective still to be placed (moe-insert-collectives) cannot be
+      // proven: refuse it rather than prove the schedule without it.
+      Operation *unplaced = nullptr;
       programOf[r].walk([&](Operation *op) {
         if (isCollective(op))
           sequence[r].push_back(op);
+        auto shard = dyn_cast<mesh::ShardOp>(op);
+        if (!unplaced && (op->hasAttr(moe::kExchangeAttr) || (shard && shard.getAnnotateForUsers())))
+          unplaced = op;
       });
+      if (unplaced) {
+        unplaced->emitError("a collective is not placed yet (run moe-insert-collectives first)");
+        return signalPassFailure();
+      }
     }
 
     std::vector<size_t> cursor(world, 0);

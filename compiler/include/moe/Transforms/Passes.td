@@ -213,7 +213,10 @@ def MoEVerifyCollectives : Pass<"moe-verify-collectives", "mlir::ModuleOp"> {
     collectives' shapes static, so the order does not depend on the routing:
     a rank that receives no tokens still takes part. Fails naming the ranks
     and the ops they wait in when the simulation stops before every program
-    ends, or when a group meets with different shapes.
+    ends, or when a group meets with different shapes. A collective still
+    to be placed (a partial sum marked for moe-insert-collectives, an
+    `moe.exchange` mark) is an error: the schedule without it is not the
+    one that runs.
   }];
 }
 
