@@ -275,41 +275,62 @@ int machine(int argc, char **argv) {
 
 // ---------------------------------------------------------------- model
 
-/// Active parameters per token: what one token's forward reads.
-double activeParams(const PlanProgram &program) {
-  double n = 0;
-  for (const PlanStep &s : program.steps)
-    for (size_t i = 0; i < s.weights.size(); ++i) {
-      const PlanWeight &w = program.weights[s.weights[i]];
-      TensorView v{w.dtype, w.shape, nullptr};
-      double numel = static_cast<double>(v.numel());
-      if (s.op->name == "experts") // k of the experts: the routing width
-        numel = numel / w.experts * program.buffers[s.in[1]].width;
-      if (s.op->name == "embedding")
-        numel = w.shape[1]; // one row
-      n += numel;
-    }
-  return n;
+/// Bytes of weights step `i` reads for one token: its weights, the routing
+/// width's share of an expert stack, one row of an embedding table.
+double stepWeightBytes(const PlanProgram &program, size_t i) {
+  const PlanStep &s = program.steps[i];
+  double bytes = 0;
+  for (size_t j = 0; j < s.weights.size(); ++j) {
+    const PlanWeight &w = program.weights[s.weights[j]];
+    TensorView v{w.dtype, w.shape, nullptr};
+    double numel = static_cast<double>(v.numel());
+    if (s.op->name == "experts") // k of the experts: the routing width
+      numel = numel / w.experts * program.buffers[s.in[1]].width;
+    if (s.op->name == "embedding")
+      numel = w.shape[1]; // one row
+    bytes += numel * static_cast<double>(dtypeSize(w.dtype));
+  }
+  return bytes;
 }
 
-/// " op 12% ..." for the ops with at least 1% of the time spent between two
-/// readings of the device's per-op seconds (`since` empty: from the start).
-std::string opSplit(const std::vector<std::pair<std::string, double>> &now,
-                    const std::vector<std::pair<std::string, double>> &since) {
-  std::vector<std::pair<std::string, double>> spent;
+/// Active weight bytes per token: what one token's forward reads.
+double activeBytes(const PlanProgram &program) {
+  double bytes = 0;
+  for (size_t i = 0; i < program.steps.size(); ++i)
+    bytes += stepWeightBytes(program, i);
+  return bytes;
+}
+
+/// " op 12% ..." for the op kinds with at least 1% of the time spent
+/// between two readings of the device's per-step seconds (`since` empty:
+/// from the start). With `tokens`, each kind also says at what rate it read
+/// its weights for that many tokens, one token at a time (decode).
+std::string opSplit(const PlanProgram &program, const std::vector<double> &now,
+                    const std::vector<double> &since, int64_t tokens = 0) {
+  std::vector<std::string> ops;
+  std::vector<double> spent, bytes;
   double total = 0;
-  for (auto &[op, sec] : now) {
-    double earlier = 0;
-    for (auto &[op0, sec0] : since)
-      if (op0 == op)
-        earlier = sec0;
-    spent.push_back({op, sec - earlier});
-    total += sec - earlier;
+  for (size_t i = 0; i < now.size() && i < program.steps.size(); ++i) {
+    const std::string op(program.steps[i].op->name);
+    size_t k = std::find(ops.begin(), ops.end(), op) - ops.begin();
+    if (k == ops.size()) {
+      ops.push_back(op);
+      spent.push_back(0);
+      bytes.push_back(0);
+    }
+    const double sec = now[i] - (i < since.size() ? since[i] : 0.0);
+    spent[k] += sec;
+    bytes[k] += stepWeightBytes(program, i) * static_cast<double>(tokens);
+    total += sec;
   }
   std::string split;
-  for (auto &[op, sec] : spent)
-    if (total > 0 && sec / total >= 0.01)
-      split += fmt::format(" {} {:.0f}%", op, 100 * sec / total);
+  for (size_t k = 0; k < ops.size(); ++k) {
+    if (total <= 0 || spent[k] / total < 0.01)
+      continue;
+    split += fmt::format(" {} {:.0f}%", ops[k], 100 * spent[k] / total);
+    if (tokens > 0 && bytes[k] > 0)
+      split += fmt::format(" ({:.1f} GB/s)", bytes[k] / spent[k] / 1e9);
+  }
   return split;
 }
 
@@ -323,11 +344,6 @@ int runModel(int argc, char **argv) {
   auto comm = createComm(&argc, &argv); // a world of one: the bench runs rank 0
   device->prepare(plan, 0, *checkpoint, *comm);
   const PlanProgram &program = plan.programOf(0);
-  int64_t k = 2;
-  for (const PlanStep &s : program.steps)
-    if (s.op->name == "router")
-      k = s.routing.topK;
-  (void)k;
   std::vector<float> logits;
   std::mt19937 rng(7);
   auto prompt = [&](int64_t n) {
@@ -344,7 +360,7 @@ int runModel(int argc, char **argv) {
   fmt::print("model: {} ({} weights, {:.0f} M parameters, {:.0f} M active per token), "
              "dtype {}, {} threads\n",
              plan.modelType, plan.weights.size(), device->weightBytes() / 1e6 / (dtype == "BF16" ? 2 : 4),
-             activeParams(program) / 1e6, dtype, threads);
+             activeBytes(program) / 1e6 / (dtype == "BF16" ? 2 : 4), dtype, threads);
   device->forward(prompt(16), logits); // warm-up: page in the weights
   for (int64_t n : {512, 128}) {
     if (n > plan.maxBatchTokens)
@@ -359,11 +375,11 @@ int runModel(int argc, char **argv) {
     fmt::print("prefill {:4} tokens: {:7.1f} tok/s\n", n, n / best);
   }
   // Where prefill time goes (the runs above), by op kind.
-  fmt::print("  prefill time by op:{}\n", opSplit(device->opSeconds(), {}));
+  fmt::print("  prefill time by op:{}\n", opSplit(program, device->stepSeconds(), {}));
   // Decode 128 tokens after a 16-token prompt, one token per step.
   device->forward(prompt(16), logits);
   const int64_t steps = 128;
-  auto before = device->opSeconds();
+  const std::vector<double> before = device->stepSeconds();
   auto t0 = Clock::now();
   int32_t token = 1;
   for (int64_t i = 0; i < steps; ++i) {
@@ -376,10 +392,10 @@ int runModel(int argc, char **argv) {
     token = static_cast<int32_t>(cpu::argmax(logits.data(), plan.vocabSize));
   }
   double s = seconds(t0, Clock::now());
-  std::string decodeSplit = opSplit(device->opSeconds(), before);
-  double activeBytes = activeParams(program) * (dtype == "BF16" ? 2 : 4);
+  std::string decodeSplit = opSplit(program, device->stepSeconds(), before, steps);
   fmt::print("decode  {:4} tokens: {:7.1f} tok/s ({:.1f} GB/s of active weights)\n", steps,
-             steps / s, activeBytes * steps / s / 1e9);
+             steps / s, activeBytes(program) * steps / s / 1e9);
+  // Each kind's share of the time and the rate at which it read its weights.
   fmt::print("  decode time by op:{}\n", decodeSplit);
   fmt::print("peak RSS: {:.0f} MiB (weights {:.0f} MiB mapped, buffers + KV cache {:.0f} MiB)\n",
              peakRssMiB(), device->weightBytes() / 1048576.0,

@@ -47,8 +47,9 @@ public:
   virtual int64_t peakBytes() const = 0;
   /// Bytes of checkpoint data this rank read (its slices).
   virtual int64_t loadedWeightBytes() const = 0;
-  /// Seconds spent per op kind since prepare (for benchmarks; may be empty).
-  virtual std::vector<std::pair<std::string, double>> opSeconds() const { return {}; }
+  /// Seconds spent in each step of the rank's program since prepare (for
+  /// benchmarks; may be empty).
+  virtual std::vector<double> stepSeconds() const { return {}; }
 };
 
 /// The CPU driver.

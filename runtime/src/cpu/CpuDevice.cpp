@@ -121,18 +121,7 @@ public:
     }
   }
 
-  std::vector<std::pair<std::string, double>> opSeconds() const override {
-    std::vector<std::pair<std::string, double>> out;
-    for (const OpDef *op : registeredOps()) {
-      double sum = 0;
-      for (size_t i = 0; i < seconds.size(); ++i)
-        if (program->steps[i].op == op)
-          sum += seconds[i];
-      if (sum > 0)
-        out.emplace_back(std::string(op->name), sum);
-    }
-    return out;
-  }
+  std::vector<double> stepSeconds() const override { return seconds; }
 
   int64_t weightBytes() const override { return rankWeights.boundBytes(); }
   int64_t workspaceBytes() const override { return allocated; }

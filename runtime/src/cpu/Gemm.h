@@ -60,6 +60,10 @@ inline const char *rowAddress(const Matrix &w, int64_t row, int64_t col) {
 template <DType D>
 constexpr int64_t kElementSize = D == DType::F32 ? 4 : 2;
 
+/// How far ahead of its loads the one-token GEMV (gemvRow, every level)
+/// prefetches its stream into L2.
+constexpr int64_t kRowPrefetchBytes = 2048;
+
 /// Splits `total` into `parts` near-equal pieces, each a multiple of `unit`
 /// (but the last): the size of all pieces but the last.
 inline int64_t balancedStep(int64_t total, int64_t maxStep, int64_t unit) {

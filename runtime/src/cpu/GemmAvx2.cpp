@@ -273,10 +273,6 @@ MOERT_AVX2 void gemvTile(const float *x, int64_t xStep, const char *w, int64_t r
       y[t * ldy + r] = horizontalSum(acc[r][t]) + (bias ? bias[r] : 0.0f);
 }
 
-/// How far ahead of its loads the one-token GEMV prefetches its stream (as
-/// the AVX-512 path's gemvRow).
-constexpr int64_t kRowPrefetchBytes = 2048;
-
 /// gemvTile's contract for one token and one row (decode): four
 /// accumulator chains. Decoding one token then reads the rows one after
 /// another, one sequential stream per thread, prefetched kRowPrefetchBytes

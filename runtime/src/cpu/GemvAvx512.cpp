@@ -84,9 +84,6 @@ MOERT_AVX512 void gemvTile(const float *x, int64_t xStep, const char *w, int64_t
       y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]) + (bias ? bias[r] : 0.0f);
 }
 
-/// How far ahead of its loads the one-token GEMV prefetches its stream.
-constexpr int64_t kRowPrefetchBytes = 2048;
-
 /// gemvTile's contract for one token and one row (decode): four
 /// accumulator chains. Decoding one token reads the rows one after another,
 /// a single sequential stream per thread: on Zen 4 twice the bandwidth of
