@@ -5,6 +5,7 @@
 #include "moert/Error.h"
 #include "moert/Parallel.h"
 #include "moert/cpu/Dispatch.h"
+#include "moert/cpu/Isa.h"
 #include "moert/cpu/Kernels.h"
 
 #include "gtest/gtest.h"
@@ -197,6 +198,31 @@ TEST(DispatchTest, TiesPickTheLowerExpertFirst) {
     EXPECT_EQ(ids[1], 2);
     EXPECT_EQ(w[0], 0.5f);
     EXPECT_EQ(w[1], 0.5f);
+  }
+}
+
+// The AVX2 tiles (3 tokens x 4, 3, 2 or 1 experts; the avx2 and avx512
+// levels run them) add each lane's products in the portable order: the
+// logits are the portable kernel's, bit for bit, whatever the mix of tiles.
+TEST(DispatchTest, VectorLogitsAreThePortableBits) {
+  if (activeIsa() >= Isa::Avx512Bf16)
+    GTEST_SKIP() << "the avx512bf16 kernel's vdpbf16ps adds pairs of products first";
+  for (int64_t E : {3, 8, 12, 16, 20}) {
+    const int64_t T = 23, H = 4096 + 8 + 3, k = 2;
+    auto x = randomBf16(T * H, 5, 1.0f), gate = randomBf16(E * H, 6, 0.05f);
+    std::vector<float> logits[2];
+    for (int v = 0; v < 2; ++v) {
+      std::vector<float> weights(T * k);
+      std::vector<int32_t> ids(T * k), rows(T * k);
+      std::vector<int64_t> offsets(E + 1);
+      std::vector<uint16_t> out(T * k * H);
+      logits[v].assign(T * E, 0);
+      routeAndDispatchBf16(x.data(), T, H, gate.data(), E, k, weights.data(), ids.data(),
+                           rows.data(), offsets.data(), out.data(), logits[v].data(),
+                           v ? DispatchKernel::Scalar : DispatchKernel::Auto);
+    }
+    EXPECT_EQ(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * 4), 0)
+        << "E " << E;
   }
 }
 
