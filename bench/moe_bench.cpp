@@ -275,25 +275,38 @@ int machine(int argc, char **argv) {
 
 // ---------------------------------------------------------------- model
 
-/// Bytes of weights step `i` reads for one token: its weights, the routing
-/// width's share of an expert stack, one row of an embedding table.
+/// Elements of weight `j` of step `s` that one token reads: all of it, the
+/// routing width's share of an expert stack, one row of an embedding table.
+double tokenElements(const PlanProgram &program, const PlanStep &s, size_t j) {
+  const PlanWeight &w = program.weights[s.weights[j]];
+  TensorView v{w.dtype, w.shape, nullptr};
+  double numel = static_cast<double>(v.numel());
+  if (s.op->name == "experts") // k of the experts: the routing width
+    numel = numel / w.experts * program.buffers[s.in[1]].width;
+  if (s.op->name == "embedding")
+    numel = w.shape[1]; // one row
+  return numel;
+}
+
+/// Bytes of weights step `i` reads for one token.
 double stepWeightBytes(const PlanProgram &program, size_t i) {
   const PlanStep &s = program.steps[i];
   double bytes = 0;
-  for (size_t j = 0; j < s.weights.size(); ++j) {
-    const PlanWeight &w = program.weights[s.weights[j]];
-    TensorView v{w.dtype, w.shape, nullptr};
-    double numel = static_cast<double>(v.numel());
-    if (s.op->name == "experts") // k of the experts: the routing width
-      numel = numel / w.experts * program.buffers[s.in[1]].width;
-    if (s.op->name == "embedding")
-      numel = w.shape[1]; // one row
-    bytes += numel * static_cast<double>(dtypeSize(w.dtype));
-  }
+  for (size_t j = 0; j < s.weights.size(); ++j)
+    bytes += tokenElements(program, s, j) *
+             static_cast<double>(dtypeSize(program.weights[s.weights[j]].dtype));
   return bytes;
 }
 
-/// Active weight bytes per token: what one token's forward reads.
+/// Active parameters and weight bytes per token: what one token's forward
+/// reads.
+double activeParams(const PlanProgram &program) {
+  double n = 0;
+  for (const PlanStep &s : program.steps)
+    for (size_t j = 0; j < s.weights.size(); ++j)
+      n += tokenElements(program, s, j);
+  return n;
+}
 double activeBytes(const PlanProgram &program) {
   double bytes = 0;
   for (size_t i = 0; i < program.steps.size(); ++i)
@@ -360,7 +373,7 @@ int runModel(int argc, char **argv) {
   fmt::print("model: {} ({} weights, {:.0f} M parameters, {:.0f} M active per token), "
              "dtype {}, {} threads\n",
              plan.modelType, plan.weights.size(), device->weightBytes() / 1e6 / (dtype == "BF16" ? 2 : 4),
-             activeBytes(program) / 1e6 / (dtype == "BF16" ? 2 : 4), dtype, threads);
+             activeParams(program) / 1e6, dtype, threads);
   device->forward(prompt(16), logits); // warm-up: page in the weights
   for (int64_t n : {512, 128}) {
     if (n > plan.maxBatchTokens)
