@@ -24,7 +24,7 @@ using Clock = std::chrono::steady_clock;
 
 /// How long an idle worker polls for the next loop before it sleeps, and a
 /// caller polls for the loop's last chunks before it yields its core.
-/// Decoding one token runs ~150 short loops a few microseconds apart, so a
+/// Decoding one token runs ~130 short loops a few microseconds apart, so a
 /// futex wake per loop would cost more than the small ones; but a thread
 /// that polls longer competes with a busy neighbour for the core the
 /// serial work between loops needs.
