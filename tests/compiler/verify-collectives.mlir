@@ -99,8 +99,8 @@ module attributes {moe.sharding = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64, ep 
 module attributes {moe.sharding = {dp = 1 : i64, pp = 1 : i64, tp = 2 : i64, ep = 1 : i64, etp = 1 : i64}} {
   mesh.mesh @mesh(shape = 1x1x2)
   func.func @stage0(%x: tensor<?x64xf32>) -> tensor<?x64xf32> attributes {moe.stage = 0 : i64} {
-    %p = mesh.shard %x to <@mesh, [[]], partial = sum[2]> : tensor<?x64xf32>
     // expected-error @below {{a collective is not placed yet (run moe-insert-collectives first)}}
+    %p = mesh.shard %x to <@mesh, [[]], partial = sum[2]> : tensor<?x64xf32>
     %w = mesh.shard %p to <@mesh, [[]]> annotate_for_users : tensor<?x64xf32>
     return %w : tensor<?x64xf32>
   }

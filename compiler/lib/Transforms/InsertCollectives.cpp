@@ -38,6 +38,17 @@ bool isWhole(mesh::MeshShardingAttr s) {
   return llvm::all_of(s.getSplitAxes(), [](mesh::MeshAxesAttr a) { return a.empty(); });
 }
 
+} // namespace
+
+bool moe::awaitsCollective(Operation *op) {
+  if (op->hasAttr(kExchangeAttr))
+    return true;
+  auto shard = dyn_cast<mesh::ShardOp>(op);
+  return shard && (shard.getAnnotateForUsers() || !shard.getShard().getPartialAxes().empty());
+}
+
+namespace {
+
 /// The all_to_alls around an expert_ffn marked with moe.exchange.
 LogicalResult exchange(moe::ExpertFFNOp op) {
   auto group = op->getAttrOfType<DictionaryAttr>(moe::kExchangeAttr);

@@ -267,15 +267,12 @@ struct Lowering {
 
     Operation *head = headOf(fn);
     for (Operation &op : body) {
-      // A weight's own annotation stays behind; any other one is a
-      // resharding that no collective implements yet, as is an unplaced
-      // expert exchange: lowering them would drop a collective.
-      if (auto shard = dyn_cast<mesh::ShardOp>(op); shard && !weightOf(shard.getResult()))
-        return op.emitError("moe-lower-to-exec: a resharding that no collective implements "
-                            "(run moe-insert-collectives)");
-      if (op.hasAttr(moe::kExchangeAttr))
-        return op.emitError("moe-lower-to-exec: an expert exchange that no collective "
-                            "implements (run moe-insert-collectives)");
+      // Lowering a mark moe-insert-collectives has not replaced would drop
+      // its collective (a weight's own annotation stays behind).
+      if (moe::awaitsCollective(&op))
+        return op.emitError("moe-lower-to-exec: ")
+               << (isa<mesh::ShardOp>(op) ? "a resharding" : "an expert exchange")
+               << " that no collective implements (run moe-insert-collectives)";
       if (isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp>(op))
         continue;
       if (auto ret = dyn_cast<func::ReturnOp>(op)) {

@@ -141,8 +141,7 @@ struct VerifyCollectives
       programOf[r].walk([&](Operation *op) {
         if (isCollective(op))
           sequence[r].push_back(op);
-        auto shard = dyn_cast<mesh::ShardOp>(op);
-        if (!unplaced && (op->hasAttr(moe::kExchangeAttr) || (shard && shard.getAnnotateForUsers())))
+        if (!unplaced && moe::awaitsCollective(op))
           unplaced = op;
       });
       if (unplaced) {

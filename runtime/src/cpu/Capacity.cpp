@@ -83,14 +83,13 @@ void expertFfn(const float *buf, const int32_t *counts, int64_t sources, int64_t
   // results scattered back to the blocks' rows.
   thread_local std::vector<float> gatheredBuf, resultBuf, scratchBuf;
   std::vector<int64_t> rows(static_cast<size_t>(El), 0);
-  int64_t total = 0, maxI = 0;
+  int64_t total = 0;
   for (int64_t l = 0; l < El; ++l) {
     if (gate[l].cols != H || down[l].rows != H)
       runtimeError("expert_ffn: expert {} does not map {} features to {}", l, H, H);
     for (int64_t q = 0; q < sources; ++q)
       rows[l] += counts[q * El + l];
     total += rows[l];
-    maxI = std::max(maxI, gate[l].rows);
   }
   if (sources > 1 && gatheredBuf.size() < static_cast<size_t>(total * H)) {
     gatheredBuf.resize(static_cast<size_t>(total * H));
@@ -112,8 +111,8 @@ void expertFfn(const float *buf, const int32_t *counts, int64_t sources, int64_t
       at += n;
     }
   }
-  if (scratchBuf.size() < static_cast<size_t>(2 * total * maxI))
-    scratchBuf.resize(static_cast<size_t>(2 * total * maxI));
+  if (scratchBuf.size() < static_cast<size_t>(expertMlpsScratch(groups)))
+    scratchBuf.resize(static_cast<size_t>(expertMlpsScratch(groups)));
   expertMlps(groups, act, scratchBuf.data());
   if (sources == 1)
     return;

@@ -311,12 +311,9 @@ void experts(const float *x, int64_t tokens, int64_t hidden, const float *weight
   if (up.size() != gate.size() || down.size() != gate.size())
     runtimeError("experts: {} gate, {} up and {} down matrices", gate.size(), up.size(),
                  down.size());
-  int64_t maxI = 0;
-  for (int64_t e = 0; e < E; ++e) {
+  for (int64_t e = 0; e < E; ++e)
     if (gate[e].cols != hidden || down[e].rows != hidden)
       runtimeError("experts: expert {} does not map {} features to {}", e, hidden, hidden);
-    maxI = std::max(maxI, gate[e].rows);
-  }
 
   // Counting sort of the (token, slot) pairs p = t * k + j by expert; within
   // an expert they stay in token order.
@@ -327,11 +324,8 @@ void experts(const float *x, int64_t tokens, int64_t hidden, const float *weight
       runtimeError("experts: token {} routed to expert {} of {}", p / k, experts[p], E);
     ++start[experts[p] + 1];
   }
-  int64_t maxCount = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    maxCount = std::max(maxCount, start[e + 1]);
+  for (int64_t e = 0; e < E; ++e)
     start[e + 1] += start[e];
-  }
   {
     std::vector<int64_t> next(start.begin(), start.end() - 1);
     for (int64_t p = 0; p < pairs; ++p)
@@ -340,7 +334,7 @@ void experts(const float *x, int64_t tokens, int64_t hidden, const float *weight
 
   // Gather every pair's input row in expert order (before `out` is written:
   // it may alias x), so each expert's tokens are one dense matrix.
-  thread_local std::vector<float> gatheredBuf, gateBuf, upBuf, downBuf;
+  thread_local std::vector<float> gatheredBuf, scratchBuf, downBuf;
   float *gathered = scratch(gatheredBuf, pairs * hidden);
   parallelFor(pairs, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i)
@@ -348,123 +342,112 @@ void experts(const float *x, int64_t tokens, int64_t hidden, const float *weight
   }, std::max<int64_t>(1, kMinWorkPerThread / std::max<int64_t>(1, hidden)));
   std::fill_n(out, tokens * hidden, 0.0f);
 
-  // out[t] += w * d[i] for the sorted pairs i in [first, first + count) (d
-  // holds their down projections from row `first` on), split by columns: a
-  // token may (in theory) appear twice in one expert's rows, so rows cannot
-  // be split between threads.
+  // Every expert's MLP over its rows into d (pair order), then the weighted
+  // scatter-add, split by columns: a token may (in theory) appear twice in
+  // one expert's rows, so rows cannot be split between threads. Per output
+  // row the experts add in expert order.
   float *d = scratch(downBuf, pairs * hidden);
-  auto addWeighted = [&](int64_t first, int64_t count) {
-    parallelFor(hidden, [&](int64_t c0, int64_t c1) {
-      for (int64_t i = first; i < first + count; ++i) {
-        const int64_t p = order[i];
-        const float w = weights[p];
-        float *dst = out + p / k * hidden;
-        const float *src = d + i * hidden;
-        for (int64_t c = c0; c < c1; ++c)
-          dst[c] += w * src[c];
-      }
-    }, std::max<int64_t>(64, kMinWorkPerThread / count));
-  };
-  if (maxCount <= kFewExpertRows) {
-    // Few rows per expert (decoding): every expert's MLP in two loops, then
-    // the weighted sum in the same order as below.
-    std::vector<ExpertRows> groups;
-    for (int64_t e = 0; e < E; ++e)
-      if (start[e + 1] > start[e])
-        groups.push_back({&gate[e], &up[e], &down[e], gathered + start[e] * hidden,
-                          d + start[e] * hidden, start[e + 1] - start[e]});
-    expertMlps(groups, act, scratch(gateBuf, 2 * pairs * maxI));
-    addWeighted(0, pairs);
-    return;
-  }
-  float *g = scratch(gateBuf, maxCount * maxI), *u = scratch(upBuf, maxCount * maxI);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t first = start[e], count = start[e + 1] - first;
-    if (count == 0)
-      continue;
-    gatedUp(gathered + first * hidden, count, gate[e], up[e], act, g, u);
-    downProjection(g, count, gate[e].rows, down[e], d + first * hidden);
-    addWeighted(first, count);
-  }
+  std::vector<ExpertRows> groups;
+  for (int64_t e = 0; e < E; ++e)
+    if (start[e + 1] > start[e])
+      groups.push_back({&gate[e], &up[e], &down[e], gathered + start[e] * hidden,
+                        d + start[e] * hidden, start[e + 1] - start[e]});
+  expertMlps(groups, act, scratch(scratchBuf, expertMlpsScratch(groups)));
+  parallelFor(hidden, [&](int64_t c0, int64_t c1) {
+    for (int64_t i = 0; i < pairs; ++i) {
+      const int64_t p = order[i];
+      const float w = weights[p];
+      float *dst = out + p / k * hidden;
+      const float *src = d + i * hidden;
+      for (int64_t c = c0; c < c1; ++c)
+        dst[c] += w * src[c];
+    }
+  }, std::max<int64_t>(64, kMinWorkPerThread / pairs));
 }
 
 namespace {
 
-/// Runs body(group, n0, n1) over the output columns of every group (count[i]
-/// > 0 of them; widths[i] columns) as one parallel loop over all groups'
-/// column blocks, so that threads split the work of all groups at once.
-void forGroupColumns(const std::vector<int64_t> &widths, const std::vector<int64_t> &counts,
+/// Runs body(group, n0, n1) over the output columns [0, width(group)) of
+/// every group with rows, as one parallel loop over all groups' column
+/// blocks, so that threads split the work of all groups at once.
+void forGroupColumns(const std::vector<ExpertRows> &groups,
+                     const std::function<int64_t(const ExpertRows &)> &width,
                      int64_t macsPerBlock,
                      const std::function<void(size_t, int64_t, int64_t)> &body) {
   const int64_t block = gemm::kColumnBlock;
-  std::vector<int64_t> first(widths.size() + 1, 0); // each group's first block
-  for (size_t i = 0; i < widths.size(); ++i)
-    first[i + 1] = first[i] + (counts[i] > 0 ? (widths[i] + block - 1) / block : 0);
+  std::vector<int64_t> first(groups.size() + 1, 0); // each group's first block
+  for (size_t i = 0; i < groups.size(); ++i)
+    first[i + 1] = first[i] + (groups[i].count > 0 ? (width(groups[i]) + block - 1) / block : 0);
   const int64_t grain = std::max<int64_t>(1, kMinWorkPerThread / std::max<int64_t>(1, macsPerBlock));
   parallelFor(first.back(), [&](int64_t b0, int64_t b1) {
     size_t i = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), b0) -
                                    first.begin()) - 1;
-    for (; i < widths.size() && first[i] < b1; ++i) {
+    for (; i < groups.size() && first[i] < b1; ++i) {
       const int64_t from = std::max(b0, first[i]) - first[i], to = std::min(b1, first[i + 1]) - first[i];
       if (from < to)
-        body(i, from * block, std::min(widths[i], to * block));
+        body(i, from * block, std::min(width(groups[i]), to * block));
     }
   }, grain);
 }
 
+int64_t mostRows(const std::vector<ExpertRows> &groups) {
+  int64_t most = 0;
+  for (const ExpertRows &g : groups)
+    most = std::max(most, g.count);
+  return most;
+}
+
 } // namespace
 
+int64_t expertMlpsScratch(const std::vector<ExpertRows> &groups) {
+  const bool few = mostRows(groups) <= kFewExpertRows;
+  int64_t floats = 0;
+  for (const ExpertRows &g : groups)
+    floats = few ? floats + 2 * g.count * g.gate->rows
+                 : std::max(floats, 2 * g.count * g.gate->rows);
+  return floats;
+}
+
 void expertMlps(const std::vector<ExpertRows> &groups, Activation act, float *scratch) {
-  int64_t most = 0, rows = 0, intermediate = 0;
-  for (const ExpertRows &g : groups) {
-    most = std::max(most, g.count);
-    rows += g.count;
-    intermediate += g.count * g.gate->rows;
-  }
+  const int64_t most = mostRows(groups);
   if (most > kFewExpertRows) {
     for (const ExpertRows &g : groups)
       if (g.count > 0)
         mlp(g.x, g.count, *g.gate, *g.up, *g.down, act, scratch, g.y);
     return;
   }
-  if (rows == 0)
-    return;
   // Group i's gate rows at offset[i] of scratch, its up rows `intermediate`
   // floats further.
-  std::vector<int64_t> offset(groups.size()), widths(groups.size()), heights(groups.size()),
-      counts(groups.size());
-  int64_t at = 0, H = 0;
+  std::vector<int64_t> offset(groups.size());
+  int64_t intermediate = 0, H = 0, I = 0;
   for (size_t i = 0; i < groups.size(); ++i) {
     const ExpertRows &g = groups[i];
-    const int64_t I = g.gate->rows;
-    if (g.up->rows != I || g.up->cols != g.gate->cols || g.down->cols != I)
-      runtimeError("mlp: gate [{}, {}], up [{}, {}] and down [{}, {}] do not form an MLP", I,
+    const int64_t rows = g.gate->rows;
+    if (g.up->rows != rows || g.up->cols != g.gate->cols || g.down->cols != rows)
+      runtimeError("mlp: gate [{}, {}], up [{}, {}] and down [{}, {}] do not form an MLP", rows,
                    g.gate->cols, g.up->rows, g.up->cols, g.down->rows, g.down->cols);
-    offset[i] = at;
-    at += g.count * I;
-    widths[i] = I;
-    heights[i] = g.down->rows;
-    counts[i] = g.count;
+    offset[i] = intermediate;
+    intermediate += g.count * rows;
     H = std::max(H, g.gate->cols);
+    I = std::max(I, rows);
   }
   float *gated = scratch, *up = scratch + intermediate;
   const int64_t block = gemm::kColumnBlock;
-  forGroupColumns(widths, counts, 2 * most * H * block, [&](size_t i, int64_t n0, int64_t n1) {
+  auto gateRows = [](const ExpertRows &g) { return g.gate->rows; };
+  auto downRows = [](const ExpertRows &g) { return g.down->rows; };
+  forGroupColumns(groups, gateRows, 2 * most * H * block, [&](size_t i, int64_t n0, int64_t n1) {
     const ExpertRows &g = groups[i];
-    const int64_t I = widths[i], K = g.gate->cols;
+    const int64_t width = g.gate->rows, K = g.gate->cols;
     float *gi = gated + offset[i], *ui = up + offset[i];
-    gemm::columns(g.x, K, g.count, *g.gate, nullptr, n0, n1, gi, I);
-    gemm::columns(g.x, K, g.count, *g.up, nullptr, n0, n1, ui, I);
+    gemm::columns(g.x, K, g.count, *g.gate, nullptr, n0, n1, gi, width);
+    gemm::columns(g.x, K, g.count, *g.up, nullptr, n0, n1, ui, width);
     for (int64_t t = 0; t < g.count; ++t)
-      gatedProduct(act, gi + t * I + n0, ui + t * I + n0, n1 - n0);
+      gatedProduct(act, gi + t * width + n0, ui + t * width + n0, n1 - n0);
   });
-  int64_t I = 0;
-  for (int64_t w : widths)
-    I = std::max(I, w);
-  forGroupColumns(heights, counts, most * I * block, [&](size_t i, int64_t n0, int64_t n1) {
+  forGroupColumns(groups, downRows, most * I * block, [&](size_t i, int64_t n0, int64_t n1) {
     const ExpertRows &g = groups[i];
-    gemm::columns(gated + offset[i], widths[i], g.count, *g.down, nullptr, n0, n1, g.y,
-                  heights[i]);
+    gemm::columns(gated + offset[i], g.gate->rows, g.count, *g.down, nullptr, n0, n1, g.y,
+                  g.down->rows);
   });
 }
 

@@ -16,6 +16,11 @@ namespace moe {
 /// moe.all_to_all over that group before the op and one after.
 inline constexpr llvm::StringLiteral kExchangeAttr = "moe.exchange";
 
+/// Whether `op` is a mark moe-insert-collectives has still to replace by a
+/// collective (a partial-sum annotation or its user's, an moe.exchange):
+/// lowering or proving a program with one would drop that collective.
+bool awaitsCollective(mlir::Operation *op);
+
 #define GEN_PASS_DECL
 #include "moe/Transforms/Passes.h.inc"
 

@@ -145,8 +145,9 @@ constexpr int64_t kFewExpertRows = 16;
 /// math). When every group has at most kFewExpertRows rows (decoding), all
 /// groups share two parallel loops (gate + up + activation, then down), so
 /// the threads split the weights of every expert at once; otherwise one
-/// cpu::mlp per group. `scratch` >= 2 * (rows of all groups) * I floats.
+/// cpu::mlp per group. `scratch` holds expertMlpsScratch(groups) floats.
 void expertMlps(const std::vector<ExpertRows> &groups, Activation act, float *scratch);
+int64_t expertMlpsScratch(const std::vector<ExpertRows> &groups);
 
 /// #moe.routing parameters.
 struct RoutingParams {
