@@ -94,3 +94,27 @@ module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64
     return
   }
 }
+
+// -----
+
+// A gather of parts still marked (moe.gather).
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  mesh.mesh @mesh(shape = 1x1x2)
+  func.func @forward(%tokens: tensor<?xi32>, %positions: tensor<?xi32>) attributes {moe.arg_buffers = array<i64: 0, 1>, moe.buffer_rows = array<i64: -1, -1, -1>, moe.buffer_types = [i32, i32, f32], moe.buffer_widths = array<i64: 1, 1, 64>} {
+    %table = moe.weight "model.embed_tokens.weight" : tensor<251x64xf32>
+    %h = moe.embedding %table[%tokens] {moe.buffers = array<i64: 2>} : tensor<251x64xf32>, tensor<?xi32> -> tensor<?x64xf32>
+    // expected-error @below {{moe-lower-to-exec: a gather of parts that no collective implements (run moe-insert-collectives)}}
+    %w = builtin.unrealized_conversion_cast %h : tensor<?x64xf32> to tensor<?x128xf32> {moe.gather = {mesh = @mesh, axis = 2 : i64}}
+    return
+  }
+}
+
+// -----
+
+// A stage program whose signature still carries the values of another stage.
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  // expected-error @below {{moe-lower-to-exec: @stage0 takes or gives values of another stage that no send / recv implements (run moe-insert-collectives)}}
+  func.func @stage0(%tokens: tensor<?xi32>, %positions: tensor<?xi32>, %x: tensor<?x64xf32>) -> (tensor<?x64xf32> {moe.send_to = 1 : i64}) attributes {moe.stage = 0 : i64, moe.arg_buffers = array<i64: 0, 1>, moe.buffer_rows = array<i64: -1, -1>, moe.buffer_types = [i32, i32], moe.buffer_widths = array<i64: 1, 1>} {
+    return %x : tensor<?x64xf32>
+  }
+}

@@ -119,3 +119,27 @@ module attributes {moe.sharding = {dp = 1 : i64, pp = 1 : i64, tp = 1 : i64, ep 
     return %y : tensor<4x8x16xf32>
   }
 }
+
+// -----
+
+module attributes {moe.sharding = {dp = 1 : i64, pp = 1 : i64, tp = 2 : i64, ep = 1 : i64, etp = 1 : i64}} {
+  mesh.mesh @mesh(shape = 1x1x2)
+  func.func @stage0(%x: tensor<?x64xf32>) -> tensor<?x128xf32> attributes {moe.stage = 0 : i64} {
+    // expected-error @below {{a collective is not placed yet (run moe-insert-collectives first)}}
+    %w = builtin.unrealized_conversion_cast %x : tensor<?x64xf32> to tensor<?x128xf32> {moe.gather = {mesh = @mesh, axis = 2 : i64}}
+    return %w : tensor<?x128xf32>
+  }
+}
+
+// -----
+
+// Stage transfers still in the signatures.
+module attributes {moe.sharding = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64, ep = 1 : i64, etp = 1 : i64}} {
+  // expected-error @below {{a collective is not placed yet (run moe-insert-collectives first)}}
+  func.func @stage0(%x: tensor<?x64xf32>) -> (tensor<?x64xf32> {moe.send_to = 1 : i64}) attributes {moe.stage = 0 : i64} {
+    return %x : tensor<?x64xf32>
+  }
+  func.func @stage1(%x: tensor<?x64xf32> {moe.recv_from = 0 : i64}) attributes {moe.stage = 1 : i64} {
+    return
+  }
+}

@@ -174,6 +174,11 @@ struct Lowering {
   }
 
   LogicalResult lower(func::FuncOp fn, int64_t stage) {
+    if (moe::awaitsCollective(fn))
+      return fn.emitError("moe-lower-to-exec: @")
+             << fn.getSymName()
+             << " takes or gives values of another stage that no send / recv implements "
+                "(run moe-insert-collectives)";
     auto rows = fn->getAttrOfType<DenseI64ArrayAttr>("moe.buffer_rows");
     auto widths = fn->getAttrOfType<DenseI64ArrayAttr>("moe.buffer_widths");
     auto types = fn->getAttrOfType<ArrayAttr>("moe.buffer_types");
@@ -271,7 +276,9 @@ struct Lowering {
       // its collective (a weight's own annotation stays behind).
       if (moe::awaitsCollective(&op))
         return op.emitError("moe-lower-to-exec: ")
-               << (isa<mesh::ShardOp>(op) ? "a resharding" : "an expert exchange")
+               << (isa<mesh::ShardOp>(op)              ? "a resharding"
+                   : op.hasAttr(moe::kGatherAttr) ? "a gather of parts"
+                                                  : "an expert exchange")
                << " that no collective implements (run moe-insert-collectives)";
       if (isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp>(op))
         continue;

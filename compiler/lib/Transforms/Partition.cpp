@@ -2,7 +2,11 @@
 //
 // Rewrites the sharded @forward (moe-plan-sharding's annotations) into
 // @stage0 .. @stage<pp-1>: each keeps its stage's ops with rank-local shapes
-// and gets the collectives its sharding needs (docs/partitioned-execution.md).
+// and marks the communication its sharding needs, which
+// moe-insert-collectives places (docs/partitioned-execution.md): partial sums
+// a user needs whole, the LM head's vocabulary parts (moe.gather), the
+// experts' exchange (moe.exchange), the values crossing a stage cut (the
+// stage functions' arguments and results, moe.recv_from / moe.send_to).
 //
 // Every value of the rewritten program carries a distribution:
 //   Replicated  the same on every rank of the TP group;
@@ -10,7 +14,7 @@
 //               outputs, attention heads);
 //   Partial     a partial sum over the TP group (row-parallel outputs, the
 //               vocabulary-sharded embedding, routed experts under TP).
-// A use that needs a replicated value gets an all_reduce, inserted at the
+// A use that needs a replicated value gets an all_reduce, marked at the
 // first such use and shared by later ones: a shared expert's and the routed
 // experts' partial sums meet in one add and take one all_reduce.
 //
@@ -113,6 +117,11 @@ private:
     return b.create<mesh::ShardOp>(v.getLoc(), p, whole, /*annotate_for_users=*/true);
   }
   void set(Value old, Value now, Dist dist) { values[old] = Mapped{now, dist, {}}; }
+  /// A collective's group as moe-insert-collectives reads it.
+  DictionaryAttr group(FlatSymbolRefAttr mesh, int64_t axis) {
+    return b.getDictionaryAttr(
+        {b.getNamedAttr("mesh", mesh), b.getNamedAttr("axis", b.getI64IntegerAttr(axis))});
+  }
 
   ModuleOp module;
   func::FuncOp forward;
@@ -289,9 +298,7 @@ LogicalResult Partitioner::expertFFN(moe::ExpertFFNOp op) {
   auto ffn = b.create<moe::ExpertFFNOp>(loc, bufferType, buffer, counts, *gate, *up, *down,
                                         op.getActivationAttr());
   if (d.ep > 1)
-    ffn->setAttr(moe::kExchangeAttr,
-                 b.getDictionaryAttr({b.getNamedAttr("mesh", expertsRef),
-                                      b.getNamedAttr("axis", b.getI64IntegerAttr(kEpAxis))}));
+    ffn->setAttr(moe::kExchangeAttr, group(expertsRef, kEpAxis));
   set(op.getResult(), ffn.getResult(), Dist::Replicated);
   return success();
 }
@@ -395,18 +402,12 @@ LogicalResult Partitioner::rewrite(Operation &op) {
       set(linear.getResult(), copy->getResult(0), Dist::Local);
       return success();
     }
-    // The LM head: join the vocabulary parts, drop the padding.
-    auto type = cast<RankedTensorType>(linear.getResult().getType());
-    Value all = b.create<moe::AllGatherOp>(
-        loc, withDim(type, 1, w.getDimSize(0) * d.tp), copy->getResult(0),
-        meshRef, b.getI64IntegerAttr(kTpAxis));
-    if (w.getDimSize(0) * d.tp != vocab) {
-      auto split = b.create<moe::SplitOp>(
-          loc, TypeRange{type, withDim(type, 1, w.getDimSize(0) * d.tp - vocab)},
-          all);
-      all = split.getResult(0);
-    }
-    set(linear.getResult(), all, Dist::Replicated);
+    // The LM head: the whole logits are the vocabulary parts of the group
+    // (moe-insert-collectives gathers them and drops the padding).
+    auto whole = b.create<UnrealizedConversionCastOp>(loc, linear.getResult().getType(),
+                                                      copy->getResult(0));
+    whole->setAttr(moe::kGatherAttr, group(meshRef, kTpAxis));
+    set(linear.getResult(), whole.getResult(0), Dist::Replicated);
     return success();
   }
   if (isa<moe::RMSNormOp, moe::LayerNormOp>(op)) {
@@ -545,24 +546,36 @@ LogicalResult Partitioner::buildStage(int64_t stage, ArrayRef<int64_t> stageOfOp
   values.clear();
   weights.clear();
   bool last = stage == d.pp - 1;
+  // The stage's signature: the model's inputs and the values the stage
+  // before sends it; the logits (last stage) or the values it sends on.
+  // moe-insert-collectives makes the marked ones moe.recv / moe.send.
   FunctionType type = forward.getFunctionType();
-  auto fnType = b.getFunctionType(type.getInputs(),
-                                  last ? type.getResults() : TypeRange{});
+  SmallVector<Type> inputs(type.getInputs()), results;
+  for (Value v : incoming)
+    inputs.push_back(v.getType());
+  for (Value v : outgoing)
+    results.push_back(v.getType());
+  if (last)
+    results.assign(type.getResults().begin(), type.getResults().end());
   b.setInsertionPoint(forward);
-  auto fn = b.create<func::FuncOp>(forward.getLoc(),
-                                   ("stage" + Twine(stage)).str(), fnType);
-  fn.setAllArgAttrs(forward.getAllArgAttrs());
+  auto fn = b.create<func::FuncOp>(forward.getLoc(), ("stage" + Twine(stage)).str(),
+                                   b.getFunctionType(inputs, results));
+  const unsigned modelInputs = type.getNumInputs();
+  for (unsigned i = 0; i < modelInputs; ++i)
+    fn.setArgAttrs(i, forward.getArgAttrDict(i));
+  for (unsigned i = modelInputs; i < inputs.size(); ++i)
+    fn.setArgAttr(i, moe::kRecvFromAttr, b.getI64IntegerAttr(stage - 1));
+  if (!last)
+    for (unsigned i = 0; i < results.size(); ++i)
+      fn.setResultAttr(i, moe::kSendToAttr, b.getI64IntegerAttr(stage + 1));
   fn->setAttr("moe.stage", b.getI64IntegerAttr(stage));
   entry = fn.addEntryBlock();
   b.setInsertionPointToEnd(entry);
   Block &body = forward.getBody().front();
   for (auto [old, now] : llvm::zip(body.getArguments(), entry->getArguments()))
     set(old, now, Dist::Replicated);
-  for (Value v : incoming) {
-    Value r = b.create<moe::RecvOp>(v.getLoc(), v.getType(),
-                                    b.getI64IntegerAttr(stage - 1));
-    set(v, r, Dist::Replicated);
-  }
+  for (auto [v, arg] : llvm::zip(incoming, entry->getArguments().drop_front(modelInputs)))
+    set(v, arg, Dist::Replicated);
   int64_t i = 0;
   for (Operation &op : body) {
     int64_t s = stageOfOp[i++];
@@ -571,14 +584,16 @@ LogicalResult Partitioner::buildStage(int64_t stage, ArrayRef<int64_t> stageOfOp
     if (failed(rewrite(op)))
       return failure();
   }
+  if (last)
+    return success(); // the model's return op came with the stage's ops
+  SmallVector<Value> sent;
   for (Value v : outgoing) {
     FailureOr<Value> r = replicated(v, forward);
     if (failed(r))
       return failure();
-    b.create<moe::SendOp>(v.getLoc(), *r, b.getI64IntegerAttr(stage + 1));
+    sent.push_back(*r);
   }
-  if (!last)
-    b.create<func::ReturnOp>(forward.getLoc());
+  b.create<func::ReturnOp>(forward.getLoc(), sent);
   return success();
 }
 

@@ -164,7 +164,7 @@ def MoELowerRouting : Pass<"moe-lower-routing", "mlir::ModuleOp"> {
 }
 
 def MoEPartition : Pass<"moe-partition", "mlir::ModuleOp"> {
-  let summary = "one program per pipeline stage, with rank-local shapes and collectives";
+  let summary = "one program per pipeline stage, with rank-local shapes and marked communication";
   let description = [{
     Rewrites the sharded `@forward` (after moe-plan-sharding,
     moe-specialize-workload and moe-lower-routing) into `@stage0 ..
@@ -175,14 +175,17 @@ def MoEPartition : Pass<"moe-partition", "mlir::ModuleOp"> {
     as a whole value) where a user needs them whole, which
     moe-insert-collectives turns into an `moe.all_reduce` over tp;
     attention runs heads / tp; the embedding is vocabulary-sharded and the LM
-    head's parts are joined by `moe.all_gather` (padding dropped by a split);
+    head's parts are marked to be made whole (`builtin.unrealized_conversion_cast`
+    to the whole type with `moe.gather = {mesh = @mesh, axis = 2}`);
     `moe.dispatch` gets the rank's row part of its TP group, `moe.expert_ffn`
     the local experts, marked under EP with the group its blocks are
     exchanged over (`moe.exchange = {mesh = @experts, axis = 2}`), and
     `moe.combine`'s result is a partial sum under TP (`moe.experts` under
     expert or tensor parallelism is refused: it needs moe-lower-routing);
-    values live across a stage cut are sent with `moe.send` / `moe.recv` in
-    program order. The complete semantics are in
+    values live across a stage cut are the results of the stage that makes
+    them (`moe.send_to = s + 1`) and arguments of the next
+    (`moe.recv_from = s`), in program order. moe-insert-collectives places
+    every collective this leaves marked. The complete semantics are in
     docs/partitioned-execution.md.
   }];
 }
@@ -198,7 +201,14 @@ def MoEInsertCollectives : Pass<"moe-insert-collectives", "mlir::ModuleOp"> {
     partial reduction other than a sum, is an error naming it. An
     `moe.expert_ffn` marked `moe.exchange = {mesh = @experts, axis = N}` gets
     an `moe.all_to_all` of its blocks and counts over that group before it
-    and one of its outputs after it.
+    and one of its outputs after it. A `builtin.unrealized_conversion_cast`
+    marked `moe.gather = {mesh = @mesh, axis = N}` from a part [rows, w] to
+    its whole [rows, W] becomes an `moe.all_gather` over that group (w x
+    group size columns) and, when that is more than W, a split dropping the
+    rest. A stage function's arguments marked `moe.recv_from = s` become
+    `moe.recv from s` after its weights and its results marked
+    `moe.send_to = s` become `moe.send ... to s` before its return, in
+    order; both leave the signature.
   }];
 }
 
