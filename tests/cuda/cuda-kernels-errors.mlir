@@ -43,3 +43,125 @@ module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64
     exec.return
   }
 }
+
+// -----
+
+// What a lowering reads is checked before it reads it: the operand counts
+// of its kernel id, its constants (present, of the right kind), the KV cache
+// it names, its activation, its weights' ranks and element types.
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  // expected-error @below {{moe-cuda-kernels: step 0 ('add'): has 1 inputs, its lowering reads 2}}
+  exec.program @forward entry "forward" stage 0 {
+    %b0 = exec.buffer i32 rows 16 width 1
+    %b1 = exec.buffer i32 rows 16 width 1
+    %b2 = exec.buffer f32 rows 16 width 8
+    exec.inputs tokens(%b0) positions(%b1)
+    exec.launch "add" ins(%b2) outs(%b2) {}
+    exec.return
+  }
+}
+
+// -----
+
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  // expected-error @below {{moe-cuda-kernels: step 0 ('rms_norm'): constant 'eps' is missing (expected a number)}}
+  exec.program @forward entry "forward" stage 0 {
+    %w0 = exec.weight "n" : tensor<8xf32>
+    %b0 = exec.buffer i32 rows 16 width 1
+    %b1 = exec.buffer i32 rows 16 width 1
+    %b2 = exec.buffer f32 rows 16 width 8
+    exec.inputs tokens(%b0) positions(%b1)
+    exec.launch "rms_norm" ins(%b2) weights(%w0) outs(%b2) {}
+    exec.return
+  }
+}
+
+// -----
+
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  // expected-error @below {{moe-cuda-kernels: step 0 ('attention'): constant 'heads' must be an integer}}
+  exec.program @forward entry "forward" stage 0 {
+    %b0 = exec.buffer i32 rows 16 width 1
+    %b1 = exec.buffer i32 rows 16 width 1
+    %b2 = exec.buffer f32 rows 16 width 8
+    exec.kv_cache key_width 8 value_width 8
+    exec.inputs tokens(%b0) positions(%b1)
+    exec.launch "attention" ins(%b2, %b2, %b2) outs(%b2) {heads = "two", kv_heads = 1 : i64, kv_cache = 0 : i64, scale = 0.5 : f64}
+    exec.return
+  }
+}
+
+// -----
+
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  // expected-error @below {{moe-cuda-kernels: step 0 ('attention'): kv_cache 1 is not one of the program's 1}}
+  exec.program @forward entry "forward" stage 0 {
+    %b0 = exec.buffer i32 rows 16 width 1
+    %b1 = exec.buffer i32 rows 16 width 1
+    %b2 = exec.buffer f32 rows 16 width 8
+    exec.kv_cache key_width 8 value_width 8
+    exec.inputs tokens(%b0) positions(%b1)
+    exec.launch "attention" ins(%b2, %b2, %b2) outs(%b2) {heads = 2 : i64, kv_heads = 1 : i64, kv_cache = 1 : i64, scale = 0.5 : f64}
+    exec.return
+  }
+}
+
+// -----
+
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  // expected-error @below {{moe-cuda-kernels: step 0 ('mlp'): activation 'swish' has no CUDA kernel}}
+  exec.program @forward entry "forward" stage 0 {
+    %w0 = exec.weight "g" : tensor<16x8xf32>
+    %w1 = exec.weight "u" : tensor<16x8xf32>
+    %w2 = exec.weight "d" : tensor<8x16xf32>
+    %b0 = exec.buffer i32 rows 16 width 1
+    %b1 = exec.buffer i32 rows 16 width 1
+    %b2 = exec.buffer f32 rows 16 width 8
+    exec.inputs tokens(%b0) positions(%b1)
+    exec.launch "mlp" ins(%b2) weights(%w0, %w1, %w2) outs(%b2) {activation = "swish"}
+    exec.return
+  }
+}
+
+// -----
+
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  // expected-error @below {{moe-cuda-kernels: step 0 ('linear'): weight 0 has 1 dimensions, expected 2}}
+  exec.program @forward entry "forward" stage 0 {
+    %w0 = exec.weight "w" : tensor<64xf32>
+    %b0 = exec.buffer i32 rows 16 width 1
+    %b1 = exec.buffer i32 rows 16 width 1
+    %b2 = exec.buffer f32 rows 16 width 8
+    exec.inputs tokens(%b0) positions(%b1)
+    exec.launch "linear" ins(%b2) weights(%w0) outs(%b2) {}
+    exec.return
+  }
+}
+
+// -----
+
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  // expected-error @below {{moe-cuda-kernels: step 0 ('split'): 1 widths for 2 outputs}}
+  exec.program @forward entry "forward" stage 0 {
+    %b0 = exec.buffer i32 rows 16 width 1
+    %b1 = exec.buffer i32 rows 16 width 1
+    %b2 = exec.buffer f32 rows 16 width 8
+    %b3 = exec.buffer f32 rows 16 width 4
+    exec.inputs tokens(%b0) positions(%b1)
+    exec.launch "split" ins(%b2) outs(%b3, %b3) {widths = [4]}
+    exec.return
+  }
+}
+
+// -----
+
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  // expected-error @below {{moe-cuda-kernels: weight 'w': its element type has no CUDA kernels (F32, BF16 or F16)}}
+  exec.program @forward entry "forward" stage 0 {
+    %w0 = exec.weight "w" : tensor<8x8xi32>
+    %b0 = exec.buffer i32 rows 16 width 1
+    %b1 = exec.buffer i32 rows 16 width 1
+    exec.inputs tokens(%b0) positions(%b1)
+    exec.return
+  }
+}

@@ -5,7 +5,6 @@
 #include "TinyModel.h"
 #include "moe/Pipelines.h"
 #include "moe/Target/Cuda.h"
-#include "moe/Target/PlanWriter.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
@@ -13,7 +12,6 @@
 
 namespace {
 
-using llvm::json::Object;
 
 /// Every program of a small Mixtral-like model at the exec level, emitted
 /// for `target`.
@@ -27,14 +25,9 @@ std::vector<moe::cuda::EmittedProgram> emitAll(const moe::cuda::GpuTargetInfo &t
   moe::buildPipeline(pm, options, moe::Phase::Exec);
   EXPECT_TRUE(mlir::succeeded(pm.run(*module)));
   std::vector<moe::cuda::EmittedProgram> out;
-  Object root{{"workload", Object{{"max_batch_tokens", options.maxBatchTokens},
-                                  {"max_seq_len", options.maxSeqLen},
-                                  {"max_sequences", options.maxSequences}}}};
-  int64_t index = 0;
   for (auto program : (*module).getOps<moe::exec::ProgramOp>()) {
-    auto plan = moe::programPlan(program, options.maxSeqLen, options.maxSequences);
-    EXPECT_TRUE(static_cast<bool>(plan)) << llvm::toString(plan.takeError());
-    auto emitted = moe::cuda::emitProgram(root, *plan, index++, target);
+    auto emitted = moe::cuda::emitProgram(program, {options.maxBatchTokens, options.maxSeqLen},
+                                          target);
     EXPECT_TRUE(static_cast<bool>(emitted)) << llvm::toString(emitted.takeError());
     out.push_back(std::move(*emitted));
   }

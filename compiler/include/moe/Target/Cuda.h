@@ -1,11 +1,12 @@
 //===- Cuda.h - the CUDA target: kernel emitter and nvcc driver -*- C++ -*-===//
 //
-// From a plan program (the JSON object PlanWriter builds: buffers, weights,
-// steps), emits one CUDA C++ source with an `extern "C" __global__` kernel per
-// non-GEMM piece of each step, specialised to the program's constants, and a
-// kernel table (the program's "cuda" object) that says, per step, which
-// kernels to launch with which geometry and parameters, and which GEMMs the
-// driver runs through cuBLAS. docs/cuda.md describes the table.
+// From an exec.program (its buffers, weights, KV caches and launches by
+// kernel id with their constants), emits one CUDA C++ source with an
+// `extern "C" __global__` kernel per non-GEMM piece of each step, specialised
+// to the program's constants, and a kernel table (the program's "cuda"
+// object) that says, per step, which kernels to launch with which geometry
+// and parameters, and which GEMMs the driver runs through cuBLAS.
+// docs/cuda.md describes the table.
 //
 //===----------------------------------------------------------------------===//
 #pragma once
@@ -42,10 +43,17 @@ struct EmittedProgram {
   std::vector<std::string> kernels; ///< every __global__ kernel, in order
 };
 
-/// Emits program `index` of `plan` (the plan's root object: workload and
-/// model are read from it).
-llvm::Expected<EmittedProgram> emitProgram(const llvm::json::Object &plan,
-                                           const llvm::json::Object &program, int64_t index,
+/// The workload the kernels are specialised to (the module's moe.workload).
+struct Workload {
+  int64_t maxBatchTokens = 0; ///< rows of the per-token buffers and scratch
+  int64_t maxSeqLen = 0;      ///< positions of the KV caches and RoPE tables
+};
+
+/// Emits the kernels of `program` for `target`; an error names the step
+/// (index and kernel id) that has no lowering, or whose operands or
+/// constants are not what its lowering reads.
+llvm::Expected<EmittedProgram> emitProgram(moe::exec::ProgramOp program,
+                                           const Workload &workload,
                                            const GpuTargetInfo &target = cudaTargetInfo());
 
 /// A program's kernels as moe-cuda-kernels put them into its IR (its

@@ -1,6 +1,7 @@
 //===- CudaAttentionKernels.cpp - RoPE, KV cache and attention -*- C++ -*-===//
 //
-// Kernel builders of the CUDA emitter (Emitter.h): RoPE, KV cache and attention.
+// Step lowerings and kernel builders of the CUDA emitter (Emitter.h): RoPE,
+// KV cache and attention (GQA and DeepSeek's MLA).
 //
 //===----------------------------------------------------------------------===//
 #include "Emitter.h"
@@ -9,10 +10,10 @@ namespace moe::cuda::detail {
 
 Object Emitter::rope(int64_t i, std::string in, std::string out, std::string positions,
                      int64_t W, int64_t headDim, int64_t headStride, int64_t headOffset,
-                     const Object &r, llvm::StringRef what) {
+                     const Constants &r, llvm::StringRef what) {
   const int64_t table = ropeTable(r);
-  const int64_t half = *r.getInteger("rotary_dim") / 2;
-  const bool interleaved = *r.getBoolean("interleaved");
+  const int64_t half = r.integer("rotary_dim") / 2;
+  const bool interleaved = r.boolean("interleaved");
   const int64_t heads = W / headStride;
   std::string body = subst(R"(  const long long t = blockIdx.x;
   if (t >= T) return;
@@ -151,5 +152,94 @@ Object Emitter::attend(int64_t i, std::string q, int64_t ldq, std::string out, i
 
 /// g = act(g) * u over rows x I values; with counts (non-"null"), row r of
 /// block e = r / C is skipped when r % C >= counts[e].
+
+llvm::Error Emitter::lowerRope(const Step &s, Array &launches, std::string &) {
+  const Constants &a = s.constants;
+  const int64_t W = width(s.in[0]), D = a.integer("head_dim");
+  if (llvm::Error e = constantsRead(s))
+    return e;
+  if (D <= 0 || W % D)
+    return stepError(s, llvm::formatv("head_dim {0} does not divide the width {1}", D, W));
+  launches.push_back(rope(s.index, buf(s.in[0]), buf(s.out[0]), buf(s.in[1]), W, D, D, 0,
+                          a.object("rope"), "rope"));
+  return constantsRead(s);
+}
+
+/// The KV cache an attention step names, checked against the program's.
+llvm::Error Emitter::checkCache(const Step &s, int64_t cache) const {
+  if (cache < 0 || cache >= kvCaches)
+    return stepError(s, llvm::formatv("kv_cache {0} is not one of the program's {1}", cache,
+                                      kvCaches));
+  return llvm::Error::success();
+}
+
+llvm::Error Emitter::lowerAttention(const Step &s, Array &launches, std::string &) {
+  const Constants &a = s.constants;
+  const int64_t heads = a.integer("heads"), kvHeads = a.integer("kv_heads");
+  const int64_t cache = a.integer("kv_cache");
+  if (llvm::Error e = constantsRead(s))
+    return e;
+  if (llvm::Error e = checkCache(s, cache))
+    return e;
+  if (heads <= 0 || kvHeads <= 0 || heads % kvHeads)
+    return stepError(s, llvm::formatv("{0} heads do not share {1} KV heads", heads, kvHeads));
+  const int64_t dq = width(s.in[0]) / heads, dv = width(s.in[2]) / kvHeads;
+  launches.push_back(
+      kvWrite(s.index, buf(s.in[1]), buf(s.in[2]), kvHeads * dq, kvHeads * dv, cache));
+  launches.push_back(attend(s.index, buf(s.in[0]), heads * dq, buf(s.out[0]), heads, kvHeads, dq,
+                            dv, a.number("scale"), a.integerOr("sliding_window", 0), cache));
+  return constantsRead(s);
+}
+
+llvm::Error Emitter::lowerMlaAttention(const Step &s, Array &launches, std::string &) {
+  const Constants &a = s.constants;
+  const std::vector<int64_t> &in = s.in;
+  const int64_t H = a.integer("heads"), r = width(in[2]), cache = a.integer("kv_cache");
+  if (llvm::Error e = constantsRead(s))
+    return e;
+  if (llvm::Error e = checkCache(s, cache))
+    return e;
+  if (H <= 0 || width(in[0]) % H || width(in[1]) % H || width(in[0]) / H <= r)
+    return stepError(s, llvm::formatv("{0} heads do not split query {1} and kv {2} with a "
+                                      "rotary part of {3}",
+                                      H, width(in[0]), width(in[1]), r));
+  const int64_t nope = width(in[0]) / H - r, vdim = width(in[1]) / H - nope, qk = nope + r;
+  const Constants ropeAttr = a.object("rope");
+  // q with the rotary tail of each head rotated, into scratch.
+  std::string q = addScratch(maxTokens, H * qk);
+  launches.push_back(rope(s.index, buf(in[0]), q, "batch:position", H * qk, r, qk, nope,
+                          ropeAttr, "mla_rope_q"));
+  // Rotated key_rope into scratch, then the per-head cache rows.
+  std::string kr = addScratch(maxTokens, r);
+  launches.push_back(
+      rope(s.index, buf(in[2]), kr, "batch:position", r, r, r, 0, ropeAttr, "mla_rope_k"));
+  std::string body = subst(R"(  const long long t = blockIdx.x;
+  if (t >= T) return;
+  const long long row = static_cast<long long>(seq[t]) * @MAXSEQ@ + positions[t];
+  float *kd = keys + row * @H@ * @QK@;
+  float *vd = values + row * @H@ * @VD@;
+  for (int i = threadIdx.x; i < @H@ * @QK@; i += 128) {
+    const int h = i / @QK@, c = i % @QK@;
+    kd[i] = c < @NOPE@ ? kv[(t * @H@ + h) * (@NOPE@ + @VD@) + c] : keyRope[t * @R@ + (c - @NOPE@)];
+  }
+  for (int i = threadIdx.x; i < @H@ * @VD@; i += 128) {
+    const int h = i / @VD@, c = i % @VD@;
+    vd[i] = kv[(t * @H@ + h) * (@NOPE@ + @VD@) + @NOPE@ + c];
+  }
+)", {{"MAXSEQ", str(maxSeqLen)}, {"H", str(H)}, {"QK", str(qk)}, {"VD", str(vdim)},
+     {"NOPE", str(nope)}, {"R", str(r)}});
+  launches.push_back(kernel(s.index, "mla_kv_write",
+                            {{"const float *__restrict__ kv", buf(in[1])},
+                             {"const float *__restrict__ keyRope", kr},
+                             {"const int *__restrict__ seq", "batch:sequence"},
+                             {"const int *__restrict__ positions", "batch:position"},
+                             {"float *__restrict__ keys", "cache_keys:" + str(cache)},
+                             {"float *__restrict__ values", "cache_values:" + str(cache)},
+                             {"long long T", "T"}},
+                            body, grid1(dim(1)), 128));
+  launches.push_back(
+      attend(s.index, q, H * qk, buf(s.out[0]), H, H, qk, vdim, a.number("scale"), 0, cache));
+  return constantsRead(s);
+}
 
 } // namespace moe::cuda::detail

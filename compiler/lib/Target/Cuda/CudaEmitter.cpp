@@ -1,6 +1,9 @@
 //===- CudaEmitter.cpp - CUDA kernels of a plan program --------*- C++ -*-===//
 //
-// One CUDA C++ source per plan program. Every kernel is specialised to the
+// One CUDA C++ source per exec.program, read from its ops: the declarations
+// (buffers, weights, KV caches by id) and each exec.launch, lowered by the
+// table of its kernel id (kLowerings: operand counts and the lowering, whose
+// kernel builders live in the family's file). Every kernel is specialised to the
 // step's constants (widths, heads, head dims, experts, k, capacity, eps,
 // scale, routing variant); kernels whose text is identical (the same step in
 // another layer) are emitted once, named after the first step that uses them.
@@ -16,6 +19,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "Emitter.h"
+#include "moe/Target/PlanWriter.h"
 
 using llvm::json::Array;
 using llvm::json::Object;
@@ -200,299 +204,273 @@ extern "C" void moe_pack_bf16__host(const unsigned long long *args) { moe_pack_b
 
 } // namespace
 
-std::vector<int64_t> ids(const Object &s, llvm::StringRef key) {
-  std::vector<int64_t> v;
-  if (const Array *a = s.getArray(key))
-    for (const JsonValue &x : *a)
-      v.push_back(*x.getAsInteger());
-  return v;
+//===----------------------------------------------------------------------===//
+// Constants
+//===----------------------------------------------------------------------===//
+
+mlir::Attribute Constants::get(llvm::StringRef key, llvm::StringRef kind, bool optional) const {
+  mlir::Attribute a = dict ? dict.get(key) : mlir::Attribute();
+  if (!a && !optional && problems && problems->empty())
+    *problems = ("constant '" + key + "' is missing (expected " + kind + ")").str();
+  return a;
 }
 
-llvm::Error Emitter::step(int64_t i, const Object &s, Array &launches, std::string &rowsName) {
-  const std::string op = s.getString("op")->str();
-  const Object &a = *s.getObject("attrs");
-  std::vector<int64_t> in = ids(s, "in"), w = ids(s, "weights"), out = ids(s, "out");
-  auto buf = [](int64_t id) { return "buf:" + str(id); };
-  auto wref = [](int64_t id) { return "weight:" + str(id); };
+namespace {
 
-  if (op == "embedding") {
-    launches.push_back(embedding(i, out[0], in[0], w[0], a.getBoolean("vocab_shard").value_or(false)));
-  } else if (op == "rms_norm") {
-    launches.push_back(rmsNorm(i, in[0], w[0], out[0], *a.getNumber("eps")));
-  } else if (op == "add_norm") {
-    launches.push_back(addNorm(i, s));
-  } else if (op == "layer_norm") {
-    launches.push_back(layerNorm(i, in[0], w[0], w.size() > 1 ? w[1] : -1, out[0],
-                                 *a.getNumber("eps")));
-  } else if (op == "linear") {
-    std::vector<int64_t> sh = shape(w[0]);
-    std::string x = buf(in[0]), m = "T";
-    if (a.getBoolean("head").value_or(false)) {
-      // The LM head: only the logit rows (batch.logit_rows, R of them).
-      x = addScratch(maxTokens, sh[1]);
-      std::string body = subst(R"(  const long long r = blockIdx.x;
-  if (r >= R) return;
-  moe_copy_row(rows + r * @W@, x + static_cast<long long>(logitRows[r]) * @W@, @W@, threadIdx.x, 128, @V4@);
-)", {{"W", str(sh[1])}, {"V4", sh[1] % 4 == 0 ? "true" : "false"}});
-      launches.push_back(kernel(i, "head_rows",
-                                {{"const float *__restrict__ x", buf(in[0])},
-                                 {"const int *__restrict__ logitRows", "batch:logit_rows"},
-                                 {"float *__restrict__ rows", x},
-                                 {"long long R", "R"}},
-                                body, grid1(dim(1)), 128));
-      launches.back().getAsObject()->try_emplace("rows", "R");
-      m = "R";
-      rowsName = "R";
-    }
-    launches.push_back(gemm(x, wref(w[0]), buf(out[0]), m, sh[0], sh[1], dtype(w[0])));
-    if (m == "R")
-      launches.back().getAsObject()->try_emplace("rows", "R");
-    if (w.size() > 1) {
-      WeightType bt = weightType(dtype(w[1]));
-      std::string body = subst(R"(  const long long t = blockIdx.x;
-  if (t >= T) return;
-  for (int n = threadIdx.x; n < @N@; n += 128) y[t * @N@ + n] += @LOAD@(bias[n]);
-)", {{"N", str(sh[0])}, {"LOAD", bt.load}});
-      launches.push_back(kernel(i, "bias",
-                                {{"float *__restrict__ y", buf(out[0])},
-                                 {"const " + bt.type + " *__restrict__ bias", wref(w[1])},
-                                 {"long long T", m}},
-                                body, grid1(dim(1)), 128));
-      if (m == "R")
-        launches.back().getAsObject()->try_emplace("rows", "R");
-    }
-  } else if (op == "rope") {
-    const int64_t W = width(in[0]), D = *a.getInteger("head_dim");
-    launches.push_back(rope(i, buf(in[0]), buf(out[0]), buf(in[1]), W, D, D, 0,
-                            *a.getObject("rope"), "rope"));
-  } else if (op == "attention") {
-    const int64_t heads = *a.getInteger("heads"), kvHeads = *a.getInteger("kv_heads");
-    const int64_t dq = width(in[0]) / heads, dv = width(in[2]) / kvHeads;
-    const int64_t cache = *a.getInteger("kv_cache");
-    launches.push_back(kvWrite(i, buf(in[1]), buf(in[2]), kvHeads * dq, kvHeads * dv, cache));
-    launches.push_back(attend(i, buf(in[0]), heads * dq, buf(out[0]), heads, kvHeads, dq, dv,
-                              *a.getNumber("scale"), a.getInteger("sliding_window").value_or(0),
-                              cache));
-  } else if (op == "mla_attention") {
-    const int64_t H = *a.getInteger("heads"), r = width(in[2]);
-    const int64_t nope = width(in[0]) / H - r, vdim = width(in[1]) / H - nope, qk = nope + r;
-    const int64_t cache = *a.getInteger("kv_cache");
-    const Object &ropeAttr = *a.getObject("rope");
-    // q with the rotary tail of each head rotated, into scratch.
-    std::string q = addScratch(maxTokens, H * qk);
-    launches.push_back(rope(i, buf(in[0]), q, "batch:position", H * qk, r, qk, nope, ropeAttr,
-                            "mla_rope_q"));
-    // Rotated key_rope into scratch, then the per-head cache rows.
-    std::string kr = addScratch(maxTokens, r);
-    launches.push_back(rope(i, buf(in[2]), kr, "batch:position", r, r, r, 0, ropeAttr,
-                            "mla_rope_k"));
-    std::string body = subst(R"(  const long long t = blockIdx.x;
-  if (t >= T) return;
-  const long long row = static_cast<long long>(seq[t]) * @MAXSEQ@ + positions[t];
-  float *kd = keys + row * @H@ * @QK@;
-  float *vd = values + row * @H@ * @VD@;
-  for (int i = threadIdx.x; i < @H@ * @QK@; i += 128) {
-    const int h = i / @QK@, c = i % @QK@;
-    kd[i] = c < @NOPE@ ? kv[(t * @H@ + h) * (@NOPE@ + @VD@) + c] : keyRope[t * @R@ + (c - @NOPE@)];
+void wrongKind(std::string *problems, llvm::StringRef key, llvm::StringRef kind) {
+  if (problems && problems->empty())
+    *problems = ("constant '" + key + "' must be " + kind).str();
+}
+
+} // namespace
+
+int64_t Constants::integerOr(llvm::StringRef key, int64_t otherwise) const {
+  mlir::Attribute a = get(key, "an integer", /*optional=*/true);
+  if (!a)
+    return otherwise;
+  auto i = llvm::dyn_cast<mlir::IntegerAttr>(a);
+  if (!i || llvm::isa<mlir::BoolAttr>(a)) {
+    wrongKind(problems, key, "an integer");
+    return otherwise;
   }
-  for (int i = threadIdx.x; i < @H@ * @VD@; i += 128) {
-    const int h = i / @VD@, c = i % @VD@;
-    vd[i] = kv[(t * @H@ + h) * (@NOPE@ + @VD@) + @NOPE@ + c];
+  return i.getInt();
+}
+
+int64_t Constants::integer(llvm::StringRef key) const {
+  return get(key, "an integer") ? integerOr(key, 0) : 0;
+}
+
+double Constants::number(llvm::StringRef key) const {
+  mlir::Attribute a = get(key, "a number");
+  if (auto f = llvm::dyn_cast_or_null<mlir::FloatAttr>(a))
+    return f.getValueAsDouble();
+  if (a && !llvm::isa<mlir::BoolAttr>(a))
+    if (auto i = llvm::dyn_cast<mlir::IntegerAttr>(a))
+      return static_cast<double>(i.getInt());
+  if (a)
+    wrongKind(problems, key, "a number");
+  return 0.0;
+}
+
+bool Constants::booleanOr(llvm::StringRef key, bool otherwise) const {
+  mlir::Attribute a = get(key, "a boolean", /*optional=*/true);
+  if (!a)
+    return otherwise;
+  if (auto b = llvm::dyn_cast<mlir::BoolAttr>(a))
+    return b.getValue();
+  if (llvm::isa<mlir::UnitAttr>(a))
+    return true;
+  wrongKind(problems, key, "a boolean");
+  return otherwise;
+}
+
+bool Constants::boolean(llvm::StringRef key) const {
+  return get(key, "a boolean") ? booleanOr(key, false) : false;
+}
+
+llvm::StringRef Constants::string(llvm::StringRef key) const {
+  mlir::Attribute a = get(key, "a string");
+  if (auto s = llvm::dyn_cast_or_null<mlir::StringAttr>(a))
+    return s.getValue();
+  if (a)
+    wrongKind(problems, key, "a string");
+  return {};
+}
+
+Constants Constants::object(llvm::StringRef key) const {
+  mlir::Attribute a = get(key, "a dictionary");
+  auto d = llvm::dyn_cast_or_null<mlir::DictionaryAttr>(a);
+  if (a && !d)
+    wrongKind(problems, key, "a dictionary");
+  return Constants(d, problems);
+}
+
+std::vector<int64_t> Constants::integers(llvm::StringRef key) const {
+  mlir::Attribute a = get(key, "a list of integers");
+  std::vector<int64_t> out;
+  if (auto dense = llvm::dyn_cast_or_null<mlir::DenseI64ArrayAttr>(a))
+    return std::vector<int64_t>(dense.asArrayRef().begin(), dense.asArrayRef().end());
+  auto list = llvm::dyn_cast_or_null<mlir::ArrayAttr>(a);
+  for (mlir::Attribute e : list ? list.getValue() : llvm::ArrayRef<mlir::Attribute>()) {
+    auto i = llvm::dyn_cast<mlir::IntegerAttr>(e);
+    if (!i) {
+      wrongKind(problems, key, "a list of integers");
+      return {};
+    }
+    out.push_back(i.getInt());
   }
-)", {{"MAXSEQ", str(maxSeqLen)}, {"H", str(H)}, {"QK", str(qk)}, {"VD", str(vdim)},
-     {"NOPE", str(nope)}, {"R", str(r)}});
-    launches.push_back(kernel(i, "mla_kv_write",
-                              {{"const float *__restrict__ kv", buf(in[1])},
-                               {"const float *__restrict__ keyRope", kr},
-                               {"const int *__restrict__ seq", "batch:sequence"},
-                               {"const int *__restrict__ positions", "batch:position"},
-                               {"float *__restrict__ keys", "cache_keys:" + str(cache)},
-                               {"float *__restrict__ values", "cache_values:" + str(cache)},
-                               {"long long T", "T"}},
-                              body, grid1(dim(1)), 128));
-    launches.push_back(attend(i, q, H * qk, buf(out[0]), H, H, qk, vdim, *a.getNumber("scale"),
-                              0, cache));
-  } else if (op == "split") {
-    const int64_t W = width(in[0]);
-    int64_t offset = 0;
-    const Array &widths = *a.getArray("widths");
-    for (size_t o = 0; o < out.size(); ++o) {
-      const int64_t part = *widths[o].getAsInteger();
-      std::string body = subst(R"(  const long long t = blockIdx.x;
-  if (t >= T) return;
-  for (int c = threadIdx.x; c < @PART@; c += 128) out[t * @OW@ + c] = x[t * @W@ + @OFF@ + c];
-)", {{"PART", str(part)}, {"OW", str(width(out[o]))}, {"W", str(W)}, {"OFF", str(offset)}});
-      launches.push_back(kernel(i, "split" + str(int64_t(o)),
-                                {{"const float *__restrict__ x", buf(in[0])},
-                                 {"float *__restrict__ out", buf(out[o])},
-                                 {"long long T", "T"}},
-                                body, grid1(dim(1)), 128));
-      offset += part;
+  if (a && !list)
+    wrongKind(problems, key, "a list of integers");
+  return out;
+}
+
+Object Constants::json() const {
+  if (!dict)
+    return Object{};
+  return std::move(*moe::attributeJson(dict).getAsObject());
+}
+
+//===----------------------------------------------------------------------===//
+// The program and its steps
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// How every kernel id lowers, with the operand counts its lowering reads
+/// (ins, weights, outs: at least, at most). A new kernel id is a row here
+/// and an Emitter member in its family's file.
+constexpr int kAny = 1 << 20;
+const StepLowering kLowerings[] = {
+    {"embedding", 1, 1, 1, 1, 1, 1, &Emitter::lowerEmbedding},
+    {"rms_norm", 1, 1, 1, 1, 1, 1, &Emitter::lowerRmsNorm},
+    {"layer_norm", 1, 1, 1, 2, 1, 1, &Emitter::lowerLayerNorm},
+    {"add_norm", 2, 2, 1, 2, 2, 2, &Emitter::lowerAddNorm},
+    {"rope", 2, 2, 0, 0, 1, 1, &Emitter::lowerRope},
+    {"attention", 3, 3, 0, 0, 1, 1, &Emitter::lowerAttention},
+    {"mla_attention", 3, 4, 0, 0, 1, 1, &Emitter::lowerMlaAttention},
+    {"linear", 1, 1, 1, 2, 1, 1, &Emitter::lowerLinear},
+    {"mlp", 1, 1, 3, 3, 1, 1, &Emitter::lowerMlp},
+    {"split", 1, 1, 0, 0, 1, kAny, &Emitter::lowerSplit},
+    {"concat", 1, kAny, 0, 0, 1, 1, &Emitter::lowerConcat},
+    {"add", 2, 2, 0, 0, 1, 1, &Emitter::lowerAdd},
+    {"sigmoid_gate", 2, 2, 0, 0, 1, 1, &Emitter::lowerSigmoidGate},
+    {"router", 1, 1, 1, 2, 2, 2, &Emitter::lowerRouter},
+    {"route", 1, 1, 0, 1, 2, 2, &Emitter::lowerRoute},
+    {"experts", 3, 3, 3, 3, 1, 1, &Emitter::lowerExperts},
+    {"expert_ffn", 2, 2, 3, 3, 1, 1, &Emitter::lowerExperts},
+    {"dispatch", 2, 2, 0, 0, 3, 3, &Emitter::lowerDispatch},
+    {"combine", 3, 3, 0, 0, 1, 1, &Emitter::lowerCombine},
+};
+
+const StepLowering *findLowering(llvm::StringRef kernel) {
+  for (const StepLowering &l : kLowerings)
+    if (l.kernel == kernel)
+      return &l;
+  return nullptr;
+}
+
+/// "2", "1 or 2", "at least 1".
+std::string countRange(int least, int most) {
+  if (least == most)
+    return str(least);
+  if (most >= kAny)
+    return "at least " + str(least);
+  return str(least) + " to " + str(most);
+}
+
+} // namespace
+
+llvm::Error Emitter::stepError(const Step &s, const llvm::Twine &message) const {
+  return emitError(llvm::formatv("step {0} ('{1}'): {2}", s.index, s.kernel, message.str()));
+}
+
+llvm::Error Emitter::constantsRead(const Step &s) const {
+  return s.problems->empty() ? llvm::Error::success() : stepError(s, *s.problems);
+}
+
+llvm::Error Emitter::checkMatrix(const Step &s, size_t weight, size_t rank) const {
+  if (shape(s.weights[weight]).size() != rank)
+    return stepError(s, llvm::formatv("weight {0} has {1} dimensions, expected {2}",
+                                      s.weights[weight], shape(s.weights[weight]).size(), rank));
+  return llvm::Error::success();
+}
+
+llvm::Error Emitter::readProgram(std::vector<mlir::Operation *> &steps, int64_t &logits) {
+  llvm::DenseMap<mlir::Value, int64_t> bufferId, weightId;
+  logits = -1;
+  for (mlir::Operation &op : program.getBody().front()) {
+    if (auto b = llvm::dyn_cast<exec::BufferOp>(op)) {
+      bufferId[b] = static_cast<int64_t>(buffers.size());
+      buffers.push_back({b.getRowsAttr().getInt(), b.getWidthAttr().getInt()});
+    } else if (auto w = llvm::dyn_cast<exec::WeightOp>(op)) {
+      auto type = llvm::cast<mlir::RankedTensorType>(w.getTensorType());
+      mlir::Type e = type.getElementType();
+      std::string dtype = e.isF32() ? "F32" : e.isBF16() ? "BF16" : e.isF16() ? "F16" : "";
+      if (dtype.empty())
+        return emitError(llvm::formatv("weight '{0}': its element type has no CUDA kernels "
+                                       "(F32, BF16 or F16)",
+                                       w.getTensor()));
+      weightId[w] = static_cast<int64_t>(weights.size());
+      weights.push_back({std::vector<int64_t>(type.getShape().begin(), type.getShape().end()),
+                         dtype});
+    } else if (llvm::isa<exec::KVCacheOp>(op)) {
+      ++kvCaches;
+    } else if (auto ret = llvm::dyn_cast<exec::ReturnOp>(op)) {
+      if (ret.getLogits())
+        logits = bufferId.lookup(ret.getLogits());
+    } else if (llvm::isa<exec::LaunchOp, exec::CollectiveOp>(op)) {
+      steps.push_back(&op);
     }
-  } else if (op == "concat") {
-    // One copy kernel per part, into its columns of the output.
-    const int64_t W = width(out[0]);
-    int64_t offset = 0;
-    const Array &widths = *a.getArray("widths");
-    for (size_t p = 0; p < in.size(); ++p) {
-      const int64_t part = *widths[p].getAsInteger();
-      std::string body = subst(R"(  const long long t = blockIdx.x;
-  if (t >= T) return;
-  for (int c = threadIdx.x; c < @PART@; c += 128) out[t * @W@ + @OFF@ + c] = x[t * @IW@ + c];
-)", {{"PART", str(part)}, {"W", str(W)}, {"IW", str(width(in[p]))}, {"OFF", str(offset)}});
-      launches.push_back(kernel(i, "concat" + str(int64_t(p)),
-                                {{"const float *__restrict__ x", buf(in[p])},
-                                 {"float *__restrict__ out", buf(out[0])},
-                                 {"long long T", "T"}},
-                                body, grid1(dim(1)), 128));
-      offset += part;
-    }
-  } else if (op == "add") {
-    const int64_t W = width(in[0]);
-    const bool v4 = W % 4 == 0;
-    std::string body = subst(R"(  const long long i = static_cast<long long>(blockIdx.x) * 256 + threadIdx.x;
-  if (i >= T * @N@) return;
-  @OP@
-)", {{"N", str(v4 ? W / 4 : W)},
-     {"OP", v4 ? "const float4 x = reinterpret_cast<const float4 *>(a)[i], y = "
-                 "reinterpret_cast<const float4 *>(b)[i];\n  reinterpret_cast<float4 *>(out)[i] "
-                 "= make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);"
-               : "out[i] = a[i] + b[i];"}});
-    launches.push_back(kernel(i, "add",
-                              {{"const float *a", buf(in[0])},
-                               {"const float *b", buf(in[1])},
-                               {"float *out", buf(out[0])},
-                               {"long long T", "T"}},
-                              body, grid1(dim(v4 ? W / 4 : W, 256)), 256));
-  } else if (op == "sigmoid_gate") {
-    const int64_t W = width(in[0]);
-    std::string body = subst(R"(  const long long t = blockIdx.x;
-  if (t >= T) return;
-  const float s = 1.0f / (1.0f + expf(-gate[t]));
-  for (int c = threadIdx.x; c < @W@; c += 128) out[t * @W@ + c] = x[t * @W@ + c] * s;
-)", {{"W", str(W)}});
-    launches.push_back(kernel(i, "sigmoid_gate",
-                              {{"const float *x", buf(in[0])},
-                               {"const float *__restrict__ gate", buf(in[1])},
-                               {"float *out", buf(out[0])},
-                               {"long long T", "T"}},
-                              body, grid1(dim(1)), 128));
-  } else if (op == "mlp") {
-    std::vector<int64_t> gs = shape(w[0]);
-    const int64_t I = gs[0], H = gs[1];
-    std::string g = addScratch(maxTokens, I), u = addScratch(maxTokens, I);
-    launches.push_back(gemm(buf(in[0]), wref(w[0]), g, "T", I, H, dtype(w[0])));
-    launches.push_back(gemm(buf(in[0]), wref(w[1]), u, "T", I, H, dtype(w[1])));
-    launches.push_back(activation(i, g, u, "null", I, 0, *a.getString("activation"), "T",
-                                  grid1(dim(I, 256))));
-    launches.push_back(gemm(g, wref(w[2]), buf(out[0]), "T", H, I, dtype(w[2])));
-  } else if (op == "router") {
-    // The gate's GEMM into scratch, then the routing epilogue.
-    std::vector<int64_t> gs = shape(w[0]);
-    const int64_t E = gs[0], H = gs[1];
-    std::string logits = addScratch(maxTokens, E);
-    launches.push_back(gemm(buf(in[0]), wref(w[0]), logits, "T", E, H, dtype(w[0])));
-    launches.push_back(route(i, *a.getObject("routing"), E, logits, w.size() > 1 ? w[1] : -1,
-                             out[0], out[1]));
-  } else if (op == "route") {
-    launches.push_back(route(i, *a.getObject("routing"), width(in[0]), buf(in[0]),
-                             w.empty() ? -1 : w[0], out[0], out[1]));
-  } else if (op == "experts" || op == "expert_ffn") {
-    // experts (dropless, one rank): dispatch with C = max_batch_tokens, the
-    // strided-batched GEMMs over [E, C, .], combine. expert_ffn: the GEMMs
-    // over its [sources, El, C, H] buffer, counts from its input.
-    std::vector<int64_t> gs = shape(w[0]);
-    const int64_t El = gs[0], I = gs[1], H = gs[2];
-    std::string x, counts, y, slotsRef;
-    int64_t E, C, k = 0;
-    if (op == "experts") {
-      E = El;
-      C = maxTokens;
-      k = width(in[1]);
-      counts = addScratch(1, E, "I32");
-      slotsRef = addScratch(maxTokens, k, "I32");
-      x = addScratch(E * C, H);
-      y = addScratch(E * C, H);
-      launches.push_back(slots(i, buf(in[2]), counts, slotsRef, E, k, C, 0.0, 1, 1));
-      launches.push_back(scatter(i, buf(in[0]), slotsRef, x, H, k));
-    } else {
-      E = width(in[1]);
-      C = rows(in[0]) / E;
-      x = buf(in[0]);
-      counts = buf(in[1]);
-      y = buf(out[0]);
-    }
-    std::string g = addScratch(E * C, I), u = addScratch(E * C, I);
-    auto batched = [&](std::string A, int64_t wid, std::string Cm, int64_t n, int64_t kk) {
-      Object o = gemm(A, wref(wid), Cm, str(C), n, kk, dtype(wid));
-      Object &gm = *o.getObject("gemm");
-      gm["batch"] = E;
-      gm["stride_a"] = C * kk;
-      gm["stride_b"] = n * kk;
-      gm["stride_c"] = C * n;
-      gm["b_batch_modulo"] = El; // block b uses expert b % El of the stack
-      gm["rows_from_counts"] = counts;
-      return o;
-    };
-    launches.push_back(batched(x, w[0], g, I, H));
-    launches.push_back(batched(x, w[1], u, I, H));
-    launches.push_back(activation(i, g, u, counts, I, C, *a.getString("activation"),
-                                  "const:" + str(E * C), grid1(dim(0, 1, (E * C * I + 255) / 256))));
-    launches.push_back(batched(g, w[2], y, H, I));
-    if (op == "experts")
-      launches.push_back(combine(i, y, slotsRef, buf(in[1]), buf(out[0]), H, k));
-  } else if (op == "dispatch") {
-    const int64_t E = *a.getInteger("num_experts"), C = *a.getInteger("capacity"),
-                  k = *a.getInteger("top_k");
-    launches.push_back(slots(i, buf(in[1]), buf(out[1]), buf(out[2]), E, k, C,
-                             *a.getNumber("capacity_factor"), *a.getInteger("row_parts"),
-                             *a.getInteger("row_part_stride")));
-    launches.push_back(scatter(i, buf(in[0]), buf(out[2]), buf(out[0]), width(in[0]), k));
-  } else if (op == "combine") {
-    launches.push_back(combine(i, buf(in[0]), buf(in[1]), buf(in[2]), buf(out[0]),
-                               width(in[0]), width(in[1])));
-  } else if (op == "all_reduce" || op == "all_gather" || op == "all_to_all" || op == "send" ||
-             op == "recv") {
-    launches.push_back(Object{{"collective", op}});
-  } else {
-    return emitError(llvm::formatv("step {0}: no CUDA lowering for '{1}'", i, op));
   }
+  auto ids = [](mlir::ValueRange values, const llvm::DenseMap<mlir::Value, int64_t> &of) {
+    std::vector<int64_t> out;
+    for (mlir::Value v : values)
+      out.push_back(of.lookup(v));
+    return out;
+  };
+  stepOperands.clear();
+  for (mlir::Operation *op : steps)
+    if (auto launch = llvm::dyn_cast<exec::LaunchOp>(op))
+      stepOperands[op] = {ids(launch.getIns(), bufferId), ids(launch.getWeights(), weightId),
+                          ids(launch.getOuts(), bufferId)};
   return llvm::Error::success();
 }
 
 llvm::Expected<EmittedProgram> Emitter::run() {
-  const Object *workload = plan.getObject("workload");
-  if (!workload)
-    return emitError("plan has no workload");
-  maxTokens = *workload->getInteger("max_batch_tokens");
-  maxSeqLen = *workload->getInteger("max_seq_len");
-  maxSequences = *workload->getInteger("max_sequences");
-  buffers = program.getArray("buffers");
-  weights = program.getArray("weights");
-  const Array *steps = program.getArray("steps");
-  if (!buffers || !weights || !steps)
-    return emitError("program without buffers, weights or steps");
+  std::vector<mlir::Operation *> steps;
+  int64_t logits = -1;
+  if (llvm::Error e = readProgram(steps, logits))
+    return std::move(e);
   source = subst(kPrelude, {{"TARGET", target.name},
                             {"WARP", str(target.warpSize)},
                             {"SHFL", target.shuffleXor},
                             {"PACK_BF16", declaration("moe_pack_bf16", 256)}});
   Array table;
   std::string rowsName = "T";
-  for (size_t i = 0; i < steps->size(); ++i) {
-    const Object &s = *(*steps)[i].getAsObject();
+  for (size_t i = 0; i < steps.size(); ++i) {
     Array launches;
     std::string before = rowsName;
     scratchCursor = 0;
-    if (llvm::Error e = step(static_cast<int64_t>(i), s, launches, rowsName))
-      return std::move(e);
+    llvm::StringRef kernelId;
+    if (auto c = llvm::dyn_cast<exec::CollectiveOp>(steps[i])) {
+      // The driver runs collectives (docs/cuda.md): no kernel.
+      kernelId = c.getKind();
+      launches.push_back(Object{{"collective", kernelId}});
+    } else {
+      auto launch = llvm::cast<exec::LaunchOp>(steps[i]);
+      kernelId = launch.getKernel();
+      const StepLowering *lowering = findLowering(kernelId);
+      if (!lowering)
+        return emitError(llvm::formatv("step {0}: no CUDA lowering for '{1}'", i, kernelId));
+      std::string problems;
+      const Operands &operands = stepOperands[launch];
+      Step s{static_cast<int64_t>(i), kernelId,           operands.in, operands.weights,
+             operands.out,            Constants(launch.getConstants(), &problems), &problems};
+      auto check = [&](const char *what, size_t n, int least, int most) -> llvm::Error {
+        if (static_cast<int>(n) >= least && static_cast<int>(n) <= most)
+          return llvm::Error::success();
+        return stepError(s, llvm::formatv("has {0} {1}, its lowering reads {2}", n, what,
+                                          countRange(least, most)));
+      };
+      if (llvm::Error e = check("inputs", s.in.size(), lowering->minIns, lowering->maxIns))
+        return std::move(e);
+      if (llvm::Error e =
+              check("weights", s.weights.size(), lowering->minWeights, lowering->maxWeights))
+        return std::move(e);
+      if (llvm::Error e = check("outputs", s.out.size(), lowering->minOuts, lowering->maxOuts))
+        return std::move(e);
+      if (llvm::Error e = (this->*(lowering->lower))(s, launches, rowsName))
+        return std::move(e);
+      if (llvm::Error e = constantsRead(s))
+        return std::move(e);
+    }
     table.push_back(Object{{"step", static_cast<int64_t>(i)},
-                           {"op", *s.getString("op")},
+                           {"op", kernelId},
                            {"rows", before},
                            {"launches", std::move(launches)}});
   }
   // Greedy sampling on the device: argmax of every logit row.
   Object sampling;
-  int64_t logits = program.getInteger("logits").value_or(-1);
   if (logits >= 0) {
     const int64_t V = width(logits);
     std::string body = subst(R"(  __shared__ float rk[32];
@@ -508,8 +486,8 @@ llvm::Expected<EmittedProgram> Emitter::run() {
   moe_block_best(bk, bi, rk, ri, 256);
   if (threadIdx.x == 0) out[r] = bi;
 )", {{"V", str(V)}});
-    sampling["argmax"] = kernel(static_cast<int64_t>(steps->size()), "argmax",
-                                {{"const float *__restrict__ x", "buf:" + str(logits)},
+    sampling["argmax"] = kernel(static_cast<int64_t>(steps.size()), "argmax",
+                                {{"const float *__restrict__ x", buf(logits)},
                                  {"int *__restrict__ out", "batch:argmax"},
                                  {"long long R", "R"}},
                                 body, grid1(dim(1)), 256);
@@ -530,9 +508,9 @@ llvm::Expected<EmittedProgram> Emitter::run() {
 
 } // namespace detail
 
-llvm::Expected<EmittedProgram> emitProgram(const Object &plan, const Object &program,
-                                           int64_t index, const GpuTargetInfo &target) {
-  return detail::Emitter(plan, program, index, target).run();
+llvm::Expected<EmittedProgram> emitProgram(exec::ProgramOp program, const Workload &workload,
+                                           const GpuTargetInfo &target) {
+  return detail::Emitter(program, workload, target).run();
 }
 
 const GpuTargetInfo &cudaTargetInfo() {

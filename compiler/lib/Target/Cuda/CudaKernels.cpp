@@ -205,10 +205,16 @@ struct CudaKernels : moe::impl::MoECudaKernelsBase<CudaKernels> {
                        "(run the whole pipeline)");
       return signalPassFailure();
     }
-    auto get = [&](StringRef key) { return cast<IntegerAttr>(workload.get(key)).getInt(); };
-    Object root{{"workload", Object{{"max_batch_tokens", get("max_batch_tokens")},
-                                    {"max_seq_len", get("max_seq_len")},
-                                    {"max_sequences", get("max_sequences")}}}};
+    auto get = [&](StringRef key) {
+      auto value = dyn_cast_or_null<IntegerAttr>(workload.get(key));
+      return value ? value.getInt() : int64_t(0);
+    };
+    const moe::cuda::Workload sizes{get("max_batch_tokens"), get("max_seq_len")};
+    if (sizes.maxBatchTokens <= 0 || sizes.maxSeqLen <= 0) {
+      module.emitError("moe-cuda-kernels: moe.workload needs a positive max_batch_tokens and "
+                       "max_seq_len");
+      return signalPassFailure();
+    }
     int64_t index = 0;
     for (auto program : module.getOps<exec::ProgramOp>()) {
       if (!program.getBody().front().getOps<exec::KernelsOp>().empty()) {
@@ -216,14 +222,8 @@ struct CudaKernels : moe::impl::MoECudaKernelsBase<CudaKernels> {
                                                  << " has its kernels already";
         return signalPassFailure();
       }
-      llvm::Expected<Object> plan =
-          moe::programPlan(program, get("max_seq_len"), get("max_sequences"));
-      if (!plan) {
-        program.emitError("moe-cuda-kernels: ") << llvm::toString(plan.takeError());
-        return signalPassFailure();
-      }
-      llvm::Expected<moe::cuda::EmittedProgram> emitted =
-          moe::cuda::emitProgram(root, *plan, index++);
+      ++index;
+      llvm::Expected<moe::cuda::EmittedProgram> emitted = moe::cuda::emitProgram(program, sizes);
       if (!emitted) {
         program.emitError("moe-cuda-kernels: ") << llvm::toString(emitted.takeError());
         return signalPassFailure();

@@ -1,6 +1,8 @@
-//===- CudaMoEKernels.cpp - expert activation, dispatch, combine -*- C++ -*-===//
+//===- CudaMoEKernels.cpp - routing, dispatch, experts, combine -*- C++ -*-===//
 //
-// Kernel builders of the CUDA emitter (Emitter.h): expert activation, dispatch, combine.
+// Step lowerings and kernel builders of the CUDA emitter (Emitter.h): the
+// router (gate GEMM + routing epilogue) and route, dispatch into expert
+// blocks, the experts' grouped GEMMs and activation, combine.
 //
 //===----------------------------------------------------------------------===//
 #include "Emitter.h"
@@ -17,7 +19,7 @@ Object Emitter::activation(int64_t i, std::string g, std::string u, std::string 
     f = "0.5f * v * (1.0f + erff(v * 0.70710678118654752f))";
   else if (act == "gelu_tanh")
     f = "0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)))";
-  else
+  else // relu (checkActivation)
     f = "v > 0.0f ? v : 0.0f";
   std::string body = subst(R"(  const long long idx = static_cast<long long>(blockIdx.x) * 256 + threadIdx.x;
   if (idx >= rows * @I@) return;
@@ -146,15 +148,15 @@ Object Emitter::combine(int64_t i, std::string y, std::string slotsRef, std::str
 /// The routing of logits [T, E] (`logits`: a buffer or scratch ref) with
 /// the optional correction bias (weight `bias`, -1: none) into the top-k
 /// weights and expert ids (buffers): one block per token.
-Object Emitter::route(int64_t i, const Object &r, int64_t E, const std::string &logits,
+Object Emitter::route(int64_t i, const Constants &r, int64_t E, const std::string &logits,
                       int64_t bias, int64_t weightsOut, int64_t expertsOut) {
-  const int64_t k = *r.getInteger("top_k"), groups = *r.getInteger("num_groups"),
-                topkGroups = *r.getInteger("topk_groups");
-  const bool sigmoid = r.getString("scoring") == "sigmoid";
-  const bool onLogits = r.getString("topk_on") == "logits";
+  const int64_t k = r.integer("top_k"), groups = r.integer("num_groups"),
+                topkGroups = r.integer("topk_groups");
+  const bool sigmoid = r.string("scoring") == "sigmoid";
+  const bool onLogits = r.string("topk_on") == "logits";
   const bool softmaxOfSelected = onLogits && !sigmoid;
-  const bool bf16 = r.getString("compute_type") == "BF16";
-  const bool groupMax = r.getString("group_score") == "max";
+  const bool bf16 = r.string("compute_type") == "BF16";
+  const bool groupMax = r.string("group_score") == "max";
   const int64_t B = blockFor(E);
   WeightType bt = bias >= 0 ? weightType(dtype(bias)) : WeightType{"float", "moe_f32"};
   std::string body = subst(R"(  __shared__ float lg[@E@], sc[@E@], key[@E@], gs[@NG@], wj[@K@], red[32], rk[32];
@@ -267,8 +269,8 @@ Object Emitter::route(int64_t i, const Object &r, int64_t E, const std::string &
      {"BF16", bf16 ? "1" : "0"}, {"SIGMOID", sigmoid ? "1" : "0"},
      {"SOFTMAX_SELECTED", softmaxOfSelected ? "1" : "0"}, {"ON_LOGITS", onLogits ? "1" : "0"},
      {"HAS_BIAS", bias >= 0 ? "1" : "0"}, {"BLOAD", bt.load},
-     {"GROUP_MAX", groupMax ? "1" : "0"}, {"NORMALIZE", *r.getBoolean("normalize") ? "1" : "0"},
-     {"SCALING", floatLit(*r.getNumber("scaling_factor"))}});
+     {"GROUP_MAX", groupMax ? "1" : "0"}, {"NORMALIZE", r.boolean("normalize") ? "1" : "0"},
+     {"SCALING", floatLit(r.number("scaling_factor"))}});
   return kernel(i, "router",
                 {{"const float *__restrict__ logits", logits},
                  {"const " + bt.type + " *__restrict__ bias",
@@ -277,6 +279,111 @@ Object Emitter::route(int64_t i, const Object &r, int64_t E, const std::string &
                  {"int *__restrict__ experts", "buf:" + str(expertsOut)},
                  {"long long T", "T"}},
                 body, grid1(dim(1)), B);
+}
+
+llvm::Error Emitter::checkActivation(const Step &s) const {
+  const llvm::StringRef act = s.constants.string("activation");
+  if (llvm::Error e = constantsRead(s))
+    return e;
+  if (act != "silu" && act != "gelu" && act != "gelu_tanh" && act != "relu")
+    return stepError(s, "activation '" + act + "' has no CUDA kernel");
+  return llvm::Error::success();
+}
+
+/// The gate's GEMM into scratch, then the routing epilogue.
+llvm::Error Emitter::lowerRouter(const Step &s, Array &launches, std::string &) {
+  const std::vector<int64_t> &w = s.weights;
+  if (llvm::Error e = checkMatrix(s, 0))
+    return e;
+  std::vector<int64_t> gs = shape(w[0]);
+  const int64_t E = gs[0], H = gs[1];
+  std::string logits = addScratch(maxTokens, E);
+  launches.push_back(gemm(buf(s.in[0]), wref(w[0]), logits, "T", E, H, dtype(w[0])));
+  launches.push_back(route(s.index, s.constants.object("routing"), E, logits,
+                           w.size() > 1 ? w[1] : -1, s.out[0], s.out[1]));
+  return constantsRead(s);
+}
+
+llvm::Error Emitter::lowerRoute(const Step &s, Array &launches, std::string &) {
+  launches.push_back(route(s.index, s.constants.object("routing"), width(s.in[0]),
+                           buf(s.in[0]), s.weights.empty() ? -1 : s.weights[0], s.out[0],
+                           s.out[1]));
+  return constantsRead(s);
+}
+
+/// experts (dropless, one rank): dispatch with C = max_batch_tokens, the
+/// strided-batched GEMMs over [E, C, .], combine. expert_ffn: the GEMMs over
+/// its [sources, El, C, H] buffer, counts from its input.
+llvm::Error Emitter::lowerExperts(const Step &s, Array &launches, std::string &) {
+  const std::vector<int64_t> &in = s.in, &w = s.weights;
+  const bool dropless = s.kernel == "experts";
+  if (llvm::Error e = checkActivation(s))
+    return e;
+  for (size_t i = 0; i < 3; ++i)
+    if (llvm::Error e = checkMatrix(s, i, 3))
+      return e;
+  std::vector<int64_t> gs = shape(w[0]);
+  const int64_t El = gs[0], I = gs[1], H = gs[2];
+  std::string x, counts, y, slotsRef;
+  int64_t E, C, k = 0;
+  if (dropless) {
+    E = El;
+    C = maxTokens;
+    k = width(in[1]);
+    counts = addScratch(1, E, "I32");
+    slotsRef = addScratch(maxTokens, k, "I32");
+    x = addScratch(E * C, H);
+    y = addScratch(E * C, H);
+    launches.push_back(slots(s.index, buf(in[2]), counts, slotsRef, E, k, C, 0.0, 1, 1));
+    launches.push_back(scatter(s.index, buf(in[0]), slotsRef, x, H, k));
+  } else {
+    E = width(in[1]);
+    if (E <= 0 || rows(in[0]) % E)
+      return stepError(s, llvm::formatv("{0} block rows do not split over {1} expert counts",
+                                        rows(in[0]), E));
+    C = rows(in[0]) / E;
+    x = buf(in[0]);
+    counts = buf(in[1]);
+    y = buf(s.out[0]);
+  }
+  std::string g = addScratch(E * C, I), u = addScratch(E * C, I);
+  auto batched = [&](std::string A, int64_t wid, std::string Cm, int64_t n, int64_t kk) {
+    Object o = gemm(A, wref(wid), Cm, str(C), n, kk, dtype(wid));
+    Object &gm = *o.getObject("gemm");
+    gm["batch"] = E;
+    gm["stride_a"] = C * kk;
+    gm["stride_b"] = n * kk;
+    gm["stride_c"] = C * n;
+    gm["b_batch_modulo"] = El; // block b uses expert b % El of the stack
+    gm["rows_from_counts"] = counts;
+    return o;
+  };
+  launches.push_back(batched(x, w[0], g, I, H));
+  launches.push_back(batched(x, w[1], u, I, H));
+  launches.push_back(activation(s.index, g, u, counts, I, C, s.constants.string("activation"),
+                                "const:" + str(E * C),
+                                grid1(dim(0, 1, (E * C * I + 255) / 256))));
+  launches.push_back(batched(g, w[2], y, H, I));
+  if (dropless)
+    launches.push_back(combine(s.index, y, slotsRef, buf(in[1]), buf(s.out[0]), H, k));
+  return constantsRead(s);
+}
+
+llvm::Error Emitter::lowerDispatch(const Step &s, Array &launches, std::string &) {
+  const Constants &a = s.constants;
+  const int64_t E = a.integer("num_experts"), C = a.integer("capacity"), k = a.integer("top_k");
+  launches.push_back(slots(s.index, buf(s.in[1]), buf(s.out[1]), buf(s.out[2]), E, k, C,
+                           a.number("capacity_factor"), a.integer("row_parts"),
+                           a.integer("row_part_stride")));
+  launches.push_back(
+      scatter(s.index, buf(s.in[0]), buf(s.out[2]), buf(s.out[0]), width(s.in[0]), k));
+  return constantsRead(s);
+}
+
+llvm::Error Emitter::lowerCombine(const Step &s, Array &launches, std::string &) {
+  launches.push_back(combine(s.index, buf(s.in[0]), buf(s.in[1]), buf(s.in[2]), buf(s.out[0]),
+                             width(s.in[0]), width(s.in[1])));
+  return llvm::Error::success();
 }
 
 } // namespace moe::cuda::detail

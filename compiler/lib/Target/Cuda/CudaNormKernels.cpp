@@ -1,6 +1,8 @@
 //===- CudaNormKernels.cpp - embedding and norms -*- C++ -*-===//
 //
-// Kernel builders of the CUDA emitter (Emitter.h): embedding and norms.
+// Step lowerings and kernel builders of the CUDA emitter (Emitter.h):
+// embedding and norms (rms_norm, layer_norm, and add_norm: a residual add
+// fused with the norm that reads it).
 //
 //===----------------------------------------------------------------------===//
 #include "Emitter.h"
@@ -115,10 +117,16 @@ Object Emitter::layerNorm(int64_t i, int64_t in, int64_t w, int64_t b, int64_t o
 /// normalises them as the norm kernels do. Every read precedes the block
 /// reduction's barrier and every thread writes only the elements it read, so
 /// a, b, sum and out may alias (in-place add, norm output over an operand).
-Object Emitter::addNorm(int64_t i, const Object &step) {
-  const Object &attrs = *step.getObject("attrs");
-  const bool layer = attrs.getString("norm").value_or("") == "layer_norm";
-  std::vector<int64_t> in = ids(step, "in"), w = ids(step, "weights"), outs = ids(step, "out");
+llvm::Error Emitter::lowerAddNorm(const Step &s, Array &launches, std::string &) {
+  const Constants &attrs = s.constants;
+  const llvm::StringRef norm = attrs.string("norm");
+  const double eps = attrs.number("eps");
+  if (llvm::Error e = constantsRead(s))
+    return e;
+  if (norm != "rms_norm" && norm != "layer_norm")
+    return stepError(s, "norm '" + norm + "' is neither rms_norm nor layer_norm");
+  const bool layer = norm == "layer_norm";
+  const std::vector<int64_t> &in = s.in, &w = s.weights, &outs = s.out;
   const int64_t a = in[0], b = in[1], sum = outs[0];
   const std::vector<int64_t> out = {outs[1]};
   const int64_t W = width(sum), G = layer ? W : numel(w[0]), groups = W / G;
@@ -193,8 +201,7 @@ Object Emitter::addNorm(int64_t i, const Object &step) {
                                store + write + "    }\n  }\n",
                            {{"NG", str(groups)}, {"G", str(G)}, {"B", str(B)}, {"NV", str(NV)},
                             {"PER", str(PER)}, {"VT", v4 ? "float4" : "float"},
-                            {"EPS", floatLit(*attrs.getNumber("eps"))},
-                            {"EPSD", doubleLit(*attrs.getNumber("eps"))}, {"LOAD", wt.load}});
+                            {"EPS", floatLit(eps)}, {"EPSD", doubleLit(eps)}, {"LOAD", wt.load}});
   std::vector<Param> params = {{"const float *a", "buf:" + str(a)},
                                {"const float *b", "buf:" + str(b)},
                                {"const " + wt.type + " *__restrict__ w", "weight:" + str(w[0])}};
@@ -205,12 +212,30 @@ Object Emitter::addNorm(int64_t i, const Object &step) {
     params.push_back({"float *sum", "buf:" + str(sum)});
   params.push_back({"float *out", "buf:" + str(out[0])});
   params.push_back({"long long T", "T"});
-  return kernel(i, layer ? "add_layer_norm" : "add_rms_norm", params, body, grid1(dim(groups)),
-                B);
+  launches.push_back(kernel(s.index, layer ? "add_layer_norm" : "add_rms_norm", params, body,
+                            grid1(dim(groups)), B));
+  return llvm::Error::success();
 }
 
-/// Rotates, per head of `headStride` values starting at `headOffset`, the
-/// first rotary_dim values (table: cos/sin [positions, half]); copies the
-/// rest of each row. x and out are [T, width] (out may be x).
+llvm::Error Emitter::lowerEmbedding(const Step &s, Array &launches, std::string &) {
+  if (llvm::Error e = checkMatrix(s, 0))
+    return e;
+  launches.push_back(embedding(s.index, s.out[0], s.in[0], s.weights[0],
+                               s.constants.booleanOr("vocab_shard", false)));
+  return constantsRead(s);
+}
+
+llvm::Error Emitter::lowerRmsNorm(const Step &s, Array &launches, std::string &) {
+  launches.push_back(
+      rmsNorm(s.index, s.in[0], s.weights[0], s.out[0], s.constants.number("eps")));
+  return constantsRead(s);
+}
+
+llvm::Error Emitter::lowerLayerNorm(const Step &s, Array &launches, std::string &) {
+  launches.push_back(layerNorm(s.index, s.in[0], s.weights[0],
+                               s.weights.size() > 1 ? s.weights[1] : -1, s.out[0],
+                               s.constants.number("eps")));
+  return constantsRead(s);
+}
 
 } // namespace moe::cuda::detail

@@ -1,17 +1,21 @@
 //===- Emitter.h - the CUDA emitter's builder, shared by its files -*- C++ -*-===//
 //
-// Internal to lib/Target/Cuda: the Emitter that builds one program's CUDA
-// source and kernel table (CudaEmitter.cpp: the steps and the table), its
-// kernel builders by family (CudaNormKernels.cpp: embedding and norms;
-// CudaAttentionKernels.cpp: RoPE, KV cache and attention;
-// CudaMoEKernels.cpp: expert activation, dispatch slots, scatter, combine),
-// and the text helpers they use.
+// Internal to lib/Target/Cuda: the Emitter that builds one exec.program's
+// CUDA source and kernel table (CudaEmitter.cpp: the program's declarations,
+// the table of step lowerings by kernel id, the sampler), each kernel
+// family's step lowerings and kernel builders in its own file
+// (CudaNormKernels.cpp: embedding and norms; CudaAttentionKernels.cpp: RoPE,
+// KV cache and attention; CudaDenseKernels.cpp: linear, dense MLP, split,
+// concat and elementwise ops; CudaMoEKernels.cpp: routing, dispatch, expert
+// GEMMs, combine), and the text helpers they use.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MOE_LIB_TARGET_CUDA_EMITTER_H
 #define MOE_LIB_TARGET_CUDA_EMITTER_H
 
 #include "moe/Target/Cuda.h"
+
+#include "mlir/IR/BuiltinAttributes.h"
 
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -30,6 +34,9 @@ llvm::Error emitError(const llvm::Twine &message);
 /// `text` with every @KEY@ replaced by values[KEY].
 std::string subst(std::string text, const std::map<std::string, std::string> &values);
 std::string str(int64_t v);
+/// The kernel table's reference to buffer / weight `id`.
+inline std::string buf(int64_t id) { return "buf:" + str(id); }
+inline std::string wref(int64_t id) { return "weight:" + str(id); }
 /// A float literal that reads back as exactly static_cast<float>(v).
 std::string floatLit(double v);
 /// A double literal of v.
@@ -43,8 +50,46 @@ struct WeightType {
 };
 WeightType weightType(llvm::StringRef dtype);
 
-/// The integer list `key` of a step ("in", "out", "weights").
-std::vector<int64_t> ids(const Object &s, llvm::StringRef key);
+/// A launch's constants (exec.launch's dictionary) as the lowerings read
+/// them. A constant that is absent or of another kind reads as zero / empty
+/// and is noted in `problems`, which the emitter reports for the step.
+class Constants {
+public:
+  Constants(mlir::DictionaryAttr dict, std::string *problems) : dict(dict), problems(problems) {}
+
+  int64_t integer(llvm::StringRef key) const;
+  /// A float (or integer) constant as a double.
+  double number(llvm::StringRef key) const;
+  bool boolean(llvm::StringRef key) const;
+  llvm::StringRef string(llvm::StringRef key) const;
+  /// A nested dictionary ("rope", "routing").
+  Constants object(llvm::StringRef key) const;
+  /// A list of integers ("widths").
+  std::vector<int64_t> integers(llvm::StringRef key) const;
+  /// Optional constants: their default when absent (still noted when of
+  /// another kind).
+  int64_t integerOr(llvm::StringRef key, int64_t otherwise) const;
+  bool booleanOr(llvm::StringRef key, bool otherwise) const;
+  /// The dictionary as JSON (for the plan's RoPE tables).
+  Object json() const;
+
+private:
+  mlir::Attribute get(llvm::StringRef key, llvm::StringRef kind, bool optional = false) const;
+
+  mlir::DictionaryAttr dict;
+  std::string *problems;
+};
+
+/// One step of the program, read from its exec.launch: the kernel id, the
+/// buffer, weight and KV-cache ids of its operands (declaration order), its
+/// constants.
+struct Step {
+  int64_t index = 0;
+  llvm::StringRef kernel;
+  std::vector<int64_t> in, weights, out;
+  Constants constants;
+  const std::string *problems; ///< what reading `constants` found wrong
+};
 
 /// A kernel parameter: its C declaration and what the table calls it.
 struct Param {
@@ -52,48 +97,96 @@ struct Param {
   std::string ref;  // e.g. "buf:3", "T"
 };
 
+class Emitter;
+
+/// How the steps of one kernel id lower (the table in CudaEmitter.cpp): the
+/// operand counts the lowering reads and the Emitter member that appends
+/// the step's launches (and sets the rows of the steps after it, "T" or
+/// "R", when it changes them).
+struct StepLowering {
+  llvm::StringLiteral kernel;
+  int minIns, maxIns, minWeights, maxWeights, minOuts, maxOuts;
+  llvm::Error (Emitter::*lower)(const Step &step, Array &launches, std::string &rowsName);
+};
+
 /// Builds one program's source and table.
 class Emitter {
 public:
-  Emitter(const Object &plan, const Object &program, int64_t index, const GpuTargetInfo &target)
-      : plan(plan), program(program), index(index), target(target) {}
+  Emitter(moe::exec::ProgramOp program, const Workload &workload, const GpuTargetInfo &target)
+      : program(program), target(target), maxTokens(workload.maxBatchTokens),
+        maxSeqLen(workload.maxSeqLen) {}
 
   llvm::Expected<EmittedProgram> run();
 
+  // Step lowerings by family (StepLowering).
+  llvm::Error lowerEmbedding(const Step &, Array &, std::string &);
+  llvm::Error lowerRmsNorm(const Step &, Array &, std::string &);
+  llvm::Error lowerLayerNorm(const Step &, Array &, std::string &);
+  llvm::Error lowerAddNorm(const Step &, Array &, std::string &);
+  llvm::Error lowerRope(const Step &, Array &, std::string &);
+  llvm::Error lowerAttention(const Step &, Array &, std::string &);
+  llvm::Error lowerMlaAttention(const Step &, Array &, std::string &);
+  llvm::Error lowerLinear(const Step &, Array &, std::string &);
+  llvm::Error lowerMlp(const Step &, Array &, std::string &);
+  llvm::Error lowerSplit(const Step &, Array &, std::string &);
+  llvm::Error lowerConcat(const Step &, Array &, std::string &);
+  llvm::Error lowerAdd(const Step &, Array &, std::string &);
+  llvm::Error lowerSigmoidGate(const Step &, Array &, std::string &);
+  llvm::Error lowerRouter(const Step &, Array &, std::string &);
+  llvm::Error lowerRoute(const Step &, Array &, std::string &);
+  llvm::Error lowerExperts(const Step &, Array &, std::string &);
+  llvm::Error lowerDispatch(const Step &, Array &, std::string &);
+  llvm::Error lowerCombine(const Step &, Array &, std::string &);
+
 private:
-  const Object &plan;
-  const Object &program;
-  int64_t index;
+  moe::exec::ProgramOp program;
   const GpuTargetInfo &target;
-  int64_t maxTokens = 0, maxSeqLen = 0, maxSequences = 0;
+  int64_t maxTokens = 0, maxSeqLen = 0;
   std::string source;
   std::vector<std::string> kernels;
   llvm::StringMap<std::string> byBody; // kernel text (name-less) -> name
   Array scratch, ropeTables;
   std::vector<std::string> ropeKeys;
 
-  // Program facts.
-  const Array *buffers = nullptr, *weights = nullptr;
-  int64_t width(int64_t buffer) const {
-    return (*(*buffers)[buffer].getAsObject()->getInteger("width"));
-  }
-  int64_t rows(int64_t buffer) const {
-    return (*(*buffers)[buffer].getAsObject()->getInteger("rows"));
-  }
-  const Object &weight(int64_t id) const { return *(*weights)[id].getAsObject(); }
-  std::string dtype(int64_t id) const { return weight(id).getString("dtype")->str(); }
-  std::vector<int64_t> shape(int64_t id) const {
-    std::vector<int64_t> s;
-    for (const JsonValue &d : *weight(id).getArray("shape"))
-      s.push_back(*d.getAsInteger());
-    return s;
-  }
+  // The program's declarations, by id (declaration order).
+  struct Buffer {
+    int64_t rows, width;
+  };
+  struct Weight {
+    std::vector<int64_t> shape;
+    std::string dtype; // the checkpoint's spelling: "F32", "BF16", "F16"
+  };
+  std::vector<Buffer> buffers;
+  std::vector<Weight> weights;
+  int64_t kvCaches = 0;
+  int64_t width(int64_t buffer) const { return buffers[buffer].width; }
+  int64_t rows(int64_t buffer) const { return buffers[buffer].rows; }
+  std::string dtype(int64_t id) const { return weights[id].dtype; }
+  std::vector<int64_t> shape(int64_t id) const { return weights[id].shape; }
   int64_t numel(int64_t id) const {
     int64_t n = 1;
     for (int64_t d : shape(id))
       n *= d;
     return n;
   }
+  /// The ids of each launch's operands.
+  struct Operands {
+    std::vector<int64_t> in, weights, out;
+  };
+  llvm::DenseMap<mlir::Operation *, Operands> stepOperands;
+  /// The program's steps (exec.launch / exec.collective ops) as read, and
+  /// the id of its logits buffer (-1: none).
+  llvm::Error readProgram(std::vector<mlir::Operation *> &steps, int64_t &logits);
+  /// A lowering's problem with step `s`.
+  llvm::Error stepError(const Step &s, const llvm::Twine &message) const;
+  /// The first constant of `s` read so far that was absent or of another
+  /// kind, as an error (success when none).
+  llvm::Error constantsRead(const Step &s) const;
+  llvm::Error checkCache(const Step &s, int64_t cache) const;
+  /// Weight `weight` of the step has `rank` dimensions.
+  llvm::Error checkMatrix(const Step &s, size_t weight, size_t rank = 2) const;
+  /// The step's "activation" names a kernel's (silu, gelu, gelu_tanh, relu).
+  llvm::Error checkActivation(const Step &s) const;
 
   /// A step-local device workspace of rows x width 4-byte values: the
   /// step's n-th scratch is scratch n of the table, shared by every step
@@ -108,18 +201,18 @@ private:
     return "scratch:" + str(static_cast<int64_t>(id));
   }
   /// The cos/sin table of a rope attribute (one per distinct parameter set).
-  int64_t ropeTable(const Object &rope) {
+  int64_t ropeTable(const Constants &rope) {
     std::string key;
     llvm::raw_string_ostream os(key);
-    os << JsonValue(Object(rope));
+    os << JsonValue(rope.json());
     os.flush();
     for (size_t i = 0; i < ropeKeys.size(); ++i)
       if (ropeKeys[i] == key)
         return static_cast<int64_t>(i);
     ropeKeys.push_back(key);
-    ropeTables.push_back(Object{{"rope", Object(rope)},
+    ropeTables.push_back(Object{{"rope", rope.json()},
                                 {"positions", maxSeqLen},
-                                {"half", *rope.getInteger("rotary_dim") / 2}});
+                                {"half", rope.integer("rotary_dim") / 2}});
     return static_cast<int64_t>(ropeKeys.size()) - 1;
   }
 
@@ -182,17 +275,14 @@ private:
                                   {"transpose_b", true}, {"batch", 1}}}};
   }
 
-  llvm::Error step(int64_t i, const Object &s, Array &launches, std::string &rowsName);
-
   // Kernel builders.
   Object embedding(int64_t i, int64_t out, int64_t ids, int64_t table, bool shard);
   Object rmsNorm(int64_t i, int64_t in, int64_t w, int64_t out, double eps);
-  Object route(int64_t i, const Object &routing, int64_t E, const std::string &logits,
+  Object route(int64_t i, const Constants &routing, int64_t E, const std::string &logits,
                int64_t bias, int64_t weightsOut, int64_t expertsOut);
   Object layerNorm(int64_t i, int64_t in, int64_t w, int64_t b, int64_t out, double eps);
-  Object addNorm(int64_t i, const Object &step);
   Object rope(int64_t i, std::string in, std::string out, std::string positions, int64_t width,
-              int64_t headDim, int64_t headStride, int64_t headOffset, const Object &rope,
+              int64_t headDim, int64_t headStride, int64_t headOffset, const Constants &rope,
               llvm::StringRef what);
   Object kvWrite(int64_t i, std::string k, std::string v, int64_t kw, int64_t vw, int64_t cache);
   Object attend(int64_t i, std::string q, int64_t ldq, std::string out, int64_t heads,
