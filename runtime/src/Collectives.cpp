@@ -9,18 +9,6 @@
 
 namespace moert::collectives {
 
-void HostMemory::read(void *host, const void *device, int64_t bytes) {
-  if (bytes > 0 && host != device)
-    std::memmove(host, device, static_cast<size_t>(bytes));
-}
-
-void HostMemory::copy2d(void *dst, int64_t dstPitch, const void *src, int64_t srcPitch,
-                        int64_t width, int64_t height) {
-  for (int64_t r = 0; r < height; ++r)
-    std::memmove(static_cast<char *>(dst) + r * dstPitch,
-                 static_cast<const char *>(src) + r * srcPitch, static_cast<size_t>(width));
-}
-
 namespace {
 
 const char *axisName(CollectiveGroup::Axis axis) {

@@ -28,14 +28,6 @@ public:
                       int64_t width, int64_t height) = 0;
 };
 
-/// Host memory: the CPU device's.
-class HostMemory final : public Memory {
-public:
-  void read(void *host, const void *device, int64_t bytes) override;
-  void copy2d(void *dst, int64_t dstPitch, const void *src, int64_t srcPitch, int64_t width,
-              int64_t height) override;
-};
-
 /// What a step is for, in messages: "step 12 (all_reduce over tp)".
 std::string describe(size_t index, const PlanStep &step);
 

@@ -17,6 +17,8 @@
 #include "moert/SafetensorsWriter.h"
 #include "moert/cpu/Kernels.h"
 
+#include "../../runtime/src/DeviceMemory.h"
+#include "../../runtime/src/RankProgram.h"
 #include "PlanJson.h"
 
 #include "gtest/gtest.h"
@@ -510,4 +512,100 @@ TEST(CpuDevice, TensorAndExpertParallelRanks) {
   // Between them the ranks read the embedding and head once, the router
   // twice and each expert once.
   EXPECT_EQ(loaded[0] + loaded[1], model.bytes() + kExperts * kHidden * 4);
+}
+
+// The device memory interface on the host: zero-filled, 256-byte aligned
+// allocations, counted until released; writes, reads and 2-D copies.
+TEST(HostMemory, AllocatesZeroedAlignedAndCountsWhatItHolds) {
+  HostMemory memory;
+  auto *a = static_cast<float *>(memory.allocate(40));
+  auto *b = static_cast<float *>(memory.allocate(1000));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 256, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % 256, 0u);
+  for (int i = 0; i < 250; ++i)
+    EXPECT_EQ(b[i], 0.0f);
+  EXPECT_EQ(memory.allocatedBytes(), 1040);
+  const float in[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  memory.write(a, in, sizeof in);
+  float out[10] = {};
+  memory.read(out, a, sizeof out);
+  EXPECT_EQ(std::memcmp(in, out, sizeof in), 0);
+  // Rows 0 and 1 of a [2, 5] block into columns [1, 3) of a [2, 4] one.
+  memory.copy2d(b + 1, 16, a, 20, 8, 2);
+  EXPECT_EQ(b[1], 1.0f);
+  EXPECT_EQ(b[2], 2.0f);
+  EXPECT_EQ(b[5], 6.0f);
+  EXPECT_EQ(b[6], 7.0f);
+  EXPECT_EQ(b[3], 0.0f);
+  memory.release(b, 1000);
+  EXPECT_EQ(memory.allocatedBytes(), 40);
+  EXPECT_EQ(memory.allocate(0), nullptr);
+}
+
+// A rank's program on a device's memory: every buffer and KV cache in the
+// plan's layout, the batch in, the logits out, a batch too large refused.
+TEST(RankProgram, AllocatesThePlansLayoutAndMovesTheBatchAndLogits) {
+  TempDir dir;
+  std::ofstream(dir.path / "plan.json") << planText(singleRankPlan());
+  Plan plan = Plan::load((dir.path / "plan.json").string());
+  const PlanProgram &program = plan.programOf(0);
+  HostMemory memory;
+  RankProgram rank;
+  rank.prepare(plan, 0, memory, nullptr, RankProgram::Staging::OnDemand);
+  int64_t want = 0;
+  for (const PlanBuffer &b : program.buffers)
+    want += b.rows * b.width * 4;
+  for (const PlanCache &c : program.caches)
+    want += plan.maxSequences * plan.maxSeqLen * (c.keyWidth + c.valueWidth) * 4;
+  EXPECT_EQ(rank.bytes(), want);
+  EXPECT_EQ(memory.allocatedBytes(), want);
+  for (size_t i = 0; i < program.buffers.size(); ++i)
+    EXPECT_EQ(rank.collectives().address(static_cast<int64_t>(i)),
+              rank.buffer(static_cast<int64_t>(i)));
+
+  Batch batch = sampleBatch();
+  rank.writeInputs(batch);
+  const auto *tokens = static_cast<const int32_t *>(rank.buffer(program.tokensBuffer));
+  EXPECT_EQ(std::vector<int32_t>(tokens, tokens + 4), batch.tokens);
+  auto *logitsBuffer = static_cast<float *>(rank.buffer(program.logitsBuffer));
+  for (int64_t i = 0; i < 2 * plan.vocabSize; ++i)
+    logitsBuffer[i] = static_cast<float>(i);
+  std::vector<float> logits;
+  rank.readLogits(2, logits);
+  ASSERT_EQ(logits.size(), static_cast<size_t>(2 * plan.vocabSize));
+  EXPECT_EQ(logits.back(), static_cast<float>(2 * plan.vocabSize - 1));
+
+  Batch tooLarge;
+  tooLarge.tokens.assign(static_cast<size_t>(plan.maxBatchTokens + 1), 1);
+  tooLarge.positions = tooLarge.tokens;
+  EXPECT_THROW(rank.writeInputs(tooLarge), RuntimeError);
+  Batch mismatched = batch;
+  mismatched.positions.pop_back();
+  EXPECT_THROW(rank.writeInputs(mismatched), RuntimeError);
+}
+
+// all_gather's staging: grown to each gather's bytes on demand (the old
+// block given back), or reserved at prepare and never exceeded.
+TEST(RankProgram, StagesGathersOnDemandOrWithinTheReservation) {
+  TempDir dir;
+  std::ofstream(dir.path / "plan.json") << planText(tensorExpertPlan());
+  Plan plan = Plan::load((dir.path / "plan.json").string());
+  HostMemory memory;
+  RankProgram onDemand;
+  onDemand.prepare(plan, 0, memory, nullptr, RankProgram::Staging::OnDemand);
+  const int64_t program = onDemand.bytes();
+  void *small = onDemand.collectives().gatherStage(64);
+  EXPECT_EQ(onDemand.bytes(), program + 64);
+  EXPECT_EQ(onDemand.collectives().gatherStage(32), small);
+  onDemand.collectives().gatherStage(4096);
+  EXPECT_EQ(onDemand.bytes(), program + 4096);
+  EXPECT_EQ(memory.allocatedBytes(), program + 4096);
+
+  HostMemory other;
+  RankProgram reserved;
+  reserved.prepare(plan, 0, other, nullptr, RankProgram::Staging::Reserved);
+  const int64_t reservation = reserved.bytes() - program;
+  EXPECT_GT(reservation, 0); // the head's all_gather: max_batch_tokens rows
+  EXPECT_NE(reserved.collectives().gatherStage(reservation), nullptr);
+  EXPECT_THROW(reserved.collectives().gatherStage(reservation + 1), RuntimeError);
 }

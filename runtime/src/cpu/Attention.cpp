@@ -305,8 +305,8 @@ void attendTiled(AttendTile tile, const float *q, int64_t ldq, const TokenLayout
             lastRow.push_back(static_cast<int32_t>(pos));
           }
         }
-        const float *keys = cache.keys.data() + (slot * cache.maxSeqLen + lo) * kw + g * dq;
-        const float *values = cache.values.data() + (slot * cache.maxSeqLen + lo) * vw + g * dv;
+        const float *keys = cache.keyData + (slot * cache.maxSeqLen + lo) * kw + g * dq;
+        const float *values = cache.valueData + (slot * cache.maxSeqLen + lo) * vw + g * dv;
         tile(qrow.data(), orow.data(), firstRow.data(), lastRow.data(),
                    static_cast<int64_t>(qrow.size()), keys, kw, values, vw, lo, hi - lo + 1, dq,
                    dv, scaleF, ts);
@@ -352,8 +352,8 @@ void attendCached(const float *q, int64_t ldq, const TokenLayout &layout, int64_
       const int64_t slot = layout.sequence[t], pos = layout.position[t];
       const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
       const int64_t n = pos - first + 1;
-      const float *keys = cache.keys.data() + (slot * cache.maxSeqLen + first) * kw + g * dq;
-      const float *values = cache.values.data() + (slot * cache.maxSeqLen + first) * vw + g * dv;
+      const float *keys = cache.keyData + (slot * cache.maxSeqLen + first) * kw + g * dq;
+      const float *values = cache.valueData + (slot * cache.maxSeqLen + first) * vw + g * dv;
       probs.resize(static_cast<size_t>(run * n));
       for (int64_t j = 0; j < n; ++j) {
         if (j + kPrefetchRows < n)
@@ -393,7 +393,8 @@ void attendCached(const float *q, int64_t ldq, const TokenLayout &layout, int64_
 
 } // namespace
 
-void KVCache::allocate(int64_t slots_, int64_t maxSeqLen_, int64_t keyWidth_, int64_t valueWidth_) {
+void KVCache::bind(float *keys_, float *values_, int64_t slots_, int64_t maxSeqLen_,
+                   int64_t keyWidth_, int64_t valueWidth_) {
   if (slots_ < 0 || maxSeqLen_ < 0 || keyWidth_ < 0 || valueWidth_ < 0)
     inputError("kv cache: negative size ({} slots, {} positions, widths {} and {})", slots_,
                maxSeqLen_, keyWidth_, valueWidth_);
@@ -401,10 +402,17 @@ void KVCache::allocate(int64_t slots_, int64_t maxSeqLen_, int64_t keyWidth_, in
   maxSeqLen = maxSeqLen_;
   keyWidth = keyWidth_;
   valueWidth = valueWidth_;
+  keyData = keys_;
+  valueData = values_;
+}
+
+void KVCache::allocate(int64_t slots_, int64_t maxSeqLen_, int64_t keyWidth_, int64_t valueWidth_) {
   // Zero-filled so that reading a row never sees garbage, even if a caller
   // skipped a position.
-  keys.assign(static_cast<size_t>(slots * maxSeqLen * keyWidth), 0.0f);
-  values.assign(static_cast<size_t>(slots * maxSeqLen * valueWidth), 0.0f);
+  keys.assign(static_cast<size_t>(std::max<int64_t>(slots_ * maxSeqLen_ * keyWidth_, 0)), 0.0f);
+  values.assign(static_cast<size_t>(std::max<int64_t>(slots_ * maxSeqLen_ * valueWidth_, 0)),
+                0.0f);
+  bind(keys.data(), values.data(), slots_, maxSeqLen_, keyWidth_, valueWidth_);
 }
 
 void attention(const float *q, const float *k, const float *v, const TokenLayout &layout,

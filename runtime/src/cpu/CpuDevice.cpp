@@ -1,11 +1,12 @@
 // The CPU driver: runs one rank's program of a validated plan with the
 // kernels of moert/cpu/Kernels.h, its collectives through moert::Comm.
-// Activations are f32 buffers (I32 ones share the storage); weights are
+// The program's buffers and KV caches are RankProgram's, in host memory
+// (HostMemory); activations are f32 buffers (I32 ones share the storage); weights are
 // views into the mmapped Hugging Face checkpoint where the rank holds a whole
 // tensor, and owned buffers filled with Checkpoint::readBox (pread of just
 // the box's bytes, from a Hugging Face or a sharded checkpoint of any
 // layout) otherwise.
-#include "../Collectives.h"
+#include "../RankProgram.h"
 #include "../StepLoop.h"
 #include "moert/Device.h"
 #include "moert/Error.h"
@@ -57,7 +58,6 @@ public:
   void prepare(const Plan &plan, int64_t rankIndex, const Checkpoint &ckpt,
                Comm &comm) override {
     this->plan = &plan;
-    this->comm = &comm;
     rank = rankIndex;
     coords = plan.ranks.at(rankIndex).coords;
     program = &plan.programOf(rankIndex);
@@ -65,32 +65,13 @@ public:
     memory.reset();
     bindWeights(ckpt);
 
-    buffers.assign(program->buffers.size(), {});
-    allocated = 0;
-    for (size_t i = 0; i < program->buffers.size(); ++i) {
-      const PlanBuffer &b = program->buffers[i];
-      buffers[i].assign(static_cast<size_t>(b.rows * b.width), 0.0f);
-      allocated += b.rows * b.width * 4;
-    }
+    // The program's buffers, KV caches and collectives (RankProgram.h).
+    rankProgram.prepare(plan, rank, hostMemory, &comm, RankProgram::Staging::OnDemand);
     caches.assign(program->caches.size(), {});
-    for (size_t i = 0; i < program->caches.size(); ++i) {
-      caches[i].allocate(plan.maxSequences, plan.maxSeqLen, program->caches[i].keyWidth,
-                         program->caches[i].valueWidth);
-      allocated += static_cast<int64_t>(caches[i].keys.size() + caches[i].values.size()) * 4;
-    }
-    memory.add(allocated);
-
-    // The collectives (runtime/src/Collectives.h) over host memory.
-    collective.plan = &plan;
-    collective.program = program;
-    collective.rank = rank;
-    collective.comm = &comm;
-    collective.memory = &hostMemory;
-    collective.groups = collectives::groupsOf(plan, rank);
-    collective.address = [this](int64_t id) -> void * { return buffers[id].data(); };
-    collective.gatherStage = [this](int64_t bytes) -> void * {
-      return reserve(gatherStage, (bytes + 3) / 4);
-    };
+    for (size_t i = 0; i < program->caches.size(); ++i)
+      caches[i].bind(rankProgram.cacheKeys(static_cast<int64_t>(i)),
+                     rankProgram.cacheValues(static_cast<int64_t>(i)), plan.maxSequences,
+                     plan.maxSeqLen, program->caches[i].keyWidth, program->caches[i].valueWidth);
     // Rope tables per distinct parameter set (every layer shares one).
     ropeTables.clear();
     for (const PlanStep &s : program->steps)
@@ -100,32 +81,25 @@ public:
 
   void forward(const Batch &batch, std::vector<float> &logits) override {
     const int64_t T = batch.size();
-    if (T > plan->maxBatchTokens)
-      runtimeError("batch of {} tokens exceeds max_batch_tokens ({})", T, plan->maxBatchTokens);
-    if (program->tokensBuffer >= 0)
-      std::copy(batch.tokens.begin(), batch.tokens.end(), ints(program->tokensBuffer));
-    if (program->positionsBuffer >= 0)
-      std::copy(batch.positions.begin(), batch.positions.end(), ints(program->positionsBuffer));
+    rankProgram.writeInputs(batch);
     cpu::TokenLayout tokenLayout{batch.slots.data(), batch.positions.data(), T};
     layout = &tokenLayout;
     this->batch = &batch;
     // Rows of every per-token buffer: T, then the logit rows after the head.
-    rows = runSteps(collective, T, *this, &seconds);
+    rows = runSteps(rankProgram.collectives(), T, *this, &seconds);
     layout = nullptr;
     this->batch = nullptr;
     // The last stage's logits buffer is vocab_size wide (the compiler drops
     // the padding of a sharded head with a split).
-    if (program->logitsBuffer >= 0) {
-      const float *out = f(program->logitsBuffer);
-      logits.assign(out, out + rows * plan->vocabSize);
-    }
+    rankProgram.readLogits(rows, logits);
   }
 
   std::vector<double> stepSeconds() const override { return seconds; }
 
   int64_t weightBytes() const override { return rankWeights.boundBytes(); }
-  int64_t workspaceBytes() const override { return allocated; }
-  int64_t peakBytes() const override { return memory.peak(); }
+  int64_t workspaceBytes() const override { return rankProgram.bytes(); }
+  /// Nothing the device holds shrinks: the peak is what it holds now.
+  int64_t peakBytes() const override { return memory.peak() + rankProgram.bytes(); }
   int64_t loadedWeightBytes() const override { return rankWeights.loadedBytes(); }
 
 private:
@@ -138,7 +112,7 @@ private:
   }
 
   // What the ops' CPU kernels see (cpu::StepContext).
-  float *f(int64_t id) override { return buffers[id].data(); }
+  float *f(int64_t id) override { return static_cast<float *>(rankProgram.buffer(id)); }
   const TensorView &weight(size_t i) override { return weights[step->weights[i]].view; }
   const std::vector<cpu::Matrix> &experts(size_t i) override {
     return weights[step->weights[i]].experts;
@@ -190,17 +164,14 @@ private:
     return *ropeTables.back().second;
   }
 
-  Comm *comm = nullptr;
   std::vector<BoundWeight> weights;
   RankWeights rankWeights;
-  std::vector<std::vector<float>> buffers;    // I32 buffers reuse the f32 storage
-  std::vector<cpu::KVCache> caches;
-  collectives::HostMemory hostMemory;
-  collectives::Context collective;
+  HostMemory hostMemory;
+  RankProgram rankProgram; ///< buffers (I32 ones share the f32 storage), caches, collectives
+  std::vector<cpu::KVCache> caches; ///< views of rankProgram's caches
   std::vector<std::pair<cpu::RopeParams, std::unique_ptr<cpu::RopeTable>>> ropeTables;
-  std::vector<float> work, gathered, gatherStage;
+  std::vector<float> work, gathered;
   std::vector<int32_t> idScratch;
-  int64_t allocated = 0;
   MemoryTracker memory;
   std::vector<double> seconds; ///< per step
 };

@@ -10,8 +10,11 @@
 //   blocks), collectives by the shared protocols (runtime/src/Collectives.h)
 //   over NCCL (NcclComm.h: communicators split from one world communicator,
 //   bootstrapped through moert::Comm, i.e. MPI).
-// - Memory: one arena (cuMemAlloc) for weights, buffers, KV caches, scratch,
-//   rope tables and the batch's index arrays, sized from the plan.
+// - Memory: the program's buffers and KV caches are RankProgram's
+//   (runtime/src/RankProgram.h), allocated on the device's memory
+//   (cuda::Memory), which the batch, the logits and the collectives copy
+//   through; one arena (cuMemAlloc) holds the driver's own pieces: weights,
+//   scratch, rope tables and the batch's index arrays, sized from the plan.
 // - A step without host synchronisation (no all_to_all, which reads the
 //   exchanged counts) is captured into a CUDA graph per (T, R) and replayed
 //   (MOERT_CUDA_GRAPHS=0 turns this off).
@@ -24,7 +27,7 @@
 // dp/ep, tp, pp, tp+ep, chunked, capacity, graphs on and off, against the
 // single-rank run); the GPU e2e tests carry the ctest label `gpu`
 // (docs/cuda.md).
-#include "../Collectives.h"
+#include "../RankProgram.h"
 #include "../StepLoop.h"
 #include "CudaApi.h"
 #include "CudaMemory.h"
@@ -84,6 +87,7 @@ public:
     nccl.reset();
     if (module)
       api->cuModuleUnload(module);
+    memory.release();
     arena.release(*api);
     if (stream)
       api->cuStreamDestroy(stream);
@@ -108,21 +112,9 @@ public:
       nccl = std::make_unique<cuda::NcclComm>(*api, comm, stream);
       nccl->prepare(plan);
     }
-    collectiveContext.plan = &plan;
-    collectiveContext.program = program;
-    collectiveContext.rank = rank;
-    collectiveContext.comm = nccl.get();
-    collectiveContext.memory = &deviceMemory;
-    collectiveContext.groups = collectives::groupsOf(plan, rank);
-    collectiveContext.address = [this](int64_t id) {
-      return reinterpret_cast<void *>(static_cast<uintptr_t>(buffers.at(id)));
-    };
-    collectiveContext.gatherStage = [this](int64_t bytes) {
-      if (bytes > gatherBytes)
-        runtimeError("all_gather of {} bytes exceeds the {} bytes reserved for it", bytes,
-                     gatherBytes);
-      return reinterpret_cast<void *>(static_cast<uintptr_t>(gatherTemp));
-    };
+    // The program's buffers, KV caches and collectives (over NCCL).
+    rankProgram.prepare(plan, rank, memory, nccl.get(), RankProgram::Staging::Reserved);
+    check(api->cuStreamSynchronize(stream), "zero the program's memory");
     graphsEnabled = !hasHostSync;
     if (const char *g = std::getenv("MOERT_CUDA_GRAPHS"); g && !std::strcmp(g, "0"))
       graphsEnabled = false;
@@ -130,18 +122,13 @@ public:
 
   void forward(const Batch &batch, std::vector<float> &logits) override {
     const int64_t T = batch.size(), R = static_cast<int64_t>(batch.logitRows.size());
-    if (T > plan->maxBatchTokens)
-      runtimeError("batch of {} tokens exceeds max_batch_tokens ({})", T, plan->maxBatchTokens);
     // The batch's inputs: tokens and positions into their buffers, and the
     // per-token / per-logit-row index arrays the kernels read.
     auto upload = [&](CUdeviceptr dst, const std::vector<int32_t> &v) {
       if (!v.empty())
         check(api->cuMemcpyHtoDAsync(dst, v.data(), v.size() * 4, stream), "upload batch");
     };
-    if (program->tokensBuffer >= 0)
-      upload(buffers[program->tokensBuffer], batch.tokens);
-    if (program->positionsBuffer >= 0)
-      upload(buffers[program->positionsBuffer], batch.positions);
+    rankProgram.writeInputs(batch);
     upload(batchSequence, batch.slots);
     upload(batchPosition, batch.positions);
     std::vector<int32_t> rows(batch.logitRows.begin(), batch.logitRows.end());
@@ -167,18 +154,14 @@ public:
     } else {
       runSteps(T, R, /*capturing=*/false);
     }
-    if (program->logitsBuffer >= 0 && R > 0) {
-      logits.resize(static_cast<size_t>(R * plan->vocabSize));
-      check(api->cuMemcpyDtoHAsync(logits.data(), buffers[program->logitsBuffer],
-                                   logits.size() * 4, stream),
-            "download logits");
-    }
+    if (R > 0)
+      rankProgram.readLogits(R, logits);
     check(api->cuStreamSynchronize(stream), "forward step");
   }
 
   int64_t weightBytes() const override { return weightsOnDevice; }
-  int64_t workspaceBytes() const override { return arena.bytes() - weightsOnDevice; }
-  int64_t peakBytes() const override { return arena.bytes(); }
+  int64_t workspaceBytes() const override { return peakBytes() - weightsOnDevice; }
+  int64_t peakBytes() const override { return arena.bytes() + memory.allocatedBytes(); }
   int64_t loadedWeightBytes() const override { return loaded; }
 
 private:
@@ -220,7 +203,7 @@ private:
     check(api->cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
     check(api->cuCtxSetCurrent(context), "cuCtxSetCurrent");
     check(api->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-    deviceMemory.bind(*api, stream);
+    memory.bind(*api, stream);
     check(api->cublasCreate(&blas), "cublasCreate");
     check(api->cublasSetStream(blas, reinterpret_cast<cudaStream_t>(stream)), "cublasSetStream");
   }
@@ -272,17 +255,12 @@ private:
       bf16Gemm = true;
   }
 
+  /// The driver's own pieces, in one arena (the program's buffers and KV
+  /// caches are RankProgram's).
   void allocate() {
     const int64_t maxT = plan->maxBatchTokens;
-    for (const PlanBuffer &b : program->buffers)
-      arena.reserve(b.rows * b.width * 4);
     // Every piece is reserved as it is taken below (each is rounded up to
-    // the arena's alignment): KV caches are [max_sequences, max_seq_len,
-    // width] keys and values, as the CPU's.
-    for (const PlanCache &c : program->caches) {
-      arena.reserve(plan->maxSequences * plan->maxSeqLen * c.keyWidth * 4);
-      arena.reserve(plan->maxSequences * plan->maxSeqLen * c.valueWidth * 4);
-    }
+    // the arena's alignment).
     for (int64_t bytes : table->scratchBytes)
       arena.reserve(bytes);
     for (const KernelTable::RopeTable &r : table->ropeTables)
@@ -301,22 +279,9 @@ private:
       if (stored.count(i) || !widened.count(i))
         arena.reserve(w.bytes);
     }
-    // all_gather lands member blocks here before they are laid out as columns.
-    for (size_t i = 0; i < program->steps.size(); ++i)
-      if (program->steps[i].op->collective == Collective::AllGather)
-        gatherBytes = std::max(gatherBytes,
-                               maxT * program->buffers[program->steps[i].out[0]].width * 4);
-    arena.reserve(gatherBytes);
     arena.reserve(packBytes);
     arena.allocate(*api);
 
-    for (const PlanBuffer &b : program->buffers)
-      buffers.push_back(arena.take(b.rows * b.width * 4));
-    for (const PlanCache &c : program->caches) {
-      int64_t rows = plan->maxSequences * plan->maxSeqLen;
-      cacheKeys.push_back(arena.take(rows * c.keyWidth * 4));
-      cacheValues.push_back(arena.take(rows * c.valueWidth * 4));
-    }
     for (int64_t bytes : table->scratchBytes)
       scratch.push_back(arena.take(bytes));
     for (const KernelTable::RopeTable &r : table->ropeTables) {
@@ -334,7 +299,6 @@ private:
                                                : 0);
       weightPtrs.push_back(stored.count(i) || !widened.count(i) ? arena.take(w.bytes) : 0);
     }
-    gatherTemp = gatherBytes ? arena.take(gatherBytes) : 0;
     packScratch = packBytes ? arena.take(packBytes) : 0;
   }
 
@@ -447,7 +411,7 @@ private:
     countsStep = -1;
     exchangedRows = -1;
     current = {T, R, capturing};
-    moert::runSteps(collectiveContext, T, *this);
+    moert::runSteps(rankProgram.collectives(), T, *this);
   }
 
   /// A step's launches: kernels from the table (rows: the step's, T or R)
@@ -479,6 +443,8 @@ private:
       exchangedRows = most;
   }
 
+  static uint64_t address(const void *p) { return reinterpret_cast<uintptr_t>(p); }
+
   /// A parameter's value (indices were checked when the plan was read).
   uint64_t resolve(const KernelRef &ref, int64_t T, int64_t R) const {
     const size_t i = static_cast<size_t>(ref.value);
@@ -488,11 +454,11 @@ private:
     case KernelRef::Kind::Null: return 0;
     case KernelRef::Kind::CoordTp: return static_cast<uint64_t>(plan->ranks[rank].coords.tp);
     case KernelRef::Kind::Const: return static_cast<uint64_t>(ref.value);
-    case KernelRef::Kind::Buffer: return buffers[i];
+    case KernelRef::Kind::Buffer: return address(rankProgram.buffer(ref.value));
     case KernelRef::Kind::Weight: return weightPtrs[i];
     case KernelRef::Kind::Scratch: return scratch[i];
-    case KernelRef::Kind::CacheKeys: return cacheKeys[i];
-    case KernelRef::Kind::CacheValues: return cacheValues[i];
+    case KernelRef::Kind::CacheKeys: return address(rankProgram.cacheKeys(ref.value));
+    case KernelRef::Kind::CacheValues: return address(rankProgram.cacheValues(ref.value));
     case KernelRef::Kind::RopeCos: return ropeCos[i];
     case KernelRef::Kind::RopeSin: return ropeSin[i];
     case KernelRef::Kind::BatchSequence: return batchSequence;
@@ -639,11 +605,11 @@ private:
   CUmodule module = nullptr;
   cublasHandle_t blas = nullptr;
   std::unique_ptr<cuda::NcclComm> nccl;
-  cuda::CollectiveMemory deviceMemory;
-  collectives::Context collectiveContext;
+  cuda::Memory memory;
+  RankProgram rankProgram; ///< buffers, KV caches, collectives
   std::map<std::string, CUfunction> functions;
   cuda::Arena arena;
-  std::vector<CUdeviceptr> buffers, cacheKeys, cacheValues, scratch, ropeCos, ropeSin, weightPtrs;
+  std::vector<CUdeviceptr> scratch, ropeCos, ropeSin, weightPtrs;
   std::vector<CUdeviceptr> weightF32Ptrs; ///< f32 copies of 16-bit GEMM weights (or 0)
   bool bf16Gemm = false;         ///< BF16 weights multiply bf16-rounded activations
   CUfunction packBf16 = nullptr; ///< moe_pack_bf16 of the module
@@ -652,8 +618,7 @@ private:
   std::set<size_t> widened, stored;      ///< weightUse()
   std::set<size_t> uploadedRope;
   CUdeviceptr batchSequence = 0, batchPosition = 0, batchLogitRows = 0, batchArgmax = 0;
-  CUdeviceptr gatherTemp = 0;
-  int64_t gatherBytes = 0, weightsOnDevice = 0, loaded = 0;
+  int64_t weightsOnDevice = 0, loaded = 0;
   bool hasHostSync = false, graphsEnabled = false;
   std::vector<bool> grouped;         // per step: dropless expert GEMMs
   std::vector<int32_t> stepCounts;   // the counts of the grouped step in flight

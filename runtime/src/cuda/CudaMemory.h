@@ -1,13 +1,16 @@
-// Device memory of the CUDA driver: the arena every allocation of a plan
-// comes from, and the copies the collective protocols ask for.
+// Device memory of the CUDA driver: the arena the driver's own pieces come
+// from (weights, scratch, RoPE tables, the batch's index arrays), and the
+// device memory (DeviceMemory) the program's buffers and KV caches are
+// allocated in and the batch, the logits and the collectives copy through.
 #pragma once
 
-#include "../Collectives.h"
+#include "../DeviceMemory.h"
 #include "CudaApi.h"
 
 #include "moert/Error.h"
 
 #include <cstdint>
+#include <vector>
 
 namespace moert::cuda {
 
@@ -39,13 +42,45 @@ private:
   int64_t size = 0, used = 0;
 };
 
-/// Device memory for the collective protocols: copies on the device's
-/// stream.
-class CollectiveMemory final : public collectives::Memory {
+/// Device memory: allocations of their own (cuMemAlloc, zero-filled),
+/// copies on the device's stream.
+class Memory final : public DeviceMemory {
 public:
   void bind(const cuda::Api &a, CUstream s) {
     api = &a;
     stream = s;
+  }
+  /// Frees every allocation (before the context goes).
+  void release() {
+    for (CUdeviceptr p : blocks)
+      if (p)
+        api->cuMemFree(p);
+    blocks.clear();
+  }
+  void *allocate(int64_t bytes) override {
+    if (bytes <= 0)
+      return nullptr;
+    CUdeviceptr p = 0;
+    check(api->cuMemAlloc(&p, static_cast<size_t>(bytes)), "cuMemAlloc (the program's memory)");
+    blocks.push_back(p);
+    allocated += bytes;
+    check(api->cuMemsetD8Async(p, 0, static_cast<size_t>(bytes), stream), "cuMemsetD8Async");
+    return reinterpret_cast<void *>(static_cast<uintptr_t>(p));
+  }
+  void release(void *device, int64_t bytes) override {
+    for (CUdeviceptr &p : blocks)
+      if (p && p == address(device)) {
+        api->cuMemFree(p);
+        p = 0;
+        allocated -= bytes;
+        return;
+      }
+  }
+  void write(void *device, const void *host, int64_t bytes) override {
+    if (bytes <= 0)
+      return;
+    check(api->cuMemcpyHtoDAsync(address(device), host, static_cast<size_t>(bytes), stream),
+          "cuMemcpyHtoDAsync");
   }
   void read(void *host, const void *device, int64_t bytes) override {
     if (bytes <= 0)
@@ -76,6 +111,7 @@ private:
   }
   const cuda::Api *api = nullptr;
   CUstream stream = nullptr;
+  std::vector<CUdeviceptr> blocks;
 };
 
 } // namespace moert::cuda

@@ -98,12 +98,35 @@ struct TokenLayout {
 
 /// A KV cache for one attention op: per slot, up to maxSeqLen rows of
 /// key and value (f32).
+/// Keys and values [slots, maxSeqLen, width] of one attention layer: in
+/// memory the cache owns (allocate) or memory the caller gives it (bind:
+/// the program's, RankProgram), zero-filled either way.
 struct KVCache {
   int64_t slots = 0, maxSeqLen = 0, keyWidth = 0, valueWidth = 0;
-  std::vector<float> keys, values; // [slots, maxSeqLen, width]
+  float *keyData = nullptr, *valueData = nullptr;
+  std::vector<float> keys, values; ///< the storage of allocate() (empty when bound)
+  KVCache() = default;
+  KVCache(KVCache &&) = default;
+  KVCache &operator=(KVCache &&) = default;
+  /// A copy of an allocated cache owns a copy of its storage; of a bound
+  /// one, shares the caller's memory.
+  KVCache(const KVCache &other) { *this = other; }
+  KVCache &operator=(const KVCache &other) {
+    slots = other.slots, maxSeqLen = other.maxSeqLen;
+    keyWidth = other.keyWidth, valueWidth = other.valueWidth;
+    keys = other.keys, values = other.values;
+    const bool owned = other.keyData == other.keys.data() && !other.keys.empty();
+    keyData = owned ? keys.data() : other.keyData;
+    valueData = owned ? values.data() : other.valueData;
+    return *this;
+  }
   void allocate(int64_t slots, int64_t maxSeqLen, int64_t keyWidth, int64_t valueWidth);
-  float *key(int64_t slot, int64_t pos) { return keys.data() + (slot * maxSeqLen + pos) * keyWidth; }
-  float *value(int64_t slot, int64_t pos) { return values.data() + (slot * maxSeqLen + pos) * valueWidth; }
+  void bind(float *keys, float *values, int64_t slots, int64_t maxSeqLen, int64_t keyWidth,
+            int64_t valueWidth);
+  float *key(int64_t slot, int64_t pos) { return keyData + (slot * maxSeqLen + pos) * keyWidth; }
+  float *value(int64_t slot, int64_t pos) {
+    return valueData + (slot * maxSeqLen + pos) * valueWidth;
+  }
 };
 
 /// Causal GQA attention with a cache: writes k/v of the batch's tokens into

@@ -1,0 +1,79 @@
+#include "RankProgram.h"
+
+#include "moert/Error.h"
+#include "moert/Op.h"
+
+#include <algorithm>
+
+namespace moert {
+
+void RankProgram::prepare(const Plan &plan, int64_t rank, DeviceMemory &memory_, Comm *comm,
+                          Staging staging) {
+  plan_ = &plan;
+  program_ = &plan.programOf(rank);
+  memory = &memory_;
+  const int64_t before = memory->allocatedBytes();
+  buffers.clear();
+  for (const PlanBuffer &b : program_->buffers)
+    buffers.push_back(memory->allocate(b.rows * b.width * 4));
+  caches.clear();
+  const int64_t positions = plan.maxSequences * plan.maxSeqLen;
+  for (const PlanCache &c : program_->caches)
+    caches.push_back({static_cast<float *>(memory->allocate(positions * c.keyWidth * 4)),
+                      static_cast<float *>(memory->allocate(positions * c.valueWidth * 4))});
+  allocated = memory->allocatedBytes() - before;
+  // all_gather lands the members' blocks here before they are laid out as
+  // columns: at most max_batch_tokens rows of its output's width.
+  gatherStage = nullptr;
+  gatherBytes = 0;
+  if (staging == Staging::Reserved) {
+    for (const PlanStep &s : program_->steps)
+      if (s.op->collective == Collective::AllGather)
+        gatherBytes = std::max(gatherBytes,
+                               plan.maxBatchTokens * program_->buffers[s.out[0]].width * 4);
+    gatherStage = gatherBytes ? memory->allocate(gatherBytes) : nullptr;
+  }
+
+  context = {};
+  context.plan = &plan;
+  context.program = program_;
+  context.rank = rank;
+  context.comm = comm;
+  context.memory = memory;
+  context.groups = collectives::groupsOf(plan, rank);
+  context.address = [this](int64_t id) { return buffer(id); };
+  context.gatherStage = [this, staging](int64_t bytes) {
+    if (bytes > gatherBytes) {
+      if (staging == Staging::Reserved)
+        runtimeError("all_gather of {} bytes exceeds the {} bytes reserved for it", bytes,
+                     gatherBytes);
+      if (gatherStage)
+        memory->release(gatherStage, gatherBytes);
+      gatherStage = memory->allocate(bytes);
+      gatherBytes = bytes;
+    }
+    return gatherStage;
+  };
+}
+
+void RankProgram::writeInputs(const Batch &batch) {
+  const int64_t T = batch.size();
+  if (T > plan_->maxBatchTokens)
+    runtimeError("batch of {} tokens exceeds max_batch_tokens ({})", T, plan_->maxBatchTokens);
+  if (batch.positions.size() != batch.tokens.size())
+    runtimeError("batch of {} tokens with {} positions", T, batch.positions.size());
+  if (program_->tokensBuffer >= 0)
+    memory->write(buffer(program_->tokensBuffer), batch.tokens.data(), T * 4);
+  if (program_->positionsBuffer >= 0)
+    memory->write(buffer(program_->positionsBuffer), batch.positions.data(), T * 4);
+}
+
+void RankProgram::readLogits(int64_t rows, std::vector<float> &logits) {
+  if (program_->logitsBuffer < 0)
+    return;
+  logits.resize(static_cast<size_t>(rows * plan_->vocabSize));
+  memory->read(logits.data(), buffer(program_->logitsBuffer),
+               static_cast<int64_t>(logits.size()) * 4);
+}
+
+} // namespace moert

@@ -1,0 +1,68 @@
+// One rank's program as both devices run it: its buffers and KV caches,
+// allocated on the device's memory (DeviceMemory) in the plan's layout, the
+// batch's inputs written into them and the logits read out of them, and the
+// context of its collective steps (Collectives.h). The devices give the
+// kernels of each step (StepKernels) and run the one step loop
+// (StepLoop.h) over it.
+#pragma once
+
+#include "Collectives.h"
+#include "DeviceMemory.h"
+#include "moert/Device.h"
+#include "moert/Plan.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace moert {
+
+class RankProgram {
+public:
+  /// all_gather's staging block (its members' parts before they are laid
+  /// out as columns): sized for max_batch_tokens rows at prepare (a device
+  /// that replays captured graphs needs fixed addresses), or grown to the
+  /// rows of each gather as they come (the CPU's: the LM head gathers only
+  /// the logit rows).
+  enum class Staging { Reserved, OnDemand };
+
+  /// Allocates every buffer ([rows, width] 4-byte values) and every KV cache
+  /// (keys and values, [max_sequences, max_seq_len, width] f32) of `rank`'s
+  /// program on `memory`; collective steps go through `comm` (may be null
+  /// for a plan of one rank).
+  void prepare(const Plan &plan, int64_t rank, DeviceMemory &memory, Comm *comm,
+               Staging staging);
+
+  const Plan &plan() const { return *plan_; }
+  const PlanProgram &program() const { return *program_; }
+  /// The collective steps' context (runSteps).
+  const collectives::Context &collectives() const { return context; }
+
+  void *buffer(int64_t id) const { return buffers[static_cast<size_t>(id)]; }
+  float *cacheKeys(int64_t id) const { return caches[static_cast<size_t>(id)].keys; }
+  float *cacheValues(int64_t id) const { return caches[static_cast<size_t>(id)].values; }
+  /// Bytes allocated for the program (buffers, caches, staging).
+  int64_t bytes() const { return allocated + gatherBytes; }
+
+  /// The batch's tokens and positions into the program's input buffers
+  /// (a batch larger than max_batch_tokens is refused).
+  void writeInputs(const Batch &batch);
+  /// `rows` rows of the program's logits (vocab_size wide) to the host;
+  /// nothing on a program without logits (not the last stage).
+  void readLogits(int64_t rows, std::vector<float> &logits);
+
+private:
+  struct Cache {
+    float *keys = nullptr, *values = nullptr;
+  };
+  const Plan *plan_ = nullptr;
+  const PlanProgram *program_ = nullptr;
+  DeviceMemory *memory = nullptr;
+  std::vector<void *> buffers;
+  std::vector<Cache> caches;
+  void *gatherStage = nullptr;
+  int64_t gatherBytes = 0; ///< of gatherStage
+  int64_t allocated = 0;   ///< buffers and caches
+  collectives::Context context;
+};
+
+} // namespace moert
