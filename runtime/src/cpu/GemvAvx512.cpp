@@ -121,39 +121,33 @@ MOERT_AVX512 void gemvRow(const float *x, int64_t xStep, const char *w, int64_t,
 using GemvTile = void (*)(const float *, int64_t, const char *, int64_t, int64_t, bool,
                           const float *, float *, int64_t);
 
-/// The tile for TG tokens x R rows, among the shapes the GEMV uses.
+/// The tile for TG tokens x R rows, among the shapes the GEMV uses (gemv):
+/// groups of 4 or 3 tokens over 6 rows, 3 or 2 over 8, 2 over 6, and any
+/// group over one row (the edge of the columns).
 template <DType D>
 GemvTile gemvTileFor(int tokens, int rows) {
   switch (rows * 16 + tokens) {
+  case 8 * 16 + 2: return gemvTile<D, 2, 8>;
+  case 8 * 16 + 3: return gemvTile<D, 3, 8>;
   case 6 * 16 + 2: return gemvTile<D, 2, 6>;
-  case 5 * 16 + 3: return gemvTile<D, 3, 5>;
-  case 4 * 16 + 4: return gemvTile<D, 4, 4>;
-  case 3 * 16 + 5: return gemvTile<D, 5, 3>;
-  case 3 * 16 + 6: return gemvTile<D, 6, 3>;
-  case 3 * 16 + 7: return gemvTile<D, 7, 3>;
-  case 2 * 16 + 1: return gemvTile<D, 1, 2>;
-  case 2 * 16 + 2: return gemvTile<D, 2, 2>;
-  case 2 * 16 + 3: return gemvTile<D, 3, 2>;
-  case 2 * 16 + 4: return gemvTile<D, 4, 2>;
-  case 2 * 16 + 5: return gemvTile<D, 5, 2>;
-  case 2 * 16 + 6: return gemvTile<D, 6, 2>;
-  case 2 * 16 + 7: return gemvTile<D, 7, 2>;
-  case 2 * 16 + 8: return gemvTile<D, 8, 2>;
+  case 6 * 16 + 3: return gemvTile<D, 3, 6>;
+  case 6 * 16 + 4: return gemvTile<D, 4, 6>;
   case 1 * 16 + 1: return gemvRow<D>;
   case 1 * 16 + 2: return gemvTile<D, 2, 1>;
   case 1 * 16 + 3: return gemvTile<D, 3, 1>;
   case 1 * 16 + 4: return gemvTile<D, 4, 1>;
-  case 1 * 16 + 5: return gemvTile<D, 5, 1>;
-  case 1 * 16 + 6: return gemvTile<D, 6, 1>;
-  case 1 * 16 + 7: return gemvTile<D, 7, 1>;
-  case 1 * 16 + 8: return gemvTile<D, 8, 1>;
   }
   return nullptr;
 }
 
 /// Few tokens: every weight row is read from memory once, widened on the
-/// fly, and dotted with all tokens' x, 8 tokens at a time (the rows stay in
-/// L1 for the later groups of 8).
+/// fly, and dotted with all tokens' x, in near-equal groups of at most 4
+/// tokens (the rows stay in L1 for the later groups). A group's x comes
+/// from L1 or L2 once per tile of rows: 4 tokens over 6 rows load 4 x and
+/// 6 weight vectors per 24 FMAs, where groups of 8 tokens over 2 rows
+/// loaded 8 x vectors (from L2 once x outgrows L1) per 16 FMAs (Intel Xeon,
+/// 2 threads, bf16, interleaved runs of moe-gemm-bench: T = 8 10-12 ->
+/// 11-13 GB/s, T = 12 7.4-8.2 -> 9.1-9.8, T = 16 6.2-6.8 -> 7.6-8.1).
 template <DType D>
 MOERT_AVX512 void gemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
                        const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
@@ -164,21 +158,19 @@ MOERT_AVX512 void gemv(const float *x, int64_t ldx, int64_t tokens, const Matrix
     packGemvTokensBf16(x, ldx, tokens, K, packed);
   else
     packGemvTokens(x, ldx, tokens, K, packed);
-  // Rows per tile: as many as keep R x TG accumulators and TG x vectors in
-  // the 32 zmm registers.
-  const int rows = tokens == 1 ? 1 : tokens == 2 ? 6 : tokens == 3 ? 5 : tokens == 4 ? 4
-                 : tokens < 8 ? 3 : 2;
-  const int64_t groupTokens = std::min<int64_t>(tokens, 8);
-  GemvTile main = gemvTileFor<D>(static_cast<int>(groupTokens), rows);
-  GemvTile tail = gemvTileFor<D>(static_cast<int>(tokens % 8), rows);
-  GemvTile single = gemvTileFor<D>(static_cast<int>(groupTokens), 1);
-  GemvTile singleTail = gemvTileFor<D>(static_cast<int>(tokens % 8), 1);
+  // Near-equal groups of at most 4 tokens (the first `longer` one token
+  // longer); rows per tile: as many as keep R x TG accumulators and TG x
+  // vectors in the 32 zmm registers.
+  const int64_t groups = (tokens + 3) / 4, shortest = tokens / groups,
+                longer = tokens % groups;
+  const int64_t group = shortest + (longer ? 1 : 0);
+  const int rows = tokens == 1 ? 1 : group == 3 ? 8 : 6;
   const char *base = static_cast<const char *>(w.data);
   for (int64_t n = n0; n < n1;) {
     const bool full = n + rows <= n1; // else single rows up to n1
-    for (int64_t t = 0; t < tokens; t += 8) {
-      GemvTile tile = std::min<int64_t>(8, tokens - t) == groupTokens ? (full ? main : single)
-                                                                      : (full ? tail : singleTail);
+    for (int64_t t = 0, i = 0; t < tokens; t += shortest + (i < longer), ++i) {
+      const int g = static_cast<int>(shortest + (i < longer));
+      GemvTile tile = gemvTileFor<D>(g, full ? rows : 1);
       tile(packed + t * 16, xStep, base + n * rowBytes, rowBytes, K, t == 0 && full && rows > 1,
            bias ? bias + n : nullptr, y + t * ldy + n, ldy);
     }
