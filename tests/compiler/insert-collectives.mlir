@@ -211,3 +211,14 @@ module {
     return %x : tensor<?x64xf32>
   }
 }
+
+// -----
+
+module {
+  // expected-error @below {{'func.func' op moe-insert-collectives: a stage program is one block ending in func.return}}
+  func.func @stage0(%x: tensor<?x64xf32>) -> (tensor<?x64xf32> {moe.send_to = 1 : i64}) attributes {moe.stage = 0 : i64} {
+    return %x : tensor<?x64xf32>
+  ^bb1:
+    return %x : tensor<?x64xf32>
+  }
+}

@@ -118,3 +118,84 @@ module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64
     return %x : tensor<?x64xf32>
   }
 }
+
+// -----
+
+// The program takes the tokens and positions (two arguments, two buffers).
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  // expected-error @below {{moe-lower-to-exec: expected the arguments tokens and positions}}
+  func.func @forward(%tokens: tensor<?xi32>) attributes {moe.arg_buffers = array<i64: 0>, moe.buffer_rows = array<i64: -1>, moe.buffer_types = [i32], moe.buffer_widths = array<i64: 1>} {
+    return
+  }
+}
+
+// -----
+
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  // expected-error @below {{moe-lower-to-exec: argument buffer 5 is not declared}}
+  func.func @forward(%tokens: tensor<?xi32>, %positions: tensor<?xi32>) attributes {moe.arg_buffers = array<i64: 0, 5>, moe.buffer_rows = array<i64: -1, -1>, moe.buffer_types = [i32, i32], moe.buffer_widths = array<i64: 1, 1>} {
+    return
+  }
+}
+
+// -----
+
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  func.func @forward(%tokens: tensor<?xi32>, %positions: tensor<?xi32>) attributes {moe.arg_buffers = array<i64: 0, 1>, moe.buffer_rows = array<i64: -1, -1, -1, -1>, moe.buffer_types = [i32, i32, f32, f32], moe.buffer_widths = array<i64: 1, 1, 64, 64>} {
+    %table = moe.weight "model.embed_tokens.weight" : tensor<251x64xf32>
+    %h = moe.embedding %table[%tokens] {moe.buffers = array<i64: 2>} : tensor<251x64xf32>, tensor<?xi32> -> tensor<?x64xf32>
+    // expected-error @below {{moe-lower-to-exec: a KV cache on an op that is not attention}}
+    %a = moe.add %h, %h {moe.buffers = array<i64: 3>, moe.kv_cache = 0 : i64} : tensor<?x64xf32>
+    return
+  }
+}
+
+// -----
+
+// An annotation on an activation leaves its users without a buffer.
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  mesh.mesh @mesh(shape = 1x1x2)
+  func.func @forward(%tokens: tensor<?xi32>, %positions: tensor<?xi32>) attributes {moe.arg_buffers = array<i64: 0, 1>, moe.buffer_rows = array<i64: -1, -1, -1, -1>, moe.buffer_types = [i32, i32, f32, f32], moe.buffer_widths = array<i64: 1, 1, 64, 64>} {
+    %table = moe.weight "model.embed_tokens.weight" : tensor<251x64xf32>
+    %h = moe.embedding %table[%tokens] {moe.buffers = array<i64: 2>} : tensor<251x64xf32>, tensor<?xi32> -> tensor<?x64xf32>
+    %s = mesh.shard %h to <@mesh, [[]]> : tensor<?x64xf32>
+    // expected-error @below {{moe-lower-to-exec: an operand has no buffer}}
+    %a = moe.add %s, %s {moe.buffers = array<i64: 3>} : tensor<?x64xf32>
+    return
+  }
+}
+
+// -----
+
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  func.func @forward(%tokens: tensor<?xi32>, %positions: tensor<?xi32>) attributes {moe.arg_buffers = array<i64: 0, 1>, moe.buffer_rows = array<i64: -1, -1, -1, -1>, moe.buffer_types = [i32, i32, f32, f32], moe.buffer_widths = array<i64: 1, 1, 64, 64>} {
+    %table = moe.weight "model.embed_tokens.weight" : tensor<251x64xf32>
+    %h = moe.embedding %table[%tokens] {moe.buffers = array<i64: 2>} : tensor<251x64xf32>, tensor<?xi32> -> tensor<?x64xf32>
+    // expected-error @below {{moe-lower-to-exec: no assigned buffers (run moe-assign-buffers)}}
+    %a = moe.add %h, %h : tensor<?x64xf32>
+    return
+  }
+}
+
+// -----
+
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  func.func @forward(%tokens: tensor<?xi32>, %positions: tensor<?xi32>) attributes {moe.arg_buffers = array<i64: 0, 1>, moe.buffer_rows = array<i64: -1, -1, -1, -1>, moe.buffer_types = [i32, i32, f32, f32], moe.buffer_widths = array<i64: 1, 1, 64, 64>} {
+    %table = moe.weight "model.embed_tokens.weight" : tensor<251x64xf32>
+    %h = moe.embedding %table[%tokens] {moe.buffers = array<i64: 2>} : tensor<251x64xf32>, tensor<?xi32> -> tensor<?x64xf32>
+    // expected-error @below {{moe-lower-to-exec: expected one buffer per result}}
+    %a = moe.add %h, %h {moe.buffers = array<i64: 3, 2>} : tensor<?x64xf32>
+    return
+  }
+}
+
+// -----
+
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+  // expected-error @below {{moe-lower-to-exec: expected a single-block program}}
+  func.func @forward(%tokens: tensor<?xi32>, %positions: tensor<?xi32>) attributes {moe.arg_buffers = array<i64: 0, 1>, moe.buffer_rows = array<i64: -1, -1>, moe.buffer_types = [i32, i32], moe.buffer_widths = array<i64: 1, 1>} {
+    return
+  ^bb1:
+    return
+  }
+}

@@ -143,3 +143,21 @@ module attributes {moe.sharding = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64, ep 
     return
   }
 }
+
+// -----
+
+// expected-error @below {{expected moe.sharding (the world's degrees)}}
+module {
+  func.func @stage0(%x: tensor<?x64xf32>) attributes {moe.stage = 0 : i64} {
+    return
+  }
+}
+
+// -----
+
+module attributes {moe.sharding = {dp = 1 : i64, pp = 1 : i64, tp = 1 : i64, ep = 1 : i64, etp = 1 : i64}} {
+  // expected-error @below {{moe.ranks names rank 3 outside the world of 1}}
+  func.func @stage0(%x: tensor<?x64xf32>) attributes {moe.ranks = array<i64: 3>} {
+    return
+  }
+}

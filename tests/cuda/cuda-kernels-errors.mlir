@@ -165,3 +165,9 @@ module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64
     exec.return
   }
 }
+
+// -----
+
+// expected-error @below {{moe-cuda-kernels: moe.workload needs a positive max_batch_tokens and max_seq_len}}
+module attributes {moe.workload = {max_batch_tokens = 0 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}} {
+}

@@ -231,9 +231,17 @@ FailureOr<Value> Partitioner::weight(Value v, Operation *user) {
         if (!experts && axis != kTpAxis)
           continue;
         int64_t size = type.getDimSize(dim);
-        if (!experts && dim == 0 && size == vocab && parts > 1) {
-          // The vocabulary: padded rows per rank (the runtime zero-fills
-          // rows past the checkpoint's).
+        const moe::WeightRole role = cast<moe::WeightOpInterface>(w).getWeightRole();
+        if (!experts && dim == 0 && parts > 1 &&
+            (role == moe::WeightRole::embedding || role == moe::WeightRole::lm_head)) {
+          // The vocabulary (by the weight's role, not its size): padded
+          // rows per rank (the runtime zero-fills rows past the
+          // checkpoint's).
+          if (size != vocab)
+            return user->emitOpError("weight '")
+                       << weightName(w) << "' is the " << moe::stringifyWeightRole(role)
+                       << " but has " << size << " rows for a vocabulary of " << vocab,
+                   failure();
           type = withDim(type, dim, paddedVocab / parts);
           vocabSharded.insert(w);
           continue;
