@@ -7,7 +7,9 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
+#include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringSet.h"
+#include "llvm/Support/FormatVariadic.h"
 
 using namespace mlir;
 namespace sh = moe::sharding;
@@ -92,14 +94,128 @@ llvm::Expected<std::vector<moe::hf::TensorSpec>> moe::modelWeights(ModuleOp modu
   return out;
 }
 
+llvm::Expected<DictionaryAttr> moe::modelSizes(ModuleOp module) {
+  auto forward = module.lookupSymbol<func::FuncOp>("forward");
+  if (!forward)
+    return module->getAttrOfType<DictionaryAttr>("moe.model_sizes");
+  // Every op that states a size states the same one.
+  std::string conflict;
+  llvm::StringMap<int64_t> sizes;
+  auto agree = [&](StringRef key, int64_t value) {
+    auto [it, inserted] = sizes.try_emplace(key, value);
+    if (!inserted && it->second != value && conflict.empty())
+      conflict = llvm::formatv("the ops state {0} {1} and {2}", key, it->second, value).str();
+  };
+  int64_t layers = 0;
+  llvm::SmallSetVector<int64_t, 8> expertLayers;
+  forward.walk([&](Operation *op) {
+    if (auto w = dyn_cast<moe::WeightOpInterface>(op)) {
+      auto type = cast<RankedTensorType>(op->getResult(0).getType());
+      std::optional<int64_t> layer = w.getDecoderLayer();
+      if (layer)
+        layers = std::max(layers, *layer + 1);
+      if (w.getWeightRole() == moe::WeightRole::embedding && type.getRank() == 2) {
+        agree("vocab_size", type.getDimSize(0));
+        agree("hidden_size", type.getDimSize(1));
+      }
+      if (isa<moe::ExpertWeightOp>(op)) {
+        agree("num_experts", type.getDimSize(0));
+        if (layer)
+          expertLayers.insert(*layer);
+      }
+    } else if (auto a = dyn_cast<moe::AttentionOp>(op)) {
+      agree("num_heads", a.getNumHeads());
+      agree("num_kv_heads", a.getNumKvHeads());
+      if (a.getNumHeads() > 0)
+        agree("head_dim", a.getQuery().getType().getDimSize(1) / a.getNumHeads());
+      agree("sliding_window", a.getSlidingWindow().value_or(0));
+    } else if (auto m = dyn_cast<moe::MLAttentionOp>(op)) {
+      agree("mla_heads", m.getNumHeads());
+      agree("qk_nope_head_dim", m.getNopeHeadDim());
+      agree("qk_rope_head_dim", m.getRopeHeadDim());
+      agree("v_head_dim", m.getValueHeadDim());
+    } else if (auto e = dyn_cast<moe::ExpertsOp>(op)) {
+      agree("moe_intermediate_size", e.getGateWeights().getType().getDimSize(1));
+    } else if (auto e = dyn_cast<moe::ExpertFFNOp>(op)) {
+      agree("moe_intermediate_size", e.getGateWeights().getType().getDimSize(1));
+    } else if (isa<moe::RouteOp, moe::RouterOp>(op)) {
+      agree("experts_per_token",
+            cast<RankedTensorType>(op->getResult(1).getType()).getDimSize(1));
+    }
+  });
+  if (!conflict.empty())
+    return layoutError("not supported yet: " + conflict + " (layers of different shapes)");
+  Builder b(module.getContext());
+  SmallVector<NamedAttribute> entries;
+  for (const auto &entry : sizes)
+    entries.push_back(b.getNamedAttr(entry.getKey(), b.getI64IntegerAttr(entry.getValue())));
+  if (layers)
+    entries.push_back(b.getNamedAttr("num_layers", b.getI64IntegerAttr(layers)));
+  if (!expertLayers.empty())
+    entries.push_back(
+        b.getNamedAttr("moe_layers", b.getDenseI64ArrayAttr(expertLayers.getArrayRef())));
+  return b.getDictionaryAttr(entries);
+}
+
+llvm::Error moe::applyModelSizes(DictionaryAttr sizes, hf::ModelConfig &config) {
+  if (!sizes)
+    return llvm::Error::success();
+  for (NamedAttribute entry : sizes) {
+    StringRef key = entry.getName().getValue();
+    if (key == "moe_layers")
+      continue; // after num_layers, below
+    auto value = dyn_cast<IntegerAttr>(entry.getValue());
+    if (!value)
+      return layoutError("moe.model_sizes: '" + key + "' must be an integer");
+    const int64_t v = value.getInt();
+    if (key == "vocab_size") config.vocabSize = v;
+    else if (key == "hidden_size") config.hiddenSize = v;
+    else if (key == "num_layers") config.numLayers = v;
+    else if (key == "num_heads") config.numHeads = v;
+    else if (key == "num_kv_heads") config.numKVHeads = v;
+    else if (key == "head_dim") config.headDim = v;
+    else if (key == "sliding_window")
+      config.slidingWindow = v > 0 ? std::optional<int64_t>(v) : std::nullopt;
+    else if (key == "mla_heads") config.numHeads = v;
+    else if (key == "qk_nope_head_dim") config.qkNopeHeadDim = v;
+    else if (key == "qk_rope_head_dim") config.qkRopeHeadDim = v;
+    else if (key == "v_head_dim") config.vHeadDim = v;
+    else if (key == "num_experts") config.numExperts = v;
+    else if (key == "moe_intermediate_size") config.moeIntermediateSize = v;
+    else if (key == "experts_per_token") config.expertsPerToken = v;
+    else
+      return layoutError("moe.model_sizes: unknown size '" + key + "'");
+  }
+  if (auto list = sizes.getAs<DenseI64ArrayAttr>("moe_layers")) {
+    config.moeLayers.assign(static_cast<size_t>(config.numLayers), false);
+    for (int64_t l : list.asArrayRef()) {
+      if (l < 0 || l >= config.numLayers)
+        return layoutError("moe.model_sizes: moe layer " + llvm::Twine(l) + " of " +
+                           llvm::Twine(config.numLayers));
+      config.moeLayers[static_cast<size_t>(l)] = true;
+    }
+  }
+  return llvm::Error::success();
+}
+
 llvm::Expected<moe::hf::ModelConfig> moe::moduleConfig(ModuleOp module) {
   auto source = module->getAttrOfType<StringAttr>("moe.source");
-  if (auto text = module->getAttrOfType<StringAttr>("moe.config"))
-    return hf::parseModelConfig(text.getValue(), source ? source.getValue() : "moe.config");
-  if (!source)
+  auto text = module->getAttrOfType<StringAttr>("moe.config");
+  if (!text && !source)
     return layoutError("expected moe.config or moe.source (the config.json the module was "
                        "imported from)");
-  return hf::loadModelConfig(source.getValue());
+  llvm::Expected<hf::ModelConfig> config =
+      text ? hf::parseModelConfig(text.getValue(), source ? source.getValue() : "moe.config")
+           : hf::loadModelConfig(source.getValue());
+  if (!config)
+    return config.takeError();
+  llvm::Expected<DictionaryAttr> sizes = modelSizes(module);
+  if (!sizes)
+    return llvm::make_error<llvm::StringError>(config->path + ": " + toString(sizes.takeError()),
+                                               llvm::inconvertibleErrorCode());
+  if (llvm::Error e = applyModelSizes(*sizes, *config))
+    return std::move(e);
+  return config;
 }
 
 llvm::Expected<moe::PlannedLayout> moe::planLayout(ModuleOp module,

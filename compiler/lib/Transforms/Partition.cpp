@@ -634,8 +634,14 @@ LogicalResult Partitioner::run() {
                                           : ArrayRef<Value>(),
                           crossing[s])))
       return failure();
-  // The model's whole weights, for the plan (moe-emit-plan).
+  // The model's whole weights, for the plan (moe-emit-plan), and its sizes
+  // as the ops state them, for the planner after partitioning.
   module->setAttr("moe.logical_weights", moe::logicalWeightsAttr(forward));
+  llvm::Expected<DictionaryAttr> sizes = moe::modelSizes(module);
+  if (!sizes)
+    return module.emitError(llvm::toString(sizes.takeError())), failure();
+  if (*sizes)
+    module->setAttr("moe.model_sizes", *sizes);
   forward.erase();
   return success();
 }

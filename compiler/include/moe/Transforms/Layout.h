@@ -29,9 +29,24 @@ struct LayoutRequest {
   int64_t vocabPadTo = 64;
 };
 
-/// The model's config.json of the module: `moe.config` (the text the
-/// importer kept), else the file `moe.source` names (a hand-written module).
+/// The model as the planner sizes it: config.json of the module (`moe.config`,
+/// the text the importer kept, else the file `moe.source` names: a
+/// hand-written module) with the sizes its ops state taken from the ops
+/// (modelSizes).
 llvm::Expected<hf::ModelConfig> moduleConfig(mlir::ModuleOp module);
+
+/// The sizes the ops of `module`'s @forward state, as a dictionary
+/// (`moe.model_sizes`, which moe-partition keeps when it replaces @forward;
+/// null when neither is there): vocab_size and hidden_size (the embedding's
+/// table), num_layers (the weights' layers), num_heads, num_kv_heads,
+/// head_dim and sliding_window (moe.attention; 0: none) or mla_heads and
+/// MLA's head widths (moe.mla_attention), num_experts, moe_layers (the
+/// expert stacks), moe_intermediate_size (the routed experts' gate
+/// weights), experts_per_token (the routing's result). Fails naming the size
+/// when two ops disagree (layers of different shapes are not supported yet).
+llvm::Expected<mlir::DictionaryAttr> modelSizes(mlir::ModuleOp module);
+/// `sizes` (modelSizes) over the config's.
+llvm::Error applyModelSizes(mlir::DictionaryAttr sizes, hf::ModelConfig &config);
 
 /// The model's weights as the planner classifies them: each moe.weight /
 /// moe.expert_weight of @forward (a stack as one tensor per expert) with the
