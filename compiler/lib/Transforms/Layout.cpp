@@ -5,6 +5,7 @@
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Mesh/IR/MeshOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
 #include "llvm/ADT/SetVector.h"
@@ -108,6 +109,17 @@ llvm::Expected<DictionaryAttr> moe::modelSizes(ModuleOp module) {
   };
   int64_t layers = 0;
   llvm::SmallSetVector<int64_t, 8> expertLayers;
+  // The weight op behind a value (through its sharding annotation).
+  auto weightBehind = [](Value v) -> moe::WeightOpInterface {
+    Operation *def = v.getDefiningOp();
+    if (auto shard = dyn_cast_or_null<mesh::ShardOp>(def))
+      def = shard.getSrc().getDefiningOp();
+    return dyn_cast_or_null<moe::WeightOpInterface>(def);
+  };
+  // Gated MLPs by layer (-1: outside the layers) and width.
+  SmallVector<std::pair<int64_t, int64_t>> mlps;
+  bool sharedGate = false;
+  std::optional<bool> tied;
   forward.walk([&](Operation *op) {
     if (auto w = dyn_cast<moe::WeightOpInterface>(op)) {
       auto type = cast<RankedTensorType>(op->getResult(0).getType());
@@ -134,6 +146,30 @@ llvm::Expected<DictionaryAttr> moe::modelSizes(ModuleOp module) {
       agree("qk_nope_head_dim", m.getNopeHeadDim());
       agree("qk_rope_head_dim", m.getRopeHeadDim());
       agree("v_head_dim", m.getValueHeadDim());
+      // The LoRA ranks: kv_b's input width; q_b's when the query's linear
+      // reads the norm of another linear (q_a), else none (q_proj).
+      if (auto kvB = m.getKv().getDefiningOp<moe::LinearOp>())
+        agree("kv_lora_rank", kvB.getWeight().getType().getDimSize(1));
+      if (auto q = m.getQuery().getDefiningOp<moe::LinearOp>()) {
+        auto norm = q.getInput().getDefiningOp<moe::RMSNormOp>();
+        agree("q_lora_rank", norm && norm.getInput().getDefiningOp<moe::LinearOp>()
+                                 ? q.getWeight().getType().getDimSize(1)
+                                 : 0);
+      }
+    } else if (auto mlp = dyn_cast<moe::MLPOp>(op)) {
+      moe::WeightOpInterface gate = weightBehind(mlp.getGateWeight());
+      std::optional<int64_t> layer = gate ? gate.getDecoderLayer() : std::nullopt;
+      mlps.push_back({layer.value_or(-1), mlp.getGateWeight().getType().getDimSize(0)});
+    } else if (isa<moe::SigmoidGateOp>(op)) {
+      sharedGate = true;
+    } else if (auto linear = dyn_cast<moe::LinearOp>(op)) {
+      // The LM head: tied when it multiplies by the embedding's table.
+      if (moe::WeightOpInterface w = weightBehind(linear.getWeight())) {
+        if (w.getWeightRole() == moe::WeightRole::embedding)
+          tied = true;
+        else if (w.getWeightRole() == moe::WeightRole::lm_head)
+          tied = false;
+      }
     } else if (auto e = dyn_cast<moe::ExpertsOp>(op)) {
       agree("moe_intermediate_size", e.getGateWeights().getType().getDimSize(1));
     } else if (auto e = dyn_cast<moe::ExpertFFNOp>(op)) {
@@ -143,6 +179,17 @@ llvm::Expected<DictionaryAttr> moe::modelSizes(ModuleOp module) {
             cast<RankedTensorType>(op->getResult(1).getType()).getDimSize(1));
     }
   });
+  // Dense MLPs outside the expert layers; in them, the shared experts (one
+  // fused MLP; none: width 0) and their gate.
+  for (auto [layer, width] : mlps)
+    agree(expertLayers.contains(layer) ? "shared_expert_intermediate_size" : "intermediate_size",
+          width);
+  if (!expertLayers.empty()) {
+    sizes.try_emplace("shared_expert_intermediate_size", 0);
+    agree("shared_expert_gate", sharedGate ? 1 : 0);
+  }
+  if (tied)
+    agree("tie_word_embeddings", *tied ? 1 : 0);
   if (!conflict.empty())
     return layoutError("not supported yet: " + conflict + " (layers of different shapes)");
   Builder b(module.getContext());
@@ -183,6 +230,12 @@ llvm::Error moe::applyModelSizes(DictionaryAttr sizes, hf::ModelConfig &config) 
     else if (key == "num_experts") config.numExperts = v;
     else if (key == "moe_intermediate_size") config.moeIntermediateSize = v;
     else if (key == "experts_per_token") config.expertsPerToken = v;
+    else if (key == "intermediate_size") config.intermediateSize = v;
+    else if (key == "shared_expert_intermediate_size") config.sharedExpertIntermediateSize = v;
+    else if (key == "shared_expert_gate") config.sharedExpertGate = v != 0;
+    else if (key == "tie_word_embeddings") config.tieWordEmbeddings = v != 0;
+    else if (key == "kv_lora_rank") config.kvLoraRank = v;
+    else if (key == "q_lora_rank") config.qLoraRank = v;
     else
       return layoutError("moe.model_sizes: unknown size '" + key + "'");
   }

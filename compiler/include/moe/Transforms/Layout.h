@@ -42,7 +42,11 @@ llvm::Expected<hf::ModelConfig> moduleConfig(mlir::ModuleOp module);
 /// head_dim and sliding_window (moe.attention; 0: none) or mla_heads and
 /// MLA's head widths (moe.mla_attention), num_experts, moe_layers (the
 /// expert stacks), moe_intermediate_size (the routed experts' gate
-/// weights), experts_per_token (the routing's result). Fails naming the size
+/// weights), experts_per_token (the routing's result), kv_lora_rank and
+/// q_lora_rank (MLA's kv_b / q_b), intermediate_size and
+/// shared_expert_intermediate_size (moe.mlp outside / inside the expert
+/// layers), shared_expert_gate (moe.sigmoid_gate), tie_word_embeddings
+/// (the head multiplies by the embedding's table). Fails naming the size
 /// when two ops disagree (layers of different shapes are not supported yet).
 llvm::Expected<mlir::DictionaryAttr> modelSizes(mlir::ModuleOp module);
 /// `sizes` (modelSizes) over the config's.
