@@ -149,7 +149,7 @@ int main(int argc, char **argv) {
                   static_cast<long long>(T), static_cast<long long>(N), static_cast<long long>(K),
                   dtypeName, 2.0 * T * N * K / t * 1e-9, t * 1e3);
     }
-    for (int64_t T : {1, 2, 4, 8, 12, 16}) {
+    for (int64_t T : {1, 2, 4, 8, 12, 16, 17, 24, 32, 48}) {
       for (int s = 0; s < 2; ++s) {
         const std::vector<Weights> &w = s == 0 ? up : down;
         const int64_t N = shapes[s][0], K = shapes[s][1];

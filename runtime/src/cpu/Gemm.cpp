@@ -18,9 +18,12 @@
 // 230 GFLOP/s on 2 cores), the products PyTorch's BF16 matmul computes.
 //
 // GEMV (tokens <= kGemvMaxTokens, decode; GemvAvx512.cpp): every weight row is read from
-// memory once and widened on the fly; each widened vector feeds up to 8
-// tokens' x vectors held in registers. Decode is bound by reading the
-// weights, so they are not packed.
+// memory once and widened on the fly; each widened vector feeds a group of
+// up to 4 tokens' x vectors held in registers. Decode is bound by reading
+// the weights, so they are not packed; up to 32 tokens this beats packing
+// them (Intel Xeon, 2 threads, bf16 moe-gemm-bench: T=17 4.6-5.4 -> 6.6-7.0
+// GB/s, T=24 4.1-4.7 -> 5.1-5.4, T=32 3.2-4.1 -> 4.1-4.2; at T=48 the GEMM
+// is ahead, 2.7-3.2 against 2.4-2.9).
 #include "Gemm.h"
 #include "LoadAvx512.h"
 
@@ -47,7 +50,7 @@ constexpr int kMaxMR = 14;              // tile height (tokens): 28 accumulators
 static_assert(kMaxMR <= 16, "x is packed 16 tokens wide");
 constexpr int64_t kKC = 256;            // K slice: x's packed block (16 KiB) stays in L1
 constexpr int64_t kNC = 512;            // column chunk: packed weights (512 KiB) stay in L2
-constexpr int64_t kGemvMaxTokens = 16; // up to here the GEMV beats packing the weights
+constexpr int64_t kGemvMaxTokens = 32; // up to here the GEMV beats packing the weights (above)
 
 thread_local Scratch packedWeights, packedTokens, widenedRow;
 
