@@ -32,8 +32,6 @@ public:
   void prepare(const Plan &plan, int64_t rank, DeviceMemory &memory, Comm *comm,
                Staging staging);
 
-  const Plan &plan() const { return *plan_; }
-  const PlanProgram &program() const { return *program_; }
   /// The collective steps' context (runSteps).
   const collectives::Context &collectives() const { return context; }
 
