@@ -95,6 +95,18 @@ llvm::Expected<std::vector<moe::hf::TensorSpec>> moe::modelWeights(ModuleOp modu
   return out;
 }
 
+moe::WeightOpInterface moe::weightBehind(Value v) {
+  while (Operation *def = v.getDefiningOp()) {
+    if (auto w = dyn_cast<moe::WeightOpInterface>(def))
+      return w;
+    auto shard = dyn_cast<mesh::ShardOp>(def);
+    if (!shard)
+      return nullptr;
+    v = shard.getSrc();
+  }
+  return nullptr;
+}
+
 llvm::Expected<DictionaryAttr> moe::modelSizes(ModuleOp module) {
   auto forward = module.lookupSymbol<func::FuncOp>("forward");
   if (!forward)
@@ -109,13 +121,6 @@ llvm::Expected<DictionaryAttr> moe::modelSizes(ModuleOp module) {
   };
   int64_t layers = 0;
   llvm::SmallSetVector<int64_t, 8> expertLayers;
-  // The weight op behind a value (through its sharding annotation).
-  auto weightBehind = [](Value v) -> moe::WeightOpInterface {
-    Operation *def = v.getDefiningOp();
-    if (auto shard = dyn_cast_or_null<mesh::ShardOp>(def))
-      def = shard.getSrc().getDefiningOp();
-    return dyn_cast_or_null<moe::WeightOpInterface>(def);
-  };
   // Gated MLPs by layer (-1: outside the layers) and width.
   SmallVector<std::pair<int64_t, int64_t>> mlps;
   bool sharedGate = false;

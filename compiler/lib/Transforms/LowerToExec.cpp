@@ -162,15 +162,8 @@ struct Lowering {
   /// The weight op (moe.weight / moe.expert_weight) a value names, through
   /// sharding annotations.
   static Operation *weightOf(Value v) {
-    while (Operation *def = v.getDefiningOp()) {
-      if (isa<moe::WeightOp, moe::ExpertWeightOp>(def))
-        return def;
-      auto shard = dyn_cast<mesh::ShardOp>(def);
-      if (!shard)
-        return nullptr;
-      v = shard.getSrc();
-    }
-    return nullptr;
+    moe::WeightOpInterface w = moe::weightBehind(v);
+    return w ? w.getOperation() : nullptr;
   }
 
   LogicalResult lower(func::FuncOp fn, int64_t stage) {

@@ -10,6 +10,7 @@
 #define MOE_TRANSFORMS_LAYOUT_H
 
 #include "moe/Analysis/Planner.h"
+#include "moe/Dialect/MoE/IR/MoEOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -49,6 +50,10 @@ llvm::Expected<hf::ModelConfig> moduleConfig(mlir::ModuleOp module);
 /// (the head multiplies by the embedding's table). Fails naming the size
 /// when two ops disagree (layers of different shapes are not supported yet).
 llvm::Expected<mlir::DictionaryAttr> modelSizes(mlir::ModuleOp module);
+/// The moe.weight / moe.expert_weight behind `v`, through its sharding
+/// annotations (mesh.shard); null for any other value.
+moe::WeightOpInterface weightBehind(mlir::Value v);
+
 /// `sizes` (modelSizes) over the config's.
 llvm::Error applyModelSizes(mlir::DictionaryAttr sizes, hf::ModelConfig &config);
 

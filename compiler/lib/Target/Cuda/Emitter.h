@@ -180,7 +180,9 @@ private:
   /// A lowering's problem with step `s`.
   llvm::Error stepError(const Step &s, const llvm::Twine &message) const;
   /// The first constant of `s` read so far that was absent or of another
-  /// kind, as an error (success when none).
+  /// kind, as an error (success when none). run() checks it after every
+  /// lowering; a lowering checks it itself only before it computes with a
+  /// constant (a divisor, a cache id).
   llvm::Error constantsRead(const Step &s) const;
   llvm::Error checkCache(const Step &s, int64_t cache) const;
   /// Weight `weight` of the step has `rank` dimensions.
