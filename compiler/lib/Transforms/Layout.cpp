@@ -124,6 +124,7 @@ llvm::Expected<DictionaryAttr> moe::modelSizes(ModuleOp module) {
   // Gated MLPs by layer (-1: outside the layers) and width.
   SmallVector<std::pair<int64_t, int64_t>> mlps;
   bool sharedGate = false;
+  std::optional<StringRef> dtype; // the embedding table's element type
   std::optional<bool> tied;
   forward.walk([&](Operation *op) {
     if (auto w = dyn_cast<moe::WeightOpInterface>(op)) {
@@ -134,6 +135,8 @@ llvm::Expected<DictionaryAttr> moe::modelSizes(ModuleOp module) {
       if (w.getWeightRole() == moe::WeightRole::embedding && type.getRank() == 2) {
         agree("vocab_size", type.getDimSize(0));
         agree("hidden_size", type.getDimSize(1));
+        Type element = type.getElementType();
+        dtype = element.isBF16() ? "bfloat16" : element.isF16() ? "float16" : "float32";
       }
       if (isa<moe::ExpertWeightOp>(op)) {
         agree("num_experts", type.getDimSize(0));
@@ -143,9 +146,21 @@ llvm::Expected<DictionaryAttr> moe::modelSizes(ModuleOp module) {
     } else if (auto a = dyn_cast<moe::AttentionOp>(op)) {
       agree("num_heads", a.getNumHeads());
       agree("num_kv_heads", a.getNumKvHeads());
+      const int64_t headDim =
+          a.getNumHeads() > 0 ? a.getQuery().getType().getDimSize(1) / a.getNumHeads() : 0;
       if (a.getNumHeads() > 0)
-        agree("head_dim", a.getQuery().getType().getDimSize(1) / a.getNumHeads());
+        agree("head_dim", headDim);
       agree("sliding_window", a.getSlidingWindow().value_or(0));
+      // The query's norm before its rotation (Qwen3: per head, OLMoE: the
+      // whole row), as hf::QKNorm numbers it.
+      Value query = a.getQuery();
+      if (auto rope = query.getDefiningOp<moe::RopeOp>())
+        query = rope.getInput();
+      auto norm = query.getDefiningOp<moe::RMSNormOp>();
+      const int64_t group = norm ? norm.getWeight().getType().getNumElements() : 0;
+      agree("qk_norm", !norm              ? int64_t(hf::QKNorm::None)
+                       : group == headDim ? int64_t(hf::QKNorm::PerHead)
+                                          : int64_t(hf::QKNorm::Full));
     } else if (auto m = dyn_cast<moe::MLAttentionOp>(op)) {
       agree("mla_heads", m.getNumHeads());
       agree("qk_nope_head_dim", m.getNopeHeadDim());
@@ -203,6 +218,8 @@ llvm::Expected<DictionaryAttr> moe::modelSizes(ModuleOp module) {
     entries.push_back(b.getNamedAttr(entry.getKey(), b.getI64IntegerAttr(entry.getValue())));
   if (layers)
     entries.push_back(b.getNamedAttr("num_layers", b.getI64IntegerAttr(layers)));
+  if (dtype)
+    entries.push_back(b.getNamedAttr("dtype", b.getStringAttr(*dtype)));
   if (!expertLayers.empty())
     entries.push_back(
         b.getNamedAttr("moe_layers", b.getDenseI64ArrayAttr(expertLayers.getArrayRef())));
@@ -216,6 +233,13 @@ llvm::Error moe::applyModelSizes(DictionaryAttr sizes, hf::ModelConfig &config) 
     StringRef key = entry.getName().getValue();
     if (key == "moe_layers")
       continue; // after num_layers, below
+    if (key == "dtype") {
+      auto name = dyn_cast<StringAttr>(entry.getValue());
+      if (!name)
+        return layoutError("moe.model_sizes: 'dtype' must be a string");
+      config.dtype = name.getValue().str();
+      continue;
+    }
     auto value = dyn_cast<IntegerAttr>(entry.getValue());
     if (!value)
       return layoutError("moe.model_sizes: '" + key + "' must be an integer");
@@ -239,6 +263,11 @@ llvm::Error moe::applyModelSizes(DictionaryAttr sizes, hf::ModelConfig &config) 
     else if (key == "shared_expert_intermediate_size") config.sharedExpertIntermediateSize = v;
     else if (key == "shared_expert_gate") config.sharedExpertGate = v != 0;
     else if (key == "tie_word_embeddings") config.tieWordEmbeddings = v != 0;
+    else if (key == "qk_norm") {
+      if (v < 0 || v > int64_t(hf::QKNorm::Full))
+        return layoutError("moe.model_sizes: qk_norm " + llvm::Twine(v) + " (expected 0, 1 or 2)");
+      config.qkNorm = static_cast<hf::QKNorm>(v);
+    }
     else if (key == "kv_lora_rank") config.kvLoraRank = v;
     else if (key == "q_lora_rank") config.qLoraRank = v;
     else

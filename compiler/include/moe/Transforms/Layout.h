@@ -40,14 +40,17 @@ llvm::Expected<hf::ModelConfig> moduleConfig(mlir::ModuleOp module);
 /// (`moe.model_sizes`, which moe-partition keeps when it replaces @forward;
 /// null when neither is there): vocab_size and hidden_size (the embedding's
 /// table), num_layers (the weights' layers), num_heads, num_kv_heads,
-/// head_dim and sliding_window (moe.attention; 0: none) or mla_heads and
+/// head_dim, sliding_window (moe.attention; 0: none) and qk_norm (the
+/// query's moe.rms_norm before its rope, as hf::QKNorm: 0 none, 1 per head,
+/// 2 the whole row) or mla_heads and
 /// MLA's head widths (moe.mla_attention), num_experts, moe_layers (the
 /// expert stacks), moe_intermediate_size (the routed experts' gate
 /// weights), experts_per_token (the routing's result), kv_lora_rank and
 /// q_lora_rank (MLA's kv_b / q_b), intermediate_size and
 /// shared_expert_intermediate_size (moe.mlp outside / inside the expert
 /// layers), shared_expert_gate (moe.sigmoid_gate), tie_word_embeddings
-/// (the head multiplies by the embedding's table). Fails naming the size
+/// (the head multiplies by the embedding's table), and dtype (a string: the
+/// embedding table's element type as torch names it). Fails naming the size
 /// when two ops disagree (layers of different shapes are not supported yet).
 llvm::Expected<mlir::DictionaryAttr> modelSizes(mlir::ModuleOp module);
 /// The moe.weight / moe.expert_weight behind `v`, through its sharding
