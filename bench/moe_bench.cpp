@@ -14,7 +14,7 @@
 //       8 experts, bf16 activations), in tokens/s
 #include "moert/Checkpoint.h"
 #include "moert/Comm.h"
-#include "moert/Device.h"
+#include "moert/RankExecutor.h"
 #include "moert/Error.h"
 #include "moert/Parallel.h"
 #include "moert/Plan.h"
@@ -353,7 +353,7 @@ int runModel(int argc, char **argv) {
   int threads = std::atoi(option(argc, argv, "--threads", "2"));
   setNumThreads(threads);
   auto checkpoint = Checkpoint::open(dir);
-  auto device = createCpuDevice();
+  auto device = RankExecutor::create(DeviceKind::Cpu);
   auto comm = createComm(&argc, &argv); // a world of one: the bench runs rank 0
   device->prepare(plan, 0, *checkpoint, *comm);
   const PlanProgram &program = plan.programOf(0);

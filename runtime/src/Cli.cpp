@@ -303,7 +303,8 @@ int run(int argc, char **argv, Comm &comm) {
     inputError("--device cuda: {} has no CUDA kernels (compile it with moec compile --target "
                "cuda)",
                planPath);
-  std::unique_ptr<Device> device = deviceName == "cuda" ? createCudaDevice() : createCpuDevice();
+  std::unique_ptr<RankExecutor> device =
+      RankExecutor::create(deviceName == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu);
   device->prepare(plan, comm.rank(), *checkpoint, comm);
   checkNoUnexpectedTensors(plan, *checkpoint);
   std::optional<Tokenizer> tokenizer;

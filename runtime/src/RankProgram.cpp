@@ -71,6 +71,10 @@ void RankProgram::writeInputs(const Batch &batch) {
 void RankProgram::readLogits(int64_t rows, std::vector<float> &logits) {
   if (program_->logitsBuffer < 0)
     return;
+  if (rows == 0) {
+    logits.clear();
+    return;
+  }
   logits.resize(static_cast<size_t>(rows * plan_->vocabSize));
   memory->read(logits.data(), buffer(program_->logitsBuffer),
                static_cast<int64_t>(logits.size()) * 4);

@@ -8,7 +8,7 @@
 
 #include "Collectives.h"
 #include "DeviceMemory.h"
-#include "moert/Device.h"
+#include "moert/RankExecutor.h"
 #include "moert/Plan.h"
 
 #include <cstdint>

@@ -10,7 +10,7 @@
 #include "moert/Checkpoint.h"
 #include "moert/PlanSeal.h"
 #include "moert/Comm.h"
-#include "moert/Device.h"
+#include "moert/RankExecutor.h"
 #include "moert/Error.h"
 #include "moert/Parallel.h"
 #include "moert/Plan.h"
@@ -31,6 +31,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <thread>
 #include <cstring>
 #include <filesystem>
@@ -455,17 +456,30 @@ TEST(CpuDevice, CapacityExpertsAndPaddedHead) {
   checkNoUnexpectedTensors(plan, *ckpt);
 
   SoloComm comm;
-  auto device = createCpuDevice();
+  auto device = RankExecutor::create(DeviceKind::Cpu);
   device->prepare(plan, 0, *ckpt, comm);
   // Every tensor is read whole; the head is a copy padded to 8 rows.
   EXPECT_EQ(device->loadedWeightBytes(), model.bytes());
   EXPECT_EQ(device->weightBytes(), model.bytes() + (kPadded - kVocab) * kHidden * 4);
-  EXPECT_GE(device->peakBytes(), device->weightBytes() + device->workspaceBytes());
+  // The workspace: the executor's program memory (buffers and caches) and
+  // the device's scratch; with the weights, the peak.
+  const PlanProgram &program = plan.programs[0];
+  int64_t programBytes = 0;
+  for (const PlanBuffer &b : program.buffers)
+    programBytes += b.rows * b.width * 4;
+  for (const PlanCache &c : program.caches)
+    programBytes += plan.maxSequences * plan.maxSeqLen * (c.keyWidth + c.valueWidth) * 4;
+  EXPECT_GE(device->workspaceBytes(), programBytes);
+  EXPECT_EQ(device->peakBytes(), device->weightBytes() + device->workspaceBytes());
 
   Batch batch = sampleBatch();
   std::vector<float> logits;
   device->forward(batch, logits);
   expectNear(logits, model.logits(batch, plan.programs[0].steps[1].routing), "rank 0");
+  // The CPU's kernels finish in their step: every step is timed.
+  std::vector<double> seconds = device->stepSeconds();
+  ASSERT_EQ(seconds.size(), program.steps.size());
+  EXPECT_GT(std::accumulate(seconds.begin(), seconds.end(), 0.0), 0.0);
 
   // An empty batch runs every step with no rows and leaves no logits.
   device->forward(Batch{}, logits);
@@ -492,7 +506,7 @@ TEST(CpuDevice, TensorAndExpertParallelRanks) {
     ranks.emplace_back([&, r] {
       try {
         ThreadComm comm(world, r, 2);
-        auto device = createCpuDevice();
+        auto device = RankExecutor::create(DeviceKind::Cpu);
         device->prepare(plan, r, *ckpt, comm);
         loaded[r] = device->loadedWeightBytes();
         device->forward(batch, logits[r]);

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "moert/Comm.h"
-#include "moert/Device.h"
+#include "moert/RankExecutor.h"
 #include "moert/Plan.h"
 
 #include <cstdint>
@@ -43,7 +43,7 @@ struct GenerateResult {
 /// the logits to the replica, and rank 0 gathers the results.
 class Executor {
 public:
-  Executor(const Plan &plan, Device &device, Comm &comm, int64_t rank)
+  Executor(const Plan &plan, RankExecutor &device, Comm &comm, int64_t rank)
       : plan(plan), device(device), comm(comm), rank(rank) {}
 
   /// Checks the prompts against the plan (InputError naming the prompt:
@@ -55,7 +55,7 @@ public:
 
 private:
   const Plan &plan;
-  Device &device;
+  RankExecutor &device;
   Comm &comm;
   int64_t rank;
 };

@@ -1,14 +1,12 @@
-// The CPU driver: runs one rank's program of a validated plan with the
-// kernels of moert/cpu/Kernels.h, its collectives through moert::Comm.
-// The program's buffers and KV caches are RankProgram's, in host memory
-// (HostMemory); activations are f32 buffers (I32 ones share the storage); weights are
+// The CPU device (runtime/src/Device.h): the program's memory is host memory
+// (HostMemory), its steps run the ops' CPU kernels of the registry
+// (moert/cpu/Kernels.h), its collectives go through moert::Comm (the world).
+// Activations are f32 buffers (I32 ones share the storage); weights are
 // views into the mmapped Hugging Face checkpoint where the rank holds a whole
 // tensor, and owned buffers filled with Checkpoint::readBox (pread of just
 // the box's bytes, from a Hugging Face or a sharded checkpoint of any
 // layout) otherwise.
-#include "../RankProgram.h"
-#include "../StepLoop.h"
-#include "moert/Device.h"
+#include "../Device.h"
 #include "moert/Error.h"
 #include "moert/RankWeights.h"
 #include "moert/cpu/Kernels.h"
@@ -17,12 +15,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
-#include <array>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
-#include <unordered_map>
 
 namespace moert {
 namespace {
@@ -51,27 +44,32 @@ private:
   int64_t current = 0, peak_ = 0;
 };
 
-class CpuDevice final : public Device, private cpu::StepContext, private StepKernels {
+class CpuDevice final : public Device, private cpu::StepContext {
 public:
   std::string name() const override { return "cpu"; }
 
-  void prepare(const Plan &plan, int64_t rankIndex, const Checkpoint &ckpt,
-               Comm &comm) override {
+  void open(const Plan &plan, int64_t rankIndex, const Checkpoint &ckpt, Comm &comm) override {
     this->plan = &plan;
     rank = rankIndex;
     coords = plan.ranks.at(rankIndex).coords;
     program = &plan.programOf(rankIndex);
-    seconds.assign(program->steps.size(), 0.0);
-    memory.reset();
+    world = &comm;
+    memory_.reset();
     bindWeights(ckpt);
+  }
 
-    // The program's buffers, KV caches and collectives (RankProgram.h).
-    rankProgram.prepare(plan, rank, hostMemory, &comm, RankProgram::Staging::OnDemand);
+  DeviceMemory &memory() override { return hostMemory; }
+  /// The LM head gathers only the logit rows: staging grows as needed.
+  RankProgram::Staging staging() const override { return RankProgram::Staging::OnDemand; }
+  Comm *communicator() override { return world; }
+
+  void bind(const RankProgram &p) override {
+    rankProgram = &p;
     caches.assign(program->caches.size(), {});
     for (size_t i = 0; i < program->caches.size(); ++i)
-      caches[i].bind(rankProgram.cacheKeys(static_cast<int64_t>(i)),
-                     rankProgram.cacheValues(static_cast<int64_t>(i)), plan.maxSequences,
-                     plan.maxSeqLen, program->caches[i].keyWidth, program->caches[i].valueWidth);
+      caches[i].bind(p.cacheKeys(static_cast<int64_t>(i)), p.cacheValues(static_cast<int64_t>(i)),
+                     plan->maxSequences, plan->maxSeqLen, program->caches[i].keyWidth,
+                     program->caches[i].valueWidth);
     // Rope tables per distinct parameter set (every layer shares one).
     ropeTables.clear();
     for (const PlanStep &s : program->steps)
@@ -79,28 +77,20 @@ public:
         rope(s.rope);
   }
 
-  void forward(const Batch &batch, std::vector<float> &logits) override {
-    const int64_t T = batch.size();
-    rankProgram.writeInputs(batch);
-    cpu::TokenLayout tokenLayout{batch.slots.data(), batch.positions.data(), T};
+  void run(const Batch &b, const std::function<void()> &steps) override {
+    cpu::TokenLayout tokenLayout{b.slots.data(), b.positions.data(), b.size()};
     layout = &tokenLayout;
-    this->batch = &batch;
-    // Rows of every per-token buffer: T, then the logit rows after the head.
-    rows = runSteps(rankProgram.collectives(), T, *this, &seconds);
+    batch = &b;
+    steps();
     layout = nullptr;
-    this->batch = nullptr;
-    // The last stage's logits buffer is vocab_size wide (the compiler drops
-    // the padding of a sharded head with a split).
-    rankProgram.readLogits(rows, logits);
+    batch = nullptr;
   }
 
-  std::vector<double> stepSeconds() const override { return seconds; }
-
+  bool synchronous() const override { return true; }
   int64_t weightBytes() const override { return rankWeights.boundBytes(); }
-  int64_t workspaceBytes() const override { return rankProgram.bytes(); }
-  /// Nothing the device holds shrinks: the peak is what it holds now.
-  int64_t peakBytes() const override { return memory.peak() + rankProgram.bytes(); }
   int64_t loadedWeightBytes() const override { return rankWeights.loadedBytes(); }
+  /// Nothing the device holds shrinks: its peak is what it holds now.
+  int64_t ownPeakBytes() const override { return memory_.peak(); }
 
 private:
   /// A step's kernel (the executor's loop, StepLoop.h): the op's CPU kernel.
@@ -112,7 +102,7 @@ private:
   }
 
   // What the ops' CPU kernels see (cpu::StepContext).
-  float *f(int64_t id) override { return static_cast<float *>(rankProgram.buffer(id)); }
+  float *f(int64_t id) override { return static_cast<float *>(rankProgram->buffer(id)); }
   const TensorView &weight(size_t i) override { return weights[step->weights[i]].view; }
   const std::vector<cpu::Matrix> &experts(size_t i) override {
     return weights[step->weights[i]].experts;
@@ -128,7 +118,7 @@ private:
     size_t before = v.capacity();
     if (v.size() < static_cast<size_t>(n))
       v.resize(static_cast<size_t>(n));
-    memory.add(static_cast<int64_t>((v.capacity() - before) * sizeof(T)));
+    memory_.add(static_cast<int64_t>((v.capacity() - before) * sizeof(T)));
     return v.data();
   }
 
@@ -141,7 +131,7 @@ private:
   /// The rank's weights (moert/RankWeights.h): views into the mapping or
   /// owned copies of its boxes; expert stacks as one matrix per expert.
   void bindWeights(const Checkpoint &ckpt) {
-    rankWeights.bind(*plan, rank, ckpt, [&](int64_t bytes) { memory.add(bytes); });
+    rankWeights.bind(*plan, rank, ckpt, [&](int64_t bytes) { memory_.add(bytes); });
     weights.assign(rankWeights.weights().size(), {});
     for (size_t i = 0; i < weights.size(); ++i) {
       const RankWeights::Weight &w = rankWeights.weights()[i];
@@ -166,14 +156,14 @@ private:
 
   std::vector<BoundWeight> weights;
   RankWeights rankWeights;
+  Comm *world = nullptr;
   HostMemory hostMemory;
-  RankProgram rankProgram; ///< buffers (I32 ones share the f32 storage), caches, collectives
-  std::vector<cpu::KVCache> caches; ///< views of rankProgram's caches
+  const RankProgram *rankProgram = nullptr; ///< buffers (I32 ones share the f32 storage), caches
+  std::vector<cpu::KVCache> caches;         ///< views of rankProgram's caches
   std::vector<std::pair<cpu::RopeParams, std::unique_ptr<cpu::RopeTable>>> ropeTables;
   std::vector<float> work, gathered;
   std::vector<int32_t> idScratch;
-  MemoryTracker memory;
-  std::vector<double> seconds; ///< per step
+  MemoryTracker memory_; ///< weights and scratch
 };
 
 } // namespace

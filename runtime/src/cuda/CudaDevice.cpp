@@ -1,6 +1,8 @@
-// The CUDA driver: runs one rank's program of a `moec --target cuda` plan on
-// a GPU, behind the same Device interface as the CPU driver (so batching,
-// chunked prefill, decode, sampling and the multi-rank executor are shared).
+// The CUDA device (runtime/src/Device.h): runs one rank's program of a
+// `moec --target cuda` plan on a GPU for the executor (moert/RankExecutor.h),
+// which owns the program's memory and runs its steps and collectives as for
+// the CPU device (so batching, chunked prefill, decode, sampling and the
+// multi-rank protocols are shared).
 //
 // - Libraries are loaded at run time (CudaApi.h): without a GPU or driver a
 //   CUDA plan is a clear error and CPU plans run as before.
@@ -10,7 +12,7 @@
 //   blocks), collectives by the shared protocols (runtime/src/Collectives.h)
 //   over NCCL (NcclComm.h: communicators split from one world communicator,
 //   bootstrapped through moert::Comm, i.e. MPI).
-// - Memory: the program's buffers and KV caches are RankProgram's
+// - Memory: the program's buffers and KV caches are the executor's
 //   (runtime/src/RankProgram.h), allocated on the device's memory
 //   (cuda::Memory), which the batch, the logits and the collectives copy
 //   through; one arena (cuMemAlloc) holds the driver's own pieces: weights,
@@ -27,13 +29,11 @@
 // dp/ep, tp, pp, tp+ep, chunked, capacity, graphs on and off, against the
 // single-rank run); the GPU e2e tests carry the ctest label `gpu`
 // (docs/cuda.md).
-#include "../RankProgram.h"
-#include "../StepLoop.h"
+#include "../Device.h"
 #include "CudaApi.h"
 #include "CudaMemory.h"
 #include "NcclComm.h"
 
-#include "moert/Device.h"
 #include "moert/Error.h"
 #include "moert/RankWeights.h"
 
@@ -75,7 +75,7 @@ void writeFile(const std::string &path, const std::string &bytes) {
     runtimeError("{}: cannot write the plan's kernels", path);
 }
 
-class CudaDevice final : public Device, private StepKernels {
+class CudaDevice final : public Device {
 public:
   ~CudaDevice() override {
     if (!api)
@@ -87,7 +87,7 @@ public:
     nccl.reset();
     if (module)
       api->cuModuleUnload(module);
-    memory.release();
+    memory_.release();
     arena.release(*api);
     if (stream)
       api->cuStreamDestroy(stream);
@@ -97,7 +97,7 @@ public:
 
   std::string name() const override { return "cuda"; }
 
-  void prepare(const Plan &plan, int64_t rankIndex, const Checkpoint &ckpt, Comm &comm) override {
+  void open(const Plan &plan, int64_t rankIndex, const Checkpoint &ckpt, Comm &comm) override {
     this->plan = &plan;
     rank = rankIndex;
     program = &plan.programOf(rankIndex);
@@ -112,57 +112,68 @@ public:
       nccl = std::make_unique<cuda::NcclComm>(*api, comm, stream);
       nccl->prepare(plan);
     }
-    // The program's buffers, KV caches and collectives (over NCCL).
-    rankProgram.prepare(plan, rank, memory, nccl.get(), RankProgram::Staging::Reserved);
+  }
+
+  DeviceMemory &memory() override { return memory_; }
+  /// Captured graphs replay fixed addresses: the staging is reserved.
+  RankProgram::Staging staging() const override { return RankProgram::Staging::Reserved; }
+  /// The collectives go over NCCL.
+  Comm *communicator() override { return nccl.get(); }
+
+  void bind(const RankProgram &p) override {
+    rankProgram = &p;
     check(api->cuStreamSynchronize(stream), "zero the program's memory");
     graphsEnabled = !hasHostSync;
     if (const char *g = std::getenv("MOERT_CUDA_GRAPHS"); g && !std::strcmp(g, "0"))
       graphsEnabled = false;
   }
 
-  void forward(const Batch &batch, std::vector<float> &logits) override {
+  /// The batch's per-token / per-logit-row index arrays (the kernels read
+  /// them), then the steps: small steps (decode) replay a graph captured
+  /// per (T, R); large ones (prefill) run directly, with the dropless
+  /// expert GEMMs grouped over counted rows.
+  void run(const Batch &batch, const std::function<void()> &steps) override {
     const int64_t T = batch.size(), R = static_cast<int64_t>(batch.logitRows.size());
-    // The batch's inputs: tokens and positions into their buffers, and the
-    // per-token / per-logit-row index arrays the kernels read.
     auto upload = [&](CUdeviceptr dst, const std::vector<int32_t> &v) {
       if (!v.empty())
         check(api->cuMemcpyHtoDAsync(dst, v.data(), v.size() * 4, stream), "upload batch");
     };
-    rankProgram.writeInputs(batch);
     upload(batchSequence, batch.slots);
     upload(batchPosition, batch.positions);
     std::vector<int32_t> rows(batch.logitRows.begin(), batch.logitRows.end());
     upload(batchLogitRows, rows);
 
-    auto key = std::make_pair(T, R);
-    // Small steps (decode) replay a captured graph; large ones (prefill) run
-    // directly, with the dropless expert GEMMs grouped over counted rows.
-    if (graphsEnabled && T > 0 && T <= kGraphMaxTokens) {
-      auto found = graphs.find(key);
-      if (found == graphs.end()) {
-        check(api->cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-              "cuStreamBeginCapture");
-        runSteps(T, R, /*capturing=*/true);
-        CUgraph graph;
-        check(api->cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
-        CUgraphExec exec;
-        check(api->cuGraphInstantiate(&exec, graph, 0), "cuGraphInstantiate");
-        api->cuGraphDestroy(graph);
-        found = graphs.emplace(key, exec).first;
-      }
-      check(api->cuGraphLaunch(found->second, stream), "cuGraphLaunch");
-    } else {
-      runSteps(T, R, /*capturing=*/false);
+    countsStep = -1;
+    exchangedRows = -1;
+    current = {T, R, /*capturing=*/false};
+    if (!graphsEnabled || T == 0 || T > kGraphMaxTokens) {
+      steps();
+      return;
     }
-    if (R > 0)
-      rankProgram.readLogits(R, logits);
-    check(api->cuStreamSynchronize(stream), "forward step");
+    auto key = std::make_pair(T, R);
+    auto found = graphs.find(key);
+    if (found == graphs.end()) {
+      current.capturing = true; // no host reads
+      check(api->cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+            "cuStreamBeginCapture");
+      steps();
+      CUgraph graph;
+      check(api->cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
+      CUgraphExec exec;
+      check(api->cuGraphInstantiate(&exec, graph, 0), "cuGraphInstantiate");
+      api->cuGraphDestroy(graph);
+      found = graphs.emplace(key, exec).first;
+    }
+    check(api->cuGraphLaunch(found->second, stream), "cuGraphLaunch");
   }
 
+  void synchronize() override { check(api->cuStreamSynchronize(stream), "forward step"); }
+  bool synchronous() const override { return false; }
+
   int64_t weightBytes() const override { return weightsOnDevice; }
-  int64_t workspaceBytes() const override { return peakBytes() - weightsOnDevice; }
-  int64_t peakBytes() const override { return arena.bytes() + memory.allocatedBytes(); }
   int64_t loadedWeightBytes() const override { return loaded; }
+  /// The arena: weights, scratch, rope tables, the batch's index arrays.
+  int64_t ownPeakBytes() const override { return arena.bytes(); }
 
 private:
   //===--------------------------------------------------------------------===//
@@ -203,7 +214,7 @@ private:
     check(api->cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
     check(api->cuCtxSetCurrent(context), "cuCtxSetCurrent");
     check(api->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-    memory.bind(*api, stream);
+    memory_.bind(*api, stream);
     check(api->cublasCreate(&blas), "cublasCreate");
     check(api->cublasSetStream(blas, reinterpret_cast<cudaStream_t>(stream)), "cublasSetStream");
   }
@@ -405,15 +416,6 @@ private:
   // Steps
   //===--------------------------------------------------------------------===//
 
-  /// The program's steps (the executor's loop, StepLoop.h) over T tokens
-  /// and R logit rows; `capturing`: into a CUDA graph (no host reads).
-  void runSteps(int64_t T, int64_t R, bool capturing) {
-    countsStep = -1;
-    exchangedRows = -1;
-    current = {T, R, capturing};
-    moert::runSteps(rankProgram.collectives(), T, *this);
-  }
-
   /// A step's launches: kernels from the table (rows: the step's, T or R)
   /// and cuBLAS GEMMs.
   int64_t compute(size_t i, const PlanStep &s, int64_t rows) override {
@@ -454,11 +456,11 @@ private:
     case KernelRef::Kind::Null: return 0;
     case KernelRef::Kind::CoordTp: return static_cast<uint64_t>(plan->ranks[rank].coords.tp);
     case KernelRef::Kind::Const: return static_cast<uint64_t>(ref.value);
-    case KernelRef::Kind::Buffer: return address(rankProgram.buffer(ref.value));
+    case KernelRef::Kind::Buffer: return address(rankProgram->buffer(ref.value));
     case KernelRef::Kind::Weight: return weightPtrs[i];
     case KernelRef::Kind::Scratch: return scratch[i];
-    case KernelRef::Kind::CacheKeys: return address(rankProgram.cacheKeys(ref.value));
-    case KernelRef::Kind::CacheValues: return address(rankProgram.cacheValues(ref.value));
+    case KernelRef::Kind::CacheKeys: return address(rankProgram->cacheKeys(ref.value));
+    case KernelRef::Kind::CacheValues: return address(rankProgram->cacheValues(ref.value));
     case KernelRef::Kind::RopeCos: return ropeCos[i];
     case KernelRef::Kind::RopeSin: return ropeSin[i];
     case KernelRef::Kind::BatchSequence: return batchSequence;
@@ -605,8 +607,8 @@ private:
   CUmodule module = nullptr;
   cublasHandle_t blas = nullptr;
   std::unique_ptr<cuda::NcclComm> nccl;
-  cuda::Memory memory;
-  RankProgram rankProgram; ///< buffers, KV caches, collectives
+  cuda::Memory memory_;
+  const RankProgram *rankProgram = nullptr; ///< the executor's: buffers, KV caches
   std::map<std::string, CUfunction> functions;
   cuda::Arena arena;
   std::vector<CUdeviceptr> scratch, ropeCos, ropeSin, weightPtrs;

@@ -5,7 +5,7 @@
 // as the reference for the emitted CUDA ones.
 #pragma once
 
-#include "moert/Device.h"
+#include "moert/RankExecutor.h"
 #include "moert/Plan.h"
 #include "moert/cpu/Kernels.h"
 

@@ -1,0 +1,86 @@
+// One rank's program on a device: the executor's half that every device
+// shares. It owns the program's memory (its buffers, KV caches and
+// collective staging: runtime/src/RankProgram.h), writes the batch in, runs
+// the one step loop (runtime/src/StepLoop.h, the collectives' protocols
+// included) over the device's kernels and reads the logits out. A device
+// (runtime/src/Device.h: CPU, CUDA) gives only its memory, its weights and
+// the kernels of each step; the generation loop (moert/Executor.h) drives
+// this object the same way for every device.
+#pragma once
+
+#include "moert/Checkpoint.h"
+#include "moert/Comm.h"
+#include "moert/Plan.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace moert {
+
+class Device;
+class RankProgram;
+
+/// One step's tokens: ids, positions, and KV-cache slots (sequences),
+/// contiguous per sequence.
+struct Batch {
+  std::vector<int32_t> tokens, positions, slots;
+  /// Rows whose logits the caller wants, in order; the device writes them
+  /// as consecutive rows of `logits`.
+  std::vector<int64_t> logitRows;
+  int64_t size() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+/// The devices a rank's program runs on.
+enum class DeviceKind { Cpu, Cuda };
+
+class RankExecutor {
+public:
+  /// An executor over a new device of `kind`. CUDA's libraries load at run
+  /// time, so without a GPU prepare() fails with a clear InputError; in a
+  /// build without the CUDA toolkit this throws one saying so.
+  static std::unique_ptr<RankExecutor> create(DeviceKind kind);
+  ~RankExecutor();
+
+  /// The device's name ("cpu", "cuda").
+  std::string deviceName() const;
+  /// Binds the rank's weights from the checkpoint on the device (checking
+  /// every name, shape and dtype against the plan: its program's local
+  /// weights filled from the rank's slices, PlanLayout), then allocates the
+  /// program's buffers and caches on the device's memory. Collective steps
+  /// go through `comm` (kept; may be a world of one) or the device's
+  /// communicator over it (NCCL).
+  void prepare(const Plan &plan, int64_t rank, const Checkpoint &weights, Comm &comm);
+  /// Runs every step of the rank's program over the batch; on the last
+  /// stage, logits of batch.logitRows go to `logits` ([logitRows.size(),
+  /// vocab], f32); other stages leave `logits` alone. An empty batch (T = 0)
+  /// still takes part in every collective (with no rows).
+  void forward(const Batch &batch, std::vector<float> &logits);
+
+  /// Bytes of weights bound on the device.
+  int64_t weightBytes() const;
+  /// Bytes held besides the weights at the peak: the program's buffers,
+  /// caches and staging, and the device's scratch.
+  int64_t workspaceBytes() const;
+  /// The peak: weights (copies, and views into the checkpoint's mapping at
+  /// their size) + the program's memory + the device's scratch, in bytes.
+  int64_t peakBytes() const;
+  /// Bytes of checkpoint data this rank read (its slices).
+  int64_t loadedWeightBytes() const;
+  /// Seconds spent in each step of the rank's program since prepare, on a
+  /// device whose kernels finish before they return (the CPU); empty
+  /// otherwise.
+  std::vector<double> stepSeconds() const;
+
+private:
+  explicit RankExecutor(std::unique_ptr<Device> device);
+
+  std::unique_ptr<Device> device;
+  std::unique_ptr<RankProgram> program;
+  std::vector<double> seconds; ///< per step
+};
+
+/// True when the rank's program of `plan` carries a CUDA kernel table.
+bool planTargetsCuda(const Plan &plan);
+
+} // namespace moert

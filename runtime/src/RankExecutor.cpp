@@ -1,0 +1,65 @@
+#include "moert/RankExecutor.h"
+#include "Device.h"
+#include "RankProgram.h"
+#include "StepLoop.h"
+#include "moert/Error.h"
+
+namespace moert {
+
+RankExecutor::RankExecutor(std::unique_ptr<Device> device)
+    : device(std::move(device)), program(std::make_unique<RankProgram>()) {}
+
+RankExecutor::~RankExecutor() = default;
+
+std::unique_ptr<RankExecutor> RankExecutor::create(DeviceKind kind) {
+  return std::unique_ptr<RankExecutor>(
+      new RankExecutor(kind == DeviceKind::Cuda ? createCudaDevice() : createCpuDevice()));
+}
+
+std::string RankExecutor::deviceName() const { return device->name(); }
+
+void RankExecutor::prepare(const Plan &plan, int64_t rank, const Checkpoint &weights,
+                           Comm &comm) {
+  device->open(plan, rank, weights, comm);
+  program->prepare(plan, rank, device->memory(), device->communicator(), device->staging());
+  device->bind(*program);
+  seconds.assign(plan.programOf(rank).steps.size(), 0.0);
+}
+
+void RankExecutor::forward(const Batch &batch, std::vector<float> &logits) {
+  program->writeInputs(batch);
+  device->run(batch, [&] {
+    runSteps(program->collectives(), batch.size(), *device,
+             device->synchronous() ? &seconds : nullptr);
+  });
+  // The last stage's logits buffer is vocab_size wide (the compiler drops
+  // the padding of a sharded head with a split): the LM head computed the
+  // batch's logit rows only.
+  program->readLogits(static_cast<int64_t>(batch.logitRows.size()), logits);
+  device->synchronize();
+}
+
+int64_t RankExecutor::weightBytes() const { return device->weightBytes(); }
+int64_t RankExecutor::peakBytes() const { return device->ownPeakBytes() + program->bytes(); }
+int64_t RankExecutor::workspaceBytes() const { return peakBytes() - weightBytes(); }
+int64_t RankExecutor::loadedWeightBytes() const { return device->loadedWeightBytes(); }
+
+std::vector<double> RankExecutor::stepSeconds() const {
+  return device->synchronous() ? seconds : std::vector<double>{};
+}
+
+bool planTargetsCuda(const Plan &plan) {
+  for (const PlanProgram &p : plan.programs)
+    if (p.cuda)
+      return true;
+  return false;
+}
+
+#ifndef MOERT_HAVE_CUDA
+std::unique_ptr<Device> createCudaDevice() {
+  inputError("this moert was built without the CUDA toolkit: it runs CUDA plans on the CPU "
+             "only (--device cpu); rebuild with the toolkit installed to run them on a GPU");
+}
+#endif
+
+} // namespace moert
