@@ -39,6 +39,9 @@ static int64_t worldOf(const moe::LayoutRequest &request) {
   return 1;
 }
 
+static void addEntryPasses(OpPassManager &pm, const moe::CompileOptions &o, bool partition,
+                           moe::Phase last);
+
 void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) {
   if (last == Phase::Import)
     return;
@@ -73,6 +76,41 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
     pm.addPass(createMoEFuseRouter());
   if (last == Phase::Workload)
     return;
+  // With a decode entry, the passes from here to the exec programs run on
+  // each entry's copy of the model (its own workload), then the programs
+  // are joined (moe-join-entries) before the target's passes.
+  OpPassManager *entryPm = &pm;
+  if (o.decodeEntry) {
+    pm.addPass(createMoESplitEntries());
+    entryPm = &pm.nest<ModuleOp>();
+  }
+  addEntryPasses(*entryPm, o, partition, last);
+  if (last < Phase::Exec)
+    return;
+  if (o.decodeEntry)
+    pm.addPass(createMoEJoinEntries());
+  // The target's own passes on the exec programs (an unknown target is
+  // diagnosed by moe-emit-plan).
+  TargetOptions target;
+  target.output = o.output;
+  target.cudaArch = o.cudaArch;
+  target.kernelsOnly = o.kernelsOnly;
+  if (const TargetBackend *backend = lookupTargetBackend(o.target))
+    backend->buildPipeline(pm, target);
+  if (last == Phase::Plan && (!o.output.empty() || o.kernelsOnly)) {
+    MoEEmitPlanOptions emit;
+    emit.output = o.output;
+    emit.target = o.target;
+    emit.cudaArch = o.cudaArch;
+    emit.kernelsOnly = o.kernelsOnly;
+    pm.addPass(createMoEEmitPlan(emit));
+  }
+}
+
+/// The passes of one entry, from its workload to its exec programs.
+static void addEntryPasses(OpPassManager &pm, const moe::CompileOptions &o, bool partition,
+                           moe::Phase last) {
+  using namespace moe;
   if (partition) {
     // Per-stage programs with collectives (capacity needs the workload), then
     // the proof that they match: a plan that fails it is never written.
@@ -102,22 +140,6 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
   // kernel id, collectives with their groups. The targets and the plan
   // writer read only these.
   pm.addPass(createMoELowerToExec());
-  // The target's own passes on the exec programs (an unknown target is
-  // diagnosed by moe-emit-plan).
-  TargetOptions target;
-  target.output = o.output;
-  target.cudaArch = o.cudaArch;
-  target.kernelsOnly = o.kernelsOnly;
-  if (const TargetBackend *backend = lookupTargetBackend(o.target))
-    backend->buildPipeline(pm, target);
-  if (last == Phase::Plan && (!o.output.empty() || o.kernelsOnly)) {
-    MoEEmitPlanOptions emit;
-    emit.output = o.output;
-    emit.target = o.target;
-    emit.cudaArch = o.cudaArch;
-    emit.kernelsOnly = o.kernelsOnly;
-    pm.addPass(createMoEEmitPlan(emit));
-  }
 }
 
 namespace {
@@ -151,6 +173,8 @@ struct CompilePipelineOptions : public PassPipelineOptions<CompilePipelineOption
                              llvm::cl::desc("cpu or cuda")};
   Option<std::string> cudaArch{*this, "cuda-arch", llvm::cl::init("sm_80,sm_90"),
                                llvm::cl::desc("CUDA architectures")};
+  Option<bool> decodeEntry{*this, "decode-entry", llvm::cl::init(false),
+                           llvm::cl::desc("a decode entry beside the prefill one")};
   Option<bool> kernelsOnly{*this, "kernels-only", llvm::cl::init(false),
                            llvm::cl::desc("target=cuda without nvcc: the sources beside the "
                                           "plan (moec compile --compile-to=kernels)")};
@@ -183,6 +207,7 @@ void moe::registerPipelines() {
         o.target = p.target;
         o.cudaArch = p.cudaArch;
         o.kernelsOnly = p.kernelsOnly;
+        o.decodeEntry = p.decodeEntry;
         buildPipeline(pm, o, Phase::Plan);
       });
 }

@@ -34,13 +34,16 @@ public:
   /// The communicator of the program's collective steps: the world given
   /// to open(), or the device's own over it (NCCL); null for one rank.
   virtual Comm *communicator() = 0;
-  /// The program is allocated: the device's views of it (caches) and its
-  /// state for the steps (kept until the device goes).
+  /// A program of the rank (one per entry, the rank's own first) is
+  /// allocated: the device's views of it (caches, which its entries share)
+  /// and its state for the steps (kept until the device goes).
   virtual void bind(const RankProgram &program) = 0;
-  /// Runs `steps` (the executor's step loop over `batch`, whose inputs are
-  /// written) with the batch's per-token state in place: the CUDA device
-  /// uploads its index arrays and captures or replays a graph.
-  virtual void run(const Batch &batch, const std::function<void()> &steps) = 0;
+  /// Runs `steps` (the executor's step loop over `program` and `batch`,
+  /// whose inputs are written) with the batch's per-token state in place:
+  /// the CUDA device uploads its index arrays and captures or replays a
+  /// graph.
+  virtual void run(const RankProgram &program, const Batch &batch,
+                   const std::function<void()> &steps) = 0;
   /// Waits for the work launched so far.
   virtual void synchronize() {}
   /// True when a step's kernels have finished when compute() returns (step

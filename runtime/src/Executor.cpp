@@ -111,9 +111,10 @@ GenerateResult Executor::generate(const std::vector<std::vector<int32_t>> &promp
 
   // One forward step per iteration on every rank of the world (lockstep):
   // prefill chunks until the replica's prompts are done, then decode one
-  // token per live sequence per step; a rank without work runs an empty
-  // batch while any rank has work.
-  size_t prefilled = 0;
+  // token per live sequence per step (in turns when they are more than a
+  // step holds); a rank without work runs an empty batch while any rank
+  // has work.
+  size_t prefilled = 0, decodeFrom = 0;
   for (int64_t step = 0;; ++step) {
     Batch batch;
     const size_t begin = prefilled;
@@ -129,7 +130,12 @@ GenerateResult Executor::generate(const std::vector<std::vector<int32_t>> &promp
       }
       prefilled = end;
     } else {
-      for (size_t s = 0; s < local; ++s) {
+      // At most the decode entry's tokens a step: more live sequences take
+      // turns, from where the last step stopped.
+      const size_t most = static_cast<size_t>(plan.decodeMaxBatchTokens);
+      size_t last = decodeFrom;
+      for (size_t n = 0; n < local && static_cast<size_t>(batch.size()) < most; ++n) {
+        const size_t s = (decodeFrom + n) % local;
         if (!live[s])
           continue;
         generated[s].push_back(pending[s]);
@@ -145,12 +151,19 @@ GenerateResult Executor::generate(const std::vector<std::vector<int32_t>> &promp
         batch.positions.push_back(
             static_cast<int32_t>(prompts[mine[s]].size() + generated[s].size() - 1));
         batch.slots.push_back(static_cast<int32_t>(s));
+        last = s;
       }
+      decodeFrom = local ? (last + 1) % local : 0;
     }
-    if (comm.allReduceMax(batch.size() > 0 ? 1 : 0,
-                          fmt::format("generation step {} (does any rank have work)", step)) == 0)
+    // Every rank runs the same entry in a step (a collective group may span
+    // replicas that are in different phases): the prefill entry while any
+    // rank prefills, else the decode entry (the plan's schedule).
+    const int64_t phase = comm.allReduceMax(
+        prefill ? 2 : batch.size() > 0 ? 1 : 0,
+        fmt::format("generation step {} (does any rank have work, and prompts)", step));
+    if (phase == 0)
       break;
-    device.forward(batch, logits);
+    device.forward(batch, logits, phase == 2 ? plan.prefillEntry : plan.decodeEntry);
 
     // Every rank of the replica samples from the same logits.
     const size_t logitCount = batch.logitRows.size() * static_cast<size_t>(vocab);

@@ -161,11 +161,14 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
     pr.fail("stage", fmt::format("expected a stage below pp = {}", plan.degrees.pp));
   if (pr.has("entry")) {
     program.entry = pr.string("entry");
-    if (program.entry != "forward")
-      pr.fail("entry", fmt::format("'{}': not supported yet (this moert runs forward "
-                                   "programs)",
+    if (program.entry != "forward" && program.entry != "prefill" && program.entry != "decode")
+      pr.fail("entry", fmt::format("'{}': not supported yet (this moert runs forward, prefill "
+                                   "and decode programs)",
                                    program.entry));
   }
+  program.maxBatchTokens = pr.has("max_batch_tokens")
+                               ? pr.bounded("max_batch_tokens", 1, plan.maxBatchTokens)
+                               : plan.maxBatchTokens;
   const bool last = program.stage == plan.degrees.pp - 1;
 
   const json &weights = pr.array("weights");
@@ -230,7 +233,7 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
     if (id >= 0) {
       bufferId(inputs, field, id);
       const PlanBuffer &b = program.buffers[id];
-      if (b.dtype != DType::I32 || b.rows < plan.maxBatchTokens)
+      if (b.dtype != DType::I32 || b.rows < program.maxBatchTokens)
         inputs.fail(field, "expected an I32 buffer of max_batch_tokens rows");
     }
     (std::string(field) == "tokens" ? program.tokensBuffer : program.positionsBuffer) = id;
@@ -322,6 +325,88 @@ std::vector<int64_t> transfers(const PlanProgram &program, Collective op) {
     if (s.op->collective == op)
       widths.push_back(program.buffers[op == Collective::Send ? s.in[0] : s.out[0]].width);
   return widths;
+}
+
+/// The programs' entries (the first program's, one program per stage, then
+/// each other entry's) and the schedule that runs them: a rank binds its
+/// weights once and shares its KV caches between its entries, so the
+/// entries of a stage declare the same ones.
+void readEntries(const JsonFields &r, Plan &plan) {
+  const std::vector<PlanProgram> &programs = plan.programs;
+  const std::string &first = programs[0].entry;
+  std::vector<std::string> entries;
+  for (size_t i = 0; i < programs.size(); ++i) {
+    const PlanProgram &p = programs[i];
+    const std::string where = fmt::format("programs[{}]", i);
+    if (std::find(entries.begin(), entries.end(), p.entry) == entries.end())
+      entries.push_back(p.entry);
+    int64_t count = 0;
+    const PlanProgram *primary = nullptr;
+    for (const PlanProgram &q : programs) {
+      count += q.stage == p.stage && q.entry == p.entry;
+      if (q.stage == p.stage && q.entry == first && !primary)
+        primary = &q;
+    }
+    if (count != 1)
+      r.fail(where, fmt::format("entry '{}' has {} programs of stage {} (expected one)", p.entry,
+                                count, p.stage));
+    if (!primary)
+      r.fail(where, fmt::format("stage {} has no program of the first entry ('{}')", p.stage,
+                                first));
+    auto sameWeight = [](const PlanWeight &a, const PlanWeight &b) {
+      return a.name == b.name && a.shape == b.shape && a.dtype == b.dtype &&
+             a.experts == b.experts;
+    };
+    auto sameCache = [](const PlanCache &a, const PlanCache &b) {
+      return a.keyWidth == b.keyWidth && a.valueWidth == b.valueWidth;
+    };
+    if (!std::equal(p.weights.begin(), p.weights.end(), primary->weights.begin(),
+                    primary->weights.end(), sameWeight))
+      r.fail(where, fmt::format("its weights differ from those of entry '{}' of stage {} (the "
+                                "entries of a stage share them)",
+                                first, p.stage));
+    if (!std::equal(p.caches.begin(), p.caches.end(), primary->caches.begin(),
+                    primary->caches.end(), sameCache))
+      r.fail(where, fmt::format("its KV caches differ from those of entry '{}' of stage {} (the "
+                                "entries of a stage share them)",
+                                first, p.stage));
+  }
+  for (size_t i = 0; i < programs.size(); ++i)
+    if (programs[i].entry == first && i != static_cast<size_t>(programs[i].stage))
+      r.fail(fmt::format("programs[{}]", i),
+             fmt::format("expected entry '{}''s programs first, stage {} at programs[{}]", first,
+                         programs[i].stage, programs[i].stage));
+  for (int64_t stage = 0; stage < plan.degrees.pp; ++stage)
+    if (std::none_of(programs.begin(), programs.end(),
+                     [&](const PlanProgram &p) { return p.stage == stage; }))
+      r.fail("programs", fmt::format("no program of stage {}", stage));
+
+  plan.prefillEntry = plan.decodeEntry = first;
+  plan.decodeMaxBatchTokens = programs[0].maxBatchTokens;
+  if (!r.has("schedule")) {
+    if (entries.size() > 1)
+      r.fail("schedule", fmt::format("missing: the programs have entries '{}' and '{}'",
+                                     entries[0], entries[1]));
+    if (first != "forward")
+      r.fail("schedule", fmt::format("missing: no phase runs entry '{}'", first));
+    return;
+  }
+  JsonFields schedule = r.child("schedule");
+  schedule.onlyMembers(moe::plan::members::kSchedule);
+  std::vector<std::string> used;
+  for (auto [phase, entry] : {std::pair<const char *, std::string *>{"prefill", &plan.prefillEntry},
+                              {"decode", &plan.decodeEntry}}) {
+    *entry = schedule.string(phase);
+    if (std::find(entries.begin(), entries.end(), *entry) == entries.end())
+      schedule.fail(phase, fmt::format("'{}' is not an entry of the programs", *entry));
+    used.push_back(*entry);
+  }
+  for (const PlanProgram &p : programs)
+    if (p.entry == plan.decodeEntry)
+      plan.decodeMaxBatchTokens = std::min(plan.decodeMaxBatchTokens, p.maxBatchTokens);
+  for (const std::string &entry : entries)
+    if (std::find(used.begin(), used.end(), entry) == used.end())
+      schedule.fail("decode", fmt::format("no phase runs entry '{}'", entry));
 }
 
 } // namespace
@@ -423,10 +508,12 @@ Plan Plan::load(const std::string &path) {
     r.fail("programs", "expected at least one program");
   for (size_t i = 0; i < programs.size(); ++i)
     plan.programs.push_back(readProgram(plan, r.element("programs", i), i));
+  readEntries(r, plan);
   // What stage s sends, stage s + 1 receives, in the same order and widths.
   for (size_t i = 0; i < plan.programs.size(); ++i)
     for (size_t j = 0; j < plan.programs.size(); ++j)
       if (plan.programs[j].stage == plan.programs[i].stage + 1 &&
+          plan.programs[j].entry == plan.programs[i].entry &&
           transfers(plan.programs[i], Collective::Send) != transfers(plan.programs[j], Collective::Recv))
         r.fail(fmt::format("programs[{}]", j),
                fmt::format("its recvs (widths {}) differ from the sends of programs[{}] "
@@ -469,15 +556,22 @@ Plan Plan::load(const std::string &path) {
     if (plan.programs[rank.program].stage != c.pp)
       rr.fail("program", fmt::format("program {} is of stage {} but the rank is on stage {}",
                                      rank.program, plan.programs[rank.program].stage, c.pp));
+    if (plan.programs[rank.program].entry != plan.programs[0].entry)
+      rr.fail("program", fmt::format("program {} is of entry '{}', not the first entry ('{}')",
+                                     rank.program, plan.programs[rank.program].entry,
+                                     plan.programs[0].entry));
     JsonFields memory = rr.child("memory");
     memory.onlyMembers(moe::plan::members::kRankMemory);
     // The planner's estimate of the rank's slices is exact; its peak is a
     // model of any program. The prediction the runtime is held to is the
-    // compiled program's: its (local) weights, buffers and KV caches.
+    // compiled programs': their (local) weights and KV caches, which a
+    // rank's entries share, and each entry's buffers.
     rank.predictedWeightBytes = memory.integer("weights", 0);
     const PlanProgram &program = plan.programs[rank.program];
-    rank.predictedPeakBytes = program.weightBytes + program.activationBytes + program.cacheBytes;
+    rank.predictedPeakBytes = program.weightBytes + program.cacheBytes;
     plan.ranks.push_back(std::move(rank));
+    for (const PlanProgram *entry : plan.entriesOf(static_cast<int64_t>(ri)))
+      plan.ranks.back().predictedPeakBytes += entry->activationBytes;
   }
   return plan;
 }
@@ -493,6 +587,15 @@ std::vector<int> Plan::groupOf(int64_t rank, const CollectiveGroup &group) const
                                            : expertRank(degrees, c)));
   }
   return members;
+}
+
+std::vector<const PlanProgram *> Plan::entriesOf(int64_t rank) const {
+  const PlanProgram &own = programOf(rank);
+  std::vector<const PlanProgram *> entries{&own};
+  for (const PlanProgram &p : programs)
+    if (p.stage == own.stage && &p != &own)
+      entries.push_back(&p);
+  return entries;
 }
 
 int64_t Plan::stageRank(int64_t rank, int64_t stage) const {

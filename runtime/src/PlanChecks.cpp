@@ -64,9 +64,9 @@ int64_t StepChecker::width(int64_t buffer, DType dtype) const {
 
 int64_t StepChecker::tokens(int64_t buffer, DType dtype) const {
   int64_t w = width(buffer, dtype);
-  if (program.buffers[buffer].rows < plan.maxBatchTokens)
+  if (program.buffers[buffer].rows < program.maxBatchTokens)
     fail(fmt::format("buffer {} has {} rows, fewer than max_batch_tokens ({})", buffer,
-                     program.buffers[buffer].rows, plan.maxBatchTokens));
+                     program.buffers[buffer].rows, program.maxBatchTokens));
   return w;
 }
 

@@ -6,8 +6,7 @@
 
 namespace moert {
 
-RankExecutor::RankExecutor(std::unique_ptr<Device> device)
-    : device(std::move(device)), program(std::make_unique<RankProgram>()) {}
+RankExecutor::RankExecutor(std::unique_ptr<Device> device) : device(std::move(device)) {}
 
 RankExecutor::~RankExecutor() = default;
 
@@ -21,31 +20,55 @@ std::string RankExecutor::deviceName() const { return device->name(); }
 void RankExecutor::prepare(const Plan &plan, int64_t rank, const Checkpoint &weights,
                            Comm &comm) {
   device->open(plan, rank, weights, comm);
-  program->prepare(plan, rank, device->memory(), device->communicator(), device->staging());
-  device->bind(*program);
-  seconds.assign(plan.programOf(rank).steps.size(), 0.0);
+  programs.clear();
+  seconds.clear();
+  for (const PlanProgram *entry : plan.entriesOf(rank)) {
+    programs.push_back(std::make_unique<RankProgram>());
+    programs.back()->prepare(plan, rank, device->memory(), device->communicator(),
+                             device->staging(), entry,
+                             programs.size() > 1 ? programs.front().get() : nullptr);
+    device->bind(*programs.back());
+    seconds.emplace_back(entry->steps.size(), 0.0);
+  }
 }
 
-void RankExecutor::forward(const Batch &batch, std::vector<float> &logits) {
-  program->writeInputs(batch);
-  device->run(batch, [&] {
-    runSteps(program->collectives(), batch.size(), *device,
-             device->synchronous() ? &seconds : nullptr);
+size_t RankExecutor::entryIndex(const std::string &entry) const {
+  if (entry.empty())
+    return 0;
+  for (size_t i = 0; i < programs.size(); ++i)
+    if (programs[i]->program().entry == entry)
+      return i;
+  runtimeError("the rank has no program of entry '{}'", entry);
+}
+
+void RankExecutor::forward(const Batch &batch, std::vector<float> &logits,
+                           const std::string &entry) {
+  const size_t index = entryIndex(entry);
+  RankProgram &program = *programs[index];
+  program.writeInputs(batch);
+  device->run(program, batch, [&] {
+    runSteps(program.collectives(), batch.size(), *device,
+             device->synchronous() ? &seconds[index] : nullptr);
   });
   // The last stage's logits buffer is vocab_size wide (the compiler drops
   // the padding of a sharded head with a split): the LM head computed the
   // batch's logit rows only.
-  program->readLogits(static_cast<int64_t>(batch.logitRows.size()), logits);
+  program.readLogits(static_cast<int64_t>(batch.logitRows.size()), logits);
   device->synchronize();
 }
 
 int64_t RankExecutor::weightBytes() const { return device->weightBytes(); }
-int64_t RankExecutor::peakBytes() const { return device->ownPeakBytes() + program->bytes(); }
+int64_t RankExecutor::peakBytes() const {
+  int64_t bytes = device->ownPeakBytes();
+  for (const auto &program : programs)
+    bytes += program->bytes();
+  return bytes;
+}
 int64_t RankExecutor::workspaceBytes() const { return peakBytes() - weightBytes(); }
 int64_t RankExecutor::loadedWeightBytes() const { return device->loadedWeightBytes(); }
 
-std::vector<double> RankExecutor::stepSeconds() const {
-  return device->synchronous() ? seconds : std::vector<double>{};
+std::vector<double> RankExecutor::stepSeconds(const std::string &entry) const {
+  return device->synchronous() ? seconds[entryIndex(entry)] : std::vector<double>{};
 }
 
 bool planTargetsCuda(const Plan &plan) {

@@ -8,9 +8,10 @@
 namespace moert {
 
 void RankProgram::prepare(const Plan &plan, int64_t rank, DeviceMemory &memory_, Comm *comm,
-                          Staging staging) {
+                          Staging staging, const PlanProgram *entry,
+                          const RankProgram *cachesOf) {
   plan_ = &plan;
-  program_ = &plan.programOf(rank);
+  program_ = entry ? entry : &plan.programOf(rank);
   memory = &memory_;
   const int64_t before = memory->allocatedBytes();
   buffers.clear();
@@ -18,9 +19,12 @@ void RankProgram::prepare(const Plan &plan, int64_t rank, DeviceMemory &memory_,
     buffers.push_back(memory->allocate(b.rows * b.width * 4));
   caches.clear();
   const int64_t positions = plan.maxSequences * plan.maxSeqLen;
-  for (const PlanCache &c : program_->caches)
-    caches.push_back({static_cast<float *>(memory->allocate(positions * c.keyWidth * 4)),
-                      static_cast<float *>(memory->allocate(positions * c.valueWidth * 4))});
+  if (cachesOf) // the plan's entries of a stage declare the same caches
+    caches = cachesOf->caches;
+  else
+    for (const PlanCache &c : program_->caches)
+      caches.push_back({static_cast<float *>(memory->allocate(positions * c.keyWidth * 4)),
+                        static_cast<float *>(memory->allocate(positions * c.valueWidth * 4))});
   allocated = memory->allocatedBytes() - before;
   // all_gather lands the members' blocks here before they are laid out as
   // columns: at most max_batch_tokens rows of its output's width.
@@ -30,7 +34,7 @@ void RankProgram::prepare(const Plan &plan, int64_t rank, DeviceMemory &memory_,
     for (const PlanStep &s : program_->steps)
       if (s.op->collective == Collective::AllGather)
         gatherBytes = std::max(gatherBytes,
-                               plan.maxBatchTokens * program_->buffers[s.out[0]].width * 4);
+                               program_->maxBatchTokens * program_->buffers[s.out[0]].width * 4);
     gatherStage = gatherBytes ? memory->allocate(gatherBytes) : nullptr;
   }
 
@@ -58,8 +62,9 @@ void RankProgram::prepare(const Plan &plan, int64_t rank, DeviceMemory &memory_,
 
 void RankProgram::writeInputs(const Batch &batch) {
   const int64_t T = batch.size();
-  if (T > plan_->maxBatchTokens)
-    runtimeError("batch of {} tokens exceeds max_batch_tokens ({})", T, plan_->maxBatchTokens);
+  if (T > program_->maxBatchTokens)
+    runtimeError("batch of {} tokens exceeds the {} entry's max_batch_tokens ({})", T,
+                 program_->entry, program_->maxBatchTokens);
   if (batch.positions.size() != batch.tokens.size())
     runtimeError("batch of {} tokens with {} positions", T, batch.positions.size());
   if (program_->tokensBuffer >= 0)

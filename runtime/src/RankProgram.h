@@ -27,10 +27,14 @@ public:
 
   /// Allocates every buffer ([rows, width] 4-byte values) and every KV cache
   /// (keys and values, [max_sequences, max_seq_len, width] f32) of `rank`'s
-  /// program on `memory`; collective steps go through `comm` (may be null
-  /// for a plan of one rank).
+  /// program (or of `entry`, one of plan.entriesOf(rank)) on `memory`; with
+  /// `cachesOf` (another entry of the rank), its KV caches are shared
+  /// instead. Collective steps go through `comm` (may be null for a plan of
+  /// one rank).
   void prepare(const Plan &plan, int64_t rank, DeviceMemory &memory, Comm *comm,
-               Staging staging);
+               Staging staging, const PlanProgram *entry = nullptr,
+               const RankProgram *cachesOf = nullptr);
+  const PlanProgram &program() const { return *program_; }
 
   /// The collective steps' context (runSteps).
   const collectives::Context &collectives() const { return context; }
@@ -38,7 +42,8 @@ public:
   void *buffer(int64_t id) const { return buffers[static_cast<size_t>(id)]; }
   float *cacheKeys(int64_t id) const { return caches[static_cast<size_t>(id)].keys; }
   float *cacheValues(int64_t id) const { return caches[static_cast<size_t>(id)].values; }
-  /// Bytes allocated for the program (buffers, caches, staging).
+  /// Bytes allocated for the program (buffers, caches unless shared,
+  /// staging).
   int64_t bytes() const { return allocated + gatherBytes; }
 
   /// The batch's tokens and positions into the program's input buffers

@@ -213,6 +213,90 @@ std::string loadError(const std::function<void(json &)> &edit) {
 
 } // namespace
 
+/// The minimal plan with a decode entry beside its program (renamed
+/// "prefill"): a copy of it, compiled for as many tokens a step.
+json withDecodeEntry() {
+  json plan = minimalPlan();
+  json decode = plan["programs"][0];
+  plan["programs"][0]["entry"] = "prefill";
+  decode["entry"] = "decode";
+  decode["max_batch_tokens"] = plan["workload"]["max_batch_tokens"];
+  plan["programs"].push_back(decode);
+  plan["schedule"] = {{"prefill", "prefill"}, {"decode", "decode"}};
+  return plan;
+}
+
+TEST(PlanLoad, EntriesAndTheirSchedule) {
+  std::string path = writePlan(withDecodeEntry());
+  Plan plan = Plan::load(path);
+  fs::remove(path);
+  ASSERT_EQ(plan.programs.size(), 2u);
+  EXPECT_EQ(plan.prefillEntry, "prefill");
+  EXPECT_EQ(plan.decodeEntry, "decode");
+  std::vector<const PlanProgram *> entries = plan.entriesOf(0);
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[0], &plan.programs[0]);
+  EXPECT_EQ(entries[1]->entry, "decode");
+  EXPECT_EQ(entries[0]->maxBatchTokens, plan.maxBatchTokens);
+  EXPECT_EQ(entries[1]->maxBatchTokens, plan.maxBatchTokens);
+  // The rank's prediction: the shared weights and caches once, each
+  // entry's buffers.
+  EXPECT_EQ(plan.ranks[0].predictedPeakBytes,
+            entries[0]->weightBytes + entries[0]->cacheBytes + entries[0]->activationBytes +
+                entries[1]->activationBytes);
+
+  // A plan without entries runs "forward" for every phase.
+  path = writePlan(minimalPlan());
+  Plan one = Plan::load(path);
+  fs::remove(path);
+  EXPECT_EQ(one.prefillEntry, "forward");
+  EXPECT_EQ(one.decodeEntry, "forward");
+  EXPECT_EQ(one.entriesOf(0).size(), 1u);
+
+  auto entryError = [](const std::function<void(json &)> &edit) {
+    json plan = withDecodeEntry();
+    edit(plan);
+    return loadMessage(planText(plan));
+  };
+  EXPECT_EQ(entryError([](json &) {}), "");
+  EXPECT_EQ(entryError([](json &p) { p.erase("schedule"); }),
+            "PLAN: schedule: missing: the programs have entries 'prefill' and 'decode'");
+  EXPECT_EQ(loadError([](json &p) { p["programs"][0]["entry"] = "prefill"; }),
+            "PLAN: schedule: missing: no phase runs entry 'prefill'");
+  EXPECT_EQ(entryError([](json &p) { p["schedule"]["decode"] = "prefill"; }),
+            "PLAN: schedule.decode: no phase runs entry 'decode'");
+  EXPECT_EQ(entryError([](json &p) { p["schedule"]["decode"] = "forward"; }),
+            "PLAN: schedule.decode: 'forward' is not an entry of the programs");
+  EXPECT_EQ(entryError([](json &p) { p["schedule"].erase("prefill"); }),
+            "PLAN: schedule.prefill: missing");
+  EXPECT_EQ(entryError([](json &p) { p["schedule"]["backward"] = "decode"; }),
+            "PLAN: schedule.backward: unknown field");
+  // The entries of a stage share the rank's weights and KV caches (a
+  // program's weights are bound by its steps, in order: two entries of
+  // one model differ in them only by their local shapes).
+  EXPECT_EQ(entryError([](json &p) {
+              const int64_t rows = p["workload"]["max_sequences"].get<int64_t>() *
+                                   p["workload"]["max_seq_len"].get<int64_t>();
+              p["programs"][1]["kv_caches"].push_back(
+                  {{"key_width", 8}, {"value_width", 8}, {"bytes", rows * 16 * 4}});
+            }),
+            "PLAN: programs[1]: its KV caches differ from those of entry 'prefill' of stage 0 "
+            "(the entries of a stage share them)");
+  EXPECT_EQ(entryError([](json &p) { p["programs"][1]["entry"] = "prefill"; }),
+            "PLAN: programs[0]: entry 'prefill' has 2 programs of stage 0 (expected one)");
+  EXPECT_EQ(entryError([](json &p) { p["ranks"][0]["program"] = 1; }),
+            "PLAN: ranks[0].program: program 1 is of entry 'decode', not the first entry "
+            "('prefill')");
+  EXPECT_EQ(entryError([](json &p) { p["programs"][1]["max_batch_tokens"] = 100000; })
+                .substr(0, 48),
+            "PLAN: programs[1].max_batch_tokens: expected a v");
+  // An entry's steps are checked against its own workload: a dispatch
+  // sized for more tokens than the entry's is refused.
+  EXPECT_EQ(entryError([](json &p) { p["programs"][1]["max_batch_tokens"] = 2; }),
+            "PLAN: programs[1].steps[2] (dispatch): capacity 4 is not c(max_batch_tokens) = 2 "
+            "(capacity_factor 0)");
+}
+
 TEST(PlanLoad, MinimalPlanLoads) {
   std::string path = writePlan(minimalPlan());
   Plan plan = Plan::load(path);
@@ -271,8 +355,8 @@ TEST(PlanLoad, BadFieldsAreNamed) {
   // program is refused by name, not run as if it were one.
   EXPECT_EQ(loadError([](json &p) { p["programs"][0]["entry"] = "forward"; }), "");
   EXPECT_EQ(loadError([](json &p) { p["programs"][0]["entry"] = "backward"; }),
-            "PLAN: programs[0].entry: 'backward': not supported yet (this moert runs forward "
-            "programs)");
+            "PLAN: programs[0].entry: 'backward': not supported yet (this moert runs forward, "
+            "prefill and decode programs)");
   EXPECT_EQ(loadError([](json &p) { p["programs"][0]["entry"] = 3; }),
             "PLAN: programs[0].entry: expected a string");
   // Members not in the plan schema (moe/PlanSchema.h) are refused by name

@@ -37,6 +37,10 @@ struct CompileOptions {
   /// --compile-to=kernels: the CUDA sources beside the plan (stage<i>.cu),
   /// or on standard output without an output; no nvcc.
   bool kernelsOnly = false;
+  /// A decode entry beside the prefill one (moec compile --decode-entry):
+  /// the passes after the workload run on each entry's copy of the model
+  /// (moe-split-entries / moe-join-entries).
+  bool decodeEntry = false;
 };
 
 /// Adds the passes that take an imported module to `last` (Import adds none).

@@ -104,6 +104,14 @@ cl::opt<double> capacityFactor(
              "residual); default 0: dropless (docs/partitioned-execution.md)"),
     cl::init(0.0), cl::sub(compileCommand));
 
+cl::opt<bool> decodeEntry(
+    "decode-entry",
+    cl::desc("Give every rank a decode program beside its prefill program: its steps hold at "
+             "most one token per sequence (--max-sequences), so its dispatch blocks and "
+             "buffers are that small; moert runs prompts with the prefill entry and "
+             "generated tokens with the decode entry (docs/plan-format.md, schedule)"),
+    cl::init(false), cl::sub(compileCommand));
+
 cl::opt<bool> noFuse(
     "no-fuse",
     cl::desc("Skip the fusion passes (moe-fuse-router): every op of the model runs as its own "
@@ -407,6 +415,7 @@ int runCompile() {
   options.target = compileTarget;
   options.cudaArch = cudaArchs;
   options.kernelsOnly = kernelsOnly;
+  options.decodeEntry = decodeEntry;
   // Where the plan goes: -o, or DIR/plan.json for --compile-to=kernels -o DIR
   // (the sources beside it).
   options.output = compileOutput;
@@ -445,7 +454,7 @@ int runPlanInfo() {
                                   "%s: not a plan (no \"format\": \"moe-plan\")",
                                   planInfoPath.c_str()));
   json::Object info;
-  for (StringRef key : {"world_size", "degrees", "vocab", "stage_begin"})
+  for (StringRef key : {"world_size", "degrees", "vocab", "stage_begin", "schedule"})
     if (const json::Value *v = root->get(key))
       info[key] = *v;
   json::Array ranks;
@@ -476,6 +485,11 @@ int runPlanInfo() {
   if (const json::Object *vocab = info.getObject("vocab"))
     outs() << formatv("vocab       {0} (padded {1})\n", vocab->getInteger("size").value_or(0),
                       vocab->getInteger("padded").value_or(0));
+  // Which entry runs each phase (plans with several entries per rank).
+  if (const json::Object *schedule = info.getObject("schedule"))
+    outs() << formatv("schedule    prefill: {0}, decode: {1}\n",
+                      schedule->getString("prefill").value_or(""),
+                      schedule->getString("decode").value_or(""));
   return kExitOk;
 }
 

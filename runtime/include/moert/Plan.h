@@ -78,9 +78,13 @@ struct PlanStep {
 /// weights have the rank-local shapes; steps index them and its buffers.
 struct PlanProgram {
   int64_t stage = 0;
-  /// What the program computes (its exec.program's entry): "forward", the
-  /// only entry this runtime runs; absent in a plan means "forward".
+  /// What the program computes (its exec.program's entry): "forward" (every
+  /// step of generation), or an entry the plan's schedule names ("prefill",
+  /// "decode"; "backward" and "optimizer" later); absent means "forward".
   std::string entry = "forward";
+  /// The most tokens of one of its steps: the plan's max_batch_tokens, or
+  /// fewer for an entry compiled for smaller steps (decode).
+  int64_t maxBatchTokens = 0;
   std::vector<PlanWeight> weights;
   std::vector<PlanBuffer> buffers;
   std::vector<PlanCache> caches;
@@ -128,10 +132,20 @@ struct Plan {
   int64_t paddedVocab = 0; ///< vocab.padded (== vocabSize with tp = 1)
   /// The model's logical (checkpoint) tensors, whole shapes.
   std::vector<PlanWeight> weights;
+  /// The first entry's programs, one per stage in order (a rank's
+  /// "program"), then each other entry's, the same stages.
   std::vector<PlanProgram> programs;
   std::vector<PlanRank> ranks; ///< ranks[r].rank == r
+  /// The schedule: the entry that runs prompt chunks and the one that runs
+  /// generated tokens (both the first entry in a plan without a schedule).
+  std::string prefillEntry, decodeEntry;
+  /// The most tokens of a decode step: the decode entry's max_batch_tokens
+  /// (more live sequences decode in turns).
+  int64_t decodeMaxBatchTokens = 0;
 
   const PlanProgram &programOf(int64_t rank) const { return programs[ranks[rank].program]; }
+  /// The programs of `rank`'s stage, its own program first, one per entry.
+  std::vector<const PlanProgram *> entriesOf(int64_t rank) const;
   /// The world ranks of `group` as seen from `rank`, ordered by their
   /// coordinate on the group's axis (the caller is among them).
   std::vector<int> groupOf(int64_t rank, const CollectiveGroup &group) const;

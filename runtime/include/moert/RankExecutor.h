@@ -1,6 +1,9 @@
-// One rank's program on a device: the executor's half that every device
-// shares. It owns the program's memory (its buffers, KV caches and
-// collective staging: runtime/src/RankProgram.h), writes the batch in, runs
+// One rank's programs on a device: the executor's half that every device
+// shares. A rank runs one program per entry of the plan (its stage's
+// "forward", or "prefill" and "decode", which the plan's schedule names);
+// the executor owns each program's memory (its buffers and collective
+// staging, and the KV caches its entries share: runtime/src/RankProgram.h),
+// writes the batch in, runs
 // the one step loop (runtime/src/StepLoop.h, the collectives' protocols
 // included) over the device's kernels and reads the logits out. A device
 // (runtime/src/Device.h: CPU, CUDA) gives only its memory, its weights and
@@ -46,16 +49,19 @@ public:
   std::string deviceName() const;
   /// Binds the rank's weights from the checkpoint on the device (checking
   /// every name, shape and dtype against the plan: its program's local
-  /// weights filled from the rank's slices, PlanLayout), then allocates the
-  /// program's buffers and caches on the device's memory. Collective steps
+  /// weights filled from the rank's slices, PlanLayout; every entry of the
+  /// rank uses them), then allocates each entry's buffers and the caches
+  /// on the device's memory. Collective steps
   /// go through `comm` (kept; may be a world of one) or the device's
   /// communicator over it (NCCL).
   void prepare(const Plan &plan, int64_t rank, const Checkpoint &weights, Comm &comm);
-  /// Runs every step of the rank's program over the batch; on the last
-  /// stage, logits of batch.logitRows go to `logits` ([logitRows.size(),
-  /// vocab], f32); other stages leave `logits` alone. An empty batch (T = 0)
-  /// still takes part in every collective (with no rows).
-  void forward(const Batch &batch, std::vector<float> &logits);
+  /// Runs every step of the rank's program of `entry` (empty: its own
+  /// program, the plan's first entry) over the batch; on the last stage,
+  /// logits of batch.logitRows go to `logits` ([logitRows.size(), vocab],
+  /// f32); other stages leave `logits` alone. An empty batch (T = 0) still
+  /// takes part in every collective (with no rows). Every rank of a
+  /// collective group runs the same entry in a step.
+  void forward(const Batch &batch, std::vector<float> &logits, const std::string &entry = {});
 
   /// Bytes of weights bound on the device.
   int64_t weightBytes() const;
@@ -67,17 +73,19 @@ public:
   int64_t peakBytes() const;
   /// Bytes of checkpoint data this rank read (its slices).
   int64_t loadedWeightBytes() const;
-  /// Seconds spent in each step of the rank's program since prepare, on a
-  /// device whose kernels finish before they return (the CPU); empty
-  /// otherwise.
-  std::vector<double> stepSeconds() const;
+  /// Seconds spent in each step of the rank's program of `entry` (empty:
+  /// its own) since prepare, on a device whose kernels finish before they
+  /// return (the CPU); empty otherwise.
+  std::vector<double> stepSeconds(const std::string &entry = {}) const;
 
 private:
   explicit RankExecutor(std::unique_ptr<Device> device);
+  /// The index of `entry`'s program (empty: 0).
+  size_t entryIndex(const std::string &entry) const;
 
   std::unique_ptr<Device> device;
-  std::unique_ptr<RankProgram> program;
-  std::vector<double> seconds; ///< per step
+  std::vector<std::unique_ptr<RankProgram>> programs; ///< one per entry, the rank's own first
+  std::vector<std::vector<double>> seconds;          ///< per entry, per step
 };
 
 /// True when the rank's program of `plan` carries a CUDA kernel table.

@@ -63,27 +63,38 @@ public:
   RankProgram::Staging staging() const override { return RankProgram::Staging::OnDemand; }
   Comm *communicator() override { return world; }
 
+  /// The first program (the rank's own) binds the caches its entries
+  /// share; every program adds the rope tables of its steps.
   void bind(const RankProgram &p) override {
-    rankProgram = &p;
-    caches.assign(program->caches.size(), {});
-    for (size_t i = 0; i < program->caches.size(); ++i)
-      caches[i].bind(p.cacheKeys(static_cast<int64_t>(i)), p.cacheValues(static_cast<int64_t>(i)),
-                     plan->maxSequences, plan->maxSeqLen, program->caches[i].keyWidth,
-                     program->caches[i].valueWidth);
+    const PlanProgram &entry = p.program();
+    if (&entry == program) {
+      caches.assign(entry.caches.size(), {});
+      for (size_t i = 0; i < entry.caches.size(); ++i)
+        caches[i].bind(p.cacheKeys(static_cast<int64_t>(i)),
+                       p.cacheValues(static_cast<int64_t>(i)), plan->maxSequences,
+                       plan->maxSeqLen, entry.caches[i].keyWidth, entry.caches[i].valueWidth);
+      ropeTables.clear();
+    }
     // Rope tables per distinct parameter set (every layer shares one).
-    ropeTables.clear();
-    for (const PlanStep &s : program->steps)
+    for (const PlanStep &s : entry.steps)
       if (s.rope.rotaryDim > 0) // a step with "rope" attributes
         rope(s.rope);
   }
 
-  void run(const Batch &b, const std::function<void()> &steps) override {
+  /// The kernels see `p`'s program and buffers while its steps run (the
+  /// weights are the rank's: its entries declare the same ones).
+  void run(const RankProgram &p, const Batch &b, const std::function<void()> &steps) override {
+    const PlanProgram *own = program;
+    program = &p.program();
+    rankProgram = &p;
     cpu::TokenLayout tokenLayout{b.slots.data(), b.positions.data(), b.size()};
     layout = &tokenLayout;
     batch = &b;
     steps();
     layout = nullptr;
     batch = nullptr;
+    rankProgram = nullptr;
+    program = own;
   }
 
   bool synchronous() const override { return true; }

@@ -101,6 +101,11 @@ public:
     this->plan = &plan;
     rank = rankIndex;
     program = &plan.programOf(rankIndex);
+    if (plan.entriesOf(rankIndex).size() > 1)
+      inputError("{}: not supported yet: several entries per rank ('{}' and '{}') on the CUDA "
+                 "device (--device cpu runs the plan)",
+                 plan.path, plan.entriesOf(rankIndex)[0]->entry,
+                 plan.entriesOf(rankIndex)[1]->entry);
     readTable();
     api = &cuda::Api::get(plan.worldSize > 1);
     selectDevice();
@@ -132,7 +137,7 @@ public:
   /// them), then the steps: small steps (decode) replay a graph captured
   /// per (T, R); large ones (prefill) run directly, with the dropless
   /// expert GEMMs grouped over counted rows.
-  void run(const Batch &batch, const std::function<void()> &steps) override {
+  void run(const RankProgram &, const Batch &batch, const std::function<void()> &steps) override {
     const int64_t T = batch.size(), R = static_cast<int64_t>(batch.logitRows.size());
     auto upload = [&](CUdeviceptr dst, const std::vector<int32_t> &v) {
       if (!v.empty())

@@ -64,8 +64,8 @@ int64_t runHead(cpu::StepContext &c) {
   cpu::Matrix m = cpu::Matrix::of(c.weight(0));
   const std::vector<int64_t> &wanted = c.batch->logitRows;
   const int64_t R = static_cast<int64_t>(wanted.size());
-  if (R > c.plan->maxBatchTokens)
-    runtimeError("{} logit rows exceed max_batch_tokens ({})", R, c.plan->maxBatchTokens);
+  if (R > c.program->maxBatchTokens)
+    runtimeError("{} logit rows exceed max_batch_tokens ({})", R, c.program->maxBatchTokens);
   float *rows = c.scratch(cpu::StepContext::Scratch::Rows, R * m.cols);
   const float *x = c.in(0);
   for (int64_t r = 0; r < R; ++r) {

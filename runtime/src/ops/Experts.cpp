@@ -110,7 +110,7 @@ void checkDispatch(const StepChecker &c, const PlanStep &step) {
   int64_t H = c.tokens(step.in[0]), k = c.tokens(step.in[1], DType::I32);
   c.expect(d.topK == k, fmt::format("top_k {} differs from the experts' width {}", d.topK, k));
   c.expect(k <= d.numExperts, "top_k exceeds num_experts");
-  int64_t cap = cpu::stepCapacity(d.capacityFactor, c.plan.maxBatchTokens, k, d.numExperts,
+  int64_t cap = cpu::stepCapacity(d.capacityFactor, c.program.maxBatchTokens, k, d.numExperts,
                                   INT64_MAX);
   c.expect(d.capacity == cap,
            fmt::format("capacity {} is not c(max_batch_tokens) = {} (capacity_factor {})",

@@ -43,7 +43,7 @@ namespace members {
 inline constexpr const char *kRoot[] = {"format",   "version",  "producer",    "model",
                                         "workload", "world_size", "degrees",   "vocab",
                                         "stage_begin", "weights", "programs",  "ranks",
-                                        "planner",  "integrity"};
+                                        "planner",  "schedule", "integrity"};
 inline constexpr const char *kModel[] = {"model_type",   "source", "vocab_size",
                                          "max_position_embeddings", "eos_token_ids",
                                          "unused_tensor_prefixes"};
@@ -53,7 +53,11 @@ inline constexpr const char *kVocab[] = {"size", "padded", "pad_to"};
 /// A logical weight (top-level "weights") and a program's local weight.
 inline constexpr const char *kWeight[] = {"name", "shape", "dtype", "bytes", "experts"};
 inline constexpr const char *kProgram[] = {"stage",  "entry",  "weights", "buffers", "kv_caches",
-                                           "inputs", "logits", "memory",  "steps",   "cuda"};
+                                           "inputs", "logits", "memory",  "steps",   "cuda",
+                                           "max_batch_tokens"};
+/// Which entry runs each phase of generation (a plan of one entry has none:
+/// its programs run every phase).
+inline constexpr const char *kSchedule[] = {"prefill", "decode"};
 inline constexpr const char *kBuffer[] = {"rows", "width", "dtype", "bytes"};
 inline constexpr const char *kKVCache[] = {"key_width", "value_width", "bytes"};
 inline constexpr const char *kInputs[] = {"tokens", "positions"};

@@ -35,6 +35,41 @@ def MoEFuseRouter : Pass<"moe-fuse-router", "mlir::ModuleOp"> {
   }];
 }
 
+def MoESplitEntries : Pass<"moe-split-entries", "mlir::ModuleOp"> {
+  let summary = "one nested module per entry point: prefill and decode";
+  let description = [{
+    Copies the model (after moe-specialize-workload and moe-choose-layout:
+    both entries keep its layout, hence its weights) into two nested
+    modules, `module @prefill` with the module's workload and `module
+    @decode` with max_batch_tokens = `decode-max-batch-tokens` (0: the
+    workload's max_sequences, one token per sequence, at most its
+    max_batch_tokens: moert decodes more sequences in turns). The passes
+    after it
+    run on each nested module (the pipeline nests them: the dispatch
+    capacity, the buffers and the kernels follow each entry's workload) and
+    `moe-join-entries` gathers their programs.
+  }];
+  let options = [
+    Option<"decodeMaxBatchTokens", "decode-max-batch-tokens", "int64_t", "0",
+           "most tokens of a decode step (0: max_sequences, at most max_batch_tokens)">,
+  ];
+}
+
+def MoEJoinEntries : Pass<"moe-join-entries", "mlir::ModuleOp"> {
+  let summary = "gather the entries' exec programs into one module with a schedule";
+  let description = [{
+    After moe-split-entries and moe-lower-to-exec on each nested module:
+    moves every exec.program into the outer module (the prefill entry's
+    first, each stage in order, then the decode entry's, renamed
+    `@<name>_decode`), sets each program's `entry` and, where its workload
+    differs from the prefill entry's, its `max_batch_tokens`, takes the
+    prefill module's attributes and records `moe.schedule = {decode =
+    "decode", prefill = "prefill"}` (which entry runs each phase of
+    generation). Fails when the entries of a stage differ in their weights
+    or KV caches (the runtime binds them once per rank and shares them).
+  }];
+}
+
 def MoEFuseAddNorm : Pass<"moe-fuse-add-norm", "mlir::ModuleOp"> {
   let summary = "fuse a residual moe.add with the norm that first reads its sum";
   let description = [{

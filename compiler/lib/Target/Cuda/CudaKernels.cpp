@@ -223,6 +223,11 @@ struct CudaKernels : moe::impl::MoECudaKernelsBase<CudaKernels> {
         return signalPassFailure();
       }
       ++index;
+      if (module->hasAttr("moe.schedule")) {
+        program.emitError("moe-cuda-kernels: not supported yet: several entries per rank "
+                          "(moec compile --decode-entry) on the cuda target");
+        return signalPassFailure();
+      }
       llvm::Expected<moe::cuda::EmittedProgram> emitted = moe::cuda::emitProgram(program, sizes);
       if (!emitted) {
         program.emitError("moe-cuda-kernels: ") << llvm::toString(emitted.takeError());

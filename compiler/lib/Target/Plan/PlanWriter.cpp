@@ -2,6 +2,7 @@
 #include "moe/Target/PlanWriter.h"
 #include "moe/Dialect/Exec/IR/ExecOps.h"
 
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
@@ -158,7 +159,7 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
   }
   if (!tokens)
     return planError(llvm::formatv("@{0}: no exec.inputs", program.getSymName()));
-  return Object{{"stage", program.getStageAttr().getInt()},
+  Object plan{{"stage", program.getStageAttr().getInt()},
                 {"entry", program.getEntry()},
                 {"weights", std::move(weights)},
                 {"buffers", std::move(buffers)},
@@ -170,6 +171,10 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
                                   {"kv_cache", cacheBytes},
                                   {"peak", weightBytes + bufferBytes + cacheBytes}}},
                 {"steps", std::move(steps)}};
+  // An entry compiled for another workload than the plan's (moe-join-entries).
+  if (auto tokens = program->getAttrOfType<IntegerAttr>("max_batch_tokens"))
+    plan["max_batch_tokens"] = tokens.getInt();
+  return plan;
 }
 
 llvm::json::Array moe::logicalWeights(ModuleOp module) {
@@ -201,16 +206,38 @@ llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
   int64_t maxTokens = get("max_batch_tokens"), maxSeqLen = get("max_seq_len"),
           maxSequences = get("max_sequences");
 
-  // The programs (moe-lower-to-exec), one per pipeline stage, in order.
-  SmallVector<moe::exec::ProgramOp> programs;
-  for (auto program : module.getOps<moe::exec::ProgramOp>()) {
-    if (program.getStageAttr().getInt() != int64_t(programs.size()))
-      return planError(llvm::formatv("@{0}: expected the stages in order",
-                                     program.getSymName()));
-    programs.push_back(program);
-  }
+  // The programs (moe-lower-to-exec): the first entry's, one per pipeline
+  // stage in order (a rank's "program" is its stage), then each other
+  // entry's, the same stages in the same order (moe-join-entries).
+  SmallVector<moe::exec::ProgramOp> programs(module.getOps<moe::exec::ProgramOp>());
   if (programs.empty())
     return planError("expected exec.program ops (run moe-lower-to-exec)");
+  const StringRef primary = programs.front().getEntry();
+  const int64_t stages = llvm::count_if(
+      programs, [&](moe::exec::ProgramOp p) { return p.getEntry() == primary; });
+  llvm::StringSet<> entries;
+  for (auto [i, program] : llvm::enumerate(programs)) {
+    if (program.getStageAttr().getInt() != int64_t(i) % stages)
+      return planError(llvm::formatv("@{0}: expected the stages in order",
+                                     program.getSymName()));
+    if ((int64_t(i) < stages) != (program.getEntry() == primary) ||
+        (int64_t(i) % stages == 0 && !entries.insert(program.getEntry()).second) ||
+        program.getEntry() != programs[i - i % stages].getEntry())
+      return planError(llvm::formatv("@{0}: expected each entry's programs together, "
+                                     "entry '{1}' first",
+                                     program.getSymName(), primary));
+  }
+  // Which entry runs each phase of generation (absent: the first, always).
+  Object schedule;
+  if (auto phases = module->getAttrOfType<DictionaryAttr>("moe.schedule"))
+    for (NamedAttribute phase : phases) {
+      auto entry = dyn_cast<StringAttr>(phase.getValue());
+      if (!entry || !entries.contains(entry.getValue()))
+        return planError(llvm::formatv("moe.schedule: phase '{0}' names no entry of the "
+                                       "programs",
+                                       phase.getName().getValue()));
+      schedule[phase.getName().getValue()] = entry.getValue();
+    }
   Array programsJson;
   for (auto program : programs) {
     llvm::Expected<Object> p = programPlan(program, maxSeqLen, maxSequences);
@@ -246,7 +273,7 @@ llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
               {"memory", JsonValue(Object(*first->getObject("memory")))}};
   Array ranks;
   ranks.push_back(std::move(rank));
-  return JsonValue(Object{
+  JsonValue plan(Object{
       {"format", moe::plan::kFormat},
       {"version", kPlanFormatVersion},
       {"producer", "moec"},
@@ -264,6 +291,9 @@ llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
       {"weights", std::move(weights)},
       {"programs", std::move(programsJson)},
       {"ranks", std::move(ranks)}});
+  if (!schedule.empty())
+    (*plan.getAsObject())["schedule"] = std::move(schedule);
+  return plan;
 }
 
 void moe::mergeDistribution(Object &plan, Object distribution) {

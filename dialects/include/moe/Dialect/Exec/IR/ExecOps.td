@@ -50,9 +50,11 @@ def Exec_WeightType : TypeDef<Exec_Dialect, "Weight"> {
 def Exec_ProgramOp : Exec_Op<"program", [Symbol, IsolatedFromAbove, SingleBlock]> {
   let summary = "one entry point of a rank: declarations, then launches in order";
   let description = [{
-    `entry` names what the program computes (`forward` today: prefill and
-    decode steps alike; `backward` and `optimizer` later), `stage` the
-    pipeline stage whose ranks run it. Buffers, weights and KV caches are
+    `entry` names what the program computes (`forward`: prefill and decode
+    steps alike; `prefill` and `decode`, which a module's `moe.schedule`
+    names, with the decode programs' `max_batch_tokens` when smaller;
+    `backward` and `optimizer` later), `stage` the pipeline stage whose
+    ranks run it. Buffers, weights and KV caches are
     numbered in the order they are declared; weights in the order launches
     first bind them.
 
