@@ -124,15 +124,22 @@ def main():
         weights would add their f32 copies)."""
         import json
         p = json.load(open(plan))
-        program = p["programs"][p["ranks"][rank]["program"]]
-        table, max_t = program["cuda"], p["workload"]["max_batch_tokens"]
+        own = p["programs"][p["ranks"][rank]["program"]]
+        max_t = p["workload"]["max_batch_tokens"]
         align = lambda n: (n + 255) // 256 * 256
-        extra = sum(align(s["bytes"]) for s in table["scratch"])
-        extra += sum(2 * align(r["positions"] * r["half"] * 4) for r in table["rope_tables"])
-        extra += 4 * align(max_t * 4)
-        gather = max([max_t * program["buffers"][s["out"][0]]["width"] * 4
-                      for s in program["steps"] if s["op"] == "all_gather"] + [0])
-        return extra + align(gather)
+        extra = 4 * align(max_t * 4)
+        # Each entry of the rank's stage (--decode-entry: prefill and
+        # decode) has its own table and staging, for its own steps.
+        for program in p["programs"]:
+            if program["stage"] != own["stage"]:
+                continue
+            table, tokens = program["cuda"], program.get("max_batch_tokens", max_t)
+            extra += sum(align(s["bytes"]) for s in table["scratch"])
+            extra += sum(2 * align(r["positions"] * r["half"] * 4) for r in table["rope_tables"])
+            gather = max([tokens * program["buffers"][s["out"][0]]["width"] * 4
+                          for s in program["steps"] if s["op"] == "all_gather"] + [0])
+            extra += align(gather)
+        return extra
 
     failures = 0
     memory_line = re.compile(r"rank (\d+): weights loaded (\d+) bytes \(plan (\d+)\), peak "

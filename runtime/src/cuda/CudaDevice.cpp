@@ -76,17 +76,35 @@ void writeFile(const std::string &path, const std::string &bytes) {
 }
 
 class CudaDevice final : public Device {
+  /// What the device holds for each program of the rank (one per entry, the
+  /// rank's own first): its kernel table and module, scratch, rope tables,
+  /// grouped GEMM steps and captured graphs, and the executor's memory of it.
+  struct Entry {
+    const PlanProgram *program = nullptr;
+    const KernelTable *table = nullptr;
+    CUmodule module = nullptr;
+    std::map<std::string, CUfunction> functions;
+    CUfunction packBf16 = nullptr; ///< moe_pack_bf16 of the module
+    std::vector<CUdeviceptr> scratch, ropeCos, ropeSin;
+    std::vector<bool> grouped; ///< per step: dropless expert GEMMs
+    bool graphsEnabled = false;
+    std::map<std::pair<int64_t, int64_t>, CUgraphExec> graphs;
+    const RankProgram *memory = nullptr; ///< the executor's: buffers, KV caches
+  };
+
 public:
   ~CudaDevice() override {
     if (!api)
       return;
-    for (auto &[key, exec] : graphs)
-      api->cuGraphExecDestroy(exec);
+    for (Entry &e : entries)
+      for (auto &[key, exec] : e.graphs)
+        api->cuGraphExecDestroy(exec);
     if (blas)
       api->cublasDestroy(blas);
     nccl.reset();
-    if (module)
-      api->cuModuleUnload(module);
+    for (Entry &e : entries)
+      if (e.module)
+        api->cuModuleUnload(e.module);
     memory_.release();
     arena.release(*api);
     if (stream)
@@ -101,18 +119,28 @@ public:
     this->plan = &plan;
     rank = rankIndex;
     program = &plan.programOf(rankIndex);
-    if (plan.entriesOf(rankIndex).size() > 1)
-      inputError("{}: not supported yet: several entries per rank ('{}' and '{}') on the CUDA "
-                 "device (--device cpu runs the plan)",
-                 plan.path, plan.entriesOf(rankIndex)[0]->entry,
-                 plan.entriesOf(rankIndex)[1]->entry);
-    readTable();
+    // One kernel table, module, scratch and set of graphs per entry; the
+    // weights (the entries declare the same) and the batch's index arrays
+    // once.
+    entries.clear();
+    for (const PlanProgram *p : plan.entriesOf(rankIndex)) {
+      entries.emplace_back();
+      readTable(entries.back(), *p);
+    }
     api = &cuda::Api::get(plan.worldSize > 1);
     selectDevice();
-    loadModule();
+    // BF16 weights meet bf16 activations in their GEMMs (the f32 operand is
+    // rounded by moe_pack_bf16 first): weights stay as stored, half the
+    // memory of widening them. MOERT_CUDA_F32_GEMM=1 widens them to f32
+    // instead (the CPU backend's numerics), as do plans without the kernel.
+    const char *f32 = std::getenv("MOERT_CUDA_F32_GEMM");
+    bf16Gemm = !(f32 && !std::strcmp(f32, "1"));
+    for (Entry &e : entries)
+      bf16Gemm &= loadModule(e);
     allocate();
     uploadWeights(ckpt);
-    uploadRopeTables();
+    for (Entry &e : entries)
+      uploadRopeTables(e);
     if (plan.worldSize > 1) {
       nccl = std::make_unique<cuda::NcclComm>(*api, comm, stream);
       nccl->prepare(plan);
@@ -126,18 +154,21 @@ public:
   Comm *communicator() override { return nccl.get(); }
 
   void bind(const RankProgram &p) override {
-    rankProgram = &p;
+    Entry &e = entryOf(p);
+    e.memory = &p;
     check(api->cuStreamSynchronize(stream), "zero the program's memory");
-    graphsEnabled = !hasHostSync;
+    e.graphsEnabled = !e.table->hasAllToAll;
     if (const char *g = std::getenv("MOERT_CUDA_GRAPHS"); g && !std::strcmp(g, "0"))
-      graphsEnabled = false;
+      e.graphsEnabled = false;
   }
 
   /// The batch's per-token / per-logit-row index arrays (the kernels read
   /// them), then the steps: small steps (decode) replay a graph captured
   /// per (T, R); large ones (prefill) run directly, with the dropless
   /// expert GEMMs grouped over counted rows.
-  void run(const RankProgram &, const Batch &batch, const std::function<void()> &steps) override {
+  void run(const RankProgram &p, const Batch &batch, const std::function<void()> &steps) override {
+    current = {};
+    current.entry = &entryOf(p);
     const int64_t T = batch.size(), R = static_cast<int64_t>(batch.logitRows.size());
     auto upload = [&](CUdeviceptr dst, const std::vector<int32_t> &v) {
       if (!v.empty())
@@ -150,8 +181,10 @@ public:
 
     countsStep = -1;
     exchangedRows = -1;
-    current = {T, R, /*capturing=*/false};
-    if (!graphsEnabled || T == 0 || T > kGraphMaxTokens) {
+    current.T = T;
+    current.R = R;
+    std::map<std::pair<int64_t, int64_t>, CUgraphExec> &graphs = current.entry->graphs;
+    if (!current.entry->graphsEnabled || T == 0 || T > kGraphMaxTokens) {
       steps();
       return;
     }
@@ -185,24 +218,32 @@ private:
   // Setup
   //===--------------------------------------------------------------------===//
 
-  void readTable() {
-    if (!program->cuda)
-      inputError("{}: program {} has no CUDA kernel table (compile with moec compile --target "
-                 "cuda, or run it with --device cpu)",
-                 plan->path, plan->ranks[rank].program);
-    table = program->cuda.get();
-    hasHostSync = table->hasAllToAll;
+  /// The entry of the executor's program `p`.
+  Entry &entryOf(const RankProgram &p) {
+    for (Entry &e : entries)
+      if (e.program == &p.program())
+        return e;
+    runtimeError("the CUDA device holds no program of entry '{}'", p.program().entry);
+  }
+
+  void readTable(Entry &e, const PlanProgram &p) {
+    e.program = &p;
+    if (!p.cuda)
+      inputError("{}: program {} of stage {} has no CUDA kernel table (compile with moec "
+                 "compile --target cuda, or run it with --device cpu)",
+                 plan->path, &p - plan->programs.data(), p.stage);
+    e.table = p.cuda.get();
     // Dropless expert GEMMs (moe.experts, or expert_ffn after a dispatch
     // with capacity factor 0) are grouped over the counted rows: their
     // buffers have max_batch_tokens rows per expert, mostly empty.
-    grouped.assign(program->steps.size(), false);
+    e.grouped.assign(p.steps.size(), false);
     double factor = -1;
-    for (size_t i = 0; i < program->steps.size(); ++i) {
-      const PlanStep &step = program->steps[i];
+    for (size_t i = 0; i < p.steps.size(); ++i) {
+      const PlanStep &step = p.steps[i];
       if (step.op->has(OpDef::FillsExpertBlocks))
         factor = step.dispatch.capacityFactor;
-      grouped[i] = step.op->has(OpDef::GroupedExpertGemm) ||
-                   (step.op->has(OpDef::ExpertBlockGemm) && factor == 0);
+      e.grouped[i] = step.op->has(OpDef::GroupedExpertGemm) ||
+                     (step.op->has(OpDef::ExpertBlockGemm) && factor == 0);
     }
   }
 
@@ -227,9 +268,10 @@ private:
   /// The plan carries its kernels (source and fatbin, docs/cuda.md): they
   /// are written to a private temporary directory for cuModuleLoad and
   /// removed once loaded (the fake driver of the tests builds the source
-  /// found beside the fatbin).
-  void loadModule() {
-    const int64_t p = plan->ranks[rank].program;
+  /// found beside the fatbin). True when the module has moe_pack_bf16.
+  bool loadModule(Entry &e) {
+    const KernelTable *table = e.table;
+    const int64_t p = e.program - plan->programs.data();
     if (table->fatbin.empty())
       inputError("{}: programs[{}].cuda has no fatbin (the plan was compiled without nvcc: "
                  "--compile-to=kernels)",
@@ -245,30 +287,23 @@ private:
     const std::string path = dir + "/kernels.fatbin";
     writeFile(dir + "/kernels.cu", table->code);
     writeFile(path, table->fatbin);
-    check(api->cuModuleLoad(&module, path.c_str()),
+    check(api->cuModuleLoad(&e.module, path.c_str()),
           fmt::format("cuModuleLoad (programs[{}].cuda.fatbin of {})", p, plan->path).c_str());
     auto resolve = [&](const KernelLaunch &launch) {
       if (launch.kind != KernelLaunch::Kind::Kernel)
         return;
       const std::string &name = launch.kernel;
-      if (functions.count(name))
+      if (e.functions.count(name))
         return;
       CUfunction f;
-      check(api->cuModuleGetFunction(&f, module, name.c_str()),
+      check(api->cuModuleGetFunction(&f, e.module, name.c_str()),
             ("kernel " + name + " of " + path).c_str());
-      functions[name] = f;
+      e.functions[name] = f;
     };
     for (const KernelStep &s : table->steps)
       for (const KernelLaunch &l : s.launches)
         resolve(l);
-    // BF16 weights meet bf16 activations in their GEMMs (the f32 operand is
-    // rounded by moe_pack_bf16 first): weights stay as stored, half the
-    // memory of widening them. MOERT_CUDA_F32_GEMM=1 widens them to f32
-    // instead (the CPU backend's numerics), as do plans without the kernel.
-    const char *f32 = std::getenv("MOERT_CUDA_F32_GEMM");
-    if (!(f32 && !std::strcmp(f32, "1")) &&
-        api->cuModuleGetFunction(&packBf16, module, "moe_pack_bf16") == CUDA_SUCCESS)
-      bf16Gemm = true;
+    return api->cuModuleGetFunction(&e.packBf16, e.module, "moe_pack_bf16") == CUDA_SUCCESS;
   }
 
   /// The driver's own pieces, in one arena (the program's buffers and KV
@@ -277,11 +312,13 @@ private:
     const int64_t maxT = plan->maxBatchTokens;
     // Every piece is reserved as it is taken below (each is rounded up to
     // the arena's alignment).
-    for (int64_t bytes : table->scratchBytes)
-      arena.reserve(bytes);
-    for (const KernelTable::RopeTable &r : table->ropeTables)
-      for (int i = 0; i < 2; ++i) // cos, sin
-        arena.reserve(r.positions * r.half * 4);
+    for (const Entry &e : entries) {
+      for (int64_t bytes : e.table->scratchBytes)
+        arena.reserve(bytes);
+      for (const KernelTable::RopeTable &r : e.table->ropeTables)
+        for (int i = 0; i < 2; ++i) // cos, sin
+          arena.reserve(r.positions * r.half * 4);
+    }
     for (int i = 0; i < 4; ++i) // sequence, position, logit rows, argmax
       arena.reserve(maxT * 4);
     // cuBLAS' GemmEx takes A and B of one type (f32 activations here): a
@@ -298,12 +335,14 @@ private:
     arena.reserve(packBytes);
     arena.allocate(*api);
 
-    for (int64_t bytes : table->scratchBytes)
-      scratch.push_back(arena.take(bytes));
-    for (const KernelTable::RopeTable &r : table->ropeTables) {
-      int64_t n = r.positions * r.half * 4;
-      ropeCos.push_back(arena.take(n));
-      ropeSin.push_back(arena.take(n));
+    for (Entry &e : entries) {
+      for (int64_t bytes : e.table->scratchBytes)
+        e.scratch.push_back(arena.take(bytes));
+      for (const KernelTable::RopeTable &r : e.table->ropeTables) {
+        int64_t n = r.positions * r.half * 4;
+        e.ropeCos.push_back(arena.take(n));
+        e.ropeSin.push_back(arena.take(n));
+      }
     }
     batchSequence = arena.take(maxT * 4);
     batchPosition = arena.take(maxT * 4);
@@ -349,11 +388,13 @@ private:
         if (int64_t w = weight(p); w >= 0)
           stored.insert(static_cast<size_t>(w));
     };
-    for (const KernelStep &s : table->steps)
-      for (const KernelLaunch &l : s.launches)
+    for (const Entry &e : entries) {
+      for (const KernelStep &s : e.table->steps)
+        for (const KernelLaunch &l : s.launches)
+          visit(l);
+      for (const KernelLaunch &l : e.table->sampling)
         visit(l);
-    for (const KernelLaunch &l : table->sampling)
-      visit(l);
+    }
   }
 
   void uploadWeights(const Checkpoint &ckpt) {
@@ -394,26 +435,29 @@ private:
 
   /// cos/sin of each rope table, as the CPU backend computes them: the
   /// parameters are those of the steps that use the table.
-  void uploadRopeTables() {
+  void uploadRopeTables(Entry &e) {
+    const KernelTable *table = e.table;
+    std::set<size_t> uploaded;
     for (size_t i = 0; i < table->steps.size(); ++i)
       for (const KernelLaunch &l : table->steps[i].launches)
         for (const KernelRef &p : l.params) {
           if (p.kind != KernelRef::Kind::RopeCos)
             continue;
           const size_t id = static_cast<size_t>(p.value);
-          if (uploadedRope.count(id))
+          if (uploaded.count(id))
             continue;
-          cpu::RopeTable rope(program->steps[i].rope, plan->maxSeqLen);
+          cpu::RopeTable rope(e.program->steps[i].rope, plan->maxSeqLen);
           const KernelTable::RopeTable &t = table->ropeTables[id];
           if (rope.cosines().size() > static_cast<size_t>(t.positions * t.half) ||
               rope.sines().size() != rope.cosines().size())
             inputError("{}: rope table {} holds {} x {} values, the step's rope needs {}",
                        plan->path, id, t.positions, t.half, rope.cosines().size());
-          check(api->cuMemcpyHtoD(ropeCos[id], rope.cosines().data(), rope.cosines().size() * 4),
+          check(api->cuMemcpyHtoD(e.ropeCos[id], rope.cosines().data(),
+                                  rope.cosines().size() * 4),
                 "upload rope table");
-          check(api->cuMemcpyHtoD(ropeSin[id], rope.sines().data(), rope.sines().size() * 4),
+          check(api->cuMemcpyHtoD(e.ropeSin[id], rope.sines().data(), rope.sines().size() * 4),
                 "upload rope table");
-          uploadedRope.insert(id);
+          uploaded.insert(id);
         }
   }
 
@@ -424,10 +468,10 @@ private:
   /// A step's launches: kernels from the table (rows: the step's, T or R)
   /// and cuBLAS GEMMs.
   int64_t compute(size_t i, const PlanStep &s, int64_t rows) override {
-    const auto [T, R, capturing] = current;
+    const auto &[entry, T, R, capturing] = current;
     if (s.op->has(OpDef::FillsExpertBlocks))
       exchangedRows = -1; // blocks filled from this rank's T tokens (until an all_to_all)
-    for (const KernelLaunch &l : table->steps[i].launches) {
+    for (const KernelLaunch &l : entry->table->steps[i].launches) {
       const int64_t launchRows = l.rows == KernelLaunch::Rows::Step ? rows
                                  : l.rows == KernelLaunch::Rows::R  ? R
                                                                     : T;
@@ -435,7 +479,7 @@ private:
       case KernelLaunch::Kind::Collective:
         break; // the loop runs collective steps
       case KernelLaunch::Kind::Gemm:
-        gemm(l.gemm, T, R, grouped[i] && !capturing ? static_cast<int64_t>(i) : -1);
+        gemm(l.gemm, T, R, entry->grouped[i] && !capturing ? static_cast<int64_t>(i) : -1);
         break;
       case KernelLaunch::Kind::Kernel:
         launch(l, launchRows, T, R);
@@ -461,13 +505,15 @@ private:
     case KernelRef::Kind::Null: return 0;
     case KernelRef::Kind::CoordTp: return static_cast<uint64_t>(plan->ranks[rank].coords.tp);
     case KernelRef::Kind::Const: return static_cast<uint64_t>(ref.value);
-    case KernelRef::Kind::Buffer: return address(rankProgram->buffer(ref.value));
+    case KernelRef::Kind::Buffer: return address(current.entry->memory->buffer(ref.value));
     case KernelRef::Kind::Weight: return weightPtrs[i];
-    case KernelRef::Kind::Scratch: return scratch[i];
-    case KernelRef::Kind::CacheKeys: return address(rankProgram->cacheKeys(ref.value));
-    case KernelRef::Kind::CacheValues: return address(rankProgram->cacheValues(ref.value));
-    case KernelRef::Kind::RopeCos: return ropeCos[i];
-    case KernelRef::Kind::RopeSin: return ropeSin[i];
+    case KernelRef::Kind::Scratch: return current.entry->scratch[i];
+    case KernelRef::Kind::CacheKeys:
+      return address(current.entry->memory->cacheKeys(ref.value));
+    case KernelRef::Kind::CacheValues:
+      return address(current.entry->memory->cacheValues(ref.value));
+    case KernelRef::Kind::RopeCos: return current.entry->ropeCos[i];
+    case KernelRef::Kind::RopeSin: return current.entry->ropeSin[i];
     case KernelRef::Kind::BatchSequence: return batchSequence;
     case KernelRef::Kind::BatchPosition: return batchPosition;
     case KernelRef::Kind::BatchLogitRows: return batchLogitRows;
@@ -490,7 +536,8 @@ private:
     std::vector<void *> args;
     for (uint64_t &v : values)
       args.push_back(&v);
-    check(api->cuLaunchKernel(functions.at(l.kernel), grid[0], grid[1], grid[2], l.block, 1, 1,
+    check(api->cuLaunchKernel(current.entry->functions.at(l.kernel), grid[0], grid[1], grid[2],
+                              l.block, 1, 1,
                               l.sharedBytes, stream, args.data(), nullptr),
           ("cuLaunchKernel " + l.kernel).c_str());
   }
@@ -548,7 +595,7 @@ private:
       long long kk = k, la = lda;
       uint64_t x = reinterpret_cast<uint64_t>(A), y = packScratch;
       void *args[] = {&x, &la, &sx, &y, &sy, &rows, &kk};
-      check(api->cuLaunchKernel(packBf16, static_cast<unsigned>(rows),
+      check(api->cuLaunchKernel(current.entry->packBf16, static_cast<unsigned>(rows),
                                 static_cast<unsigned>(blocks), 1, 256, 1, 1, 0, stream, args,
                                 nullptr),
             "cuLaunchKernel moe_pack_bf16");
@@ -604,38 +651,31 @@ private:
   const Plan *plan = nullptr;
   int64_t rank = 0;
   const PlanProgram *program = nullptr;
-  const KernelTable *table = nullptr;
   const cuda::Api *api = nullptr;
   CUdevice device = 0;
   CUcontext context = nullptr;
   CUstream stream = nullptr;
-  CUmodule module = nullptr;
   cublasHandle_t blas = nullptr;
   std::unique_ptr<cuda::NcclComm> nccl;
   cuda::Memory memory_;
-  const RankProgram *rankProgram = nullptr; ///< the executor's: buffers, KV caches
-  std::map<std::string, CUfunction> functions;
+  std::vector<Entry> entries;
   cuda::Arena arena;
-  std::vector<CUdeviceptr> scratch, ropeCos, ropeSin, weightPtrs;
+  std::vector<CUdeviceptr> weightPtrs;
   std::vector<CUdeviceptr> weightF32Ptrs; ///< f32 copies of 16-bit GEMM weights (or 0)
   bool bf16Gemm = false;         ///< BF16 weights multiply bf16-rounded activations
-  CUfunction packBf16 = nullptr; ///< moe_pack_bf16 of the module
   CUdeviceptr packScratch = 0;   ///< the rounded A operand
   int64_t packBytes = 0;
   std::set<size_t> widened, stored;      ///< weightUse()
-  std::set<size_t> uploadedRope;
   CUdeviceptr batchSequence = 0, batchPosition = 0, batchLogitRows = 0, batchArgmax = 0;
   int64_t weightsOnDevice = 0, loaded = 0;
-  bool hasHostSync = false, graphsEnabled = false;
-  std::vector<bool> grouped;         // per step: dropless expert GEMMs
   std::vector<int32_t> stepCounts;   // the counts of the grouped step in flight
   int64_t countsStep = -1;
   int64_t exchangedRows = -1; // most rows of a block received by the last all_to_all (-1: none)
   struct Current {
+    Entry *entry = nullptr;
     int64_t T = 0, R = 0;
     bool capturing = false;
   } current; ///< the forward pass in flight
-  std::map<std::pair<int64_t, int64_t>, CUgraphExec> graphs;
 };
 
 } // namespace

@@ -123,7 +123,12 @@ Error moe::cuda::emitPlanKernels(json::Object &root, std::vector<EmittedProgram>
   for (size_t i = 0; i < programs->size(); ++i) {
     json::Object &program = *(*programs)[i].getAsObject();
     EmittedProgram *emitted = &kernels[i];
-    std::string name = ("stage" + Twine(i)).str();
+    // stage<s> (the first entry's programs come first, one per stage), then
+    // stage<s>_<entry> for the other entries' (moe-join-entries).
+    const int64_t stage = program.getInteger("stage").value_or(int64_t(i));
+    std::string name = ("stage" + Twine(stage)).str();
+    if (int64_t(i) != stage)
+      name += ("_" + program.getString("entry").value_or("entry")).str();
     if (dir.empty() && nvcc.empty()) {
       outs() << "// ===== program " << i << " (" << name << ".cu) =====\n" << emitted->source;
       continue;

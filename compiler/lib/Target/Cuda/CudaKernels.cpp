@@ -223,12 +223,13 @@ struct CudaKernels : moe::impl::MoECudaKernelsBase<CudaKernels> {
         return signalPassFailure();
       }
       ++index;
-      if (module->hasAttr("moe.schedule")) {
-        program.emitError("moe-cuda-kernels: not supported yet: several entries per rank "
-                          "(moec compile --decode-entry) on the cuda target");
-        return signalPassFailure();
-      }
-      llvm::Expected<moe::cuda::EmittedProgram> emitted = moe::cuda::emitProgram(program, sizes);
+      // An entry compiled for fewer tokens a step (moe-join-entries) sizes
+      // its scratch for them.
+      moe::cuda::Workload programSizes = sizes;
+      if (auto tokens = program->getAttrOfType<IntegerAttr>("max_batch_tokens"))
+        programSizes.maxBatchTokens = tokens.getInt();
+      llvm::Expected<moe::cuda::EmittedProgram> emitted =
+          moe::cuda::emitProgram(program, programSizes);
       if (!emitted) {
         program.emitError("moe-cuda-kernels: ") << llvm::toString(emitted.takeError());
         return signalPassFailure();
