@@ -138,18 +138,15 @@ struct JoinEntries : moe::impl::MoEJoinEntriesBase<JoinEntries> {
             << d.getStage() << " where the prefill entry has stage " << p.getStage();
         return signalPassFailure();
       }
-      if (!sameDeclarations(declarations<moe::exec::WeightOp>(p),
-                            declarations<moe::exec::WeightOp>(d))) {
-        d.emitError("moe-join-entries: the decode entry's weights differ from the prefill "
-                    "entry's at stage ")
-            << p.getStage();
-        return signalPassFailure();
-      }
-      if (!sameDeclarations(declarations<moe::exec::KVCacheOp>(p),
-                            declarations<moe::exec::KVCacheOp>(d))) {
-        d.emitError("moe-join-entries: the decode entry's KV caches differ from the prefill "
-                    "entry's at stage ")
-            << p.getStage();
+      const char *differs =
+          !sameDeclarations(declarations<moe::exec::WeightOp>(p),
+                            declarations<moe::exec::WeightOp>(d))    ? "weights"
+          : !sameDeclarations(declarations<moe::exec::KVCacheOp>(p),
+                              declarations<moe::exec::KVCacheOp>(d)) ? "KV caches"
+                                                                     : nullptr;
+      if (differs) {
+        d.emitError("moe-join-entries: the decode entry's ")
+            << differs << " differ from the prefill entry's at stage " << p.getStage();
         return signalPassFailure();
       }
     }
