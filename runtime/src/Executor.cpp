@@ -132,7 +132,7 @@ GenerateResult Executor::generate(const std::vector<std::vector<int32_t>> &promp
     } else {
       // At most the decode entry's tokens a step: more live sequences take
       // turns, from where the last step stopped.
-      const size_t most = static_cast<size_t>(plan.decodeMaxBatchTokens);
+      const size_t most = static_cast<size_t>(plan.maxBatchTokensOf(plan.decodeEntry));
       size_t last = decodeFrom;
       for (size_t n = 0; n < local && static_cast<size_t>(batch.size()) < most; ++n) {
         const size_t s = (decodeFrom + n) % local;
@@ -160,7 +160,7 @@ GenerateResult Executor::generate(const std::vector<std::vector<int32_t>> &promp
     // rank prefills, else the decode entry (the plan's schedule).
     const int64_t phase = comm.allReduceMax(
         prefill ? 2 : batch.size() > 0 ? 1 : 0,
-        fmt::format("generation step {} (does any rank have work, and prompts)", step));
+        fmt::format("generation step {} (is any rank prefilling, decoding or done)", step));
     if (phase == 0)
       break;
     device.forward(batch, logits, phase == 2 ? plan.prefillEntry : plan.decodeEntry);

@@ -381,8 +381,16 @@ void readEntries(const JsonFields &r, Plan &plan) {
                      [&](const PlanProgram &p) { return p.stage == stage; }))
       r.fail("programs", fmt::format("no program of stage {}", stage));
 
+  // Every entry has one program per stage.
+  for (const std::string &entry : entries) {
+    const auto count = std::count_if(programs.begin(), programs.end(),
+                                     [&](const PlanProgram &p) { return p.entry == entry; });
+    if (count != plan.degrees.pp)
+      r.fail("programs", fmt::format("entry '{}' has programs for {} of the {} stages", entry,
+                                     count, plan.degrees.pp));
+  }
+
   plan.prefillEntry = plan.decodeEntry = first;
-  plan.decodeMaxBatchTokens = programs[0].maxBatchTokens;
   if (!r.has("schedule")) {
     if (entries.size() > 1)
       r.fail("schedule", fmt::format("missing: the programs have entries '{}' and '{}'",
@@ -401,9 +409,6 @@ void readEntries(const JsonFields &r, Plan &plan) {
       schedule.fail(phase, fmt::format("'{}' is not an entry of the programs", *entry));
     used.push_back(*entry);
   }
-  for (const PlanProgram &p : programs)
-    if (p.entry == plan.decodeEntry)
-      plan.decodeMaxBatchTokens = std::min(plan.decodeMaxBatchTokens, p.maxBatchTokens);
   for (const std::string &entry : entries)
     if (std::find(used.begin(), used.end(), entry) == used.end())
       schedule.fail("decode", fmt::format("no phase runs entry '{}'", entry));
@@ -596,6 +601,14 @@ std::vector<const PlanProgram *> Plan::entriesOf(int64_t rank) const {
     if (p.stage == own.stage && &p != &own)
       entries.push_back(&p);
   return entries;
+}
+
+int64_t Plan::maxBatchTokensOf(const std::string &entry) const {
+  int64_t most = maxBatchTokens;
+  for (const PlanProgram &p : programs)
+    if (p.entry == entry)
+      most = std::min(most, p.maxBatchTokens);
+  return most;
 }
 
 int64_t Plan::stageRank(int64_t rank, int64_t stage) const {

@@ -741,4 +741,22 @@ TEST(PlanLoad, PipelineStages) {
   fs::remove(path);
   EXPECT_EQ(message, path + ": programs[1]: its recvs (widths [2, 4]) differ from the sends of "
                             "programs[0] (widths [4])");
+
+  // A decode entry of stage 0 only: every entry runs on every stage.
+  plan["programs"][1]["steps"] = {step("recv", {}, {}, {9}),
+                                  step("linear", {9}, {0}, {10}, {{"head", true}})};
+  json decode = plan["programs"][0];
+  decode["entry"] = "decode";
+  plan["programs"][0]["entry"] = plan["programs"][1]["entry"] = "prefill";
+  plan["programs"].push_back(decode);
+  plan["schedule"] = {{"prefill", "prefill"}, {"decode", "decode"}};
+  std::ofstream(path) << planText(plan);
+  message.clear();
+  try {
+    Plan::load(path);
+  } catch (const InputError &e) {
+    message = e.what();
+  }
+  fs::remove(path);
+  EXPECT_EQ(message, path + ": programs: entry 'decode' has programs for 1 of the 2 stages");
 }

@@ -139,13 +139,12 @@ struct Plan {
   /// The schedule: the entry that runs prompt chunks and the one that runs
   /// generated tokens (both the first entry in a plan without a schedule).
   std::string prefillEntry, decodeEntry;
-  /// The most tokens of a decode step: the decode entry's max_batch_tokens
-  /// (more live sequences decode in turns).
-  int64_t decodeMaxBatchTokens = 0;
 
   const PlanProgram &programOf(int64_t rank) const { return programs[ranks[rank].program]; }
   /// The programs of `rank`'s stage, its own program first, one per entry.
   std::vector<const PlanProgram *> entriesOf(int64_t rank) const;
+  /// The most tokens of a step of `entry`'s programs (every stage's).
+  int64_t maxBatchTokensOf(const std::string &entry) const;
   /// The world ranks of `group` as seen from `rank`, ordered by their
   /// coordinate on the group's axis (the caller is among them).
   std::vector<int> groupOf(int64_t rank, const CollectiveGroup &group) const;

@@ -215,16 +215,18 @@ llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
   const StringRef primary = programs.front().getEntry();
   const int64_t stages = llvm::count_if(
       programs, [&](moe::exec::ProgramOp p) { return p.getEntry() == primary; });
+  // Block b (programs b * stages ..) is one entry's, each entry once.
   llvm::StringSet<> entries;
   for (auto [i, program] : llvm::enumerate(programs)) {
-    if (program.getStageAttr().getInt() != int64_t(i) % stages)
+    const int64_t stage = int64_t(i) % stages;
+    if (program.getStageAttr().getInt() != stage)
       return planError(llvm::formatv("@{0}: expected the stages in order",
                                      program.getSymName()));
-    if ((int64_t(i) < stages) != (program.getEntry() == primary) ||
-        (int64_t(i) % stages == 0 && !entries.insert(program.getEntry()).second) ||
-        program.getEntry() != programs[i - i % stages].getEntry())
-      return planError(llvm::formatv("@{0}: expected each entry's programs together, "
-                                     "entry '{1}' first",
+    const StringRef entry = programs[i - stage].getEntry();
+    if (program.getEntry() != entry || (stage == 0 && !entries.insert(entry).second) ||
+        programs.size() % stages)
+      return planError(llvm::formatv("@{0}: expected each entry's programs together, one per "
+                                     "stage, entry '{1}' first",
                                      program.getSymName(), primary));
   }
   // Which entry runs each phase of generation (absent: the first, always).
