@@ -45,6 +45,13 @@ static void addEntryPasses(OpPassManager &pm, const moe::CompileOptions &o, bool
 void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) {
   if (last == Phase::Import)
     return;
+  // A training program ends with its loss before anything reads the model.
+  if (o.train) {
+    MoEAppendLossOptions loss;
+    loss.auxLossCoef = o.auxLossCoef;
+    loss.zLossCoef = o.zLossCoef;
+    pm.addPass(createMoEAppendLoss(loss));
+  }
   // The workload comes first: every size decided later (buffers, caches,
   // dispatch capacity) is a function of it.
   MoESpecializeWorkloadOptions workload;
@@ -175,6 +182,12 @@ struct CompilePipelineOptions : public PassPipelineOptions<CompilePipelineOption
                                llvm::cl::desc("CUDA architectures")};
   Option<bool> decodeEntry{*this, "decode-entry", llvm::cl::init(false),
                            llvm::cl::desc("a decode entry beside the prefill one")};
+  Option<bool> train{*this, "train", llvm::cl::init(false),
+                     llvm::cl::desc("a training program: the loss after the model")};
+  Option<double> auxLossCoef{*this, "aux-loss-coef", llvm::cl::init(-1.0),
+                             llvm::cl::desc("balancing-loss coefficient (< 0: the config's)")};
+  Option<double> zLossCoef{*this, "z-loss-coef", llvm::cl::init(0.0),
+                           llvm::cl::desc("router z-loss coefficient")};
   Option<bool> kernelsOnly{*this, "kernels-only", llvm::cl::init(false),
                            llvm::cl::desc("target=cuda without nvcc: the sources beside the "
                                           "plan (moec compile --compile-to=kernels)")};
@@ -208,6 +221,9 @@ void moe::registerPipelines() {
         o.cudaArch = p.cudaArch;
         o.kernelsOnly = p.kernelsOnly;
         o.decodeEntry = p.decodeEntry;
+        o.train = p.train;
+        o.auxLossCoef = p.auxLossCoef;
+        o.zLossCoef = p.zLossCoef;
         buildPipeline(pm, o, Phase::Plan);
       });
 }

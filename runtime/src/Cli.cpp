@@ -2,6 +2,7 @@
 // and the other commands of the moert command line.
 #include "InputFile.h"
 #include "TextCli.h"
+#include "TrainCli.h"
 #include "moert/Cli.h"
 #include "moert/Checkpoint.h"
 #include "moert/Comm.h"
@@ -38,6 +39,7 @@ const char *kUsage = R"(usage: moert run PLAN --weights DIR --prompt TEXT [--pro
        moert tokenize --tokenizer PATH TEXT [TEXT ...]
        moert tokenize --tokenizer PATH --input FILE [--input FILE ...] --output PREFIX
        moert detokenize --tokenizer PATH IDS [IDS ...]
+       moert train PLAN --weights DIR --data TOKENS [--micro-batches N] [--metrics-out F]
        moert convert PLAN --weights HF_DIR --out CKPT
        moert export CKPT --hf-out DIR [--max-shard-bytes N] [--expert-layout per-expert|fused]
        moert --version
@@ -97,6 +99,15 @@ total). A .jsonl input (or --jsonl-field KEY) is one document per line (its
 runs on --threads threads. `moert detokenize` prints the text of each
 comma-separated id list (--skip-special leaves special tokens out).
 docs/tokenizer.md.
+
+`moert train` runs a training plan (moec compile --train --seq-len L
+--micro-batch-size B) over TOKENS (a 1-D .npy of integer ids, such as
+tokenize's PREFIX.tokens.npy, or a Megatron dataset PREFIX.bin/PREFIX.idx),
+cut into windows of L + 1 tokens, B per micro-batch, and prints the loss,
+cross-entropy, balancing loss and router z-loss of each of the first
+--micro-batches (default 1); --metrics-out writes them as JSON lines. The
+backward pass and the optimizer are not built yet (--steps 0 only).
+docs/training.md.
 
 `moert convert` writes the primary weight slices of every rank of PLAN, read
 from HF_DIR (or from a sharded checkpoint of any plan), as a sharded
@@ -292,6 +303,8 @@ int run(int argc, char **argv, Comm &comm) {
                  comm.size(), planPath, plan.worldSize, plan.worldSize);
     return 2;
   }
+  if (plan.training)
+    inputError("{}: a training plan (moec compile --train): run it with moert train", planPath);
   comm.prepare(plan);
   std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(weightsPath);
   if (!checkpoint->modelType().empty() && checkpoint->modelType() != plan.modelType)
@@ -446,9 +459,13 @@ int moertMain(int argc, char **argv) {
       return tokenizeCommand(argc, argv);
     if (!std::strcmp(argv[1], "detokenize"))
       return detokenizeCommand(argc, argv);
+    if (!std::strcmp(argv[1], "train")) {
+      comm = createComm(&argc, &argv);
+      return trainCommand(argc, argv, *comm);
+    }
     if (std::strcmp(argv[1], "run") != 0)
-      inputError("unknown command '{}' (expected run, convert, export, tokenize or detokenize; "
-                 "see moert --help)",
+      inputError("unknown command '{}' (expected run, train, convert, export, tokenize or "
+                 "detokenize; see moert --help)",
                  argv[1]);
     comm = createComm(&argc, &argv);
     return run(argc, argv, *comm);

@@ -161,9 +161,10 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
     pr.fail("stage", fmt::format("expected a stage below pp = {}", plan.degrees.pp));
   if (pr.has("entry")) {
     program.entry = pr.string("entry");
-    if (program.entry != "forward" && program.entry != "prefill" && program.entry != "decode")
-      pr.fail("entry", fmt::format("'{}': not supported yet (this moert runs forward, prefill "
-                                   "and decode programs)",
+    if (program.entry != "forward" && program.entry != "prefill" && program.entry != "decode" &&
+        program.entry != "train")
+      pr.fail("entry", fmt::format("'{}': not supported yet (this moert runs forward, prefill, "
+                                   "decode and train programs)",
                                    program.entry));
   }
   program.maxBatchTokens = pr.has("max_batch_tokens")
@@ -228,21 +229,42 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
   // Token ids and positions: -1 where the stage reads none.
   JsonFields inputs = pr.child("inputs");
   inputs.onlyMembers(members::kInputs);
-  for (const char *field : {"tokens", "positions"}) {
-    int64_t id = inputs.integer(field, -1);
+  // A training program also reads its labels and gives its loss (instead
+  // of logits).
+  const bool training = program.entry == "train";
+  for (auto [field, target] : {std::pair<const char *, int64_t *>{"tokens", &program.tokensBuffer},
+                               {"positions", &program.positionsBuffer},
+                               {"labels", &program.labelsBuffer}}) {
+    // (-1: a stage that reads none; labels are absent but in a train program.)
+    int64_t id = target == &program.labelsBuffer && !inputs.has(field) ? -1
+                                                                        : inputs.integer(field, -1);
     if (id >= 0) {
       bufferId(inputs, field, id);
       const PlanBuffer &b = program.buffers[id];
       if (b.dtype != DType::I32 || b.rows < program.maxBatchTokens)
         inputs.fail(field, "expected an I32 buffer of max_batch_tokens rows");
     }
-    (std::string(field) == "tokens" ? program.tokensBuffer : program.positionsBuffer) = id;
+    *target = id;
+  }
+  if ((program.labelsBuffer >= 0) != training)
+    inputs.fail("labels", training ? "missing: a train program reads the labels"
+                                   : "only a train program reads labels");
+  program.lossBuffer = pr.has("loss") ? pr.integer("loss", -1) : -1;
+  if (training && last) {
+    if (!pr.has("loss"))
+      pr.fail("loss", "missing: the last stage of a train program gives the loss");
+    bufferId(pr, "loss", program.lossBuffer);
+    const PlanBuffer &b = program.buffers[program.lossBuffer];
+    if (b.dtype != DType::F32 || b.rows != 1 || b.width != 4)
+      pr.fail("loss", "expected an F32 buffer of 1 row of 4 (loss, ce, aux, z)");
+  } else if (program.lossBuffer != -1) {
+    pr.fail("loss", "expected -1 (only the last stage of a train program gives the loss)");
   }
   program.logitsBuffer = pr.integer("logits", -1);
-  if (!last && program.logitsBuffer != -1)
+  if ((!last || training) && program.logitsBuffer != -1)
     pr.fail("logits", fmt::format("expected -1 on stage {} (logits come from the last stage, {})",
                                   program.stage, plan.degrees.pp - 1));
-  if (last) {
+  if (last && !training) {
     bufferId(pr, "logits", program.logitsBuffer);
     const PlanBuffer &b = program.buffers[program.logitsBuffer];
     if (b.dtype != DType::F32 || b.width != plan.vocabSize)
@@ -391,11 +413,15 @@ void readEntries(const JsonFields &r, Plan &plan) {
   }
 
   plan.prefillEntry = plan.decodeEntry = first;
+  plan.training = first == "train";
+  if (plan.training && entries.size() > 1)
+    r.fail("programs", fmt::format("a train program beside entry '{}' (a training plan has one "
+                                   "entry)", entries[1]));
   if (!r.has("schedule")) {
     if (entries.size() > 1)
       r.fail("schedule", fmt::format("missing: the programs have entries '{}' and '{}'",
                                      entries[0], entries[1]));
-    if (first != "forward")
+    if (first != "forward" && !plan.training)
       r.fail("schedule", fmt::format("missing: no phase runs entry '{}'", first));
     return;
   }

@@ -105,7 +105,7 @@ void checkDataFlow(const PlanProgram &program, const JsonFields &pr) {
   // must come from the step the compiler says computed it.
   constexpr int64_t kNever = -2, kInput = -1;
   std::vector<int64_t> lastWriter(program.buffers.size(), kNever);
-  for (int64_t input : {program.tokensBuffer, program.positionsBuffer})
+  for (int64_t input : {program.tokensBuffer, program.positionsBuffer, program.labelsBuffer})
     if (input >= 0)
       lastWriter[input] = kInput;
   auto writer = [](int64_t step) {

@@ -53,7 +53,7 @@ void RankExecutor::forward(const Batch &batch, std::vector<float> &logits,
   // The last stage's logits buffer is vocab_size wide (the compiler drops
   // the padding of a sharded head with a split): the LM head computed the
   // batch's logit rows only.
-  program.readLogits(static_cast<int64_t>(batch.logitRows.size()), logits);
+  program.readOutput(static_cast<int64_t>(batch.logitRows.size()), logits);
   device->synchronize();
 }
 

@@ -71,9 +71,19 @@ void RankProgram::writeInputs(const Batch &batch) {
     memory->write(buffer(program_->tokensBuffer), batch.tokens.data(), T * 4);
   if (program_->positionsBuffer >= 0)
     memory->write(buffer(program_->positionsBuffer), batch.positions.data(), T * 4);
+  if (program_->labelsBuffer >= 0) {
+    if (batch.labels.size() != batch.tokens.size())
+      runtimeError("training batch of {} tokens with {} labels", T, batch.labels.size());
+    memory->write(buffer(program_->labelsBuffer), batch.labels.data(), T * 4);
+  }
 }
 
-void RankProgram::readLogits(int64_t rows, std::vector<float> &logits) {
+void RankProgram::readOutput(int64_t rows, std::vector<float> &logits) {
+  if (program_->lossBuffer >= 0) {
+    logits.resize(4);
+    memory->read(logits.data(), buffer(program_->lossBuffer), 4 * 4);
+    return;
+  }
   if (program_->logitsBuffer < 0)
     return;
   if (rows == 0) {

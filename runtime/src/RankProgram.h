@@ -46,12 +46,14 @@ public:
   /// staging).
   int64_t bytes() const { return allocated + gatherBytes; }
 
-  /// The batch's tokens and positions into the program's input buffers
-  /// (a batch larger than max_batch_tokens is refused).
+  /// The batch's tokens, positions and (a train program's) labels into the
+  /// program's input buffers (a batch larger than max_batch_tokens is
+  /// refused).
   void writeInputs(const Batch &batch);
-  /// `rows` rows of the program's logits (vocab_size wide) to the host;
-  /// nothing on a program without logits (not the last stage).
-  void readLogits(int64_t rows, std::vector<float> &logits);
+  /// `rows` rows of the program's logits (vocab_size wide) to the host, or
+  /// a train program's loss [loss, ce, aux, z]; nothing on a program
+  /// without either (not the last stage).
+  void readOutput(int64_t rows, std::vector<float> &logits);
 
 private:
   struct Cache {

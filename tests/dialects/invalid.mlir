@@ -925,3 +925,103 @@ func.func @combine_width(%y: tensor<8x16x64xf32>, %s: tensor<?x2xi32>, %w: tenso
   %o = moe.combine %y, %s, %w : tensor<8x16x64xf32>, tensor<?x2xi32>, tensor<?x2xf32> -> tensor<?x32xf32>
   return
 }
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// The training loss: moe.cross_entropy, moe.router_stats, moe.lm_loss
+//===----------------------------------------------------------------------===//
+
+func.func @ce_dynamic_vocab(%l: tensor<?x?xf32>, %y: tensor<?xi32>) {
+  // expected-error@+1 {{'moe.cross_entropy' op expected a static logits width}}
+  %ce = moe.cross_entropy %l, %y vocab = 8 : tensor<?x?xf32>, tensor<?xi32> -> tensor<2xf32>
+  return
+}
+
+// -----
+
+func.func @ce_vocab_too_wide(%l: tensor<?x8xf32>, %y: tensor<?xi32>) {
+  // expected-error@+1 {{'moe.cross_entropy' op expected 1 <= vocab <= 8 (the logits' width) but got 9}}
+  %ce = moe.cross_entropy %l, %y vocab = 9 : tensor<?x8xf32>, tensor<?xi32> -> tensor<2xf32>
+  return
+}
+
+// -----
+
+func.func @ce_labels(%l: tensor<4x8xf32>, %y: tensor<3xi32>) {
+  // expected-error@+1 {{'moe.cross_entropy' op expected one label per logits row (4) but got 3}}
+  %ce = moe.cross_entropy %l, %y vocab = 8 : tensor<4x8xf32>, tensor<3xi32> -> tensor<2xf32>
+  return
+}
+
+// -----
+
+func.func @ce_result(%l: tensor<?x8xf32>, %y: tensor<?xi32>) {
+  // expected-error@+1 {{'moe.cross_entropy' op expected a tensor<2xf32> result (sum, rows) but got 'tensor<3xf32>'}}
+  %ce = moe.cross_entropy %l, %y vocab = 8 : tensor<?x8xf32>, tensor<?xi32> -> tensor<3xf32>
+  return
+}
+
+// -----
+
+func.func @stats_experts(%g: tensor<?x1xf32>) {
+  // expected-error@+1 {{'moe.router_stats' op expected a static number of experts >= 2 but got 'tensor<?x1xf32>'}}
+  %s = moe.router_stats %g top_k = 1 : tensor<?x1xf32> -> tensor<3x1xf32>
+  return
+}
+
+// -----
+
+func.func @stats_top_k(%g: tensor<?x8xf32>) {
+  // expected-error@+1 {{'moe.router_stats' op expected 1 <= top_k <= 8 but got 9}}
+  %s = moe.router_stats %g top_k = 9 : tensor<?x8xf32> -> tensor<3x8xf32>
+  return
+}
+
+// -----
+
+func.func @stats_result(%g: tensor<?x8xf32>) {
+  // expected-error@+1 {{'moe.router_stats' op expected a tensor<3x8xf32> result but got 'tensor<3x4xf32>'}}
+  %s = moe.router_stats %g top_k = 2 : tensor<?x8xf32> -> tensor<3x4xf32>
+  return
+}
+
+// -----
+
+func.func @loss_ce(%ce: tensor<3xf32>) {
+  // expected-error@+1 {{'moe.lm_loss' op expected the cross-entropy as tensor<2xf32> but got 'tensor<3xf32>'}}
+  %l = moe.lm_loss %ce aux_coef = 0.0 z_coef = 0.0 : tensor<3xf32> -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @loss_stats_differ(%ce: tensor<2xf32>, %a: tensor<3x8xf32>, %b: tensor<3x4xf32>) {
+  // expected-error@+1 {{'moe.lm_loss' op expected every layer's router statistics as 'tensor<3x8xf32>' but got 'tensor<3x4xf32>'}}
+  %l = moe.lm_loss %ce, %a, %b aux_coef = 0.0 z_coef = 0.0 : tensor<2xf32>, tensor<3x8xf32>, tensor<3x4xf32> -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @loss_stats_rows(%ce: tensor<2xf32>, %a: tensor<2x8xf32>) {
+  // expected-error@+1 {{'moe.lm_loss' op expected router statistics of 3 rows but got 'tensor<2x8xf32>'}}
+  %l = moe.lm_loss %ce, %a aux_coef = 0.0 z_coef = 0.0 : tensor<2xf32>, tensor<2x8xf32> -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @loss_coef(%ce: tensor<2xf32>) {
+  // expected-error@+1 {{'moe.lm_loss' op expected coefficients >= 0}}
+  %l = moe.lm_loss %ce aux_coef = -1.0 z_coef = 0.0 : tensor<2xf32> -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @loss_result(%ce: tensor<2xf32>) {
+  // expected-error@+1 {{'moe.lm_loss' op expected a tensor<4xf32> result (loss, ce, aux, z) but got 'tensor<2xf32>'}}
+  %l = moe.lm_loss %ce aux_coef = 0.0 z_coef = 0.0 : tensor<2xf32> -> tensor<2xf32>
+  return
+}

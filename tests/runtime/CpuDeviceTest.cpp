@@ -585,7 +585,7 @@ TEST(RankProgram, AllocatesThePlansLayoutAndMovesTheBatchAndLogits) {
   for (int64_t i = 0; i < 2 * plan.vocabSize; ++i)
     logitsBuffer[i] = static_cast<float>(i);
   std::vector<float> logits;
-  rank.readLogits(2, logits);
+  rank.readOutput(2, logits);
   ASSERT_EQ(logits.size(), static_cast<size_t>(2 * plan.vocabSize));
   EXPECT_EQ(logits.back(), static_cast<float>(2 * plan.vocabSize - 1));
 

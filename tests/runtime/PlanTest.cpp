@@ -351,12 +351,33 @@ TEST(PlanLoad, BadFieldsAreNamed) {
             "PLAN: programs[0].steps[4].attrs.axis: \"ep\" is not an axis of @mesh (pp, dp, tp)");
   EXPECT_EQ(loadError([](json &p) { p["programs"][0]["steps"][0] = step("send", {2}, {}, {}); }),
             "PLAN: programs[0].steps[0] (send): a send on stage 0, the last of 1");
-  // A program's entry (its exec.program's): forward runs; a training
-  // program is refused by name, not run as if it were one.
+  // A program's entry (its exec.program's): forward runs; an entry this
+  // moert does not run is refused by name, not run as if it were one.
   EXPECT_EQ(loadError([](json &p) { p["programs"][0]["entry"] = "forward"; }), "");
   EXPECT_EQ(loadError([](json &p) { p["programs"][0]["entry"] = "backward"; }),
             "PLAN: programs[0].entry: 'backward': not supported yet (this moert runs forward, "
-            "prefill and decode programs)");
+            "prefill, decode and train programs)");
+  // A train program reads labels and gives the loss instead of logits; no
+  // other program reads labels.
+  EXPECT_EQ(loadError([](json &p) { p["programs"][0]["entry"] = "train"; }),
+            "PLAN: programs[0].inputs.labels: missing: a train program reads the labels");
+  EXPECT_EQ(loadError([](json &p) { p["programs"][0]["inputs"]["labels"] = 0; }),
+            "PLAN: programs[0].inputs.labels: only a train program reads labels");
+  EXPECT_EQ(loadError([](json &p) {
+              p["programs"][0]["entry"] = "train";
+              p["programs"][0]["inputs"]["labels"] = 0;
+            }),
+            "PLAN: programs[0].loss: missing: the last stage of a train program gives the "
+            "loss");
+  EXPECT_EQ(loadError([](json &p) {
+              p["programs"][0]["entry"] = "train";
+              p["programs"][0]["inputs"]["labels"] = 0;
+              p["programs"][0]["loss"] = 1;
+            }),
+            "PLAN: programs[0].loss: expected an F32 buffer of 1 row of 4 (loss, ce, aux, z)");
+  EXPECT_EQ(loadError([](json &p) { p["programs"][0]["loss"] = 1; }),
+            "PLAN: programs[0].loss: expected -1 (only the last stage of a train program gives "
+            "the loss)");
   EXPECT_EQ(loadError([](json &p) { p["programs"][0]["entry"] = 3; }),
             "PLAN: programs[0].entry: expected a string");
   // Members not in the plan schema (moe/PlanSchema.h) are refused by name

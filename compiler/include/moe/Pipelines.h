@@ -41,6 +41,10 @@ struct CompileOptions {
   /// the passes after the workload run on each entry's copy of the model
   /// (moe-split-entries / moe-join-entries).
   bool decodeEntry = false;
+  /// A training program (moec compile --train): moe-append-loss first, with
+  /// its coefficients (auxLossCoef < 0: the config's).
+  bool train = false;
+  double auxLossCoef = -1, zLossCoef = 0;
 };
 
 /// Adds the passes that take an imported module to `last` (Import adds none).

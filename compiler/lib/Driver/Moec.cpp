@@ -112,6 +112,29 @@ cl::opt<bool> decodeEntry(
              "generated tokens with the decode entry (docs/plan-format.md, schedule)"),
     cl::init(false), cl::sub(compileCommand));
 
+// Training (docs/training.md).
+cl::OptionCategory training("Training (--train)");
+cl::opt<bool> train("train",
+                    cl::desc("A training plan: the model followed by its loss (cross-entropy of "
+                             "the next token, the family's balancing loss, the router z-loss); "
+                             "moert train runs it"),
+                    cl::init(false), cl::sub(compileCommand), cl::cat(training));
+cl::opt<int64_t> seqLen("seq-len", cl::desc("With --train: tokens of one training sequence"),
+                        cl::init(0), cl::sub(compileCommand), cl::cat(training));
+cl::opt<int64_t> microBatchSize("micro-batch-size",
+                                cl::desc("With --train: sequences of one step (default 1)"),
+                                cl::init(1), cl::sub(compileCommand), cl::cat(training));
+cl::opt<double> auxLossCoef(
+    "aux-loss-coef",
+    cl::desc("With --train: the balancing loss's coefficient (default: config.json's "
+             "router_aux_loss_coef for the families transformers computes it for)"),
+    cl::init(-1.0), cl::sub(compileCommand), cl::cat(training));
+cl::opt<double> routerZLossCoef("router-z-loss-coef",
+                                cl::desc("With --train: the router z-loss's coefficient "
+                                         "(mean logsumexp^2 of the router logits, summed over "
+                                         "the MoE layers; default 0)"),
+                                cl::init(0.0), cl::sub(compileCommand), cl::cat(training));
+
 cl::opt<bool> noFuse(
     "no-fuse",
     cl::desc("Skip the fusion passes (moe-fuse-router): every op of the model runs as its own "
@@ -335,6 +358,8 @@ int runImport() {
   return writeIR(*imported->module, importOutput);
 }
 
+Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config);
+
 int runCompile() {
   const bool kernelsOnly = compileTo == "kernels";
   std::optional<Phase> last = kernelsOnly ? std::optional<Phase>(Phase::Plan) : parsePhase(compileTo);
@@ -416,6 +441,8 @@ int runCompile() {
   options.cudaArch = cudaArchs;
   options.kernelsOnly = kernelsOnly;
   options.decodeEntry = decodeEntry;
+  if (Error e = trainingOptions(options, *config))
+    return fail(std::move(e));
   // Where the plan goes: -o, or DIR/plan.json for --compile-to=kernels -o DIR
   // (the sources beside it).
   options.output = compileOutput;
@@ -437,6 +464,47 @@ int runCompile() {
     if (Error e = moe::writePlanReport(options.output, "", compileReport))
       return fail(std::move(e));
   return kExitOk;
+}
+
+/// --train: the workload of one step (micro-batch-size sequences of
+/// seq-len tokens) and the loss; what training does not do yet is refused.
+Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config) {
+  auto refuse = [](const Twine &message) {
+    return createStringError(inconvertibleErrorCode(), "%s", message.str().c_str());
+  };
+  if (!train) {
+    for (cl::Option *o : std::initializer_list<cl::Option *>{&seqLen, &microBatchSize,
+                                                            &auxLossCoef, &routerZLossCoef})
+      if (o->getNumOccurrences())
+        return refuse("--" + o->ArgStr + ": expected --train");
+    return Error::success();
+  }
+  if (seqLen < 1 || microBatchSize < 1)
+    return refuse("--train: expected --seq-len >= 1 and --micro-batch-size >= 1");
+  if (seqLen > config.maxPositionEmbeddings)
+    return refuse("--seq-len " + Twine(int64_t(seqLen)) + ": more than the model's " +
+                  "max_position_embeddings (" + Twine(config.maxPositionEmbeddings) + ")");
+  for (cl::Option *o : std::initializer_list<cl::Option *>{&maxBatchTokens, &maxSeqLen,
+                                                          &maxSequences, &decodeEntry})
+    if (o->getNumOccurrences())
+      return refuse("--train: --" + o->ArgStr +
+                    " does not apply (a step is --micro-batch-size x --seq-len tokens)");
+  if (options.layout)
+    return refuse("not supported yet: --train with distribution options or a capacity factor "
+                  "(training plans run on one rank, dropless)");
+  if (options.target != "cpu")
+    return refuse("not supported yet: --train --target " + options.target);
+  if (auxLossCoef.getNumOccurrences() && auxLossCoef < 0)
+    return refuse("--aux-loss-coef: expected a value >= 0");
+  if (routerZLossCoef < 0)
+    return refuse("--router-z-loss-coef: expected a value >= 0");
+  options.train = true;
+  options.maxBatchTokens = seqLen * microBatchSize;
+  options.maxSeqLen = seqLen;
+  options.maxSequences = microBatchSize;
+  options.auxLossCoef = auxLossCoef;
+  options.zLossCoef = routerZLossCoef;
+  return Error::success();
 }
 
 int runPlanInfo() {

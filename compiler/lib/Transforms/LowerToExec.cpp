@@ -116,6 +116,12 @@ NamedAttrList kernelConstants(Builder &b, Operation *op) {
         if (o->hasAttr("moe.vocab_shard"))
           a.set("vocab_shard", b.getBoolAttr(true));
       })
+      .Case([&](moe::CrossEntropyOp o) { a.set("vocab", i64(o.getVocab())); })
+      .Case([&](moe::RouterStatsOp o) { a.set("top_k", i64(o.getTopK())); })
+      .Case([&](moe::LMLossOp o) {
+        a.set("aux_coef", f64(o.getAuxCoef()));
+        a.set("z_coef", f64(o.getZCoef()));
+      })
       .Case([&](moe::SendOp o) { a.set("stage", i64(o.getStage())); })
       .Case([&](moe::RecvOp o) { a.set("stage", i64(o.getStage())); })
       .Case([&](moe::RouterOp o) { a.set("routing", routingConstants(b, o.getRouting())); })
@@ -138,13 +144,20 @@ const char *axisName(StringRef mesh, int64_t axis) {
   return axis < 3 ? attention[axis] : "?";
 }
 
-/// The LM head: the linear whose result the program returns, directly or
-/// through the all_gather / split that join its vocabulary parts.
+/// The LM head: the linear whose result the program returns (a training
+/// program: whose result its cross-entropy reads), directly or through the
+/// all_gather / split that join its vocabulary parts.
 Operation *headOf(func::FuncOp fn) {
   auto ret = cast<func::ReturnOp>(fn.getBody().front().getTerminator());
   if (ret.getNumOperands() != 1)
     return nullptr;
   Value v = ret.getOperand(0);
+  if (auto loss = v.getDefiningOp<moe::LMLossOp>()) {
+    auto ce = loss.getCrossEntropy().getDefiningOp<moe::CrossEntropyOp>();
+    if (!ce)
+      return nullptr;
+    v = ce.getLogits();
+  }
   while (Operation *def = v.getDefiningOp()) {
     if (isa<moe::LinearOp>(def))
       return def;
@@ -179,12 +192,19 @@ struct Lowering {
     if (!rows || !widths || !types || !argBuffers)
       return fn.emitError("moe-lower-to-exec: @")
              << fn.getSymName() << " has no assigned buffers (run moe-assign-buffers)";
-    if (argBuffers.size() != 2 || fn.getNumArguments() != 2)
-      return fn.emitError("moe-lower-to-exec: expected the arguments tokens and positions");
+    // A training program (moe-append-loss) also takes its labels and
+    // returns its loss.
+    auto entry = fn->getAttrOfType<StringAttr>("moe.entry");
+    const bool training = entry && entry.getValue() == "train";
+    const unsigned arguments = training ? 3 : 2;
+    if (argBuffers.size() != arguments || fn.getNumArguments() != arguments)
+      return fn.emitError("moe-lower-to-exec: expected the arguments tokens and positions")
+             << (training ? " and labels" : "");
     Block &body = fn.getBody().front();
 
     OpBuilder b(fn);
-    auto program = b.create<exec::ProgramOp>(fn.getLoc(), fn.getSymName(), "forward", stage);
+    auto program = b.create<exec::ProgramOp>(fn.getLoc(), fn.getSymName(),
+                                             entry ? entry.getValue() : "forward", stage);
     Block *block = new Block();
     program.getBody().push_back(block);
     b.setInsertionPointToStart(block);
@@ -261,7 +281,8 @@ struct Lowering {
       bufferOf[arg] = *v;
     }
     b.create<exec::InputsOp>(fn.getLoc(), bufferOf[body.getArgument(0)],
-                             bufferOf[body.getArgument(1)]);
+                             bufferOf[body.getArgument(1)],
+                             training ? bufferOf[body.getArgument(2)] : Value());
 
     Operation *head = headOf(fn);
     for (Operation &op : body) {
@@ -276,10 +297,11 @@ struct Lowering {
       if (isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp>(op))
         continue;
       if (auto ret = dyn_cast<func::ReturnOp>(op)) {
-        Value logits;
+        Value result;
         if (ret.getNumOperands())
-          logits = bufferOf.lookup(ret.getOperand(0));
-        b.create<exec::ReturnOp>(ret.getLoc(), logits);
+          result = bufferOf.lookup(ret.getOperand(0));
+        b.create<exec::ReturnOp>(ret.getLoc(), training ? Value() : result,
+                                 training ? result : Value());
         continue;
       }
       SmallVector<Value> ins, ws, outs;

@@ -55,6 +55,13 @@ struct CollectiveGroup {
 using DispatchParams = cpu::DispatchParams;
 
 /// One step: an op over buffers and weights, with its attributes decoded.
+/// The training loss's steps (cross_entropy: vocab; router_stats: top_k;
+/// lm_loss: the coefficients).
+struct LossParams {
+  int64_t vocab = 0, topK = 0;
+  double auxCoef = 0, zCoef = 0;
+};
+
 struct PlanStep {
   const OpDef *op = nullptr; ///< never null in a loaded plan
   std::vector<int64_t> in, weights, out;
@@ -72,6 +79,7 @@ struct PlanStep {
   bool vocabShard = false;     ///< embedding: this rank's rows of the padded vocabulary
   bool head = false;           ///< linear: the LM head (computes the logit rows only)
   bool layerNorm = false;      ///< add_norm: its norm is a layer_norm (else rms_norm)
+  LossParams loss;             ///< cross_entropy, router_stats, lm_loss
 };
 
 /// The program of one pipeline stage, run by every rank of the stage. Its
@@ -89,7 +97,10 @@ struct PlanProgram {
   std::vector<PlanBuffer> buffers;
   std::vector<PlanCache> caches;
   int64_t tokensBuffer = 0, positionsBuffer = 0;
-  int64_t logitsBuffer = -1; ///< -1: not the last stage
+  int64_t logitsBuffer = -1; ///< -1: not the last stage, or a train program
+  /// A train program's labels (the next token of each row, -100: none) and,
+  /// on the last stage, its loss [loss, ce, aux, z]; -1 otherwise.
+  int64_t labelsBuffer = -1, lossBuffer = -1;
   std::vector<PlanStep> steps;
   /// The program's CUDA kernel table (moec --target cuda, docs/cuda.md),
   /// read and checked with the plan; null for a CPU plan.
@@ -139,6 +150,10 @@ struct Plan {
   /// The schedule: the entry that runs prompt chunks and the one that runs
   /// generated tokens (both the first entry in a plan without a schedule).
   std::string prefillEntry, decodeEntry;
+  /// A training plan (moec compile --train): one entry, "train", whose
+  /// steps take micro-batch sequences of max_seq_len tokens with their
+  /// labels and give the loss (moert train runs it, moert run does not).
+  bool training = false;
 
   const PlanProgram &programOf(int64_t rank) const { return programs[ranks[rank].program]; }
   /// The programs of `rank`'s stage, its own program first, one per entry.

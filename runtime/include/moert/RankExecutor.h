@@ -28,6 +28,8 @@ class RankProgram;
 /// contiguous per sequence.
 struct Batch {
   std::vector<int32_t> tokens, positions, slots;
+  /// A training step's labels: the next token of each row (-100: none).
+  std::vector<int32_t> labels;
   /// Rows whose logits the caller wants, in order; the device writes them
   /// as consecutive rows of `logits`.
   std::vector<int64_t> logitRows;
@@ -58,7 +60,8 @@ public:
   /// Runs every step of the rank's program of `entry` (empty: its own
   /// program, the plan's first entry) over the batch; on the last stage,
   /// logits of batch.logitRows go to `logits` ([logitRows.size(), vocab],
-  /// f32); other stages leave `logits` alone. An empty batch (T = 0) still
+  /// f32), or a train program's loss [loss, ce, aux, z]; other stages leave
+  /// `logits` alone. An empty batch (T = 0) still
   /// takes part in every collective (with no rows). Every rank of a
   /// collective group runs the same entry in a step.
   void forward(const Batch &batch, std::vector<float> &logits, const std::string &entry = {});

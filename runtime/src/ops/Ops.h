@@ -26,6 +26,8 @@ extern const OpDef kRope, kAttention, kMlaAttention;
 extern const OpDef kSplit, kConcat, kAdd, kSigmoidGate;
 // Experts.cpp
 extern const OpDef kMlp, kRouter, kRoute, kExperts, kDispatch, kExpertFfn, kCombine;
+// Loss.cpp
+extern const OpDef kCrossEntropy, kRouterStats, kLmLoss;
 // Collective.cpp
 extern const OpDef kAllReduce, kAllGather, kAllToAll, kSend, kRecv;
 

@@ -12,6 +12,7 @@ const std::vector<const OpDef *> &registeredOps() {
       &ops::kMlp,        &ops::kRouter,      &ops::kRoute,     &ops::kExperts,
       &ops::kDispatch,
       &ops::kExpertFfn,  &ops::kCombine,
+      &ops::kCrossEntropy, &ops::kRouterStats, &ops::kLmLoss,
       &ops::kAllReduce,  &ops::kAllGather,   &ops::kAllToAll,  &ops::kSend,
       &ops::kRecv};
   return ops;

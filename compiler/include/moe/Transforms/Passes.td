@@ -23,6 +23,30 @@ def MoESpecializeWorkload : Pass<"moe-specialize-workload", "mlir::ModuleOp"> {
   ];
 }
 
+def MoEAppendLoss : Pass<"moe-append-loss", "mlir::ModuleOp"> {
+  let summary = "end @forward with the training loss (moec compile --train)";
+  let description = [{
+    Turns the imported model into a training program: @forward takes a
+    third argument, `labels` (the next token of each row, -100 for none),
+    and returns `moe.lm_loss` (loss, ce, aux, z) instead of the logits:
+    `moe.cross_entropy` of the logits against the labels, and after each
+    `moe.route` a `moe.router_stats` of its logits when a balancing loss or
+    a z-loss is asked for. The balancing loss is the one transformers adds
+    with `output_router_logits` (`load_balancing_loss_func`: Mixtral,
+    Qwen2-MoE, Qwen3-MoE, OLMoE), its coefficient `router_aux_loss_coef`
+    of the carried config.json unless `aux-loss-coef` says otherwise; a
+    family for which transformers computes none (DeepSeek-V3, dense models)
+    has none, and an explicit coefficient for it is refused. The function
+    is marked `moe.entry = "train"` (its exec program's entry).
+  }];
+  let options = [
+    Option<"auxLossCoef", "aux-loss-coef", "double", "-1.0",
+           "balancing-loss coefficient (< 0: the config's router_aux_loss_coef)">,
+    Option<"zLossCoef", "z-loss-coef", "double", "0.0",
+           "router z-loss coefficient (ST-MoE: mean logsumexp^2, summed over layers)">,
+  ];
+}
+
 def MoEFuseRouter : Pass<"moe-fuse-router", "mlir::ModuleOp"> {
   let summary = "fold a router's logits GEMM and its routing into one moe.router";
   let description = [{

@@ -78,6 +78,7 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
   DenseMap<Value, int64_t> writer;
   std::optional<int64_t> tokens, positions;
   int64_t logits = -1;
+  std::optional<int64_t> labels, loss;
   auto ids = [](ValueRange values, const DenseMap<Value, int64_t> &of) {
     Array out;
     for (Value v : values)
@@ -117,9 +118,13 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
     } else if (auto in = dyn_cast<moe::exec::InputsOp>(op)) {
       tokens = bufferId.lookup(in.getTokens());
       positions = bufferId.lookup(in.getPositions());
+      if (in.getLabels())
+        labels = bufferId.lookup(in.getLabels());
     } else if (auto ret = dyn_cast<moe::exec::ReturnOp>(op)) {
       if (ret.getLogits())
         logits = bufferId.lookup(ret.getLogits());
+      if (ret.getLoss())
+        loss = bufferId.lookup(ret.getLoss());
     } else if (isa<moe::exec::LaunchOp, moe::exec::CollectiveOp>(op)) {
       // (exec.kernels and the launches' kernels regions are the target's.)
       StringRef name;
@@ -171,6 +176,11 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
                                   {"kv_cache", cacheBytes},
                                   {"peak", weightBytes + bufferBytes + cacheBytes}}},
                 {"steps", std::move(steps)}};
+  // A training program's labels and loss (moe-append-loss).
+  if (labels)
+    (*plan.getObject("inputs"))["labels"] = *labels;
+  if (loss)
+    plan["loss"] = *loss;
   // An entry compiled for another workload than the plan's (moe-join-entries).
   if (auto tokens = program->getAttrOfType<IntegerAttr>("max_batch_tokens"))
     plan["max_batch_tokens"] = tokens.getInt();

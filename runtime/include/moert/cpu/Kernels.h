@@ -248,4 +248,24 @@ void expertFfn(const float *buf, const int32_t *counts, int64_t sources, int64_t
 void combine(const float *y, int64_t H, const int32_t *slots, const float *weights, int64_t T,
              int64_t k, float *out);
 
+// The training loss (moe.cross_entropy, moe.router_stats, moe.lm_loss in
+// MoETrainingOps.td), accumulated in f64.
+
+/// out = [sum over rows with labels[t] != -100 of lse(logits[t, :vocab]) -
+/// logits[t, labels[t]], number of those rows]; logits [T, width], width >=
+/// vocab. InputError for a label outside [0, vocab) other than -100.
+void crossEntropy(const float *logits, int64_t tokens, int64_t width, int64_t vocab,
+                  const int32_t *labels, float out[2]);
+
+/// out [3, E]: row 0 sum_t softmax(l_t), row 1 the tokens whose top-k (of
+/// the softmax, ties to the lower index) holds e, row 2 [sum_t lse(l_t)^2,
+/// T, 0, ...]; logits [T, E].
+void routerStats(const float *logits, int64_t tokens, int64_t experts, int64_t topK,
+                 float *out);
+
+/// out = [loss, ce, aux, z] from the cross-entropy [sum, n] and `layers`
+/// router statistics [3, E] (moe.lm_loss; aux = 0 when auxCoef is).
+void lmLoss(const float ce[2], const float *const *stats, int64_t layers, int64_t experts,
+            double auxCoef, double zCoef, float out[4]);
+
 } // namespace moert::cpu

@@ -73,10 +73,15 @@ def Exec_ProgramOp : Exec_Op<"program", [Symbol, IsolatedFromAbove, SingleBlock]
   let hasVerifier = 1;
 }
 
-def Exec_ReturnOp : Exec_Op<"return", [Terminator, HasParent<"ProgramOp">]> {
-  let summary = "the end of a program, with the buffer of its logits (if any)";
-  let arguments = (ins Optional<Exec_BufferType>:$logits);
-  let assemblyFormat = "(`logits` `(` $logits^ `)`)? attr-dict";
+def Exec_ReturnOp : Exec_Op<"return", [Terminator, HasParent<"ProgramOp">,
+                                        AttrSizedOperandSegments]> {
+  let summary = "the end of a program, with the buffer of its logits or its loss (if any)";
+  let description = [{
+    `logits`: the inference programs' last stage; `loss`: a training
+    program's [loss, ce, aux, z] (moe.lm_loss).
+  }];
+  let arguments = (ins Optional<Exec_BufferType>:$logits, Optional<Exec_BufferType>:$loss);
+  let assemblyFormat = "(`logits` `(` $logits^ `)`)? (`loss` `(` $loss^ `)`)? attr-dict";
 }
 
 def Exec_BufferOp : Exec_Op<"buffer", [HasParent<"ProgramOp">,
@@ -110,8 +115,14 @@ def Exec_KVCacheOp : Exec_Op<"kv_cache", [HasParent<"ProgramOp">]> {
 
 def Exec_InputsOp : Exec_Op<"inputs", [HasParent<"ProgramOp">]> {
   let summary = "the buffers the runtime fills before the first launch";
-  let arguments = (ins Exec_BufferType:$tokens, Exec_BufferType:$positions);
-  let assemblyFormat = "`tokens` `(` $tokens `)` `positions` `(` $positions `)` attr-dict";
+  let description = [{
+    `labels`: a training program's next token of each row (-100: none).
+  }];
+  let arguments = (ins Exec_BufferType:$tokens, Exec_BufferType:$positions,
+                       Optional<Exec_BufferType>:$labels);
+  let assemblyFormat = [{
+    `tokens` `(` $tokens `)` `positions` `(` $positions `)` (`labels` `(` $labels^ `)`)? attr-dict
+  }];
 }
 
 def Exec_LaunchOp : Exec_Op<"launch", [HasParent<"ProgramOp">, AttrSizedOperandSegments,

@@ -663,4 +663,6 @@ def MoE_CombineOp : MoE_NamedResultOp<"combine"> {
   let hasVerifier = 1;
 }
 
+include "moe/Dialect/MoE/IR/MoETrainingOps.td"
+
 #endif // MOE_DIALECT_MOE_IR_MOEOPS_TD

@@ -1,0 +1,91 @@
+//===- MoETrainingOps.td - the loss of a training program --*- tablegen -*-===//
+//
+// `moe-append-loss` (moec compile --train) ends the model with these ops:
+// the causal-LM cross-entropy of the logits against the next tokens, each
+// MoE layer's router statistics and the loss that combines them as
+// transformers' `*ForCausalLM.forward` does with `output_router_logits`
+// (docs/training.md). Their results are small static tensors, so that the
+// sums of several micro-batches, pipeline stages or data-parallel replicas
+// are the same ops' results added up.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_DIALECT_MOE_IR_MOETRAININGOPS_TD
+#define MOE_DIALECT_MOE_IR_MOETRAININGOPS_TD
+
+def MoE_CrossEntropyOp : MoE_NamedResultOp<"cross_entropy"> {
+  let summary = "the cross-entropy of logits against label ids: its sum and the rows counted";
+  let description = [{
+    `result = [sum_t (logsumexp(logits[t, :vocab]) - logits[t, labels[t]]), n]`
+    over the rows t whose label is not -100 (PyTorch's `ignore_index`), n
+    their number, in f32 (the logits read as f32, as transformers upcasts
+    them; accumulated in f64). Columns from `vocab` on
+    (the padding of a vocabulary split over ranks) take no part. A label
+    outside [0, vocab) other than -100 is an error of the kernel.
+    transformers' mean is `result[0] / result[1]`.
+
+    ```mlir
+    %ce = moe.cross_entropy %logits, %labels vocab = 251 : tensor<?x251xf32>, tensor<?xi32> -> tensor<2xf32>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$logits, 1DTensorOf<[I32]>:$labels, I64Attr:$vocab);
+  let results = (outs 1DTensorOf<[F32]>:$result);
+  let assemblyFormat = [{
+    $logits `,` $labels `vocab` `=` $vocab attr-dict `:` type($logits) `,` type($labels) `->`
+    type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_RouterStatsOp : MoE_NamedResultOp<"router_stats"> {
+  let summary = "a MoE layer's router statistics for the balancing and z losses";
+  let description = [{
+    From the router logits l [T, E] (read as f32), with p_t = softmax(l_t) and S_t
+    the `top_k` largest entries of p_t (PyTorch's `topk`: ties to the lower
+    index): row 0 is `sum_t p_t[e]`, row 1 the number of tokens t with e in
+    S_t, row 2 holds `sum_t logsumexp(l_t)^2` in column 0 and T in column 1
+    (zeros after). transformers' `load_balancing_loss_func` and the
+    ST-MoE router z-loss are functions of these sums (moe.lm_loss).
+
+    ```mlir
+    %stats = moe.router_stats %gate top_k = 2 : tensor<?x8xf32> -> tensor<3x8xf32>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$logits, I64Attr:$top_k);
+  let results = (outs 2DTensorOf<[F32]>:$result);
+  let assemblyFormat = [{
+    $logits `top_k` `=` $top_k attr-dict `:` type($logits) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_LMLossOp : MoE_NamedResultOp<"lm_loss"> {
+  let summary = "the training loss: cross-entropy, balancing loss and router z-loss";
+  let description = [{
+    `result = [loss, ce, aux, z]` with `ce = ce_sum / n` (moe.cross_entropy;
+    0 when n = 0), and over the L router statistics (moe.router_stats, one
+    per MoE layer, E experts, T tokens each): with P_e and C_e row 0 and
+    row 1 summed over the layers and N = L * T,
+    `aux = E * sum_e (C_e / N) * (P_e / N)` (transformers'
+    `load_balancing_loss_func` over the layers' concatenated logits, no
+    attention mask), `z = sum_layers (sum_t lse_t^2) / T`, and
+    `loss = ce + aux_coef * aux + z_coef * z`. aux is 0 when aux_coef is
+    (no balancing loss: DeepSeek-V3, or turned off), aux and z are 0 with no
+    statistics (a dense model).
+
+    ```mlir
+    %loss = moe.lm_loss %ce, %s0, %s1 aux_coef = 1.0e-03 z_coef = 0.0 : tensor<2xf32>, tensor<3x8xf32>, tensor<3x8xf32> -> tensor<4xf32>
+    ```
+  }];
+  let arguments = (ins 1DTensorOf<[F32]>:$cross_entropy,
+                       Variadic<2DTensorOf<[F32]>>:$router_stats, F64Attr:$aux_coef,
+                       F64Attr:$z_coef);
+  let results = (outs 1DTensorOf<[F32]>:$result);
+  let assemblyFormat = [{
+    $cross_entropy (`,` $router_stats^)? `aux_coef` `=` $aux_coef `z_coef` `=` $z_coef attr-dict
+    `:` type($cross_entropy) (`,` type($router_stats)^)? `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+#endif // MOE_DIALECT_MOE_IR_MOETRAININGOPS_TD

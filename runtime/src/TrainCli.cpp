@@ -1,0 +1,133 @@
+// moert train PLAN --weights DIR --data TOKENS: runs a training plan (moec
+// compile --train) over windows of the token data and prints the loss
+// terms of each micro-batch (docs/training.md).
+#include "InputFile.h"
+#include "TrainCli.h"
+#include "moert/Checkpoint.h"
+#include "moert/Error.h"
+#include "moert/Parallel.h"
+#include "moert/Plan.h"
+#include "moert/RankExecutor.h"
+#include "moert/TokenData.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <charconv>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+namespace moert {
+namespace {
+
+int64_t integerOption(const std::string &option, const char *text, int64_t min) {
+  int64_t value = 0;
+  const char *end = text + std::strlen(text);
+  auto [ptr, ec] = std::from_chars(text, end, value);
+  if (ec != std::errc() || ptr != end || value < min)
+    inputError("{}: expected an integer >= {} but got '{}'", option, min, text);
+  return value;
+}
+
+/// Micro-batch `m`: windows m * B .. m * B + B - 1, one sequence (KV-cache
+/// slot) each, positions from 0, the labels the next tokens.
+Batch microBatch(const std::vector<int32_t> &tokens, int64_t m, int64_t B, int64_t L) {
+  Batch batch;
+  for (int64_t s = 0; s < B; ++s) {
+    const int32_t *window = tokens.data() + (m * B + s) * L;
+    for (int64_t i = 0; i < L; ++i) {
+      batch.tokens.push_back(window[i]);
+      batch.positions.push_back(static_cast<int32_t>(i));
+      batch.slots.push_back(static_cast<int32_t>(s));
+      batch.labels.push_back(window[i + 1]);
+      batch.logitRows.push_back(batch.size() - 1); // the LM head computes every row
+    }
+  }
+  return batch;
+}
+
+} // namespace
+
+int trainCommand(int argc, char **argv, Comm &comm) {
+  std::string planPath, weightsPath, dataPath, metricsOut;
+  int64_t steps = 0, batches = 1;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int i = 2; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&]() -> const char * {
+      if (i + 1 >= argc)
+        inputError("{}: expected a value", arg);
+      return argv[++i];
+    };
+    if (arg == "--weights") weightsPath = value();
+    else if (arg == "--data") dataPath = value();
+    else if (arg == "--steps") steps = integerOption(arg, value(), 0);
+    else if (arg == "--micro-batches") batches = integerOption(arg, value(), 1);
+    else if (arg == "--metrics-out") metricsOut = value();
+    else if (arg == "--threads") threads = static_cast<int>(integerOption(arg, value(), 1));
+    else if (arg == "--grads-out")
+      inputError("--grads-out: not supported yet (the backward pass, moe-differentiate, is not "
+                 "built: moert train computes the loss)");
+    else if (!arg.empty() && arg[0] == '-') inputError("unknown option '{}' (see moert --help)", arg);
+    else if (planPath.empty()) planPath = arg;
+    else inputError("unexpected argument '{}'", arg);
+  }
+  if (planPath.empty() || weightsPath.empty() || dataPath.empty())
+    inputError("expected moert train PLAN --weights DIR --data TOKENS");
+  if (steps != 0)
+    inputError("--steps {}: not supported yet (no optimizer yet: --steps 0 evaluates the loss "
+               "of --micro-batches micro-batches)",
+               steps);
+  if (threads > 1024)
+    inputError("--threads: expected a value in [1, 1024] but got {}", threads);
+  setNumThreads(threads);
+
+  Plan plan = Plan::load(planPath);
+  if (!plan.training)
+    inputError("{}: not a training plan (compile one with moec compile --train)", planPath);
+  if (plan.worldSize != 1 || comm.size() != 1)
+    inputError("{}: not supported yet: training on {} ranks (one for now)", planPath,
+               std::max<int64_t>(plan.worldSize, comm.size()));
+  const int64_t L = plan.maxSeqLen, B = plan.maxSequences;
+  if (L * B != plan.maxBatchTokens)
+    inputError("{}: a training plan's max_batch_tokens ({}) must be max_sequences x "
+               "max_seq_len ({} x {})",
+               planPath, plan.maxBatchTokens, B, L);
+  const std::vector<int32_t> tokens = readTokenData(dataPath, plan.vocabSize);
+  const int64_t windows = windowCount(static_cast<int64_t>(tokens.size()), L);
+  if (windows < batches * B)
+    inputError("{}: {} tokens hold {} windows of {} + 1 tokens; {} micro-batches of {} need {}",
+               dataPath, tokens.size(), windows, L, batches, B, batches * B);
+
+  std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(weightsPath);
+  if (!checkpoint->modelType().empty() && checkpoint->modelType() != plan.modelType)
+    inputError("{}/manifest.json: a checkpoint of a '{}' model, but the plan is for '{}'",
+               weightsPath, checkpoint->modelType(), plan.modelType);
+  std::unique_ptr<RankExecutor> executor = RankExecutor::create(DeviceKind::Cpu);
+  executor->prepare(plan, comm.rank(), *checkpoint, comm);
+  checkNoUnexpectedTensors(plan, *checkpoint);
+
+  std::string metrics;
+  std::vector<float> loss;
+  for (int64_t m = 0; m < batches; ++m) {
+    const Batch batch = microBatch(tokens, m, B, L);
+    const auto started = std::chrono::steady_clock::now();
+    executor->forward(batch, loss);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    fmt::print("micro-batch {}: loss {:.6f} ce {:.6f} aux {:.6f} z {:.6f} ({} tokens, "
+               "{:.0f} tokens/s)\n",
+               m, loss[0], loss[1], loss[2], loss[3], batch.size(), batch.size() / seconds);
+    nlohmann::ordered_json line = {{"micro_batch", m}, {"loss", loss[0]}, {"ce", loss[1]},
+                                   {"aux", loss[2]},   {"z", loss[3]},   {"tokens", batch.size()},
+                                   {"seconds", seconds}};
+    metrics += line.dump() + "\n";
+  }
+  if (!metricsOut.empty())
+    writeFileAtomically(metricsOut, metrics);
+  std::fflush(stdout);
+  return 0;
+}
+
+} // namespace moert

@@ -1,0 +1,114 @@
+// The training loss's kernels (Kernels.h): cross-entropy over the vocabulary,
+// each MoE layer's router statistics and the loss they make.
+#include "moert/Error.h"
+#include "moert/Parallel.h"
+#include "moert/cpu/Kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+namespace moert::cpu {
+namespace {
+
+/// log(sum_i exp(x_i)) over n values, in f64.
+double logSumExp(const float *x, int64_t n) {
+  const float peak = *std::max_element(x, x + n);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i)
+    sum += std::exp(static_cast<double>(x[i]) - peak);
+  return peak + std::log(sum);
+}
+
+constexpr int32_t kIgnoreIndex = -100;
+
+} // namespace
+
+void crossEntropy(const float *logits, int64_t tokens, int64_t width, int64_t vocab,
+                  const int32_t *labels, float out[2]) {
+  for (int64_t t = 0; t < tokens; ++t)
+    if (labels[t] != kIgnoreIndex && (labels[t] < 0 || labels[t] >= vocab))
+      inputError("cross_entropy: label {} of row {} is outside [0, {}) and not -100", labels[t],
+                 t, vocab);
+  // Per-row terms, then one sum in row order: the same bits at any thread
+  // count.
+  std::vector<double> terms(static_cast<size_t>(tokens), 0.0);
+  parallelFor(
+      tokens,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t)
+          if (labels[t] != kIgnoreIndex) {
+            const float *row = logits + t * width;
+            terms[t] = logSumExp(row, vocab) - row[labels[t]];
+          }
+      },
+      8);
+  double sum = 0;
+  int64_t counted = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    sum += terms[t];
+    counted += labels[t] != kIgnoreIndex;
+  }
+  out[0] = static_cast<float>(sum);
+  out[1] = static_cast<float>(counted);
+}
+
+void routerStats(const float *logits, int64_t tokens, int64_t experts, int64_t topK,
+                 float *out) {
+  std::vector<double> probs(experts, 0.0), counts(experts, 0.0);
+  std::vector<double> p(experts);
+  std::vector<int64_t> order(experts);
+  double z = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float *row = logits + t * experts;
+    const double lse = logSumExp(row, experts);
+    z += lse * lse;
+    for (int64_t e = 0; e < experts; ++e) {
+      p[e] = std::exp(static_cast<double>(row[e]) - lse);
+      probs[e] += p[e];
+    }
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + topK, order.end(),
+                      [&](int64_t a, int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    for (int64_t j = 0; j < topK; ++j)
+      counts[order[j]] += 1;
+  }
+  std::fill(out, out + 3 * experts, 0.0f);
+  for (int64_t e = 0; e < experts; ++e) {
+    out[e] = static_cast<float>(probs[e]);
+    out[experts + e] = static_cast<float>(counts[e]);
+  }
+  out[2 * experts] = static_cast<float>(z);
+  out[2 * experts + 1] = static_cast<float>(tokens);
+}
+
+void lmLoss(const float ce[2], const float *const *stats, int64_t layers, int64_t experts,
+            double auxCoef, double zCoef, float out[4]) {
+  const double meanCe = ce[1] > 0 ? static_cast<double>(ce[0]) / ce[1] : 0.0;
+  double aux = 0, z = 0, rows = 0;
+  std::vector<double> probs(experts, 0.0), counts(experts, 0.0);
+  for (int64_t l = 0; l < layers; ++l) {
+    const float *s = stats[l];
+    const double tokens = s[2 * experts + 1];
+    for (int64_t e = 0; e < experts; ++e) {
+      probs[e] += s[e];
+      counts[e] += s[experts + e];
+    }
+    if (tokens > 0)
+      z += s[2 * experts] / tokens;
+    rows += tokens;
+  }
+  // No balancing loss asked (or none for the family): aux is 0, not the
+  // value of a loss that is not trained.
+  if (rows > 0 && auxCoef > 0)
+    for (int64_t e = 0; e < experts; ++e)
+      aux += (counts[e] / rows) * (probs[e] / rows);
+  aux *= static_cast<double>(experts);
+  out[0] = static_cast<float>(meanCe + auxCoef * aux + zCoef * z);
+  out[1] = static_cast<float>(meanCe);
+  out[2] = static_cast<float>(aux);
+  out[3] = static_cast<float>(z);
+}
+
+} // namespace moert::cpu
