@@ -51,6 +51,8 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
     loss.auxLossCoef = o.auxLossCoef;
     loss.zLossCoef = o.zLossCoef;
     pm.addPass(createMoEAppendLoss(loss));
+    if (!o.lossOnly)
+      pm.addPass(createMoEDifferentiate());
   }
   // The workload comes first: every size decided later (buffers, caches,
   // dispatch capacity) is a function of it.
@@ -184,6 +186,8 @@ struct CompilePipelineOptions : public PassPipelineOptions<CompilePipelineOption
                            llvm::cl::desc("a decode entry beside the prefill one")};
   Option<bool> train{*this, "train", llvm::cl::init(false),
                      llvm::cl::desc("a training program: the loss after the model")};
+  Option<bool> lossOnly{*this, "loss-only", llvm::cl::init(false),
+                        llvm::cl::desc("with train: no backward pass")};
   Option<double> auxLossCoef{*this, "aux-loss-coef", llvm::cl::init(-1.0),
                              llvm::cl::desc("balancing-loss coefficient (< 0: the config's)")};
   Option<double> zLossCoef{*this, "z-loss-coef", llvm::cl::init(0.0),
@@ -222,6 +226,7 @@ void moe::registerPipelines() {
         o.kernelsOnly = p.kernelsOnly;
         o.decodeEntry = p.decodeEntry;
         o.train = p.train;
+        o.lossOnly = p.lossOnly;
         o.auxLossCoef = p.auxLossCoef;
         o.zLossCoef = p.zLossCoef;
         buildPipeline(pm, o, Phase::Plan);

@@ -246,20 +246,7 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
     }
     *target = id;
   }
-  if ((program.labelsBuffer >= 0) != training)
-    inputs.fail("labels", training ? "missing: a train program reads the labels"
-                                   : "only a train program reads labels");
-  program.lossBuffer = pr.has("loss") ? pr.integer("loss", -1) : -1;
-  if (training && last) {
-    if (!pr.has("loss"))
-      pr.fail("loss", "missing: the last stage of a train program gives the loss");
-    bufferId(pr, "loss", program.lossBuffer);
-    const PlanBuffer &b = program.buffers[program.lossBuffer];
-    if (b.dtype != DType::F32 || b.rows != 1 || b.width != 4)
-      pr.fail("loss", "expected an F32 buffer of 1 row of 4 (loss, ce, aux, z)");
-  } else if (program.lossBuffer != -1) {
-    pr.fail("loss", "expected -1 (only the last stage of a train program gives the loss)");
-  }
+  readTrainingOutputs(pr, inputs, program, last);
   program.logitsBuffer = pr.integer("logits", -1);
   if ((!last || training) && program.logitsBuffer != -1)
     pr.fail("logits", fmt::format("expected -1 on stage {} (logits come from the last stage, {})",

@@ -145,6 +145,14 @@ void checkWeightBinding(const PlanProgram &program, const JsonFields &pr) {
     const PlanStep &step = program.steps[i];
     for (int64_t id : step.weights) {
       const PlanWeight &w = program.weights[id];
+      if (step.op->has(OpDef::Backward)) {
+        if (firstStep[id] < 0)
+          pr.element("steps", i).fail(
+              "weights", fmt::format("weight {} ('{}') is read by a backward step before any "
+                                     "forward step binds it",
+                                     id, w.name));
+        continue;
+      }
       if (firstStep[id] < 0) {
         if (static_cast<size_t>(id) != next)
           pr.element("steps", i).fail(

@@ -31,6 +31,12 @@ PlanDocument readPlanDocument(const std::string &path);
 std::shared_ptr<const KernelTable> readKernelTable(const PlanProgram &program,
                                                    const JsonFields &cuda);
 
+/// A train program's labels (read with the inputs already), loss and
+/// gradients (PlanTraining.cpp), checked against its buffers and weights;
+/// other programs must have none of them. InputError naming the field.
+void readTrainingOutputs(const JsonFields &pr, const JsonFields &inputs, PlanProgram &program,
+                         bool last);
+
 /// The plan's distribution (format and version checked already); InputError
 /// naming the field.
 PlanLayout readPlanLayout(const JsonFields &top, const std::string &path);

@@ -57,6 +57,11 @@ void RankExecutor::forward(const Batch &batch, std::vector<float> &logits,
   device->synchronize();
 }
 
+void RankExecutor::readGradient(size_t i, std::vector<float> &out, const std::string &entry) {
+  programs[entryIndex(entry)]->readGradient(i, out);
+  device->synchronize();
+}
+
 int64_t RankExecutor::weightBytes() const { return device->weightBytes(); }
 int64_t RankExecutor::peakBytes() const {
   int64_t bytes = device->ownPeakBytes();

@@ -95,4 +95,11 @@ void RankProgram::readOutput(int64_t rows, std::vector<float> &logits) {
                static_cast<int64_t>(logits.size()) * 4);
 }
 
+void RankProgram::readGradient(size_t i, std::vector<float> &out) {
+  const PlanProgram::Gradient &g = program_->gradients.at(i);
+  const PlanBuffer &b = program_->buffers[g.buffer];
+  out.resize(static_cast<size_t>(b.rows * b.width));
+  memory->read(out.data(), buffer(g.buffer), static_cast<int64_t>(out.size()) * 4);
+}
+
 } // namespace moert

@@ -54,6 +54,8 @@ public:
   /// a train program's loss [loss, ce, aux, z]; nothing on a program
   /// without either (not the last stage).
   void readOutput(int64_t rows, std::vector<float> &logits);
+  /// The program's gradient i (PlanProgram::gradients) to the host.
+  void readGradient(size_t i, std::vector<float> &out);
 
 private:
   struct Cache {

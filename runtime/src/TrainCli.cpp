@@ -8,6 +8,7 @@
 #include "moert/Parallel.h"
 #include "moert/Plan.h"
 #include "moert/RankExecutor.h"
+#include "moert/SafetensorsWriter.h"
 #include "moert/TokenData.h"
 
 #include <fmt/format.h>
@@ -15,6 +16,7 @@
 
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
@@ -50,7 +52,7 @@ Batch microBatch(const std::vector<int32_t> &tokens, int64_t m, int64_t B, int64
 } // namespace
 
 int trainCommand(int argc, char **argv, Comm &comm) {
-  std::string planPath, weightsPath, dataPath, metricsOut;
+  std::string planPath, weightsPath, dataPath, metricsOut, gradsOut;
   int64_t steps = 0, batches = 1;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (int i = 2; i < argc; ++i) {
@@ -66,9 +68,7 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     else if (arg == "--micro-batches") batches = integerOption(arg, value(), 1);
     else if (arg == "--metrics-out") metricsOut = value();
     else if (arg == "--threads") threads = static_cast<int>(integerOption(arg, value(), 1));
-    else if (arg == "--grads-out")
-      inputError("--grads-out: not supported yet (the backward pass, moe-differentiate, is not "
-                 "built: moert train computes the loss)");
+    else if (arg == "--grads-out") gradsOut = value();
     else if (!arg.empty() && arg[0] == '-') inputError("unknown option '{}' (see moert --help)", arg);
     else if (planPath.empty()) planPath = arg;
     else inputError("unexpected argument '{}'", arg);
@@ -89,6 +89,11 @@ int trainCommand(int argc, char **argv, Comm &comm) {
   if (plan.worldSize != 1 || comm.size() != 1)
     inputError("{}: not supported yet: training on {} ranks (one for now)", planPath,
                std::max<int64_t>(plan.worldSize, comm.size()));
+  const PlanProgram &program = plan.programOf(0);
+  if (!gradsOut.empty() && program.gradients.empty())
+    inputError("--grads-out: {} computes no gradients (compiled with moec compile --train "
+               "--loss-only)",
+               planPath);
   const int64_t L = plan.maxSeqLen, B = plan.maxSequences;
   if (L * B != plan.maxBatchTokens)
     inputError("{}: a training plan's max_batch_tokens ({}) must be max_sequences x "
@@ -108,24 +113,53 @@ int trainCommand(int argc, char **argv, Comm &comm) {
   executor->prepare(plan, comm.rank(), *checkpoint, comm);
   checkNoUnexpectedTensors(plan, *checkpoint);
 
+  // The gradients of the mean loss over the micro-batches (each micro-batch's
+  // added in order, then divided), one f32 tensor per weight.
+  std::vector<std::vector<float>> sums(program.gradients.size());
   std::string metrics;
-  std::vector<float> loss;
+  std::vector<float> loss, gradient;
   for (int64_t m = 0; m < batches; ++m) {
     const Batch batch = microBatch(tokens, m, B, L);
     const auto started = std::chrono::steady_clock::now();
     executor->forward(batch, loss);
+    double squares = 0;
+    for (size_t i = 0; i < sums.size(); ++i) {
+      executor->readGradient(i, gradient);
+      sums[i].resize(gradient.size(), 0.0f);
+      for (size_t j = 0; j < gradient.size(); ++j) {
+        squares += static_cast<double>(gradient[j]) * gradient[j];
+        sums[i][j] += gradient[j];
+      }
+    }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    fmt::print("micro-batch {}: loss {:.6f} ce {:.6f} aux {:.6f} z {:.6f} ({} tokens, "
+    std::string norm =
+        sums.empty() ? std::string() : fmt::format(" grad_norm {:.6f}", std::sqrt(squares));
+    fmt::print("micro-batch {}: loss {:.6f} ce {:.6f} aux {:.6f} z {:.6f}{} ({} tokens, "
                "{:.0f} tokens/s)\n",
-               m, loss[0], loss[1], loss[2], loss[3], batch.size(), batch.size() / seconds);
+               m, loss[0], loss[1], loss[2], loss[3], norm, batch.size(), batch.size() / seconds);
     nlohmann::ordered_json line = {{"micro_batch", m}, {"loss", loss[0]}, {"ce", loss[1]},
-                                   {"aux", loss[2]},   {"z", loss[3]},   {"tokens", batch.size()},
-                                   {"seconds", seconds}};
+                                   {"aux", loss[2]},   {"z", loss[3]}};
+    if (!sums.empty())
+      line["grad_norm"] = std::sqrt(squares);
+    line["tokens"] = batch.size();
+    line["seconds"] = seconds;
     metrics += line.dump() + "\n";
   }
   if (!metricsOut.empty())
     writeFileAtomically(metricsOut, metrics);
+  if (!gradsOut.empty()) {
+    std::vector<TensorToWrite> tensors;
+    for (size_t i = 0; i < sums.size(); ++i) {
+      for (float &g : sums[i])
+        g /= static_cast<float>(batches);
+      const PlanWeight &w = program.weights[program.gradients[i].weight];
+      tensors.push_back({w.name, DType::F32, w.shape, [&, i](char *to) {
+                           std::memcpy(to, sums[i].data(), sums[i].size() * sizeof(float));
+                         }});
+    }
+    writeSafetensors(gradsOut, tensors);
+  }
   std::fflush(stdout);
   return 0;
 }

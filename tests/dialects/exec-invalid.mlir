@@ -236,3 +236,12 @@ exec.program @p entry "forward" stage 0 {
   }
   exec.return
 }
+
+// -----
+
+exec.program @train entry "train" stage 0 {
+  %g = exec.buffer f32 rows 4 width 4
+  %w = exec.weight "w" : tensor<4x4xf32>
+  // expected-error @below {{'exec.return' op expected one weight per gradient but got 2 gradients of 1 weights}}
+  exec.return gradients(%g, %g) of(%w)
+}

@@ -61,3 +61,20 @@ exec.program @stage1 entry "forward" stage 1 {
   }
   exec.return logits(%logits)
 }
+
+// A differentiated training program: labels in, the loss and each weight's
+// gradient out.
+// CHECK-LABEL: exec.program @train entry "train" stage 0 {
+// CHECK: exec.inputs tokens(%b0) positions(%b1) labels(%b2)
+// CHECK: exec.return loss(%b3) gradients(%b4) of(%w0)
+exec.program @train entry "train" stage 0 {
+  %t = exec.buffer i32 rows 8 width 1
+  %p = exec.buffer i32 rows 8 width 1
+  %y = exec.buffer i32 rows 8 width 1
+  %loss = exec.buffer f32 rows 1 width 4
+  %g = exec.buffer f32 rows 64 width 64
+  %w = exec.weight "model.norm.weight" : tensor<64x64xf32>
+  exec.inputs tokens(%t) positions(%p) labels(%y)
+  exec.launch "linear_grad" weights(%w) outs(%g) {}
+  exec.return loss(%loss) gradients(%g) of(%w)
+}

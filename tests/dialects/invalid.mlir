@@ -1025,3 +1025,79 @@ func.func @loss_result(%ce: tensor<2xf32>) {
   %l = moe.lm_loss %ce aux_coef = 0.0 z_coef = 0.0 : tensor<2xf32> -> tensor<2xf32>
   return
 }
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// The backward pass's ops
+//===----------------------------------------------------------------------===//
+
+func.func @ce_grad_shape(%l: tensor<?x8xf32>, %y: tensor<?xi32>, %ce: tensor<2xf32>) {
+  // expected-error@+1 {{'moe.cross_entropy_grad' op expected an f32 result of the logits' shape}}
+  %d = moe.cross_entropy_grad %l, %y, %ce vocab = 8 : tensor<?x8xf32>, tensor<?xi32>, tensor<2xf32> -> tensor<?x4xf32>
+  return
+}
+
+// -----
+
+func.func @ce_grad_ce(%l: tensor<?x8xf32>, %y: tensor<?xi32>, %ce: tensor<3xf32>) {
+  // expected-error@+1 {{'moe.cross_entropy_grad' op expected the cross-entropy as tensor<2xf32>}}
+  %d = moe.cross_entropy_grad %l, %y, %ce vocab = 8 : tensor<?x8xf32>, tensor<?xi32>, tensor<3xf32> -> tensor<?x8xf32>
+  return
+}
+
+// -----
+
+func.func @linear_grad_operands(%dy: tensor<?x8xf32>, %x: tensor<?x4xf32>, %w: tensor<6x4xf32>) {
+  // expected-error@+1 {{'moe.linear_grad' op expected dy [T, out], x [T, in] and the weight [out, in]}}
+  %dx, %dw = moe.linear_grad %dy, %x, %w : tensor<?x8xf32>, tensor<?x4xf32>, tensor<6x4xf32> -> tensor<?x4xf32>, tensor<6x4xf32>
+  return
+}
+
+// -----
+
+func.func @linear_grad_results(%dy: tensor<?x6xf32>, %x: tensor<?x4xf32>, %w: tensor<6x4xf32>) {
+  // expected-error@+1 {{'moe.linear_grad' op expected the gradients in the shapes of the input and the weight}}
+  %dx, %dw = moe.linear_grad %dy, %x, %w : tensor<?x6xf32>, tensor<?x4xf32>, tensor<6x4xf32> -> tensor<?x4xf32>, tensor<4x6xf32>
+  return
+}
+
+// -----
+
+func.func @rms_norm_grad(%dy: tensor<?x8xf32>, %x: tensor<?x8xf32>, %w: tensor<8xf32>) {
+  // expected-error@+1 {{'moe.rms_norm_grad' op expected dy and dx of the input's type and dw of the weight's shape}}
+  %dx, %dw = moe.rms_norm_grad %dy, %x, %w eps = 1.0e-05 : tensor<?x8xf32>, tensor<?x8xf32>, tensor<8xf32> -> tensor<?x8xf32>, tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @attention_grad_types(%do: tensor<?x8xf32>, %q: tensor<?x8xf32>, %k: tensor<?x4xf32>) {
+  // expected-error@+1 {{'moe.attention_grad' op expected the gradients in the types of query, key and value}}
+  %dq, %dk, %dv = moe.attention_grad %do, %q, %k, %k heads = 2 kv_heads = 1 scale = 0.5 : tensor<?x8xf32>, tensor<?x8xf32>, tensor<?x4xf32>, tensor<?x4xf32> -> tensor<?x8xf32>, tensor<?x8xf32>, tensor<?x4xf32>
+  return
+}
+
+// -----
+
+func.func @attention_grad_heads(%do: tensor<?x8xf32>, %q: tensor<?x8xf32>, %k: tensor<?x4xf32>) {
+  // expected-error@+1 {{'moe.attention_grad' op expected kv_heads to divide heads}}
+  %dq, %dk, %dv = moe.attention_grad %do, %q, %k, %k heads = 2 kv_heads = 3 scale = 0.5 : tensor<?x8xf32>, tensor<?x8xf32>, tensor<?x4xf32>, tensor<?x4xf32> -> tensor<?x8xf32>, tensor<?x4xf32>, tensor<?x4xf32>
+  return
+}
+
+// -----
+
+func.func @mlp_grad(%dy: tensor<?x4xf32>, %x: tensor<?x4xf32>, %g: tensor<6x4xf32>, %d: tensor<4x6xf32>) {
+  // expected-error@+1 {{'moe.mlp_grad' op expected the gradients in the shapes of the input and the weights}}
+  %dx, %dg, %du, %dd = moe.mlp_grad silu %dy, %x, %g, %g, %d : tensor<?x4xf32>, tensor<?x4xf32>, tensor<6x4xf32>, tensor<6x4xf32>, tensor<4x6xf32> -> tensor<?x4xf32>, tensor<6x4xf32>, tensor<6x4xf32>, tensor<6x4xf32>
+  return
+}
+
+// -----
+
+func.func @embedding_grad(%dy: tensor<?x4xf32>, %ids: tensor<?xi32>) {
+  // expected-error@+1 {{'moe.embedding_grad' op expected dy [T, H], T ids and a static [V, H] result}}
+  %dt = moe.embedding_grad %dy[%ids] : tensor<?x4xf32>, tensor<?xi32> -> tensor<10x8xf32>
+  return
+}

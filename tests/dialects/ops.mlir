@@ -321,3 +321,23 @@ func.func @loss(%logits: tensor<?x256xbf16>, %labels: tensor<?xi32>, %gate: tens
   %d = moe.lm_loss %ce aux_coef = 0.0 z_coef = 0.0 : tensor<2xf32> -> tensor<4xf32>
   return %l, %d : tensor<4xf32>, tensor<4xf32>
 }
+
+// The backward pass's ops (moe-differentiate).
+// CHECK-LABEL: func.func @gradients
+// CHECK: moe.cross_entropy_grad %{{.+}}, %{{.+}}, %{{.+}} vocab = 251 : tensor<?x256xf32>, tensor<?xi32>, tensor<2xf32> -> tensor<?x256xf32>
+// CHECK: moe.linear_grad %{{.+}}, %{{.+}}, %{{.+}} : tensor<?x256xf32>, tensor<?x64xf32>, tensor<256x64xbf16> -> tensor<?x64xf32>, tensor<256x64xf32>
+// CHECK: moe.rms_norm_grad %{{.+}}, %{{.+}}, %{{.+}} eps = 1.000000e-05 : tensor<?x64xf32>, tensor<?x64xf32>, tensor<64xf32> -> tensor<?x64xf32>, tensor<64xf32>
+// CHECK: moe.rope_grad %{{.+}}, %{{.+}} head_dim = 16 <kind = default, theta = 1.000000e+04, rotary_dim = 16> : tensor<?x64xf32>, tensor<?xi32>
+// CHECK: moe.attention_grad %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} heads = 4 kv_heads = 2 scale = 2.500000e-01 {sliding_window = 8 : i64} : tensor<?x64xf32>, tensor<?x64xf32>, tensor<?x32xf32>, tensor<?x32xf32> -> tensor<?x64xf32>, tensor<?x32xf32>, tensor<?x32xf32>
+// CHECK: moe.mlp_grad silu %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} : tensor<?x64xf32>, tensor<?x64xf32>, tensor<96x64xf32>, tensor<96x64xf32>, tensor<64x96xf32> -> tensor<?x64xf32>, tensor<96x64xf32>, tensor<96x64xf32>, tensor<64x96xf32>
+// CHECK: moe.embedding_grad %{{.+}}[%{{.+}}] : tensor<?x64xf32>, tensor<?xi32> -> tensor<251x64xf32>
+func.func @gradients(%l: tensor<?x256xf32>, %y: tensor<?xi32>, %ce: tensor<2xf32>, %x: tensor<?x64xf32>, %w: tensor<256x64xbf16>, %n: tensor<64xf32>, %q: tensor<?x64xf32>, %k: tensor<?x32xf32>, %g: tensor<96x64xf32>, %d: tensor<64x96xf32>) {
+  %dl = moe.cross_entropy_grad %l, %y, %ce vocab = 251 : tensor<?x256xf32>, tensor<?xi32>, tensor<2xf32> -> tensor<?x256xf32>
+  %dx, %dw = moe.linear_grad %dl, %x, %w : tensor<?x256xf32>, tensor<?x64xf32>, tensor<256x64xbf16> -> tensor<?x64xf32>, tensor<256x64xf32>
+  %dn, %dnw = moe.rms_norm_grad %dx, %x, %n eps = 1.0e-05 : tensor<?x64xf32>, tensor<?x64xf32>, tensor<64xf32> -> tensor<?x64xf32>, tensor<64xf32>
+  %dr = moe.rope_grad %dn, %y head_dim = 16 <kind = default, theta = 1.0e+04, rotary_dim = 16> : tensor<?x64xf32>, tensor<?xi32>
+  %dq, %dk, %dv = moe.attention_grad %dr, %q, %k, %k heads = 4 kv_heads = 2 scale = 0.25 {sliding_window = 8 : i64} : tensor<?x64xf32>, tensor<?x64xf32>, tensor<?x32xf32>, tensor<?x32xf32> -> tensor<?x64xf32>, tensor<?x32xf32>, tensor<?x32xf32>
+  %mx, %mg, %mu, %md = moe.mlp_grad silu %dq, %x, %g, %g, %d : tensor<?x64xf32>, tensor<?x64xf32>, tensor<96x64xf32>, tensor<96x64xf32>, tensor<64x96xf32> -> tensor<?x64xf32>, tensor<96x64xf32>, tensor<96x64xf32>, tensor<64x96xf32>
+  %dt = moe.embedding_grad %mx[%y] : tensor<?x64xf32>, tensor<?xi32> -> tensor<251x64xf32>
+  return
+}

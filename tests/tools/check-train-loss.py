@@ -13,6 +13,8 @@ coefficients the plan was compiled with. Python standard library only.
   --compile-args "…"   extra moec compile arguments (--router-z-loss-coef Z,
                        --aux-loss-coef X: the expected coefficients follow)
   --data PATH          the token data to train on (default: the fixture's)
+  --backward           compile with the backward pass (default --loss-only:
+                       the MoE families' gradients are not built yet)
 """
 import argparse
 import json
@@ -37,6 +39,7 @@ def main():
     parser.add_argument("--atol", type=float, default=1e-6)
     parser.add_argument("--compile-args", default="")
     parser.add_argument("--data")
+    parser.add_argument("--backward", action="store_true")
     parser.add_argument("fixtures", nargs="+")
     args = parser.parse_args()
     failed = 0
@@ -49,6 +52,7 @@ def main():
             subprocess.run([args.moec, "compile", os.path.join(fixture, "config.json"), "--train",
                             "--seq-len", str(ref["seq_len"]), "--micro-batch-size",
                             str(ref["micro_batch_size"]), *shlex.split(args.compile_args),
+                            *([] if args.backward else ["--loss-only"]),
                             "-o", plan], check=True)
             subprocess.run([args.moert, "train", plan, "--weights", fixture, "--data",
                             args.data or os.path.join(fixture, "train_tokens.npy"),

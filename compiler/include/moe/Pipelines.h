@@ -42,8 +42,9 @@ struct CompileOptions {
   /// (moe-split-entries / moe-join-entries).
   bool decodeEntry = false;
   /// A training program (moec compile --train): moe-append-loss first, with
-  /// its coefficients (auxLossCoef < 0: the config's).
-  bool train = false;
+  /// its coefficients (auxLossCoef < 0: the config's), then moe-differentiate
+  /// unless lossOnly (--loss-only: the loss without the backward pass).
+  bool train = false, lossOnly = false;
   double auxLossCoef = -1, zLossCoef = 0;
 };
 

@@ -119,6 +119,10 @@ cl::opt<bool> train("train",
                              "the next token, the family's balancing loss, the router z-loss); "
                              "moert train runs it"),
                     cl::init(false), cl::sub(compileCommand), cl::cat(training));
+cl::opt<bool> lossOnly("loss-only",
+                       cl::desc("With --train: the loss without the backward pass (an "
+                                "evaluation plan: no gradients)"),
+                       cl::init(false), cl::sub(compileCommand), cl::cat(training));
 cl::opt<int64_t> seqLen("seq-len", cl::desc("With --train: tokens of one training sequence"),
                         cl::init(0), cl::sub(compileCommand), cl::cat(training));
 cl::opt<int64_t> microBatchSize("micro-batch-size",
@@ -473,8 +477,8 @@ Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config) {
     return createStringError(inconvertibleErrorCode(), "%s", message.str().c_str());
   };
   if (!train) {
-    for (cl::Option *o : std::initializer_list<cl::Option *>{&seqLen, &microBatchSize,
-                                                            &auxLossCoef, &routerZLossCoef})
+    for (cl::Option *o : std::initializer_list<cl::Option *>{
+             &seqLen, &microBatchSize, &auxLossCoef, &routerZLossCoef, &lossOnly})
       if (o->getNumOccurrences())
         return refuse("--" + o->ArgStr + ": expected --train");
     return Error::success();
@@ -499,6 +503,7 @@ Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config) {
   if (routerZLossCoef < 0)
     return refuse("--router-z-loss-coef: expected a value >= 0");
   options.train = true;
+  options.lossOnly = lossOnly;
   options.maxBatchTokens = seqLen * microBatchSize;
   options.maxSeqLen = seqLen;
   options.maxSequences = microBatchSize;

@@ -80,11 +80,11 @@ NamedAttrList kernelConstants(Builder &b, Operation *op) {
         a.set("eps", f64(o.getEpsilon()));
         a.set("norm", b.getStringAttr(o.getLayer() ? "layer_norm" : "rms_norm"));
       })
-      .Case([&](moe::RopeOp o) {
+      .Case<moe::RopeOp, moe::RopeGradOp>([&](auto o) {
         a.set("head_dim", i64(o.getHeadDim()));
         a.set("rope", ropeConstants(b, o.getRope()));
       })
-      .Case([&](moe::AttentionOp o) {
+      .Case<moe::AttentionOp, moe::AttentionGradOp>([&](auto o) {
         a.set("heads", i64(o.getNumHeads()));
         a.set("kv_heads", i64(o.getNumKvHeads()));
         a.set("scale", f64(o.getScale()));
@@ -95,7 +95,7 @@ NamedAttrList kernelConstants(Builder &b, Operation *op) {
         a.set("scale", f64(o.getScale()));
         a.set("rope", ropeConstants(b, o.getRope()));
       })
-      .Case([&](moe::MLPOp o) {
+      .Case<moe::MLPOp, moe::MLPGradOp>([&](auto o) {
         a.set("activation", b.getStringAttr(moe::stringifyActivation(o.getActivation())));
       })
       .Case([&](moe::ExpertFFNOp o) {
@@ -116,7 +116,15 @@ NamedAttrList kernelConstants(Builder &b, Operation *op) {
         if (o->hasAttr("moe.vocab_shard"))
           a.set("vocab_shard", b.getBoolAttr(true));
       })
-      .Case([&](moe::CrossEntropyOp o) { a.set("vocab", i64(o.getVocab())); })
+      .Case<moe::CrossEntropyOp, moe::CrossEntropyGradOp>(
+          [&](auto o) { a.set("vocab", i64(o.getVocab())); })
+      .Case([&](moe::RMSNormGradOp o) { a.set("eps", f64(o.getEpsilon())); })
+
+      .Case([&](moe::AddOp o) {
+        // A sum of weight gradients: static rows, not the step's tokens.
+        if (o.getType().hasStaticShape())
+          a.set("elements", i64(o.getType().getNumElements()));
+      })
       .Case([&](moe::RouterStatsOp o) { a.set("top_k", i64(o.getTopK())); })
       .Case([&](moe::LMLossOp o) {
         a.set("aux_coef", f64(o.getAuxCoef()));
@@ -145,11 +153,13 @@ const char *axisName(StringRef mesh, int64_t axis) {
 }
 
 /// The LM head: the linear whose result the program returns (a training
-/// program: whose result its cross-entropy reads), directly or through the
-/// all_gather / split that join its vocabulary parts.
+/// program: whose result its cross-entropy reads; the loss is its first
+/// result, the gradients follow), directly or through the all_gather / split
+/// that join its vocabulary parts.
 Operation *headOf(func::FuncOp fn) {
   auto ret = cast<func::ReturnOp>(fn.getBody().front().getTerminator());
-  if (ret.getNumOperands() != 1)
+  if (ret.getNumOperands() == 0 ||
+      (ret.getNumOperands() > 1 && !ret.getOperand(0).getDefiningOp<moe::LMLossOp>()))
     return nullptr;
   Value v = ret.getOperand(0);
   if (auto loss = v.getDefiningOp<moe::LMLossOp>()) {
@@ -300,8 +310,22 @@ struct Lowering {
         Value result;
         if (ret.getNumOperands())
           result = bufferOf.lookup(ret.getOperand(0));
+        // A differentiated training program's gradients, by weight.
+        SmallVector<Value> gradients, of;
+        for (unsigned i = 1; i < ret.getNumOperands(); ++i) {
+          auto name = fn.getResultAttrOfType<StringAttr>(i, "moe.gradient_of");
+          Value w;
+          for (auto &[forward, declared] : weight)
+            if (name && cast<moe::WeightOpInterface>(forward).getTensorName() == name.getValue())
+              w = declared;
+          if (!w || !bufferOf.lookup(ret.getOperand(i)))
+            return ret.emitError("moe-lower-to-exec: result ")
+                   << i << " is not the gradient of a weight of the program";
+          gradients.push_back(bufferOf.lookup(ret.getOperand(i)));
+          of.push_back(w);
+        }
         b.create<exec::ReturnOp>(ret.getLoc(), training ? Value() : result,
-                                 training ? result : Value());
+                                 training ? result : Value(), gradients, of);
         continue;
       }
       SmallVector<Value> ins, ws, outs;

@@ -45,6 +45,9 @@ struct OpDef {
     /// Expert GEMMs over per-expert blocks: grouped over their counted rows
     /// when the blocks are dropless (capacity factor 0).
     ExpertBlockGemm = 1u << 7,
+    /// A step of the backward pass: it reads weights the forward steps
+    /// before it bound (and binds none first).
+    Backward = 1u << 8,
   };
 
   std::string_view name; ///< the plan's "op"

@@ -80,6 +80,9 @@ struct PlanStep {
   bool head = false;           ///< linear: the LM head (computes the logit rows only)
   bool layerNorm = false;      ///< add_norm: its norm is a layer_norm (else rms_norm)
   LossParams loss;             ///< cross_entropy, router_stats, lm_loss
+  /// add of two static tensors (weight gradients): their elements (0: an
+  /// add of the step's rows).
+  int64_t elements = 0;
 };
 
 /// The program of one pipeline stage, run by every rank of the stage. Its
@@ -101,6 +104,12 @@ struct PlanProgram {
   /// A train program's labels (the next token of each row, -100: none) and,
   /// on the last stage, its loss [loss, ce, aux, z]; -1 otherwise.
   int64_t labelsBuffer = -1, lossBuffer = -1;
+  /// A differentiated train program's gradients: the f32 buffer holding the
+  /// gradient of each weight (moe-differentiate), in the weight's shape.
+  struct Gradient {
+    int64_t weight = 0, buffer = 0;
+  };
+  std::vector<Gradient> gradients;
   std::vector<PlanStep> steps;
   /// The program's CUDA kernel table (moec --target cuda, docs/cuda.md),
   /// read and checked with the plan; null for a CPU plan.

@@ -66,6 +66,10 @@ public:
   /// collective group runs the same entry in a step.
   void forward(const Batch &batch, std::vector<float> &logits, const std::string &entry = {});
 
+  /// After a step of a differentiated train program: the gradient of its
+  /// weight program.gradients[i].weight, f32 in the weight's local shape.
+  void readGradient(size_t i, std::vector<float> &out, const std::string &entry = {});
+
   /// Bytes of weights bound on the device.
   int64_t weightBytes() const;
   /// Bytes held besides the weights at the peak: the program's buffers,

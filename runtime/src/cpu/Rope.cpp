@@ -321,4 +321,32 @@ void RopeTable::apply(float *x, int64_t tokens, int64_t width, int64_t headDim,
   }, 16);
 }
 
+void RopeTable::applyTransposed(float *x, int64_t tokens, int64_t width, int64_t headDim,
+                                const int32_t *positions) const {
+  const int64_t half = p.rotaryDim / 2;
+  if (headDim <= 0 || width % headDim != 0 || p.rotaryDim > headDim)
+    inputError("rope_grad: width {} is not a multiple of head_dim {} or rotary_dim {} exceeds it",
+               width, headDim, p.rotaryDim);
+  for (int64_t t = 0; t < tokens; ++t)
+    if (positions[t] < 0 || positions[t] >= maxPositions)
+      inputError("rope_grad: position {} outside the table [0, {})", positions[t], maxPositions);
+  // Each pair went through [c -s; s c]; its transpose is [c s; -s c].
+  parallelFor(tokens, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float *c = cosTable.data() + positions[t] * half;
+      const float *s = sinTable.data() + positions[t] * half;
+      for (int64_t h = 0; h < width / headDim; ++h) {
+        float *v = x + t * width + h * headDim;
+        for (int64_t i = 0; i < half; ++i) {
+          float &a = p.interleaved ? v[2 * i] : v[i];
+          float &b = p.interleaved ? v[2 * i + 1] : v[i + half];
+          const float a0 = a, b0 = b;
+          a = a0 * c[i] + b0 * s[i];
+          b = b0 * c[i] - a0 * s[i];
+        }
+      }
+    }
+  }, 16);
+}
+
 } // namespace moert::cpu

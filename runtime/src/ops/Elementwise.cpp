@@ -53,15 +53,27 @@ int64_t runSplit(cpu::StepContext &c) { return copyParts(c, true); }
 void checkConcat(const StepChecker &c, const PlanStep &step) { checkParts(c, step, false); }
 int64_t runConcat(cpu::StepContext &c) { return copyParts(c, false); }
 
+void parseAdd(const JsonFields &a, PlanStep &step) {
+  if (a.has("elements"))
+    step.elements = a.integer("elements", 1);
+}
+
 void checkAdd(const StepChecker &c, const PlanStep &step) {
   c.arity(2, 0, 0, 1);
+  if (step.elements > 0) {
+    for (int64_t b : {step.in[0], step.in[1], step.out[0]})
+      c.expect(c.rows(b) * c.width(b) == step.elements,
+               fmt::format("buffer {} does not hold the {} elements", b, step.elements));
+    return;
+  }
   c.expect(c.tokens(step.in[0]) == c.tokens(step.in[1]) &&
                c.tokens(step.out[0]) == c.tokens(step.in[0]),
            "operand widths differ");
 }
 
 int64_t runAdd(cpu::StepContext &c) {
-  cpu::add(c.in(0), c.in(1), c.rows * c.inWidth(0), c.out(0));
+  const int64_t n = c.step->elements > 0 ? c.step->elements : c.rows * c.inWidth(0);
+  cpu::add(c.in(0), c.in(1), n, c.out(0));
   return c.rows;
 }
 
@@ -80,7 +92,7 @@ int64_t runSigmoidGate(cpu::StepContext &c) {
 
 const OpDef kSplit = {"split", Collective::None, 0, nullptr, checkSplit, runSplit};
 const OpDef kConcat = {"concat", Collective::None, 0, nullptr, checkConcat, runConcat};
-const OpDef kAdd = {"add", Collective::None, 0, nullptr, checkAdd, runAdd};
+const OpDef kAdd = {"add", Collective::None, 0, parseAdd, checkAdd, runAdd};
 const OpDef kSigmoidGate = {"sigmoid_gate", Collective::None, 0, nullptr, checkSigmoidGate,
                             runSigmoidGate};
 

@@ -28,6 +28,9 @@ extern const OpDef kSplit, kConcat, kAdd, kSigmoidGate;
 extern const OpDef kMlp, kRouter, kRoute, kExperts, kDispatch, kExpertFfn, kCombine;
 // Loss.cpp
 extern const OpDef kCrossEntropy, kRouterStats, kLmLoss;
+// Gradients.cpp
+extern const OpDef kCrossEntropyGrad, kLinearGrad, kRmsNormGrad, kRopeGrad, kAttentionGrad,
+    kMlpGrad, kEmbeddingGrad;
 // Collective.cpp
 extern const OpDef kAllReduce, kAllGather, kAllToAll, kSend, kRecv;
 

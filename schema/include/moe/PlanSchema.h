@@ -54,7 +54,9 @@ inline constexpr const char *kVocab[] = {"size", "padded", "pad_to"};
 inline constexpr const char *kWeight[] = {"name", "shape", "dtype", "bytes", "experts"};
 inline constexpr const char *kProgram[] = {"stage",  "entry",  "weights", "buffers", "kv_caches",
                                            "inputs", "logits", "memory",  "steps",   "cuda",
-                                           "max_batch_tokens", "loss"};
+                                           "max_batch_tokens", "loss", "gradients"};
+/// A differentiated training program's gradient of one weight.
+inline constexpr const char *kGradient[] = {"weight", "buffer"};
 /// Which entry runs each phase of generation (a plan of one entry has none:
 /// its programs run every phase).
 inline constexpr const char *kSchedule[] = {"prefill", "decode"};

@@ -47,6 +47,21 @@ def MoEAppendLoss : Pass<"moe-append-loss", "mlir::ModuleOp"> {
   ];
 }
 
+def MoEDifferentiate : Pass<"moe-differentiate", "mlir::ModuleOp"> {
+  let summary = "the backward pass of a training program";
+  let description = [{
+    After moe-append-loss: appends to @forward the gradient of its loss with
+    respect to every weight, op by op in reverse order through each op's
+    adjoint rule (AdjointOpInterface, dialects/lib/MoE/IR/Adjoints.cpp).
+    Gradients reaching one value (or one weight, as a tied embedding table's)
+    from several ops are added in the order the adjoints produce them. The
+    saved activations are the forward values the gradient ops read. @forward
+    then returns the loss and one f32 gradient per weight, in the order the
+    ops first bind the weights, each result marked `moe.gradient_of` with
+    the weight's checkpoint name. An op without a rule is refused by name.
+  }];
+}
+
 def MoEFuseRouter : Pass<"moe-fuse-router", "mlir::ModuleOp"> {
   let summary = "fold a router's logits GEMM and its routing into one moe.router";
   let description = [{

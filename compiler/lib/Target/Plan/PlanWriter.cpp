@@ -79,6 +79,7 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
   std::optional<int64_t> tokens, positions;
   int64_t logits = -1;
   std::optional<int64_t> labels, loss;
+  Array gradients;
   auto ids = [](ValueRange values, const DenseMap<Value, int64_t> &of) {
     Array out;
     for (Value v : values)
@@ -125,6 +126,9 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
         logits = bufferId.lookup(ret.getLogits());
       if (ret.getLoss())
         loss = bufferId.lookup(ret.getLoss());
+      for (auto [buffer, weight] : llvm::zip(ret.getGradients(), ret.getGradientOf()))
+        gradients.push_back(
+            Object{{"weight", weightId.lookup(weight)}, {"buffer", bufferId.lookup(buffer)}});
     } else if (isa<moe::exec::LaunchOp, moe::exec::CollectiveOp>(op)) {
       // (exec.kernels and the launches' kernels regions are the target's.)
       StringRef name;
@@ -181,6 +185,8 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
     (*plan.getObject("inputs"))["labels"] = *labels;
   if (loss)
     plan["loss"] = *loss;
+  if (!gradients.empty())
+    plan["gradients"] = std::move(gradients);
   // An entry compiled for another workload than the plan's (moe-join-entries).
   if (auto tokens = program->getAttrOfType<IntegerAttr>("max_batch_tokens"))
     plan["max_batch_tokens"] = tokens.getInt();

@@ -60,6 +60,13 @@ LogicalResult ProgramOp::verify() {
   return success();
 }
 
+LogicalResult ReturnOp::verify() {
+  if (getGradients().size() != getGradientOf().size())
+    return emitOpError("expected one weight per gradient but got ")
+           << getGradients().size() << " gradients of " << getGradientOf().size() << " weights";
+  return success();
+}
+
 /// The id the plan gives a declaration: its position among its kind's.
 template <typename OpT>
 static int64_t declarationId(OpT op) {

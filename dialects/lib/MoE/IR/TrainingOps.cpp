@@ -67,3 +67,80 @@ LogicalResult LMLossOp::verify() {
            << getResult().getType();
   return success();
 }
+
+//===----------------------------------------------------------------------===//
+// The backward pass's ops (MoEGradientOps.td)
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// `a` and `b` have the same static size in dimension `i` (or either is ?).
+bool agree(Value a, unsigned i, Value b, unsigned j) {
+  int64_t x = shapeOf(a)[i], y = shapeOf(b)[j];
+  return ShapedType::isDynamic(x) || ShapedType::isDynamic(y) || x == y;
+}
+} // namespace
+
+void CrossEntropyGradOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "dlogits");
+}
+
+LogicalResult CrossEntropyGradOp::verify() {
+  if (getResult().getType() != RankedTensorType::get(shapeOf(getLogits()),
+                                                     Float32Type::get(getContext())))
+    return emitOpError("expected an f32 result of the logits' shape");
+  if (shapeOf(getCrossEntropy()) != ArrayRef<int64_t>{2})
+    return emitOpError("expected the cross-entropy as tensor<2xf32>");
+  return success();
+}
+
+LogicalResult LinearGradOp::verify() {
+  if (!agree(getGrad(), 1, getWeight(), 0) || !agree(getInput(), 1, getWeight(), 1) ||
+      !agree(getGrad(), 0, getInput(), 0))
+    return emitOpError("expected dy [T, out], x [T, in] and the weight [out, in]");
+  if (getInputGrad().getType() != getInput().getType() ||
+      shapeOf(getWeightGrad()) != shapeOf(getWeight()))
+    return emitOpError("expected the gradients in the shapes of the input and the weight");
+  return success();
+}
+
+LogicalResult RMSNormGradOp::verify() {
+  if (getGrad().getType() != getInput().getType() ||
+      getInputGrad().getType() != getInput().getType() ||
+      shapeOf(getWeightGrad()) != shapeOf(getWeight()))
+    return emitOpError("expected dy and dx of the input's type and dw of the weight's shape");
+  return success();
+}
+
+LogicalResult AttentionGradOp::verify() {
+  if (getQueryGrad().getType() != getQuery().getType() ||
+      getKeyGrad().getType() != getKey().getType() ||
+      getValueGrad().getType() != getValue().getType() || !agree(getGrad(), 1, getQuery(), 1))
+    return emitOpError("expected the gradients in the types of query, key and value");
+  if (getNumHeads() < 1 || getNumKvHeads() < 1 || getNumHeads() % getNumKvHeads())
+    return emitOpError("expected kv_heads to divide heads");
+  return success();
+}
+
+LogicalResult MLPGradOp::verify() {
+  if (getInputGrad().getType() != getInput().getType() ||
+      shapeOf(getGateWeightGrad()) != shapeOf(getGateWeight()) ||
+      shapeOf(getUpWeightGrad()) != shapeOf(getUpWeight()) ||
+      shapeOf(getDownWeightGrad()) != shapeOf(getDownWeight()))
+    return emitOpError("expected the gradients in the shapes of the input and the weights");
+  return success();
+}
+
+void EmbeddingGradOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "dtable");
+}
+
+LogicalResult EmbeddingGradOp::verify() {
+  if (!agree(getGrad(), 1, getResult(), 1) || !agree(getGrad(), 0, getTokens(), 0) ||
+      ShapedType::isDynamic(shapeOf(getResult())[0]))
+    return emitOpError("expected dy [T, H], T ids and a static [V, H] result");
+  return success();
+}
+
+void RopeGradOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "drot");
+}

@@ -75,6 +75,10 @@ public:
   /// headDim) of each row of x [tokens, width].
   void apply(float *x, int64_t tokens, int64_t width, int64_t headDim,
              const int32_t *positions, int64_t ldx = 0) const;
+  /// The transpose of apply (moe.rope_grad): each pair rotated back by its
+  /// angle, with the same attention factor.
+  void applyTransposed(float *x, int64_t tokens, int64_t width, int64_t headDim,
+                       const int32_t *positions) const;
   const RopeParams &params() const { return p; }
   /// [maxPositions, rotaryDim / 2] cosines and sines (the CUDA device
   /// uploads them, so that GPU rotations equal these).

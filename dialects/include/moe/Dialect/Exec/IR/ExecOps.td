@@ -75,13 +75,21 @@ def Exec_ProgramOp : Exec_Op<"program", [Symbol, IsolatedFromAbove, SingleBlock]
 
 def Exec_ReturnOp : Exec_Op<"return", [Terminator, HasParent<"ProgramOp">,
                                         AttrSizedOperandSegments]> {
-  let summary = "the end of a program, with the buffer of its logits or its loss (if any)";
+  let summary = "the end of a program, with the buffers of its results (if any)";
   let description = [{
     `logits`: the inference programs' last stage; `loss`: a training
-    program's [loss, ce, aux, z] (moe.lm_loss).
+    program's [loss, ce, aux, z] (moe.lm_loss); `gradients`: a
+    differentiated training program's f32 gradient of each weight of
+    `of` (moe-differentiate), in the weight's local shape.
   }];
-  let arguments = (ins Optional<Exec_BufferType>:$logits, Optional<Exec_BufferType>:$loss);
-  let assemblyFormat = "(`logits` `(` $logits^ `)`)? (`loss` `(` $loss^ `)`)? attr-dict";
+  let arguments = (ins Optional<Exec_BufferType>:$logits, Optional<Exec_BufferType>:$loss,
+                       Variadic<Exec_BufferType>:$gradients,
+                       Variadic<Exec_WeightType>:$gradient_of);
+  let assemblyFormat = [{
+    (`logits` `(` $logits^ `)`)? (`loss` `(` $loss^ `)`)?
+    (`gradients` `(` $gradients^ `)` `of` `(` $gradient_of `)`)? attr-dict
+  }];
+  let hasVerifier = 1;
 }
 
 def Exec_BufferOp : Exec_Op<"buffer", [HasParent<"ProgramOp">,

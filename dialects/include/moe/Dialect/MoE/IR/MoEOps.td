@@ -48,6 +48,22 @@ def MoE_WeightOpInterface : OpInterface<"WeightOpInterface"> {
   ];
 }
 
+def MoE_AdjointOpInterface : OpInterface<"AdjointOpInterface"> {
+  let cppNamespace = "::moe";
+  let description = [{
+    The op's adjoint rule: given the gradients of the loss with respect to
+    its results (null where none flows), builds the ops that compute the
+    gradients with respect to its operands (null where the operand is not
+    differentiable: ids, positions, labels, routing choices).
+  }];
+  let methods = [
+    InterfaceMethod<"builds the operands' gradients at the builder's point",
+      "::mlir::LogicalResult", "buildAdjoint",
+      (ins "::mlir::OpBuilder &":$b, "::mlir::ArrayRef<::mlir::Value>":$resultGrads,
+           "::llvm::SmallVectorImpl<::mlir::Value> &":$operandGrads)>,
+  ];
+}
+
 def MoE_WeightOp : MoE_NamedResultOp<"weight", [
     DeclareOpInterfaceMethods<MoE_WeightOpInterface>]> {
   let summary = "a checkpoint tensor, by its name";
@@ -122,7 +138,7 @@ def MoE_ExpertWeightOp : MoE_NamedResultOp<"expert_weight", [
 // Embedding, norms, linear maps
 //===----------------------------------------------------------------------===//
 
-def MoE_EmbeddingOp : MoE_NamedResultOp<"embedding"> {
+def MoE_EmbeddingOp : MoE_NamedResultOp<"embedding", [DeclareOpInterfaceMethods<MoE_AdjointOpInterface>]> {
   let summary = "look up token embeddings";
   let description = [{
     `result[t, :] = table[tokens[t], :]`. Token ids must lie in [0, V); the
@@ -140,7 +156,8 @@ def MoE_EmbeddingOp : MoE_NamedResultOp<"embedding"> {
   let hasVerifier = 1;
 }
 
-def MoE_RMSNormOp : MoE_NamedResultOp<"rms_norm", [AllTypesMatch<["input", "result"]>]> {
+def MoE_RMSNormOp : MoE_NamedResultOp<"rms_norm", [AllTypesMatch<["input", "result"]>,
+    DeclareOpInterfaceMethods<MoE_AdjointOpInterface>]> {
   let summary = "root-mean-square normalisation with a learned scale";
   let description = [{
     With `weight` of size N dividing the last dimension D of `input`, each row
@@ -202,7 +219,7 @@ def MoE_AddNormOp : MoE_Op<"add_norm", [Pure,
   let hasVerifier = 1;
 }
 
-def MoE_LinearOp : MoE_NamedResultOp<"linear"> {
+def MoE_LinearOp : MoE_NamedResultOp<"linear", [DeclareOpInterfaceMethods<MoE_AdjointOpInterface>]> {
   let summary = "y = x W^T (+ b), the checkpoint's [out, in] layout";
   let description = [{
     `result[t, o] = sum_i input[t, i] * weight[o, i] + bias[o]`, accumulated in
@@ -256,7 +273,8 @@ def MoE_ConcatOp : MoE_NamedResultOp<"concat"> {
   let hasVerifier = 1;
 }
 
-def MoE_AddOp : MoE_NamedResultOp<"add", [SameOperandsAndResultType]> {
+def MoE_AddOp : MoE_NamedResultOp<"add", [SameOperandsAndResultType,
+    DeclareOpInterfaceMethods<MoE_AdjointOpInterface>]> {
   let summary = "elementwise sum (the residual connection)";
   let description = [{
     ```mlir
@@ -284,7 +302,8 @@ def MoE_SigmoidGateOp : MoE_NamedResultOp<"sigmoid_gate", [AllTypesMatch<["input
 // Attention
 //===----------------------------------------------------------------------===//
 
-def MoE_RopeOp : MoE_NamedResultOp<"rope", [AllTypesMatch<["input", "result"]>]> {
+def MoE_RopeOp : MoE_NamedResultOp<"rope", [AllTypesMatch<["input", "result"]>,
+    DeclareOpInterfaceMethods<MoE_AdjointOpInterface>]> {
   let summary = "rotary position embedding applied to every head";
   let description = [{
     `input` holds heads of `head_dim` values side by side; in each head the
@@ -307,7 +326,7 @@ def MoE_RopeOp : MoE_NamedResultOp<"rope", [AllTypesMatch<["input", "result"]>]>
   let hasVerifier = 1;
 }
 
-def MoE_AttentionOp : MoE_NamedResultOp<"attention"> {
+def MoE_AttentionOp : MoE_NamedResultOp<"attention", [DeclareOpInterfaceMethods<MoE_AdjointOpInterface>]> {
   let summary = "causal multi-head / grouped-query attention";
   let description = [{
     `query` holds `num_heads` heads, `key` and `value` `num_kv_heads` heads
@@ -373,7 +392,8 @@ def MoE_MLAttentionOp : MoE_NamedResultOp<"mla_attention"> {
 // Feed-forward: dense MLP, router, routed experts
 //===----------------------------------------------------------------------===//
 
-def MoE_MLPOp : MoE_NamedResultOp<"mlp", [AllTypesMatch<["input", "result"]>]> {
+def MoE_MLPOp : MoE_NamedResultOp<"mlp", [AllTypesMatch<["input", "result"]>,
+    DeclareOpInterfaceMethods<MoE_AdjointOpInterface>]> {
   let summary = "gated MLP: down(act(gate(x)) * up(x))";
   let description = [{
     `result = (act(x W_gate^T) * (x W_up^T)) W_down^T` with weights [I, H],
@@ -664,5 +684,6 @@ def MoE_CombineOp : MoE_NamedResultOp<"combine"> {
 }
 
 include "moe/Dialect/MoE/IR/MoETrainingOps.td"
+include "moe/Dialect/MoE/IR/MoEGradientOps.td"
 
 #endif // MOE_DIALECT_MOE_IR_MOEOPS_TD

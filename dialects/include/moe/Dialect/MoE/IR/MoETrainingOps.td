@@ -13,7 +13,7 @@
 #ifndef MOE_DIALECT_MOE_IR_MOETRAININGOPS_TD
 #define MOE_DIALECT_MOE_IR_MOETRAININGOPS_TD
 
-def MoE_CrossEntropyOp : MoE_NamedResultOp<"cross_entropy"> {
+def MoE_CrossEntropyOp : MoE_NamedResultOp<"cross_entropy", [DeclareOpInterfaceMethods<MoE_AdjointOpInterface>]> {
   let summary = "the cross-entropy of logits against label ids: its sum and the rows counted";
   let description = [{
     `result = [sum_t (logsumexp(logits[t, :vocab]) - logits[t, labels[t]]), n]`
@@ -59,7 +59,7 @@ def MoE_RouterStatsOp : MoE_NamedResultOp<"router_stats"> {
   let hasVerifier = 1;
 }
 
-def MoE_LMLossOp : MoE_NamedResultOp<"lm_loss"> {
+def MoE_LMLossOp : MoE_NamedResultOp<"lm_loss", [DeclareOpInterfaceMethods<MoE_AdjointOpInterface>]> {
   let summary = "the training loss: cross-entropy, balancing loss and router z-loss";
   let description = [{
     `result = [loss, ce, aux, z]` with `ce = ce_sum / n` (moe.cross_entropy;

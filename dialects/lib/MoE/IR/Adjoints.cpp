@@ -1,0 +1,106 @@
+//===- Adjoints.cpp - each op's adjoint rule ----------------------*- C++ -*-===//
+//
+// AdjointOpInterface: the vector-Jacobian product of each differentiable op,
+// built from the gradient ops of MoEGradientOps.td (moe-differentiate calls
+// these in reverse program order). An operand that takes no gradient (ids,
+// positions, labels) gets a null one. The loss terms' rule is special: the
+// gradient of moe.lm_loss's operands is the lm_loss result itself (d loss /
+// d term is the term's coefficient, which the term's own rule reads).
+//
+//===----------------------------------------------------------------------===//
+#include "moe/Dialect/MoE/IR/MoEOps.h"
+
+using namespace mlir;
+using namespace moe;
+
+namespace {
+
+RankedTensorType f32Like(Value v) {
+  auto type = cast<RankedTensorType>(v.getType());
+  return RankedTensorType::get(type.getShape(), Float32Type::get(v.getContext()));
+}
+
+} // namespace
+
+LogicalResult EmbeddingOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
+                                        SmallVectorImpl<Value> &operandGrads) {
+  Value table = b.create<EmbeddingGradOp>(getLoc(), f32Like(getTable()), resultGrads[0],
+                                          getTokens());
+  operandGrads.assign({table, Value()});
+  return success();
+}
+
+LogicalResult RMSNormOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
+                                      SmallVectorImpl<Value> &operandGrads) {
+  auto grad = b.create<RMSNormGradOp>(getLoc(), getInput().getType(), f32Like(getWeight()),
+                                      resultGrads[0], getInput(), getWeight(), getEpsilonAttr());
+  operandGrads.assign({grad.getInputGrad(), grad.getWeightGrad()});
+  return success();
+}
+
+LogicalResult LinearOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
+                                     SmallVectorImpl<Value> &operandGrads) {
+  if (getBias())
+    return emitOpError("not supported yet: the gradient of a linear with a bias");
+  auto grad = b.create<LinearGradOp>(getLoc(), getInput().getType(), f32Like(getWeight()),
+                                     resultGrads[0], getInput(), getWeight());
+  operandGrads.assign({grad.getInputGrad(), grad.getWeightGrad()});
+  return success();
+}
+
+LogicalResult AddOp::buildAdjoint(OpBuilder &, ArrayRef<Value> resultGrads,
+                                  SmallVectorImpl<Value> &operandGrads) {
+  operandGrads.assign({resultGrads[0], resultGrads[0]});
+  return success();
+}
+
+LogicalResult RopeOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
+                                   SmallVectorImpl<Value> &operandGrads) {
+  Value grad = b.create<RopeGradOp>(getLoc(), resultGrads[0].getType(), resultGrads[0],
+                                    getPositions(), getHeadDimAttr(), getRopeAttr());
+  operandGrads.assign({grad, Value()});
+  return success();
+}
+
+LogicalResult AttentionOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
+                                        SmallVectorImpl<Value> &operandGrads) {
+  auto grad = b.create<AttentionGradOp>(
+      getLoc(), getQuery().getType(), getKey().getType(), getValue().getType(), resultGrads[0],
+      getQuery(), getKey(), getValue(), getNumHeadsAttr(), getNumKvHeadsAttr(), getScaleAttr(),
+      getSlidingWindowAttr());
+  operandGrads.assign({grad.getQueryGrad(), grad.getKeyGrad(), grad.getValueGrad()});
+  return success();
+}
+
+LogicalResult MLPOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
+                                  SmallVectorImpl<Value> &operandGrads) {
+  auto grad = b.create<MLPGradOp>(getLoc(), getInput().getType(), f32Like(getGateWeight()),
+                                  f32Like(getUpWeight()), f32Like(getDownWeight()),
+                                  resultGrads[0], getInput(), getGateWeight(), getUpWeight(),
+                                  getDownWeight(), getActivationAttr());
+  operandGrads.assign({grad.getInputGrad(), grad.getGateWeightGrad(), grad.getUpWeightGrad(),
+                  grad.getDownWeightGrad()});
+  return success();
+}
+
+LogicalResult CrossEntropyOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
+                                           SmallVectorImpl<Value> &operandGrads) {
+  // d loss / d ce is 1: the loss is the only reader of a cross-entropy.
+  if (!resultGrads[0].getDefiningOp<LMLossOp>())
+    return emitOpError("expected its gradient from moe.lm_loss (the loss's cross-entropy)");
+  Value grad = b.create<CrossEntropyGradOp>(getLoc(), f32Like(getLogits()), getLogits(),
+                                            getLabels(), getResult(), getVocabAttr());
+  operandGrads.assign({grad, Value()});
+  return success();
+}
+
+LogicalResult LMLossOp::buildAdjoint(OpBuilder &, ArrayRef<Value> resultGrads,
+                                     SmallVectorImpl<Value> &operandGrads) {
+  if (resultGrads[0] != getResult())
+    return emitOpError("expected to be the differentiated loss");
+  if (!getRouterStats().empty())
+    return emitOpError("not supported yet: the gradient of the balancing loss and the router "
+                       "z-loss");
+  operandGrads.assign({getResult()});
+  return success();
+}

@@ -1,0 +1,43 @@
+// The backward pass's CPU kernels: the vector-Jacobian products of the
+// forward kernels (Kernels.h), one per op of MoEGradientOps.td, whose
+// descriptions give the exact math. f32 throughout; weight gradients are
+// f32 [out, in] whatever the weight's dtype; the GEMMs go through
+// cpu::linear, so they take the fast paths of every ISA level.
+#pragma once
+
+#include "moert/cpu/Kernels.h"
+
+namespace moert::cpu {
+
+/// (softmax(logits[t, :vocab]) - onehot(labels[t])) / ce[1] for the rows
+/// with a label (not -100), 0 elsewhere (and in columns from vocab on).
+void crossEntropyGrad(const float *logits, int64_t tokens, int64_t width, int64_t vocab,
+                      const int32_t *labels, const float ce[2], float *out);
+
+/// y = x W^T: dx [T, in] = dy W, dw [out, in] = dy^T x.
+void linearGrad(const float *dy, const float *x, int64_t tokens, const Matrix &w, float *dx,
+                float *dw);
+
+/// moe.rms_norm in groups of weight.numel(): dx and dw (summed over rows
+/// and groups).
+void rmsNormGrad(const float *dy, const float *x, int64_t tokens, int64_t width,
+                 const TensorView &weight, double eps, float *dx, float *dw);
+
+/// moe.attention over the batch's sequences (each whole: positions from 0,
+/// InputError otherwise): dq, dk, dv from dO and the recomputed softmax.
+void attentionGrad(const float *dout, const float *q, const float *k, const float *v,
+                   const TokenLayout &layout, int64_t heads, int64_t kvHeads, int64_t qkDim,
+                   int64_t vDim, double scale, int64_t slidingWindow, float *dq, float *dk,
+                   float *dv);
+
+/// moe.mlp: dx [T, H] and the three weight gradients.
+void mlpGrad(const float *dy, const float *x, int64_t tokens, const Matrix &gate,
+             const Matrix &up, const Matrix &down, Activation act, float *dx, float *dgate,
+             float *dup, float *ddown);
+
+/// out [rows, width] = 0, then out[ids[t]] += dy[t] in order; InputError for
+/// an id outside [0, rows).
+void embeddingGrad(const float *dy, const int32_t *ids, int64_t tokens, int64_t width,
+                   int64_t rows, float *out);
+
+} // namespace moert::cpu

@@ -1,0 +1,61 @@
+// A train program's own members (moec compile --train; docs/plan-format.md):
+// its labels, its loss and, when differentiated, its weights' gradients.
+#include "PlanReaders.h"
+
+#include <fmt/format.h>
+
+#include <set>
+
+namespace moert {
+
+void readTrainingOutputs(const JsonFields &pr, const JsonFields &inputs, PlanProgram &program,
+                         bool last) {
+  const bool training = program.entry == "train";
+  auto buffer = [&](const JsonFields &reader, const std::string &field, int64_t id) {
+    if (id < 0 || id >= static_cast<int64_t>(program.buffers.size()))
+      reader.fail(field, fmt::format("buffer {} out of range", id));
+    return program.buffers[id];
+  };
+  if ((program.labelsBuffer >= 0) != training)
+    inputs.fail("labels", training ? "missing: a train program reads the labels"
+                                   : "only a train program reads labels");
+  program.lossBuffer = pr.has("loss") ? pr.integer("loss", -1) : -1;
+  if (training && last) {
+    if (!pr.has("loss"))
+      pr.fail("loss", "missing: the last stage of a train program gives the loss");
+    const PlanBuffer &b = buffer(pr, "loss", program.lossBuffer);
+    if (b.dtype != DType::F32 || b.rows != 1 || b.width != 4)
+      pr.fail("loss", "expected an F32 buffer of 1 row of 4 (loss, ce, aux, z)");
+  } else if (program.lossBuffer != -1) {
+    pr.fail("loss", "expected -1 (only the last stage of a train program gives the loss)");
+  }
+  if (!pr.has("gradients"))
+    return;
+  if (!training)
+    pr.fail("gradients", "only a train program gives gradients");
+  const nlohmann::json &list = pr.array("gradients");
+  std::set<int64_t> weights, buffers;
+  for (size_t i = 0; i < list.size(); ++i) {
+    JsonFields g = pr.element("gradients", i);
+    g.onlyMembers(moe::plan::members::kGradient);
+    PlanProgram::Gradient gradient{g.integer("weight", 0), g.integer("buffer", 0)};
+    if (gradient.weight >= static_cast<int64_t>(program.weights.size()))
+      g.fail("weight", fmt::format("weight {} out of range", gradient.weight));
+    const PlanWeight &w = program.weights[gradient.weight];
+    const PlanBuffer &b = buffer(g, "buffer", gradient.buffer);
+    int64_t elements = 1;
+    for (int64_t d : w.shape)
+      elements *= d;
+    if (b.dtype != DType::F32 || b.rows * b.width != elements || b.width != w.shape.back())
+      g.fail("buffer", fmt::format("buffer {} is not an F32 buffer of the shape of '{}' {}",
+                                   gradient.buffer, w.name, shapeString(w.shape)));
+    if (!weights.insert(gradient.weight).second || !buffers.insert(gradient.buffer).second)
+      g.fail("weight", "a weight or buffer named twice");
+    if (gradient.buffer == program.lossBuffer || gradient.buffer == program.labelsBuffer ||
+        gradient.buffer == program.tokensBuffer || gradient.buffer == program.positionsBuffer)
+      g.fail("buffer", "the buffer of an input or of the loss");
+    program.gradients.push_back(gradient);
+  }
+}
+
+} // namespace moert

@@ -1,0 +1,273 @@
+// The backward pass's CPU kernels (moert/cpu/Gradients.h).
+#include "moert/cpu/Gradients.h"
+#include "Gemm.h"
+#include "moert/Error.h"
+#include "moert/Parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace moert::cpu {
+namespace {
+
+/// out [cols, rows] = in [rows, cols]^T.
+void transpose(const float *in, int64_t rows, int64_t cols, float *out) {
+  parallelFor(cols, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c)
+      for (int64_t r = 0; r < rows; ++r)
+        out[c * rows + r] = in[r * cols + c];
+  }, 16);
+}
+
+/// A weight [rows, cols] of any dtype, widened to f32 and transposed:
+/// [cols, rows].
+std::vector<float> transposedF32(const Matrix &w) {
+  std::vector<float> row(static_cast<size_t>(w.cols)), out(static_cast<size_t>(w.rows * w.cols));
+  const size_t element = dtypeSize(w.dtype);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    gemm::widen(w.dtype, static_cast<const char *>(w.data) + r * w.rowStride * element, w.cols,
+                row.data());
+    for (int64_t c = 0; c < w.cols; ++c)
+      out[c * w.rows + r] = row[c];
+  }
+  return out;
+}
+
+Matrix f32Matrix(const float *data, int64_t rows, int64_t cols) {
+  Matrix m;
+  m.dtype = DType::F32;
+  m.data = data;
+  m.rows = rows;
+  m.cols = cols;
+  m.rowStride = cols;
+  return m;
+}
+
+/// c [m, n] = a [m, k] b [k, n] with bT = b^T [n, k] given.
+void matmul(const float *a, int64_t m, const float *bT, int64_t n, int64_t k, float *c) {
+  linear(a, m, f32Matrix(bT, n, k), nullptr, c);
+}
+
+/// c [m, n] = a^T b for a [t, m], b [t, n] (sums over the rows t, in order).
+void matmulTN(const float *a, const float *b, int64_t t, int64_t m, int64_t n, float *c) {
+  std::vector<float> aT(static_cast<size_t>(m * t)), bT(static_cast<size_t>(n * t));
+  transpose(a, t, m, aT.data());
+  transpose(b, t, n, bT.data());
+  matmul(aT.data(), m, bT.data(), n, t, c);
+}
+
+double activation(Activation act, double a) {
+  switch (act) {
+  case Activation::Silu: return a / (1 + std::exp(-a));
+  case Activation::Gelu: return 0.5 * a * (1 + std::erf(a / std::sqrt(2.0)));
+  case Activation::GeluTanh:
+    return 0.5 * a * (1 + std::tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)));
+  default: return a > 0 ? a : 0;
+  }
+}
+
+double activationSlope(Activation act, double a) {
+  switch (act) {
+  case Activation::Silu: {
+    const double s = 1 / (1 + std::exp(-a));
+    return s * (1 + a * (1 - s));
+  }
+  case Activation::Gelu:
+    return 0.5 * (1 + std::erf(a / std::sqrt(2.0))) +
+           a * std::exp(-0.5 * a * a) / std::sqrt(2 * M_PI);
+  case Activation::GeluTanh: {
+    const double c = 0.7978845608028654, u = c * (a + 0.044715 * a * a * a);
+    const double th = std::tanh(u);
+    return 0.5 * (1 + th) + 0.5 * a * (1 - th * th) * c * (1 + 3 * 0.044715 * a * a);
+  }
+  default: return a > 0 ? 1 : 0;
+  }
+}
+
+} // namespace
+
+void crossEntropyGrad(const float *logits, int64_t tokens, int64_t width, int64_t vocab,
+                      const int32_t *labels, const float ce[2], float *out) {
+  const double scale = ce[1] > 0 ? 1.0 / ce[1] : 0.0;
+  parallelFor(tokens, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float *row = logits + t * width;
+      float *o = out + t * width;
+      std::fill(o, o + width, 0.0f);
+      if (labels[t] == -100)
+        continue;
+      if (labels[t] < 0 || labels[t] >= vocab)
+        inputError("cross_entropy_grad: label {} of row {} is outside [0, {})", labels[t], t,
+                   vocab);
+      const float peak = *std::max_element(row, row + vocab);
+      double sum = 0;
+      for (int64_t v = 0; v < vocab; ++v)
+        sum += std::exp(static_cast<double>(row[v]) - peak);
+      for (int64_t v = 0; v < vocab; ++v)
+        o[v] = static_cast<float>(std::exp(static_cast<double>(row[v]) - peak) / sum * scale);
+      o[labels[t]] -= static_cast<float>(scale);
+    }
+  }, 4);
+}
+
+void linearGrad(const float *dy, const float *x, int64_t tokens, const Matrix &w, float *dx,
+                float *dw) {
+  const std::vector<float> wT = transposedF32(w); // [in, out]
+  matmul(dy, tokens, wT.data(), w.cols, w.rows, dx);
+  matmulTN(dy, x, tokens, w.rows, w.cols, dw);
+}
+
+void rmsNormGrad(const float *dy, const float *x, int64_t tokens, int64_t width,
+                 const TensorView &weight, double eps, float *dx, float *dw) {
+  const int64_t n = weight.numel(), groups = width / n;
+  std::vector<float> w(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    w[i] = weight.at(i);
+  // Per-thread partial dw, added in thread order (the same bits for a given
+  // thread count).
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(tokens, numThreads()));
+  std::vector<std::vector<double>> partial(chunks, std::vector<double>(n, 0.0));
+  parallelFor(chunks, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t t = tokens * c / chunks; t < tokens * (c + 1) / chunks; ++t)
+        for (int64_t g = 0; g < groups; ++g) {
+          const float *xg = x + t * width + g * n, *dyg = dy + t * width + g * n;
+          float *dxg = dx + t * width + g * n;
+          double squares = 0;
+          for (int64_t i = 0; i < n; ++i)
+            squares += static_cast<double>(xg[i]) * xg[i];
+          const double r = 1.0 / std::sqrt(squares / n + eps);
+          double dot = 0;
+          for (int64_t i = 0; i < n; ++i)
+            dot += static_cast<double>(dyg[i]) * w[i] * xg[i] * r;
+          for (int64_t i = 0; i < n; ++i) {
+            dxg[i] = static_cast<float>(r * (dyg[i] * w[i] - xg[i] * r * dot / n));
+            partial[c][i] += static_cast<double>(dyg[i]) * xg[i] * r;
+          }
+        }
+  });
+  for (int64_t i = 0; i < n; ++i) {
+    double sum = 0;
+    for (const std::vector<double> &p : partial)
+      sum += p[i];
+    dw[i] = static_cast<float>(sum);
+  }
+}
+
+void attentionGrad(const float *dout, const float *q, const float *k, const float *v,
+                   const TokenLayout &layout, int64_t heads, int64_t kvHeads, int64_t qkDim,
+                   int64_t vDim, double scale, int64_t slidingWindow, float *dq, float *dk,
+                   float *dv) {
+  const int64_t T = layout.tokens, group = heads / kvHeads;
+  const int64_t qw = heads * qkDim, kw = kvHeads * qkDim, vw = kvHeads * vDim;
+  // The sequences: contiguous runs of one slot, whole (positions 0, 1, ...).
+  std::vector<std::pair<int64_t, int64_t>> sequences;
+  for (int64_t t = 0; t < T;) {
+    int64_t end = t;
+    while (end < T && layout.sequence[end] == layout.sequence[t]) {
+      if (layout.position[end] != end - t)
+        inputError("attention_grad: token {} of sequence slot {} is at position {}, not {} (a "
+                   "training step holds whole sequences)",
+                   end, layout.sequence[t], layout.position[end], end - t);
+      ++end;
+    }
+    sequences.push_back({t, end});
+    t = end;
+  }
+  std::fill(dq, dq + T * qw, 0.0f);
+  std::fill(dk, dk + T * kw, 0.0f);
+  std::fill(dv, dv + T * vw, 0.0f);
+  const int64_t tasks = static_cast<int64_t>(sequences.size()) * kvHeads;
+  parallelFor(tasks, [&](int64_t begin, int64_t end) {
+    std::vector<double> p, dp;
+    for (int64_t task = begin; task < end; ++task) {
+      const auto [b, e] = sequences[task / kvHeads];
+      const int64_t g = task % kvHeads;
+      for (int64_t h = g * group; h < (g + 1) * group; ++h)
+        for (int64_t i = b; i < e; ++i) {
+          const int64_t first =
+              slidingWindow > 0 ? std::max<int64_t>(b, i - slidingWindow + 1) : b;
+          const float *qi = q + i * qw + h * qkDim, *doi = dout + i * (heads * vDim) + h * vDim;
+          p.assign(static_cast<size_t>(i - first + 1), 0.0);
+          dp.assign(p.size(), 0.0);
+          double peak = -INFINITY;
+          for (int64_t j = first; j <= i; ++j) {
+            const float *kj = k + j * kw + g * qkDim;
+            double s = 0;
+            for (int64_t d = 0; d < qkDim; ++d)
+              s += static_cast<double>(qi[d]) * kj[d];
+            p[j - first] = s * scale;
+            peak = std::max(peak, p[j - first]);
+          }
+          double sum = 0;
+          for (double &x : p)
+            sum += (x = std::exp(x - peak));
+          double rowDot = 0;
+          for (int64_t j = first; j <= i; ++j) {
+            p[j - first] /= sum;
+            const float *vj = v + j * vw + g * vDim;
+            double d = 0;
+            for (int64_t c = 0; c < vDim; ++c)
+              d += static_cast<double>(doi[c]) * vj[c];
+            dp[j - first] = d;
+            rowDot += p[j - first] * d;
+          }
+          float *dqi = dq + i * qw + h * qkDim;
+          for (int64_t j = first; j <= i; ++j) {
+            const double pj = p[j - first], ds = pj * (dp[j - first] - rowDot) * scale;
+            const float *kj = k + j * kw + g * qkDim;
+            float *dkj = dk + j * kw + g * qkDim, *dvj = dv + j * vw + g * vDim;
+            for (int64_t d = 0; d < qkDim; ++d) {
+              dqi[d] += static_cast<float>(ds * kj[d]);
+              dkj[d] += static_cast<float>(ds * qi[d]);
+            }
+            for (int64_t c = 0; c < vDim; ++c)
+              dvj[c] += static_cast<float>(pj * doi[c]);
+          }
+        }
+    }
+  });
+}
+
+void mlpGrad(const float *dy, const float *x, int64_t tokens, const Matrix &gate,
+             const Matrix &up, const Matrix &down, Activation act, float *dx, float *dgate,
+             float *dup, float *ddown) {
+  const int64_t T = tokens, H = gate.cols, I = gate.rows;
+  std::vector<float> a(static_cast<size_t>(T * I)), u(a.size()), h(a.size()), dh(a.size());
+  linear(x, T, gate, nullptr, a.data());
+  linear(x, T, up, nullptr, u.data());
+  for (size_t i = 0; i < a.size(); ++i)
+    h[i] = static_cast<float>(activation(act, a[i]) * u[i]);
+  matmulTN(dy, h.data(), T, H, I, ddown);
+  const std::vector<float> downT = transposedF32(down); // [I, H]
+  matmul(dy, T, downT.data(), I, H, dh.data());
+  // da and du take the places of h and u (read for the last time here).
+  std::vector<float> &da = h, &du = u;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = dh[i], upValue = u[i];
+    da[i] = static_cast<float>(d * upValue * activationSlope(act, a[i]));
+    du[i] = static_cast<float>(d * activation(act, a[i]));
+  }
+  matmulTN(da.data(), x, T, I, H, dgate);
+  matmulTN(du.data(), x, T, I, H, dup);
+  const std::vector<float> gateT = transposedF32(gate), upT = transposedF32(up); // [H, I]
+  std::vector<float> part(static_cast<size_t>(T * H));
+  matmul(da.data(), T, gateT.data(), H, I, dx);
+  matmul(du.data(), T, upT.data(), H, I, part.data());
+  for (size_t i = 0; i < part.size(); ++i)
+    dx[i] += part[i];
+}
+
+void embeddingGrad(const float *dy, const int32_t *ids, int64_t tokens, int64_t width,
+                   int64_t rows, float *out) {
+  for (int64_t t = 0; t < tokens; ++t)
+    if (ids[t] < 0 || ids[t] >= rows)
+      inputError("embedding_grad: token {} is id {}, outside [0, {})", t, ids[t], rows);
+  std::fill(out, out + rows * width, 0.0f);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t c = 0; c < width; ++c)
+      out[ids[t] * width + c] += dy[t * width + c];
+}
+
+} // namespace moert::cpu

@@ -1,0 +1,154 @@
+// The backward pass's steps (moe-differentiate; MoEGradientOps.td has their
+// math, moert/cpu/Gradients.h their CPU kernels).
+#include "Ops.h"
+#include "moert/cpu/Gradients.h"
+
+namespace moert::ops {
+namespace {
+
+/// A weight gradient's output: a static f32 buffer of the weight's shape
+/// ([out, in] rows x width; a vector one row).
+void expectWeightGradient(const StepChecker &c, int64_t buffer, const PlanWeight &w) {
+  const int64_t rows = w.shape.size() == 2 ? w.shape[0] : 1, width = w.shape.back();
+  c.expect(c.rows(buffer) == rows && c.width(buffer) == width,
+           fmt::format("the gradient of '{}' is not {} rows of {} (f32)", w.name, rows, width));
+}
+
+void parseVocab(const JsonFields &a, PlanStep &step) { step.loss.vocab = a.integer("vocab", 1); }
+
+void checkCrossEntropyGrad(const StepChecker &c, const PlanStep &step) {
+  c.arity(3, 0, 0, 1);
+  const int64_t width = c.tokens(step.in[0]);
+  c.expect(step.loss.vocab <= width, "vocab is wider than the logits");
+  c.expect(c.tokens(step.in[1], DType::I32) == 1, "expected one label per row");
+  c.expect(c.rows(step.in[2]) == 1 && c.width(step.in[2]) == 2,
+           "expected the cross-entropy (1 row of 2) as input 2");
+  c.expect(c.tokens(step.out[0]) == width, "expected the logits' width");
+}
+
+int64_t runCrossEntropyGrad(cpu::StepContext &c) {
+  cpu::crossEntropyGrad(c.in(0), c.rows, c.inWidth(0), c.step->loss.vocab, c.inInts(1), c.in(2),
+                        c.out(0));
+  return c.rows;
+}
+
+void checkLinearGrad(const StepChecker &c, const PlanStep &step) {
+  c.arity(2, 1, 1, 2);
+  const PlanWeight &w = c.weight(0, 2);
+  c.expect(c.tokens(step.in[0]) == w.shape[0] && c.tokens(step.in[1]) == w.shape[1] &&
+               c.tokens(step.out[0]) == w.shape[1],
+           "dy, x and dx do not fit the weight [out, in]");
+  expectWeightGradient(c, step.out[1], w);
+}
+
+int64_t runLinearGrad(cpu::StepContext &c) {
+  cpu::linearGrad(c.in(0), c.in(1), c.rows, cpu::Matrix::of(c.weight(0)), c.out(0), c.out(1));
+  return c.rows;
+}
+
+void checkRmsNormGrad(const StepChecker &c, const PlanStep &step) {
+  c.arity(2, 1, 1, 2);
+  const PlanWeight &w = c.weight(0, 1);
+  const int64_t width = c.tokens(step.in[0]);
+  c.expect(c.tokens(step.in[1]) == width && c.tokens(step.out[0]) == width &&
+               width % w.shape[0] == 0,
+           "dy, x and dx differ in width or the weight does not divide it");
+  expectWeightGradient(c, step.out[1], w);
+}
+
+int64_t runRmsNormGrad(cpu::StepContext &c) {
+  cpu::rmsNormGrad(c.in(0), c.in(1), c.rows, c.inWidth(0), c.weight(0), c.step->eps, c.out(0),
+                   c.out(1));
+  return c.rows;
+}
+
+void checkRopeGrad(const StepChecker &c, const PlanStep &step) {
+  c.arity(2, 0, 0, 1);
+  const int64_t w = c.tokens(step.in[0]);
+  c.tokens(step.in[1], DType::I32);
+  c.expect(step.headDim > 0 && w % step.headDim == 0 && step.rope.rotaryDim <= step.headDim,
+           "head_dim does not divide the width or rotary_dim exceeds it");
+  c.expect(c.tokens(step.out[0]) == w, "output width differs from the input's");
+}
+
+int64_t runRopeGrad(cpu::StepContext &c) {
+  const PlanStep &s = *c.step;
+  const int64_t T = c.rows, wd = c.inWidth(0);
+  if (s.out[0] != s.in[0])
+    std::copy_n(c.in(0), T * wd, c.out(0));
+  c.rope(s.rope).applyTransposed(c.out(0), T, wd, s.headDim, c.inInts(1));
+  return T;
+}
+
+void checkAttentionGrad(const StepChecker &c, const PlanStep &step) {
+  c.arity(4, 0, 0, 3);
+  const int64_t q = c.tokens(step.in[1]), k = c.tokens(step.in[2]), v = c.tokens(step.in[3]);
+  c.expect(step.heads > 0 && step.kvHeads > 0 && step.heads % step.kvHeads == 0 &&
+               q % step.heads == 0 && k % step.kvHeads == 0 && v % step.kvHeads == 0 &&
+               q / step.heads == k / step.kvHeads,
+           "query, key and value are not whole heads of one head dim");
+  c.expect(c.tokens(step.in[0]) == step.heads * (v / step.kvHeads),
+           "dO is not heads x value dim wide");
+  c.expect(c.tokens(step.out[0]) == q && c.tokens(step.out[1]) == k &&
+               c.tokens(step.out[2]) == v,
+           "the gradients are not as wide as query, key and value");
+}
+
+int64_t runAttentionGrad(cpu::StepContext &c) {
+  const PlanStep &s = *c.step;
+  const int64_t q = c.inWidth(1), v = c.inWidth(3);
+  cpu::attentionGrad(c.in(0), c.in(1), c.in(2), c.in(3), *c.layout, s.heads, s.kvHeads,
+                     q / s.heads, v / s.kvHeads, s.scale, s.slidingWindow, c.out(0), c.out(1),
+                     c.out(2));
+  return c.rows;
+}
+
+void checkMlpGrad(const StepChecker &c, const PlanStep &step) {
+  c.arity(2, 3, 3, 4);
+  const int64_t h = c.tokens(step.in[0]);
+  const PlanWeight &g = c.weight(0, 2), &u = c.weight(1, 2), &d = c.weight(2, 2);
+  c.expect(g.shape == u.shape && g.shape[1] == h && d.shape[0] == h && d.shape[1] == g.shape[0] &&
+               c.tokens(step.in[1]) == h && c.tokens(step.out[0]) == h,
+           "gate/up/down shapes do not form an MLP of the input width");
+  expectWeightGradient(c, step.out[1], g);
+  expectWeightGradient(c, step.out[2], u);
+  expectWeightGradient(c, step.out[3], d);
+}
+
+int64_t runMlpGrad(cpu::StepContext &c) {
+  cpu::mlpGrad(c.in(0), c.in(1), c.rows, cpu::Matrix::of(c.weight(0)),
+               cpu::Matrix::of(c.weight(1)), cpu::Matrix::of(c.weight(2)), c.step->activation,
+               c.out(0), c.out(1), c.out(2), c.out(3));
+  return c.rows;
+}
+
+void checkEmbeddingGrad(const StepChecker &c, const PlanStep &step) {
+  c.arity(2, 0, 0, 1);
+  c.expect(c.tokens(step.in[1], DType::I32) == 1, "expected one id per row");
+  c.expect(c.width(step.out[0]) == c.tokens(step.in[0]),
+           "the table's gradient is not as wide as dy");
+}
+
+int64_t runEmbeddingGrad(cpu::StepContext &c) {
+  const int64_t out = c.step->out[0];
+  cpu::embeddingGrad(c.in(0), c.inInts(1), c.rows, c.inWidth(0), c.bufferRows(out), c.out(0));
+  return c.rows;
+}
+
+} // namespace
+
+const OpDef kCrossEntropyGrad = {"cross_entropy_grad", Collective::None, 0, parseVocab,
+                                 checkCrossEntropyGrad, runCrossEntropyGrad};
+const OpDef kLinearGrad = {"linear_grad", Collective::None, OpDef::Backward, nullptr, checkLinearGrad,
+                           runLinearGrad};
+const OpDef kRmsNormGrad = {"rms_norm_grad", Collective::None, OpDef::Backward, nullptr, checkRmsNormGrad,
+                            runRmsNormGrad};
+const OpDef kRopeGrad = {"rope_grad", Collective::None, 0, nullptr, checkRopeGrad, runRopeGrad};
+const OpDef kAttentionGrad = {"attention_grad", Collective::None, 0, nullptr,
+                              checkAttentionGrad, runAttentionGrad};
+const OpDef kMlpGrad = {"mlp_grad", Collective::None, OpDef::Backward, nullptr, checkMlpGrad,
+                        runMlpGrad};
+const OpDef kEmbeddingGrad = {"embedding_grad", Collective::None, 0, nullptr,
+                              checkEmbeddingGrad, runEmbeddingGrad};
+
+} // namespace moert::ops

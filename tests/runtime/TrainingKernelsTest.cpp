@@ -1,0 +1,413 @@
+// The training kernels: the loss (cpu::crossEntropy, routerStats, lmLoss)
+// against direct f64 implementations of MoETrainingOps.td's formulas, and
+// the backward pass's (moert/cpu/Gradients.h) against central finite
+// differences of f64 implementations of the forward ops' formulas
+// (MoEOps.td): for a random cotangent r, d/dx sum(r * f(x)) computed both
+// ways. Run at every ISA level (moert-unit-tests-isa-*: the GEMMs inside go
+// through cpu::linear).
+#include "moert/Error.h"
+#include "moert/cpu/Gradients.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <random>
+
+using namespace moert;
+
+namespace {
+
+std::vector<float> randomValues(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<float> v(n);
+  for (float &x : v)
+    x = d(rng);
+  return v;
+}
+
+double lse(const float *x, int64_t n) {
+  double m = x[0], s = 0;
+  for (int64_t i = 1; i < n; ++i)
+    m = std::max(m, double(x[i]));
+  for (int64_t i = 0; i < n; ++i)
+    s += std::exp(x[i] - m);
+  return m + std::log(s);
+}
+
+TEST(LossTest, CrossEntropySkipsIgnoredRowsAndPadding) {
+  const int64_t T = 37, width = 20, vocab = 17;
+  std::vector<float> logits = randomValues(T * width, 1, 3.0f);
+  // Padding columns hold large values that must not count.
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t v = vocab; v < width; ++v)
+      logits[t * width + v] = 50.0f;
+  std::vector<int32_t> labels(T);
+  for (int64_t t = 0; t < T; ++t)
+    labels[t] = t % 5 == 0 ? -100 : static_cast<int32_t>((t * 7) % vocab);
+  double sum = 0;
+  int counted = 0;
+  for (int64_t t = 0; t < T; ++t)
+    if (labels[t] != -100) {
+      sum += lse(&logits[t * width], vocab) - logits[t * width + labels[t]];
+      ++counted;
+    }
+  float out[2];
+  cpu::crossEntropy(logits.data(), T, width, vocab, labels.data(), out);
+  EXPECT_NEAR(out[0], sum, 1e-6 * sum);
+  EXPECT_EQ(out[1], counted);
+  // Every row ignored: nothing counted.
+  std::vector<int32_t> none(T, -100);
+  cpu::crossEntropy(logits.data(), T, width, vocab, none.data(), out);
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_EQ(out[1], 0.0f);
+  // A label outside the vocabulary (the padding included) is an error.
+  labels[3] = static_cast<int32_t>(vocab);
+  EXPECT_THROW(cpu::crossEntropy(logits.data(), T, width, vocab, labels.data(), out), InputError);
+}
+
+TEST(LossTest, RouterStatsAndLoss) {
+  const int64_t T = 23, E = 6, k = 2, layers = 3;
+  std::vector<std::vector<float>> stats(layers, std::vector<float>(3 * E));
+  std::vector<double> P(E, 0), C(E, 0);
+  double z = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    std::vector<float> logits = randomValues(T * E, 10 + l, 3.0f);
+    // A tie: tokens 0 has two equal largest logits (the lower index wins).
+    logits[0] = logits[1] = 9.0f;
+    double zl = 0;
+    std::vector<double> counts(E, 0);
+    for (int64_t t = 0; t < T; ++t) {
+      const float *row = &logits[t * E];
+      const double s = lse(row, E);
+      zl += s * s;
+      std::vector<std::pair<double, int64_t>> p;
+      for (int64_t e = 0; e < E; ++e) {
+        p.push_back({-std::exp(row[e] - s), e});
+        P[e] += std::exp(row[e] - s);
+      }
+      std::sort(p.begin(), p.end());
+      for (int64_t j = 0; j < k; ++j)
+        counts[p[j].second] += 1;
+    }
+    cpu::routerStats(logits.data(), T, E, k, stats[l].data());
+    for (int64_t e = 0; e < E; ++e) {
+      EXPECT_EQ(stats[l][E + e], counts[e]) << "layer " << l << " expert " << e;
+      C[e] += counts[e];
+    }
+    EXPECT_NEAR(stats[l][2 * E], zl, 1e-6 * zl);
+    EXPECT_EQ(stats[l][2 * E + 1], T);
+    z += zl / T;
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    double p = 0;
+    for (int64_t l = 0; l < layers; ++l)
+      p += stats[l][e];
+    EXPECT_NEAR(p, P[e], 1e-5);
+  }
+  const double N = double(layers * T);
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e)
+    aux += (C[e] / N) * (P[e] / N);
+  aux *= E;
+  const float ce[2] = {11.5f, 4.0f};
+  std::vector<const float *> pointers;
+  for (const auto &s : stats)
+    pointers.push_back(s.data());
+  float out[4];
+  cpu::lmLoss(ce, pointers.data(), layers, E, 0.01, 0.001, out);
+  EXPECT_NEAR(out[1], 11.5 / 4, 1e-6);
+  EXPECT_NEAR(out[2], aux, 1e-6 * aux);
+  EXPECT_NEAR(out[3], z, 1e-6 * z);
+  EXPECT_NEAR(out[0], 11.5 / 4 + 0.01 * aux + 0.001 * z, 1e-6 * out[0]);
+  // No balancing coefficient: aux is 0 (z is still reported).
+  cpu::lmLoss(ce, pointers.data(), layers, E, 0.0, 0.0, out);
+  EXPECT_EQ(out[2], 0.0f);
+  EXPECT_NEAR(out[3], z, 1e-6 * z);
+  EXPECT_NEAR(out[0], 11.5 / 4, 1e-6);
+  // A dense model, and no counted row.
+  const float empty[2] = {0.0f, 0.0f};
+  cpu::lmLoss(empty, nullptr, 0, 0, 0.01, 0.0, out);
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_EQ(out[2], 0.0f);
+}
+
+cpu::Matrix matrixOf(const std::vector<float> &w, int64_t rows, int64_t cols) {
+  cpu::Matrix m;
+  m.dtype = DType::F32;
+  m.data = w.data();
+  m.rows = rows;
+  m.cols = cols;
+  m.rowStride = cols;
+  return m;
+}
+
+/// The numerical gradient of f (an f64 function of `x`) at x.
+std::vector<double> numericGradient(std::vector<float> x,
+                                    const std::function<double(const std::vector<double> &)> &f) {
+  std::vector<double> xd(x.begin(), x.end()), g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double h = 1e-5 * std::max(1.0, std::abs(xd[i])), keep = xd[i];
+    xd[i] = keep + h;
+    const double up = f(xd);
+    xd[i] = keep - h;
+    const double down = f(xd);
+    xd[i] = keep;
+    g[i] = (up - down) / (2 * h);
+  }
+  return g;
+}
+
+/// ||a - b|| / ||b|| <= tol.
+void expectClose(const float *a, const std::vector<double> &b, double tol, const char *what) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    diff += (a[i] - b[i]) * (a[i] - b[i]);
+    norm += b[i] * b[i];
+  }
+  EXPECT_LE(std::sqrt(diff), tol * std::sqrt(norm)) << what << ": norm " << std::sqrt(norm);
+  EXPECT_GT(norm, 0) << what;
+}
+
+double dot(const std::vector<double> &y, const std::vector<float> &r) {
+  double s = 0;
+  for (size_t i = 0; i < y.size(); ++i)
+    s += y[i] * r[i];
+  return s;
+}
+
+TEST(GradientsTest, CrossEntropy) {
+  const int64_t T = 6, width = 9, vocab = 7;
+  std::vector<float> logits = randomValues(T * width, 1, 3.0f);
+  const std::vector<int32_t> labels = {3, -100, 0, 6, 2, -100};
+  auto loss = [&](const std::vector<double> &l) {
+    double sum = 0;
+    int n = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (labels[t] == -100)
+        continue;
+      double m = -1e300, s = 0;
+      for (int64_t v = 0; v < vocab; ++v)
+        m = std::max(m, l[t * width + v]);
+      for (int64_t v = 0; v < vocab; ++v)
+        s += std::exp(l[t * width + v] - m);
+      sum += m + std::log(s) - l[t * width + labels[t]];
+      ++n;
+    }
+    return sum / n;
+  };
+  float ce[2];
+  cpu::crossEntropy(logits.data(), T, width, vocab, labels.data(), ce);
+  std::vector<float> grad(T * width);
+  cpu::crossEntropyGrad(logits.data(), T, width, vocab, labels.data(), ce, grad.data());
+  expectClose(grad.data(), numericGradient(logits, loss), 1e-5, "dlogits");
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t v = vocab; v < width; ++v)
+      EXPECT_EQ(grad[t * width + v], 0.0f) << "padding column " << v;
+}
+
+TEST(GradientsTest, Linear) {
+  const int64_t T = 5, in = 7, out = 4;
+  std::vector<float> x = randomValues(T * in, 2), w = randomValues(out * in, 3),
+                     r = randomValues(T * out, 4);
+  auto f = [&](const std::vector<double> &xs, const std::vector<double> &ws) {
+    std::vector<double> y(T * out, 0.0);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < in; ++i)
+          y[t * out + o] += xs[t * in + i] * ws[o * in + i];
+    return dot(y, r);
+  };
+  std::vector<double> wd(w.begin(), w.end()), xd(x.begin(), x.end());
+  std::vector<float> dx(T * in), dw(out * in);
+  cpu::linearGrad(r.data(), x.data(), T, matrixOf(w, out, in), dx.data(), dw.data());
+  expectClose(dx.data(), numericGradient(x, [&](const std::vector<double> &v) { return f(v, wd); }),
+              1e-5, "dx");
+  expectClose(dw.data(), numericGradient(w, [&](const std::vector<double> &v) { return f(xd, v); }),
+              1e-5, "dw");
+}
+
+TEST(GradientsTest, RmsNormInGroups) {
+  for (int64_t groups : {1, 2}) {
+    const int64_t T = 4, n = 6, width = n * groups;
+    const double eps = 1e-5;
+    std::vector<float> x = randomValues(T * width, 5), w = randomValues(n, 6),
+                       r = randomValues(T * width, 7);
+    auto f = [&](const std::vector<double> &xs, const std::vector<double> &ws) {
+      std::vector<double> y(T * width);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t g = 0; g < groups; ++g) {
+          double ss = 0;
+          for (int64_t i = 0; i < n; ++i)
+            ss += xs[t * width + g * n + i] * xs[t * width + g * n + i];
+          const double rr = 1 / std::sqrt(ss / n + eps);
+          for (int64_t i = 0; i < n; ++i)
+            y[t * width + g * n + i] = xs[t * width + g * n + i] * rr * ws[i];
+        }
+      return dot(y, r);
+    };
+    TensorView view{DType::F32, {n}, w.data()};
+    std::vector<float> dx(T * width), dw(n);
+    cpu::rmsNormGrad(r.data(), x.data(), T, width, view, eps, dx.data(), dw.data());
+    std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end());
+    expectClose(dx.data(),
+                numericGradient(x, [&](const std::vector<double> &v) { return f(v, wd); }), 1e-5,
+                "dx");
+    expectClose(dw.data(),
+                numericGradient(w, [&](const std::vector<double> &v) { return f(xd, v); }), 1e-5,
+                "dw");
+  }
+}
+
+TEST(GradientsTest, AttentionOfTwoSequencesWithGqaAndWindow) {
+  for (int64_t window : {0, 2}) {
+    const int64_t heads = 4, kvHeads = 2, d = 3, vd = 2, T = 7;
+    const std::vector<int32_t> slots = {0, 0, 0, 1, 1, 1, 1}, positions = {0, 1, 2, 0, 1, 2, 3};
+    cpu::TokenLayout layout{slots.data(), positions.data(), T};
+    const double scale = 0.7;
+    std::vector<float> q = randomValues(T * heads * d, 8), k = randomValues(T * kvHeads * d, 9),
+                       v = randomValues(T * kvHeads * vd, 10), r = randomValues(T * heads * vd, 11);
+    auto f = [&](const std::vector<double> &qs, const std::vector<double> &ks,
+                 const std::vector<double> &vs) {
+      std::vector<double> o(T * heads * vd, 0.0);
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t h = 0; h < heads; ++h) {
+          const int64_t g = h / (heads / kvHeads);
+          std::vector<std::pair<int64_t, double>> s;
+          for (int64_t j = 0; j <= i; ++j) {
+            if (slots[j] != slots[i] || (window && positions[i] - positions[j] >= window))
+              continue;
+            double x = 0;
+            for (int64_t c = 0; c < d; ++c)
+              x += qs[(i * heads + h) * d + c] * ks[(j * kvHeads + g) * d + c];
+            s.push_back({j, x * scale});
+          }
+          double m = -1e300, sum = 0;
+          for (auto &e : s)
+            m = std::max(m, e.second);
+          for (auto &e : s)
+            sum += (e.second = std::exp(e.second - m));
+          for (auto &e : s)
+            for (int64_t c = 0; c < vd; ++c)
+              o[(i * heads + h) * vd + c] += e.second / sum * vs[(e.first * kvHeads + g) * vd + c];
+        }
+      return dot(o, r);
+    };
+    std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+    cpu::attentionGrad(r.data(), q.data(), k.data(), v.data(), layout, heads, kvHeads, d, vd,
+                       scale, window, dq.data(), dk.data(), dv.data());
+    std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vdv(v.begin(), v.end());
+    expectClose(dq.data(), numericGradient(q, [&](const auto &x) { return f(x, kd, vdv); }), 1e-5,
+                "dq");
+    expectClose(dk.data(), numericGradient(k, [&](const auto &x) { return f(qd, x, vdv); }), 1e-5,
+                "dk");
+    expectClose(dv.data(), numericGradient(v, [&](const auto &x) { return f(qd, kd, x); }), 1e-5,
+                "dv");
+  }
+  // A sequence that does not start at position 0 (a chunk after cached
+  // tokens) is refused: its keys before the step are not in the batch.
+  const std::vector<int32_t> slots = {0, 0}, positions = {3, 4};
+  cpu::TokenLayout layout{slots.data(), positions.data(), 2};
+  std::vector<float> x(2 * 4, 0.5f), g(2 * 4);
+  EXPECT_THROW(cpu::attentionGrad(x.data(), x.data(), x.data(), x.data(), layout, 2, 2, 2, 2, 1.0,
+                                  0, g.data(), g.data(), g.data()),
+               InputError);
+}
+
+double act(cpu::Activation a, double x) {
+  if (a == cpu::Activation::Silu)
+    return x / (1 + std::exp(-x));
+  if (a == cpu::Activation::GeluTanh)
+    return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+  return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+}
+
+TEST(GradientsTest, Mlp) {
+  for (cpu::Activation a : {cpu::Activation::Silu, cpu::Activation::GeluTanh, cpu::Activation::Gelu}) {
+    const int64_t T = 3, H = 5, I = 4;
+    std::vector<float> x = randomValues(T * H, 12), wg = randomValues(I * H, 13),
+                       wu = randomValues(I * H, 14), wd = randomValues(H * I, 15),
+                       r = randomValues(T * H, 16);
+    auto f = [&](const std::vector<double> &xs, const std::vector<double> &g,
+                 const std::vector<double> &u, const std::vector<double> &dn) {
+      std::vector<double> y(T * H, 0.0);
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<double> h(I);
+        for (int64_t i = 0; i < I; ++i) {
+          double ga = 0, ua = 0;
+          for (int64_t c = 0; c < H; ++c) {
+            ga += xs[t * H + c] * g[i * H + c];
+            ua += xs[t * H + c] * u[i * H + c];
+          }
+          h[i] = act(a, ga) * ua;
+        }
+        for (int64_t o = 0; o < H; ++o)
+          for (int64_t i = 0; i < I; ++i)
+            y[t * H + o] += h[i] * dn[o * I + i];
+      }
+      return dot(y, r);
+    };
+    std::vector<float> dx(T * H), dg(I * H), du(I * H), dd(H * I);
+    cpu::mlpGrad(r.data(), x.data(), T, matrixOf(wg, I, H), matrixOf(wu, I, H),
+                 matrixOf(wd, H, I), a, dx.data(), dg.data(), du.data(), dd.data());
+    auto d64 = [](const std::vector<float> &v) { return std::vector<double>(v.begin(), v.end()); };
+    expectClose(dx.data(),
+                numericGradient(x, [&](const auto &v) { return f(v, d64(wg), d64(wu), d64(wd)); }),
+                1e-5, "dx");
+    expectClose(dg.data(),
+                numericGradient(wg, [&](const auto &v) { return f(d64(x), v, d64(wu), d64(wd)); }),
+                1e-5, "dgate");
+    expectClose(du.data(),
+                numericGradient(wu, [&](const auto &v) { return f(d64(x), d64(wg), v, d64(wd)); }),
+                1e-5, "dup");
+    expectClose(dd.data(),
+                numericGradient(wd, [&](const auto &v) { return f(d64(x), d64(wg), d64(wu), v); }),
+                1e-5, "ddown");
+  }
+}
+
+TEST(GradientsTest, EmbeddingScattersRepeatedIds) {
+  const int64_t T = 5, H = 3, V = 6;
+  const std::vector<int32_t> ids = {2, 0, 2, 5, 2};
+  std::vector<float> dy = randomValues(T * H, 17), out(V * H, 7.0f);
+  cpu::embeddingGrad(dy.data(), ids.data(), T, H, V, out.data());
+  for (int64_t v = 0; v < V; ++v)
+    for (int64_t c = 0; c < H; ++c) {
+      float expected = 0;
+      for (int64_t t = 0; t < T; ++t)
+        if (ids[t] == v)
+          expected += dy[t * H + c];
+      EXPECT_EQ(out[v * H + c], expected) << "row " << v;
+    }
+  const std::vector<int32_t> bad = {6};
+  EXPECT_THROW(cpu::embeddingGrad(dy.data(), bad.data(), 1, H, V, out.data()), InputError);
+}
+
+TEST(GradientsTest, RopeTransposeIsTheAdjoint) {
+  // <R x, y> = <x, R^T y> for the default (half-split) and interleaved
+  // pairings, with a YaRN-style attention factor (a scaled rotation).
+  for (bool interleaved : {false, true}) {
+    cpu::RopeParams p;
+    p.theta = 10000;
+    p.rotaryDim = 4;
+    p.interleaved = interleaved;
+    p.attentionFactor = 1.25;
+    cpu::RopeTable table(p, 16);
+    const int64_t T = 3, width = 12, headDim = 6;
+    const std::vector<int32_t> positions = {0, 5, 11};
+    std::vector<float> x = randomValues(T * width, 18), y = randomValues(T * width, 19);
+    std::vector<float> rx = x, ty = y;
+    table.apply(rx.data(), T, width, headDim, positions.data());
+    table.applyTransposed(ty.data(), T, width, headDim, positions.data());
+    double left = 0, right = 0;
+    for (int64_t i = 0; i < T * width; ++i) {
+      left += static_cast<double>(rx[i]) * y[i];
+      right += static_cast<double>(x[i]) * ty[i];
+    }
+    EXPECT_NEAR(left, right, 1e-5 * std::abs(left)) << (interleaved ? "interleaved" : "half");
+  }
+}
+
+} // namespace
