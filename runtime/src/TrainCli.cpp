@@ -154,9 +154,19 @@ int trainCommand(int argc, char **argv, Comm &comm) {
       for (float &g : sums[i])
         g /= static_cast<float>(batches);
       const PlanWeight &w = program.weights[program.gradients[i].weight];
-      tensors.push_back({w.name, DType::F32, w.shape, [&, i](char *to) {
-                           std::memcpy(to, sums[i].data(), sums[i].size() * sizeof(float));
-                         }});
+      if (w.experts == 0) {
+        tensors.push_back({w.name, DType::F32, w.shape, [&, i](char *to) {
+                             std::memcpy(to, sums[i].data(), sums[i].size() * sizeof(float));
+                           }});
+        continue;
+      }
+      // An expert stack: one tensor per expert, by the checkpoint's names.
+      const std::vector<int64_t> shape(w.shape.begin() + 1, w.shape.end());
+      const size_t size = sums[i].size() / static_cast<size_t>(w.experts);
+      for (int64_t e = 0; e < w.experts; ++e)
+        tensors.push_back({w.expertName(e), DType::F32, shape, [&, i, e, size](char *to) {
+                             std::memcpy(to, sums[i].data() + e * size, size * sizeof(float));
+                           }});
     }
     writeSafetensors(gradsOut, tensors);
   }

@@ -1101,3 +1101,19 @@ func.func @embedding_grad(%dy: tensor<?x4xf32>, %ids: tensor<?xi32>) {
   %dt = moe.embedding_grad %dy[%ids] : tensor<?x4xf32>, tensor<?xi32> -> tensor<10x8xf32>
   return
 }
+
+// -----
+
+func.func @route_grad(%dw: tensor<?x3xf32>, %l: tensor<?x8xf32>, %e: tensor<?x3xi32>) {
+  // expected-error@+1 {{'moe.route_grad' op expected dw and the experts [T, top_k] and a result of the logits' shape}}
+  %d = moe.route_grad %dw, %l, %e <scoring = softmax, top_k = 2, compute_type = f32> : tensor<?x3xf32>, tensor<?x8xf32>, tensor<?x3xi32> -> tensor<?x8xf32>
+  return
+}
+
+// -----
+
+func.func @experts_grad(%x: tensor<?x4xf32>, %w: tensor<?x2xf32>, %e: tensor<?x2xi32>, %s: tensor<8x6x4xf32>, %d: tensor<8x4x6xf32>) {
+  // expected-error@+1 {{'moe.experts_grad' op expected the gradients in the shapes of the input, the routing weights and the expert stacks}}
+  %dx, %dw, %d1, %d3, %d2 = moe.experts_grad silu %x, %x, %w, %e, %s, %s, %d : tensor<?x4xf32>, tensor<?x4xf32>, tensor<?x2xf32>, tensor<?x2xi32>, tensor<8x6x4xf32>, tensor<8x6x4xf32>, tensor<8x4x6xf32> -> tensor<?x4xf32>, tensor<?x2xf32>, tensor<8x6x4xf32>, tensor<8x6x4xf32>, tensor<8x6x4xf32>
+  return
+}

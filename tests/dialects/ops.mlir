@@ -330,7 +330,10 @@ func.func @loss(%logits: tensor<?x256xbf16>, %labels: tensor<?xi32>, %gate: tens
 // CHECK: moe.rope_grad %{{.+}}, %{{.+}} head_dim = 16 <kind = default, theta = 1.000000e+04, rotary_dim = 16> : tensor<?x64xf32>, tensor<?xi32>
 // CHECK: moe.attention_grad %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} heads = 4 kv_heads = 2 scale = 2.500000e-01 {sliding_window = 8 : i64} : tensor<?x64xf32>, tensor<?x64xf32>, tensor<?x32xf32>, tensor<?x32xf32> -> tensor<?x64xf32>, tensor<?x32xf32>, tensor<?x32xf32>
 // CHECK: moe.mlp_grad silu %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} : tensor<?x64xf32>, tensor<?x64xf32>, tensor<96x64xf32>, tensor<96x64xf32>, tensor<64x96xf32> -> tensor<?x64xf32>, tensor<96x64xf32>, tensor<96x64xf32>, tensor<64x96xf32>
-// CHECK: moe.embedding_grad %{{.+}}[%{{.+}}] : tensor<?x64xf32>, tensor<?xi32> -> tensor<251x64xf32>
+// CHECK: moe.embedding_grad %{{.+}}[%{{.+}}] padding_idx = 0 : tensor<?x64xf32>, tensor<?xi32> -> tensor<251x64xf32>
+// CHECK: moe.route_grad %{{.+}}, %{{.+}}, %{{.+}} <scoring = softmax, top_k = 2, normalize = true, compute_type = f32> : tensor<?x2xf32>, tensor<?x8xf32>, tensor<?x2xi32> -> tensor<?x8xf32>
+// CHECK: moe.experts_grad silu %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} : {{.*}} -> tensor<?x64xf32>, tensor<?x2xf32>, tensor<8x96x64xf32>, tensor<8x96x64xf32>, tensor<8x64x96xf32>
+// CHECK: moe.router_stats_grad %{{.+}}, %{{.+}}, %{{.+}} aux_coef = 1.000000e-03 z_coef = 0.000000e+00 : tensor<?x8xf32>, tensor<3x8xf32>, tensor<3x8xf32> -> tensor<?x8xf32>
 func.func @gradients(%l: tensor<?x256xf32>, %y: tensor<?xi32>, %ce: tensor<2xf32>, %x: tensor<?x64xf32>, %w: tensor<256x64xbf16>, %n: tensor<64xf32>, %q: tensor<?x64xf32>, %k: tensor<?x32xf32>, %g: tensor<96x64xf32>, %d: tensor<64x96xf32>) {
   %dl = moe.cross_entropy_grad %l, %y, %ce vocab = 251 : tensor<?x256xf32>, tensor<?xi32>, tensor<2xf32> -> tensor<?x256xf32>
   %dx, %dw = moe.linear_grad %dl, %x, %w : tensor<?x256xf32>, tensor<?x64xf32>, tensor<256x64xbf16> -> tensor<?x64xf32>, tensor<256x64xf32>
@@ -338,6 +341,13 @@ func.func @gradients(%l: tensor<?x256xf32>, %y: tensor<?xi32>, %ce: tensor<2xf32
   %dr = moe.rope_grad %dn, %y head_dim = 16 <kind = default, theta = 1.0e+04, rotary_dim = 16> : tensor<?x64xf32>, tensor<?xi32>
   %dq, %dk, %dv = moe.attention_grad %dr, %q, %k, %k heads = 4 kv_heads = 2 scale = 0.25 {sliding_window = 8 : i64} : tensor<?x64xf32>, tensor<?x64xf32>, tensor<?x32xf32>, tensor<?x32xf32> -> tensor<?x64xf32>, tensor<?x32xf32>, tensor<?x32xf32>
   %mx, %mg, %mu, %md = moe.mlp_grad silu %dq, %x, %g, %g, %d : tensor<?x64xf32>, tensor<?x64xf32>, tensor<96x64xf32>, tensor<96x64xf32>, tensor<64x96xf32> -> tensor<?x64xf32>, tensor<96x64xf32>, tensor<96x64xf32>, tensor<64x96xf32>
-  %dt = moe.embedding_grad %mx[%y] : tensor<?x64xf32>, tensor<?xi32> -> tensor<251x64xf32>
+  %dt = moe.embedding_grad %mx[%y] padding_idx = 0 : tensor<?x64xf32>, tensor<?xi32> -> tensor<251x64xf32>
+  return
+}
+
+func.func @moe_gradients(%dw: tensor<?x2xf32>, %gate: tensor<?x8xf32>, %sel: tensor<?x2xi32>, %x: tensor<?x64xf32>, %w1: tensor<8x96x64xf32>, %w2: tensor<8x64x96xf32>, %s: tensor<3x8xf32>) {
+  %dl = moe.route_grad %dw, %gate, %sel <scoring = softmax, top_k = 2, normalize = true, compute_type = f32> : tensor<?x2xf32>, tensor<?x8xf32>, tensor<?x2xi32> -> tensor<?x8xf32>
+  %dx, %dr, %d1, %d3, %d2 = moe.experts_grad silu %x, %x, %dw, %sel, %w1, %w1, %w2 : tensor<?x64xf32>, tensor<?x64xf32>, tensor<?x2xf32>, tensor<?x2xi32>, tensor<8x96x64xf32>, tensor<8x96x64xf32>, tensor<8x64x96xf32> -> tensor<?x64xf32>, tensor<?x2xf32>, tensor<8x96x64xf32>, tensor<8x96x64xf32>, tensor<8x64x96xf32>
+  %ds = moe.router_stats_grad %gate, %s, %s aux_coef = 1.0e-03 z_coef = 0.0 : tensor<?x8xf32>, tensor<3x8xf32>, tensor<3x8xf32> -> tensor<?x8xf32>
   return
 }

@@ -368,6 +368,156 @@ TEST(GradientsTest, Mlp) {
   }
 }
 
+/// f64 routing weights at a fixed selection (#moe.routing steps 1, 5-7).
+std::vector<double> routingWeights(const std::vector<double> &l, const std::vector<int32_t> &sel,
+                                   int64_t T, int64_t E, int64_t k,
+                                   const cpu::RoutingParams &p) {
+  std::vector<double> w(T * k);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<double> s(E);
+    if (p.sigmoid) {
+      for (int64_t e = 0; e < E; ++e)
+        s[e] = 1 / (1 + std::exp(-l[t * E + e]));
+    } else {
+      double sum = 0;
+      for (int64_t e = 0; e < E; ++e)
+        if (!p.topkOnLogits || std::count(&sel[t * k], &sel[t * k] + k, e))
+          sum += (s[e] = std::exp(l[t * E + e]));
+      for (double &x : s)
+        x /= sum;
+    }
+    double total = 0;
+    for (int64_t j = 0; j < k; ++j)
+      total += s[sel[t * k + j]];
+    for (int64_t j = 0; j < k; ++j)
+      w[t * k + j] = s[sel[t * k + j]] / (p.normalize ? total + 1e-20 : 1.0) * p.scalingFactor;
+  }
+  return w;
+}
+
+TEST(GradientsTest, RouteAtAFixedSelection) {
+  const int64_t T = 4, E = 6, k = 2;
+  const std::vector<int32_t> sel = {1, 4, 0, 2, 5, 3, 2, 1};
+  std::vector<float> logits = randomValues(T * E, 20, 2.0f), r = randomValues(T * k, 21);
+  cpu::RoutingParams mixtral, qwen2, deepseek, onLogits;
+  mixtral.topK = qwen2.topK = deepseek.topK = onLogits.topK = k;
+  mixtral.normalize = deepseek.normalize = true;
+  qwen2.scalingFactor = 1.5;
+  deepseek.sigmoid = true;
+  deepseek.scalingFactor = 2.5;
+  onLogits.topkOnLogits = true;
+  for (const cpu::RoutingParams &p : {mixtral, qwen2, deepseek, onLogits}) {
+    std::vector<float> grad(T * E);
+    cpu::routeGrad(r.data(), logits.data(), sel.data(), T, E, p, grad.data());
+    expectClose(grad.data(),
+                numericGradient(logits, [&](const std::vector<double> &l) {
+                  return dot(routingWeights(l, sel, T, E, k, p), r);
+                }),
+                1e-5, "dlogits");
+  }
+}
+
+TEST(GradientsTest, RouterStatsOfOneLayerAmongTwo) {
+  const int64_t T = 5, E = 4, k = 2;
+  std::vector<float> logits = randomValues(T * E, 22, 2.0f), other = randomValues(T * E, 23, 2.0f);
+  std::vector<float> mine(3 * E), theirs(3 * E);
+  cpu::routerStats(logits.data(), T, E, k, mine.data());
+  cpu::routerStats(other.data(), T, E, k, theirs.data());
+  const double auxCoef = 0.3, zCoef = 0.05;
+  // The loss as a function of this layer's logits, the counts held fixed.
+  auto loss = [&](const std::vector<double> &l) {
+    double z = theirs[2 * E] / T, aux = 0;
+    std::vector<double> P(E);
+    for (int64_t e = 0; e < E; ++e)
+      P[e] = theirs[e];
+    for (int64_t t = 0; t < T; ++t) {
+      double m = -1e300, s = 0;
+      for (int64_t e = 0; e < E; ++e)
+        m = std::max(m, l[t * E + e]);
+      for (int64_t e = 0; e < E; ++e)
+        s += std::exp(l[t * E + e] - m);
+      const double lse = m + std::log(s);
+      z += lse * lse / T;
+      for (int64_t e = 0; e < E; ++e)
+        P[e] += std::exp(l[t * E + e] - lse);
+    }
+    const double N = 2.0 * T;
+    for (int64_t e = 0; e < E; ++e)
+      aux += (double(mine[E + e]) + theirs[E + e]) / N * P[e] / N;
+    return auxCoef * E * aux + zCoef * z;
+  };
+  const float *stats[2] = {mine.data(), theirs.data()};
+  std::vector<float> grad(T * E);
+  cpu::routerStatsGrad(logits.data(), T, E, stats, 2, auxCoef, zCoef, grad.data());
+  expectClose(grad.data(), numericGradient(logits, loss), 1e-5, "dlogits");
+}
+
+TEST(GradientsTest, ExpertsWithAnIdleOne) {
+  const int64_t T = 4, H = 5, I = 3, E = 3, k = 2;
+  const std::vector<int32_t> sel = {0, 1, 1, 0, 0, 1, 1, 0}; // expert 2: no token
+  std::vector<float> x = randomValues(T * H, 24), w = randomValues(T * k, 25),
+                     r = randomValues(T * H, 26);
+  std::vector<float> g = randomValues(E * I * H, 27), u = randomValues(E * I * H, 28),
+                     d = randomValues(E * H * I, 29);
+  auto stack = [](const std::vector<float> &s, int64_t rows, int64_t cols) {
+    std::vector<cpu::Matrix> out;
+    for (int64_t e = 0; e < E; ++e)
+      out.push_back(matrixOf(std::vector<float>(), rows, cols));
+    for (int64_t e = 0; e < E; ++e)
+      out[e].data = s.data() + e * rows * cols;
+    return out;
+  };
+  auto f = [&](const std::vector<double> &xs, const std::vector<double> &ws,
+               const std::vector<double> &gs, const std::vector<double> &us,
+               const std::vector<double> &ds) {
+    std::vector<double> y(T * H, 0.0);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t e = sel[t * k + j];
+        std::vector<double> h(I);
+        for (int64_t i = 0; i < I; ++i) {
+          double a = 0, b = 0;
+          for (int64_t c = 0; c < H; ++c) {
+            a += xs[t * H + c] * gs[(e * I + i) * H + c];
+            b += xs[t * H + c] * us[(e * I + i) * H + c];
+          }
+          h[i] = a / (1 + std::exp(-a)) * b;
+        }
+        for (int64_t o = 0; o < H; ++o)
+          for (int64_t i = 0; i < I; ++i)
+            y[t * H + o] += ws[t * k + j] * h[i] * ds[(e * H + o) * I + i];
+      }
+    return dot(y, r);
+  };
+  std::vector<float> dx(T * H), dw(T * k), dg(E * I * H, 9.0f), du(E * I * H, 9.0f),
+      dd(E * H * I, 9.0f);
+  cpu::expertsGrad(r.data(), x.data(), T, H, w.data(), sel.data(), k, stack(g, I, H),
+                   stack(u, I, H), stack(d, H, I), cpu::Activation::Silu, dx.data(), dw.data(),
+                   dg.data(), du.data(), dd.data());
+  auto d64 = [](const std::vector<float> &v) { return std::vector<double>(v.begin(), v.end()); };
+  expectClose(dx.data(), numericGradient(x, [&](const auto &v) {
+                return f(v, d64(w), d64(g), d64(u), d64(d));
+              }), 1e-5, "dx");
+  expectClose(dw.data(), numericGradient(w, [&](const auto &v) {
+                return f(d64(x), v, d64(g), d64(u), d64(d));
+              }), 1e-5, "dweights");
+  // The used experts' slices against the numerical gradient; the idle
+  // expert's exactly 0.
+  const std::vector<double> ng = numericGradient(g, [&](const auto &v) {
+    return f(d64(x), d64(w), v, d64(u), d64(d));
+  });
+  expectClose(dg.data(), std::vector<double>(ng.begin(), ng.begin() + 2 * I * H), 1e-5, "dgate");
+  for (int64_t i = 2 * I * H; i < E * I * H; ++i) {
+    EXPECT_EQ(dg[i], 0.0f);
+    EXPECT_EQ(du[i], 0.0f);
+    EXPECT_EQ(dd[i], 0.0f);
+  }
+  const std::vector<double> nd = numericGradient(d, [&](const auto &v) {
+    return f(d64(x), d64(w), d64(g), d64(u), v);
+  });
+  expectClose(dd.data(), std::vector<double>(nd.begin(), nd.begin() + 2 * H * I), 1e-5, "ddown");
+}
+
 TEST(GradientsTest, EmbeddingScattersRepeatedIds) {
   const int64_t T = 5, H = 3, V = 6;
   const std::vector<int32_t> ids = {2, 0, 2, 5, 2};

@@ -101,7 +101,7 @@ NamedAttrList kernelConstants(Builder &b, Operation *op) {
       .Case([&](moe::ExpertFFNOp o) {
         a.set("activation", b.getStringAttr(moe::stringifyActivation(o.getActivation())));
       })
-      .Case([&](moe::ExpertsOp o) {
+      .Case<moe::ExpertsOp, moe::ExpertsGradOp>([&](auto o) {
         a.set("activation", b.getStringAttr(moe::stringifyActivation(o.getActivation())));
       })
       .Case([&](moe::DispatchOp o) {
@@ -119,6 +119,10 @@ NamedAttrList kernelConstants(Builder &b, Operation *op) {
       .Case<moe::CrossEntropyOp, moe::CrossEntropyGradOp>(
           [&](auto o) { a.set("vocab", i64(o.getVocab())); })
       .Case([&](moe::RMSNormGradOp o) { a.set("eps", f64(o.getEpsilon())); })
+      .Case([&](moe::EmbeddingGradOp o) {
+        if (o.getPaddingIdx())
+          a.set("padding_idx", i64(*o.getPaddingIdx()));
+      })
 
       .Case([&](moe::AddOp o) {
         // A sum of weight gradients: static rows, not the step's tokens.
@@ -126,14 +130,16 @@ NamedAttrList kernelConstants(Builder &b, Operation *op) {
           a.set("elements", i64(o.getType().getNumElements()));
       })
       .Case([&](moe::RouterStatsOp o) { a.set("top_k", i64(o.getTopK())); })
-      .Case([&](moe::LMLossOp o) {
-        a.set("aux_coef", f64(o.getAuxCoef()));
-        a.set("z_coef", f64(o.getZCoef()));
-      })
+
       .Case([&](moe::SendOp o) { a.set("stage", i64(o.getStage())); })
       .Case([&](moe::RecvOp o) { a.set("stage", i64(o.getStage())); })
       .Case([&](moe::RouterOp o) { a.set("routing", routingConstants(b, o.getRouting())); })
-      .Case([&](moe::RouteOp o) { a.set("routing", routingConstants(b, o.getRouting())); });
+      .Case<moe::RouteOp, moe::RouteGradOp>(
+          [&](auto o) { a.set("routing", routingConstants(b, o.getRouting())); })
+      .Case<moe::LMLossOp, moe::RouterStatsGradOp>([&](auto o) {
+        a.set("aux_coef", f64(o.getAuxCoef()));
+        a.set("z_coef", f64(o.getZCoef()));
+      });
   // split: the parts' widths (its results'); concat: its inputs'.
   if (isa<moe::SplitOp, moe::ConcatOp>(op)) {
     SmallVector<Attribute> widths;

@@ -302,7 +302,12 @@ OwningOpRef<ModuleOp> ModelImporter::run() {
 
   int64_t h = c.hiddenSize;
   Value table = weight("model.embed_tokens.weight", {c.vocabSize, h});
-  Value hidden = b.create<moe::EmbeddingOp>(loc, acts(h), table, tokens);
+  // pad_token_id is nn.Embedding's padding_idx in transformers (when it is
+  // a row of the table): it changes the table's gradient only.
+  IntegerAttr padding;
+  if (c.padTokenId && *c.padTokenId >= 0 && *c.padTokenId < c.vocabSize)
+    padding = b.getI64IntegerAttr(*c.padTokenId);
+  Value hidden = b.create<moe::EmbeddingOp>(loc, acts(h), table, tokens, padding);
   for (int64_t i = 0; i < c.numLayers; ++i) {
     std::string p = formatv("model.layers.{0}", i).str();
     loc = NameLoc::get(b.getStringAttr(p));

@@ -86,6 +86,11 @@ Error parseDecoderCommon(const Fields &f, ModelConfig &c) {
     MOE_ASSIGN(bos, f.integer("bos_token_id"));
     c.bosTokenId = bos;
   }
+  if (f.has("pad_token_id")) {
+    int64_t pad;
+    MOE_ASSIGN(pad, f.integer("pad_token_id"));
+    c.padTokenId = pad;
+  }
   if (!c.isMLA()) {
     if (f.has("head_dim")) {
       MOE_ASSIGN(c.headDim, f.positive("head_dim"));

@@ -55,11 +55,13 @@ struct CollectiveGroup {
 using DispatchParams = cpu::DispatchParams;
 
 /// One step: an op over buffers and weights, with its attributes decoded.
-/// The training loss's steps (cross_entropy: vocab; router_stats: top_k;
-/// lm_loss: the coefficients).
+/// The training steps' attributes (cross_entropy: vocab; router_stats:
+/// top_k; lm_loss and router_stats_grad: the coefficients; embedding_grad:
+/// padding_idx).
 struct LossParams {
   int64_t vocab = 0, topK = 0;
   double auxCoef = 0, zCoef = 0;
+  int64_t paddingIdx = -1; ///< embedding_grad: the row that gets no gradient (-1: none)
 };
 
 struct PlanStep {

@@ -270,4 +270,158 @@ void embeddingGrad(const float *dy, const int32_t *ids, int64_t tokens, int64_t 
       out[ids[t] * width + c] += dy[t * width + c];
 }
 
+void routeGrad(const float *dw, const float *logits, const int32_t *experts, int64_t tokens,
+               int64_t numExperts, const RoutingParams &params, float *dlogits) {
+  const int64_t E = numExperts, k = params.topK;
+  parallelFor(tokens, [&](int64_t begin, int64_t end) {
+    std::vector<double> p(E), raw(k), draw(k);
+    for (int64_t t = begin; t < end; ++t) {
+      const float *l = logits + t * E;
+      const int32_t *sel = experts + t * k;
+      const float *g = dw + t * k;
+      float *out = dlogits + t * E;
+      for (int64_t j = 0; j < k; ++j)
+        if (sel[j] < 0 || sel[j] >= E)
+          inputError("route_grad: token {} selected expert {} of {}", t, sel[j], E);
+      // The scores and the selected ones before renormalising.
+      const bool selectedSoftmax = !params.sigmoid && params.topkOnLogits;
+      if (params.sigmoid) {
+        for (int64_t e = 0; e < E; ++e)
+          p[e] = 1 / (1 + std::exp(-static_cast<double>(l[e])));
+      } else {
+        double peak = -INFINITY, sum = 0;
+        if (selectedSoftmax) {
+          for (int64_t j = 0; j < k; ++j)
+            peak = std::max<double>(peak, l[sel[j]]);
+          for (int64_t j = 0; j < k; ++j)
+            sum += std::exp(l[sel[j]] - peak);
+          for (int64_t e = 0; e < E; ++e)
+            p[e] = 0;
+          for (int64_t j = 0; j < k; ++j)
+            p[sel[j]] = std::exp(l[sel[j]] - peak) / sum;
+        } else {
+          for (int64_t e = 0; e < E; ++e)
+            peak = std::max<double>(peak, l[e]);
+          for (int64_t e = 0; e < E; ++e)
+            sum += (p[e] = std::exp(l[e] - peak));
+          for (int64_t e = 0; e < E; ++e)
+            p[e] /= sum;
+        }
+      }
+      double total = 0;
+      for (int64_t j = 0; j < k; ++j)
+        total += (raw[j] = p[sel[j]]);
+      const double c = params.scalingFactor, S = total + 1e-20;
+      double weighted = 0;
+      for (int64_t j = 0; j < k; ++j)
+        weighted += g[j] * raw[j];
+      for (int64_t j = 0; j < k; ++j)
+        draw[j] = params.normalize ? c * (g[j] / S - weighted / (S * S)) : c * g[j];
+      std::fill(out, out + E, 0.0f);
+      if (params.sigmoid) {
+        for (int64_t j = 0; j < k; ++j)
+          out[sel[j]] = static_cast<float>(draw[j] * p[sel[j]] * (1 - p[sel[j]]));
+        continue;
+      }
+      // Softmax (over all experts, or over the selected ones): ds is dr at
+      // the selected experts.
+      double dot = 0;
+      for (int64_t j = 0; j < k; ++j)
+        dot += p[sel[j]] * draw[j];
+      for (int64_t e = 0; e < E; ++e)
+        out[e] = static_cast<float>(-p[e] * dot);
+      for (int64_t j = 0; j < k; ++j)
+        out[sel[j]] += static_cast<float>(p[sel[j]] * draw[j]);
+    }
+  }, 16);
+}
+
+void expertsGrad(const float *dy, const float *x, int64_t tokens, int64_t hidden,
+                 const float *weights, const int32_t *experts, int64_t k,
+                 const std::vector<Matrix> &gate, const std::vector<Matrix> &up,
+                 const std::vector<Matrix> &down, Activation act, float *dx, float *dweights,
+                 float *dgate, float *dup, float *ddown) {
+  const int64_t E = static_cast<int64_t>(gate.size()), H = hidden;
+  const int64_t I = E ? gate[0].rows : 0;
+  for (int64_t i = 0; i < tokens * k; ++i)
+    if (experts[i] < 0 || experts[i] >= E)
+      inputError("experts_grad: token {} selected expert {} of {}", i / k, experts[i], E);
+  // Each (token, slot)'s input gradient, summed per token in slot order.
+  std::vector<float> rowsDx(static_cast<size_t>(tokens * k * H), 0.0f);
+  std::fill(dweights, dweights + tokens * k, 0.0f);
+  for (int64_t e = 0; e < E; ++e) {
+    std::vector<int64_t> rows; // (t * k + j)
+    for (int64_t i = 0; i < tokens * k; ++i)
+      if (experts[i] == e)
+        rows.push_back(i);
+    float *dg = dgate + e * I * H, *du = dup + e * I * H, *dd = ddown + e * H * I;
+    const int64_t n = static_cast<int64_t>(rows.size());
+    if (n == 0) {
+      std::fill(dg, dg + I * H, 0.0f);
+      std::fill(du, du + I * H, 0.0f);
+      std::fill(dd, dd + H * I, 0.0f);
+      continue;
+    }
+    std::vector<float> xe(static_cast<size_t>(n * H)), ye(xe.size()), dye(xe.size()),
+        dxe(xe.size()), scratch(static_cast<size_t>(2 * n * I));
+    for (int64_t r = 0; r < n; ++r)
+      std::copy_n(x + (rows[r] / k) * H, H, xe.data() + r * H);
+    mlp(xe.data(), n, gate[e], up[e], down[e], act, scratch.data(), ye.data());
+    for (int64_t r = 0; r < n; ++r) {
+      const float *g = dy + (rows[r] / k) * H;
+      double d = 0;
+      for (int64_t c = 0; c < H; ++c) {
+        d += static_cast<double>(g[c]) * ye[r * H + c];
+        dye[r * H + c] = weights[rows[r]] * g[c];
+      }
+      dweights[rows[r]] = static_cast<float>(d);
+    }
+    mlpGrad(dye.data(), xe.data(), n, gate[e], up[e], down[e], act, dxe.data(), dg, du, dd);
+    for (int64_t r = 0; r < n; ++r)
+      std::copy_n(dxe.data() + r * H, H, rowsDx.data() + rows[r] * H);
+  }
+  for (int64_t t = 0; t < tokens; ++t) {
+    float *o = dx + t * H;
+    std::copy_n(rowsDx.data() + t * k * H, H, o);
+    for (int64_t j = 1; j < k; ++j)
+      for (int64_t c = 0; c < H; ++c)
+        o[c] += rowsDx[(t * k + j) * H + c];
+  }
+}
+
+void routerStatsGrad(const float *logits, int64_t tokens, int64_t experts,
+                     const float *const *stats, int64_t layers, double auxCoef, double zCoef,
+                     float *dlogits) {
+  const int64_t E = experts;
+  double rows = 0;
+  std::vector<double> counts(E, 0.0);
+  for (int64_t l = 0; l < layers; ++l) {
+    rows += stats[l][2 * E + 1];
+    for (int64_t e = 0; e < E; ++e)
+      counts[e] += stats[l][E + e];
+  }
+  std::vector<double> g(E, 0.0);
+  if (auxCoef > 0 && rows > 0)
+    for (int64_t e = 0; e < E; ++e)
+      g[e] = auxCoef * E * counts[e] / (rows * rows);
+  parallelFor(tokens, [&](int64_t begin, int64_t end) {
+    std::vector<double> p(E);
+    for (int64_t t = begin; t < end; ++t) {
+      const float *l = logits + t * E;
+      double peak = -INFINITY, sum = 0;
+      for (int64_t e = 0; e < E; ++e)
+        peak = std::max<double>(peak, l[e]);
+      for (int64_t e = 0; e < E; ++e)
+        sum += (p[e] = std::exp(l[e] - peak));
+      const double lse = peak + std::log(sum);
+      double dot = 0;
+      for (int64_t e = 0; e < E; ++e)
+        dot += (p[e] /= sum) * g[e];
+      const double z = tokens > 0 ? 2 * zCoef * lse / tokens : 0.0;
+      for (int64_t e = 0; e < E; ++e)
+        dlogits[t * E + e] = static_cast<float>(p[e] * (g[e] - dot) + z * p[e]);
+    }
+  }, 16);
+}
+
 } // namespace moert::cpu

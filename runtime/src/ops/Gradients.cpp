@@ -7,9 +7,13 @@ namespace moert::ops {
 namespace {
 
 /// A weight gradient's output: a static f32 buffer of the weight's shape
-/// ([out, in] rows x width; a vector one row).
+/// (its last dimension wide, the others its rows: a vector one row, an
+/// expert stack [E, out, in] E x out rows).
 void expectWeightGradient(const StepChecker &c, int64_t buffer, const PlanWeight &w) {
-  const int64_t rows = w.shape.size() == 2 ? w.shape[0] : 1, width = w.shape.back();
+  int64_t rows = 1;
+  for (size_t d = 0; d + 1 < w.shape.size(); ++d)
+    rows *= w.shape[d];
+  const int64_t width = w.shape.back();
   c.expect(c.rows(buffer) == rows && c.width(buffer) == width,
            fmt::format("the gradient of '{}' is not {} rows of {} (f32)", w.name, rows, width));
 }
@@ -129,14 +133,96 @@ void checkEmbeddingGrad(const StepChecker &c, const PlanStep &step) {
            "the table's gradient is not as wide as dy");
 }
 
+void parsePaddingIdx(const JsonFields &a, PlanStep &step) {
+  if (a.has("padding_idx"))
+    step.loss.paddingIdx = a.integer("padding_idx", 0);
+}
+
 int64_t runEmbeddingGrad(cpu::StepContext &c) {
-  const int64_t out = c.step->out[0];
-  cpu::embeddingGrad(c.in(0), c.inInts(1), c.rows, c.inWidth(0), c.bufferRows(out), c.out(0));
+  const int64_t out = c.step->out[0], rows = c.bufferRows(out), width = c.inWidth(0);
+  cpu::embeddingGrad(c.in(0), c.inInts(1), c.rows, width, rows, c.out(0));
+  const int64_t pad = c.step->loss.paddingIdx;
+  if (pad >= 0 && pad < rows)
+    std::fill_n(c.out(0) + pad * width, width, 0.0f);
+  return c.rows;
+}
+
+/// in: dw [T, k], the logits [T, E], the experts [T, k]; out: dlogits.
+void checkRouteGrad(const StepChecker &c, const PlanStep &step) {
+  c.arity(3, 0, 0, 1);
+  const int64_t k = c.tokens(step.in[0]), e = c.tokens(step.in[1]);
+  c.expect(k == step.routing.topK && c.tokens(step.in[2], DType::I32) == k && k <= e,
+           "dw and the experts are not top_k wide");
+  c.expect(c.tokens(step.out[0]) == e, "dlogits is not as wide as the logits");
+}
+
+int64_t runRouteGrad(cpu::StepContext &c) {
+  cpu::routeGrad(c.in(0), c.in(1), c.inInts(2), c.rows, c.inWidth(1), c.step->routing,
+                 c.out(0));
+  return c.rows;
+}
+
+/// in: dy, x, the routing weights, the experts; weights: the three stacks;
+/// out: dx, dweights and the stacks' gradients.
+void checkExpertsGrad(const StepChecker &c, const PlanStep &step) {
+  c.arity(4, 3, 3, 5);
+  const int64_t h = c.tokens(step.in[0]), k = c.tokens(step.in[2]);
+  const PlanWeight &g = c.weight(0, 3), &u = c.weight(1, 3), &d = c.weight(2, 3);
+  c.expect(c.tokens(step.in[1]) == h && c.tokens(step.in[3], DType::I32) == k &&
+               g.shape == u.shape && g.shape[2] == h && d.shape[0] == g.shape[0] &&
+               d.shape[1] == h && d.shape[2] == g.shape[1] && k <= g.experts,
+           "dy, x, the routing and the stacks do not form the experts of the input width");
+  c.expect(c.tokens(step.out[0]) == h && c.tokens(step.out[1]) == k,
+           "dx or dweights differ in width from x or the weights");
+  expectWeightGradient(c, step.out[2], g);
+  expectWeightGradient(c, step.out[3], u);
+  expectWeightGradient(c, step.out[4], d);
+}
+
+int64_t runExpertsGrad(cpu::StepContext &c) {
+  cpu::expertsGrad(c.in(0), c.in(1), c.rows, c.inWidth(0), c.in(2), c.inInts(3), c.inWidth(2),
+                   c.experts(0), c.experts(1), c.experts(2), c.step->activation, c.out(0),
+                   c.out(1), c.out(2), c.out(3), c.out(4));
+  return c.rows;
+}
+
+void parseCoefficients(const JsonFields &a, PlanStep &step) {
+  step.loss.auxCoef = a.number("aux_coef");
+  step.loss.zCoef = a.number("z_coef");
+  if (!(step.loss.auxCoef >= 0) || !(step.loss.zCoef >= 0))
+    a.fail("aux_coef", "expected coefficients >= 0");
+}
+
+/// in: the layer's logits, then every layer's router statistics.
+void checkRouterStatsGrad(const StepChecker &c, const PlanStep &step) {
+  c.expect(step.in.size() >= 2 && step.weights.empty() && step.out.size() == 1,
+           "expected the logits and the router statistics in, one output");
+  const int64_t e = c.tokens(step.in[0]);
+  for (size_t i = 1; i < step.in.size(); ++i)
+    c.expect(c.rows(step.in[i]) == 3 && c.width(step.in[i]) == e,
+             fmt::format("input {}: expected router statistics of 3 rows of {}", i, e));
+  c.expect(c.tokens(step.out[0]) == e, "dlogits is not as wide as the logits");
+}
+
+int64_t runRouterStatsGrad(cpu::StepContext &c) {
+  const PlanStep &s = *c.step;
+  std::vector<const float *> stats;
+  for (size_t i = 1; i < s.in.size(); ++i)
+    stats.push_back(c.in(i));
+  cpu::routerStatsGrad(c.in(0), c.rows, c.inWidth(0), stats.data(),
+                       static_cast<int64_t>(stats.size()), s.loss.auxCoef, s.loss.zCoef,
+                       c.out(0));
   return c.rows;
 }
 
 } // namespace
 
+const OpDef kRouteGrad = {"route_grad", Collective::None, 0, nullptr, checkRouteGrad,
+                          runRouteGrad};
+const OpDef kExpertsGrad = {"experts_grad", Collective::None, OpDef::Backward, nullptr,
+                            checkExpertsGrad, runExpertsGrad};
+const OpDef kRouterStatsGrad = {"router_stats_grad", Collective::None, 0, parseCoefficients,
+                                checkRouterStatsGrad, runRouterStatsGrad};
 const OpDef kCrossEntropyGrad = {"cross_entropy_grad", Collective::None, 0, parseVocab,
                                  checkCrossEntropyGrad, runCrossEntropyGrad};
 const OpDef kLinearGrad = {"linear_grad", Collective::None, OpDef::Backward, nullptr, checkLinearGrad,
@@ -148,7 +234,7 @@ const OpDef kAttentionGrad = {"attention_grad", Collective::None, 0, nullptr,
                               checkAttentionGrad, runAttentionGrad};
 const OpDef kMlpGrad = {"mlp_grad", Collective::None, OpDef::Backward, nullptr, checkMlpGrad,
                         runMlpGrad};
-const OpDef kEmbeddingGrad = {"embedding_grad", Collective::None, 0, nullptr,
+const OpDef kEmbeddingGrad = {"embedding_grad", Collective::None, 0, parsePaddingIdx,
                               checkEmbeddingGrad, runEmbeddingGrad};
 
 } // namespace moert::ops

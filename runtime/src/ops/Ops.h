@@ -30,7 +30,7 @@ extern const OpDef kMlp, kRouter, kRoute, kExperts, kDispatch, kExpertFfn, kComb
 extern const OpDef kCrossEntropy, kRouterStats, kLmLoss;
 // Gradients.cpp
 extern const OpDef kCrossEntropyGrad, kLinearGrad, kRmsNormGrad, kRopeGrad, kAttentionGrad,
-    kMlpGrad, kEmbeddingGrad;
+    kMlpGrad, kEmbeddingGrad, kRouteGrad, kExpertsGrad, kRouterStatsGrad;
 // Collective.cpp
 extern const OpDef kAllReduce, kAllGather, kAllToAll, kSend, kRecv;
 

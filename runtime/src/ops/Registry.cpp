@@ -14,7 +14,8 @@ const std::vector<const OpDef *> &registeredOps() {
       &ops::kExpertFfn,  &ops::kCombine,
       &ops::kCrossEntropy, &ops::kRouterStats, &ops::kLmLoss,
       &ops::kCrossEntropyGrad, &ops::kLinearGrad, &ops::kRmsNormGrad, &ops::kRopeGrad,
-      &ops::kAttentionGrad, &ops::kMlpGrad, &ops::kEmbeddingGrad,
+      &ops::kAttentionGrad, &ops::kMlpGrad, &ops::kEmbeddingGrad, &ops::kRouteGrad,
+      &ops::kExpertsGrad, &ops::kRouterStatsGrad,
       &ops::kAllReduce,  &ops::kAllGather,   &ops::kAllToAll,  &ops::kSend,
       &ops::kRecv};
   return ops;

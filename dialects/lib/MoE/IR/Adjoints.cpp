@@ -25,7 +25,7 @@ RankedTensorType f32Like(Value v) {
 LogicalResult EmbeddingOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
                                         SmallVectorImpl<Value> &operandGrads) {
   Value table = b.create<EmbeddingGradOp>(getLoc(), f32Like(getTable()), resultGrads[0],
-                                          getTokens());
+                                          getTokens(), getPaddingIdxAttr());
   operandGrads.assign({table, Value()});
   return success();
 }
@@ -98,9 +98,42 @@ LogicalResult LMLossOp::buildAdjoint(OpBuilder &, ArrayRef<Value> resultGrads,
                                      SmallVectorImpl<Value> &operandGrads) {
   if (resultGrads[0] != getResult())
     return emitOpError("expected to be the differentiated loss");
-  if (!getRouterStats().empty())
-    return emitOpError("not supported yet: the gradient of the balancing loss and the router "
-                       "z-loss");
-  operandGrads.assign({getResult()});
+  operandGrads.assign(getNumOperands(), getResult());
+  return success();
+}
+
+LogicalResult RouterStatsOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
+                                          SmallVectorImpl<Value> &operandGrads) {
+  auto loss = resultGrads[0].getDefiningOp<LMLossOp>();
+  if (!loss)
+    return emitOpError("expected its gradient from moe.lm_loss (the loss's router statistics)");
+  Value grad = b.create<RouterStatsGradOp>(getLoc(), f32Like(getLogits()), getLogits(),
+                                           loss.getRouterStats(), loss.getAuxCoefAttr(),
+                                           loss.getZCoefAttr());
+  operandGrads.assign({grad});
+  return success();
+}
+
+LogicalResult RouteOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
+                                    SmallVectorImpl<Value> &operandGrads) {
+  // Only the weights carry a gradient; the experts are a selection.
+  operandGrads.assign(getNumOperands(), Value());
+  if (!resultGrads[0])
+    return success();
+  operandGrads[0] = b.create<RouteGradOp>(getLoc(), f32Like(getLogits()), resultGrads[0],
+                                          getLogits(), getExperts(), getRoutingAttr());
+  return success();
+}
+
+LogicalResult ExpertsOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
+                                      SmallVectorImpl<Value> &operandGrads) {
+  auto grad = b.create<ExpertsGradOp>(
+      getLoc(), getInput().getType(), f32Like(getWeights()), f32Like(getGateWeights()),
+      f32Like(getUpWeights()), f32Like(getDownWeights()), resultGrads[0], getInput(),
+      getWeights(), getExperts(), getGateWeights(), getUpWeights(), getDownWeights(),
+      getActivationAttr());
+  operandGrads.assign({grad.getInputGrad(), grad.getWeightsGrad(), Value(),
+                       grad.getGateWeightsGrad(), grad.getUpWeightsGrad(),
+                       grad.getDownWeightsGrad()});
   return success();
 }

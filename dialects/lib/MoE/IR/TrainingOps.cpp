@@ -144,3 +144,30 @@ LogicalResult EmbeddingGradOp::verify() {
 void RopeGradOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
   setName(getResult(), "drot");
 }
+
+void RouteGradOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "dgate");
+}
+
+LogicalResult RouteGradOp::verify() {
+  if (shapeOf(getGrad()) != shapeOf(getExperts()) ||
+      shapeOf(getResult()) != shapeOf(getLogits()) ||
+      shapeOf(getGrad())[1] != getRouting().getTopK())
+    return emitOpError("expected dw and the experts [T, top_k] and a result of the logits' shape");
+  return success();
+}
+
+LogicalResult ExpertsGradOp::verify() {
+  if (getInputGrad().getType() != getInput().getType() ||
+      shapeOf(getWeightsGrad()) != shapeOf(getWeights()) ||
+      shapeOf(getGateWeightsGrad()) != shapeOf(getGateWeights()) ||
+      shapeOf(getUpWeightsGrad()) != shapeOf(getUpWeights()) ||
+      shapeOf(getDownWeightsGrad()) != shapeOf(getDownWeights()))
+    return emitOpError("expected the gradients in the shapes of the input, the routing weights "
+                       "and the expert stacks");
+  return success();
+}
+
+void RouterStatsGradOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "dgate");
+}

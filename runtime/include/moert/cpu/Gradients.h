@@ -40,4 +40,24 @@ void mlpGrad(const float *dy, const float *x, int64_t tokens, const Matrix &gate
 void embeddingGrad(const float *dy, const int32_t *ids, int64_t tokens, int64_t width,
                    int64_t rows, float *out);
 
+/// moe.route_grad: dlogits [T, E] from dw [T, k] at the selected experts
+/// [T, k] (the selection held fixed).
+void routeGrad(const float *dw, const float *logits, const int32_t *experts, int64_t tokens,
+               int64_t numExperts, const RoutingParams &params, float *dlogits);
+
+/// moe.experts_grad: dx [T, H], dweights [T, k] and one gradient matrix
+/// per expert of each stack (dgate/dup/ddown: E consecutive [I, H] / [H, I]
+/// blocks), zero for an expert no token reached.
+void expertsGrad(const float *dy, const float *x, int64_t tokens, int64_t hidden,
+                 const float *weights, const int32_t *experts, int64_t k,
+                 const std::vector<Matrix> &gate, const std::vector<Matrix> &up,
+                 const std::vector<Matrix> &down, Activation act, float *dx, float *dweights,
+                 float *dgate, float *dup, float *ddown);
+
+/// moe.router_stats_grad: one layer's dlogits [T, E] of aux_coef * aux +
+/// z_coef * z, given every layer's statistics [3, E].
+void routerStatsGrad(const float *logits, int64_t tokens, int64_t experts,
+                     const float *const *stats, int64_t layers, double auxCoef, double zCoef,
+                     float *dlogits);
+
 } // namespace moert::cpu

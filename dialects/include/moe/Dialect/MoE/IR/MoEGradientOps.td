@@ -151,18 +151,103 @@ def MoE_EmbeddingGradOp : MoE_NamedResultOp<"embedding_grad"> {
   let summary = "the gradient of the embedding table: dy scattered to the rows of the ids";
   let description = [{
     `result[v] = sum over the t with tokens[t] = v of grad[t]` (in order),
-    f32, rows of ids that do not occur 0.
+    f32, rows of ids that do not occur 0, and the row `padding_idx` 0 (as
+    PyTorch's embedding backward leaves it).
 
     ```mlir
-    %dtable = moe.embedding_grad %dy[%tokens] : tensor<?x64xf32>, tensor<?xi32> -> tensor<251x64xf32>
+    %dtable = moe.embedding_grad %dy[%tokens] padding_idx = 0 : tensor<?x64xf32>, tensor<?xi32> -> tensor<251x64xf32>
     ```
   }];
-  let arguments = (ins MoE_Activations:$grad, MoE_TokenIds:$tokens);
+  let arguments = (ins MoE_Activations:$grad, MoE_TokenIds:$tokens,
+                       OptionalAttr<I64Attr>:$padding_idx);
   let results = (outs 2DTensorOf<[F32]>:$result);
   let assemblyFormat = [{
-    $grad `[` $tokens `]` attr-dict `:` type($grad) `,` type($tokens) `->` type($result)
+    $grad `[` $tokens `]` (`padding_idx` `=` $padding_idx^)? attr-dict `:` type($grad) `,`
+    type($tokens) `->` type($result)
   }];
   let hasVerifier = 1;
+}
+
+def MoE_RouteGradOp : MoE_NamedResultOp<"route_grad"> {
+  let summary = "d(routing weights) / d(router logits), the selection held fixed";
+  let description = [{
+    The transpose of `#moe.routing`'s steps 1, 5-7 at the experts moe.route
+    selected (`experts`): with r_j the selected scores before renormalising
+    (s_{e_j}; softmax over the selected logits for `topk_on = logits` with
+    softmax scoring), S = sum_j r_j + 1e-20 and c the scaling factor,
+    `dr_j = c (dw_j / S - sum_i dw_i r_i / S^2)` (normalize) or `c dw_j`,
+    then through the scores: softmax `dl = s (ds - sum_e s_e ds_e)` with
+    ds the dr scattered to the selected experts, sigmoid
+    `dl_{e_j} = dr_j s (1 - s)`. The selection itself (top-k, groups, the
+    correction bias) takes no gradient, as in autograd.
+
+    ```mlir
+    %dl = moe.route_grad %dw, %logits, %experts <scoring = softmax, top_k = 2, normalize = true, compute_type = f32> : tensor<?x2xf32>, tensor<?x8xf32>, tensor<?x2xi32> -> tensor<?x8xf32>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$grad, MoE_Activations:$logits,
+                       2DTensorOf<[I32]>:$experts, MoE_RoutingAttr:$routing);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $grad `,` $logits `,` $experts $routing attr-dict `:` type($grad) `,` type($logits) `,`
+    type($experts) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_ExpertsGradOp : MoE_Op<"experts_grad", [Pure]> {
+  let summary = "the gradients of moe.experts: input, routing weights and expert stacks";
+  let description = [{
+    Per expert e over the (token t, slot j) routed to it, with y_e = moe.mlp
+    of slice e (recomputed): `weights_grad[t, j] = dy[t] . y_e(x[t])`, and
+    moe.mlp_grad of slice e with the cotangent `weights[t, j] dy[t]` gives
+    the rows' input gradients (summed per token over j in order) and the
+    slice's weight gradients. An expert no token reached has weight
+    gradients of exactly 0.
+
+    ```mlir
+    %dx, %dw, %d1, %d3, %d2 = moe.experts_grad silu %dy, %x, %weights, %experts, %w1, %w3, %w2 : tensor<?x64xf32>, tensor<?x64xf32>, tensor<?x2xf32>, tensor<?x2xi32>, tensor<8x48x64xf32>, tensor<8x48x64xf32>, tensor<8x64x48xf32> -> tensor<?x64xf32>, tensor<?x2xf32>, tensor<8x48x64xf32>, tensor<8x48x64xf32>, tensor<8x64x48xf32>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$grad, MoE_Activations:$input, MoE_Activations:$weights,
+                       2DTensorOf<[I32]>:$experts, MoE_ExpertStack:$gate_weights,
+                       MoE_ExpertStack:$up_weights, MoE_ExpertStack:$down_weights,
+                       MoE_Activation:$activation);
+  let results = (outs MoE_Activations:$input_grad, MoE_Activations:$weights_grad,
+                      3DTensorOf<[F32]>:$gate_weights_grad, 3DTensorOf<[F32]>:$up_weights_grad,
+                      3DTensorOf<[F32]>:$down_weights_grad);
+  let assemblyFormat = [{
+    $activation $grad `,` $input `,` $weights `,` $experts `,` $gate_weights `,` $up_weights `,`
+    $down_weights attr-dict `:` type($grad) `,` type($input) `,` type($weights) `,`
+    type($experts) `,` type($gate_weights) `,` type($up_weights) `,` type($down_weights) `->`
+    type($input_grad) `,` type($weights_grad) `,` type($gate_weights_grad) `,`
+    type($up_weights_grad) `,` type($down_weights_grad)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_RouterStatsGradOp : MoE_NamedResultOp<"router_stats_grad"> {
+  let summary = "d(aux_coef aux + z_coef z) / d(one layer's router logits)";
+  let description = [{
+    `logits` are the layer's router logits [T, E] and `router_stats` every
+    MoE layer's statistics (moe.lm_loss's operands, this layer's among
+    them). With p = softmax(l_t), C_e the top-k counts summed over the
+    layers and N = layers x T: the balancing loss's gradient through the
+    probabilities (the counts are constant, as in autograd) is
+    `g_e = aux_coef E C_e / N^2`, the z-loss's `2 z_coef lse_t / T p`;
+    `result[t] = p (g - sum_e p_e g_e) + 2 z_coef lse_t / T p`.
+
+    ```mlir
+    %dl = moe.router_stats_grad %gate, %s0, %s1 aux_coef = 1.0e-03 z_coef = 0.0 : tensor<?x8xf32>, tensor<3x8xf32>, tensor<3x8xf32> -> tensor<?x8xf32>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$logits, Variadic<2DTensorOf<[F32]>>:$router_stats,
+                       F64Attr:$aux_coef, F64Attr:$z_coef);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $logits `,` $router_stats `aux_coef` `=` $aux_coef `z_coef` `=` $z_coef attr-dict `:`
+    type($logits) `,` type($router_stats) `->` type($result)
+  }];
 }
 
 #endif // MOE_DIALECT_MOE_IR_MOEGRADIENTOPS_TD

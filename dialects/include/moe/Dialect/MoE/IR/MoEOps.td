@@ -142,16 +142,20 @@ def MoE_EmbeddingOp : MoE_NamedResultOp<"embedding", [DeclareOpInterfaceMethods<
   let summary = "look up token embeddings";
   let description = [{
     `result[t, :] = table[tokens[t], :]`. Token ids must lie in [0, V); the
-    runtime checks them before any compute.
+    runtime checks them before any compute. `padding_idx` (config.json's
+    `pad_token_id`, which transformers gives its `nn.Embedding`) changes
+    only the gradient: the table's row of that id gets none from the lookup.
 
     ```mlir
-    %h = moe.embedding %embed_tokens[%tokens] : tensor<32000x4096xbf16>, tensor<?xi32> -> tensor<?x4096xbf16>
+    %h = moe.embedding %embed_tokens[%tokens] padding_idx = 0 : tensor<32000x4096xbf16>, tensor<?xi32> -> tensor<?x4096xbf16>
     ```
   }];
-  let arguments = (ins MoE_Matrix:$table, MoE_TokenIds:$tokens);
+  let arguments = (ins MoE_Matrix:$table, MoE_TokenIds:$tokens,
+                       OptionalAttr<I64Attr>:$padding_idx);
   let results = (outs MoE_Activations:$result);
   let assemblyFormat = [{
-    $table `[` $tokens `]` attr-dict `:` type($table) `,` type($tokens) `->` type($result)
+    $table `[` $tokens `]` (`padding_idx` `=` $padding_idx^)? attr-dict `:` type($table) `,`
+    type($tokens) `->` type($result)
   }];
   let hasVerifier = 1;
 }
@@ -443,7 +447,7 @@ def MoE_RouterOp : MoE_Op<"router", [Pure,
   }];
 }
 
-def MoE_RouteOp : MoE_Op<"route", [Pure,
+def MoE_RouteOp : MoE_Op<"route", [Pure, DeclareOpInterfaceMethods<MoE_AdjointOpInterface>,
     DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
   let summary = "choose each token's top-k experts and their weights from its router logits";
   let description = [{
@@ -472,7 +476,8 @@ def MoE_RouteOp : MoE_Op<"route", [Pure,
   }];
 }
 
-def MoE_ExpertsOp : MoE_NamedResultOp<"experts", [AllTypesMatch<["input", "result"]>]> {
+def MoE_ExpertsOp : MoE_NamedResultOp<"experts", [AllTypesMatch<["input", "result"]>,
+    DeclareOpInterfaceMethods<MoE_AdjointOpInterface>]> {
   let summary = "the weighted sum of each token's selected routed experts";
   let description = [{
     `result[t] = sum_j weights[t, j] * mlp_{experts[t, j]}(input[t])` where

@@ -37,7 +37,7 @@ def MoE_CrossEntropyOp : MoE_NamedResultOp<"cross_entropy", [DeclareOpInterfaceM
   let hasVerifier = 1;
 }
 
-def MoE_RouterStatsOp : MoE_NamedResultOp<"router_stats"> {
+def MoE_RouterStatsOp : MoE_NamedResultOp<"router_stats", [DeclareOpInterfaceMethods<MoE_AdjointOpInterface>]> {
   let summary = "a MoE layer's router statistics for the balancing and z losses";
   let description = [{
     From the router logits l [T, E] (read as f32), with p_t = softmax(l_t) and S_t

@@ -112,6 +112,9 @@ struct ModelConfig {
   std::string dtype = "bfloat16"; ///< `torch_dtype`: float32|bfloat16|float16
   std::vector<int64_t> eosTokenIds;
   std::optional<int64_t> bosTokenId;
+  /// pad_token_id: transformers' nn.Embedding padding_idx (no gradient for
+  /// that row); absent or null: none.
+  std::optional<int64_t> padTokenId;
 
   int64_t numMoELayers() const;
   bool isMoE() const { return numExperts > 0; }
