@@ -1117,3 +1117,11 @@ func.func @experts_grad(%x: tensor<?x4xf32>, %w: tensor<?x2xf32>, %e: tensor<?x2
   %dx, %dw, %d1, %d3, %d2 = moe.experts_grad silu %x, %x, %w, %e, %s, %s, %d : tensor<?x4xf32>, tensor<?x4xf32>, tensor<?x2xf32>, tensor<?x2xi32>, tensor<8x6x4xf32>, tensor<8x6x4xf32>, tensor<8x4x6xf32> -> tensor<?x4xf32>, tensor<?x2xf32>, tensor<8x6x4xf32>, tensor<8x6x4xf32>, tensor<8x6x4xf32>
   return
 }
+
+// -----
+
+func.func @bias_grad(%dy: tensor<?x4xf32>) {
+  // expected-error@+1 {{'moe.bias_grad' op expected a result as long as dy's rows are wide}}
+  %db = moe.bias_grad %dy : tensor<?x4xf32> -> tensor<5xf32>
+  return
+}

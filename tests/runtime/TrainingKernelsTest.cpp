@@ -518,6 +518,34 @@ TEST(GradientsTest, ExpertsWithAnIdleOne) {
   expectClose(dd.data(), std::vector<double>(nd.begin(), nd.begin() + 2 * H * I), 1e-5, "ddown");
 }
 
+TEST(GradientsTest, BiasAndSigmoidGate) {
+  const int64_t T = 5, W = 6;
+  std::vector<float> dy = randomValues(T * W, 30), x = randomValues(T * W, 31),
+                     gate = randomValues(T, 32, 2.0f);
+  std::vector<float> db(W);
+  cpu::biasGrad(dy.data(), T, W, db.data());
+  expectClose(db.data(), numericGradient(std::vector<float>(W, 0.1f), [&](const auto &b) {
+                double s = 0;
+                for (int64_t t = 0; t < T; ++t)
+                  for (int64_t o = 0; o < W; ++o)
+                    s += dy[t * W + o] * b[o];
+                return s;
+              }), 1e-6, "dbias");
+  auto f = [&](const std::vector<double> &xs, const std::vector<double> &g) {
+    double s = 0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < W; ++i)
+        s += dy[t * W + i] * xs[t * W + i] / (1 + std::exp(-g[t]));
+    return s;
+  };
+  std::vector<float> dx(T * W), dg(T);
+  cpu::sigmoidGateGrad(dy.data(), x.data(), gate.data(), T, W, dx.data(), dg.data());
+  std::vector<double> xd(x.begin(), x.end()), gd(gate.begin(), gate.end());
+  expectClose(dx.data(), numericGradient(x, [&](const auto &v) { return f(v, gd); }), 1e-5, "dx");
+  expectClose(dg.data(), numericGradient(gate, [&](const auto &v) { return f(xd, v); }), 1e-5,
+              "dgate");
+}
+
 TEST(GradientsTest, EmbeddingScattersRepeatedIds) {
   const int64_t T = 5, H = 3, V = 6;
   const std::vector<int32_t> ids = {2, 0, 2, 5, 2};

@@ -424,4 +424,30 @@ void routerStatsGrad(const float *logits, int64_t tokens, int64_t experts,
   }, 16);
 }
 
+void biasGrad(const float *dy, int64_t tokens, int64_t width, float *out) {
+  parallelFor(width, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      double sum = 0;
+      for (int64_t t = 0; t < tokens; ++t)
+        sum += dy[t * width + o];
+      out[o] = static_cast<float>(sum);
+    }
+  }, 16);
+}
+
+void sigmoidGateGrad(const float *dy, const float *x, const float *gate, int64_t tokens,
+                     int64_t width, float *dx, float *dgate) {
+  parallelFor(tokens, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const double s = 1 / (1 + std::exp(-static_cast<double>(gate[t])));
+      double dot = 0;
+      for (int64_t i = 0; i < width; ++i) {
+        dot += static_cast<double>(dy[t * width + i]) * x[t * width + i];
+        dx[t * width + i] = static_cast<float>(dy[t * width + i] * s);
+      }
+      dgate[t] = static_cast<float>(dot * s * (1 - s));
+    }
+  }, 4);
+}
+
 } // namespace moert::cpu

@@ -215,8 +215,36 @@ int64_t runRouterStatsGrad(cpu::StepContext &c) {
   return c.rows;
 }
 
+void checkBiasGrad(const StepChecker &c, const PlanStep &step) {
+  c.arity(1, 0, 0, 1);
+  c.expect(c.rows(step.out[0]) == 1 && c.width(step.out[0]) == c.tokens(step.in[0]),
+           "expected an output of 1 row as wide as dy");
+}
+
+int64_t runBiasGrad(cpu::StepContext &c) {
+  cpu::biasGrad(c.in(0), c.rows, c.inWidth(0), c.out(0));
+  return c.rows;
+}
+
+/// in: dy, x, the gate [T, 1]; out: dx, dgate.
+void checkSigmoidGateGrad(const StepChecker &c, const PlanStep &step) {
+  c.arity(3, 0, 0, 2);
+  const int64_t w = c.tokens(step.in[0]);
+  c.expect(c.tokens(step.in[1]) == w && c.tokens(step.out[0]) == w &&
+               c.tokens(step.in[2]) == 1 && c.tokens(step.out[1]) == 1,
+           "expected dy, x and dx of one width and a [T, 1] gate and its gradient");
+}
+
+int64_t runSigmoidGateGrad(cpu::StepContext &c) {
+  cpu::sigmoidGateGrad(c.in(0), c.in(1), c.in(2), c.rows, c.inWidth(0), c.out(0), c.out(1));
+  return c.rows;
+}
+
 } // namespace
 
+const OpDef kBiasGrad = {"bias_grad", Collective::None, 0, nullptr, checkBiasGrad, runBiasGrad};
+const OpDef kSigmoidGateGrad = {"sigmoid_gate_grad", Collective::None, 0, nullptr,
+                                checkSigmoidGateGrad, runSigmoidGateGrad};
 const OpDef kRouteGrad = {"route_grad", Collective::None, 0, nullptr, checkRouteGrad,
                           runRouteGrad};
 const OpDef kExpertsGrad = {"experts_grad", Collective::None, OpDef::Backward, nullptr,

@@ -30,7 +30,8 @@ extern const OpDef kMlp, kRouter, kRoute, kExperts, kDispatch, kExpertFfn, kComb
 extern const OpDef kCrossEntropy, kRouterStats, kLmLoss;
 // Gradients.cpp
 extern const OpDef kCrossEntropyGrad, kLinearGrad, kRmsNormGrad, kRopeGrad, kAttentionGrad,
-    kMlpGrad, kEmbeddingGrad, kRouteGrad, kExpertsGrad, kRouterStatsGrad;
+    kMlpGrad, kEmbeddingGrad, kRouteGrad, kExpertsGrad, kRouterStatsGrad, kBiasGrad,
+    kSigmoidGateGrad;
 // Collective.cpp
 extern const OpDef kAllReduce, kAllGather, kAllToAll, kSend, kRecv;
 

@@ -40,11 +40,12 @@ LogicalResult RMSNormOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
 
 LogicalResult LinearOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
                                      SmallVectorImpl<Value> &operandGrads) {
-  if (getBias())
-    return emitOpError("not supported yet: the gradient of a linear with a bias");
   auto grad = b.create<LinearGradOp>(getLoc(), getInput().getType(), f32Like(getWeight()),
                                      resultGrads[0], getInput(), getWeight());
   operandGrads.assign({grad.getInputGrad(), grad.getWeightGrad()});
+  if (getBias())
+    operandGrads.push_back(
+        b.create<BiasGradOp>(getLoc(), f32Like(getBias()), resultGrads[0]).getResult());
   return success();
 }
 
@@ -135,5 +136,13 @@ LogicalResult ExpertsOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
   operandGrads.assign({grad.getInputGrad(), grad.getWeightsGrad(), Value(),
                        grad.getGateWeightsGrad(), grad.getUpWeightsGrad(),
                        grad.getDownWeightsGrad()});
+  return success();
+}
+
+LogicalResult SigmoidGateOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
+                                          SmallVectorImpl<Value> &operandGrads) {
+  auto grad = b.create<SigmoidGateGradOp>(getLoc(), getInput().getType(), getGate().getType(),
+                                          resultGrads[0], getInput(), getGate());
+  operandGrads.assign({grad.getInputGrad(), grad.getGateGrad()});
   return success();
 }

@@ -171,3 +171,11 @@ LogicalResult ExpertsGradOp::verify() {
 void RouterStatsGradOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
   setName(getResult(), "dgate");
 }
+
+void BiasGradOp::getAsmResultNames(OpAsmSetValueNameFn setName) { setName(getResult(), "dbias"); }
+
+LogicalResult BiasGradOp::verify() {
+  if (!agree(getGrad(), 1, getResult(), 0))
+    return emitOpError("expected a result as long as dy's rows are wide");
+  return success();
+}

@@ -60,4 +60,11 @@ void routerStatsGrad(const float *logits, int64_t tokens, int64_t experts,
                      const float *const *stats, int64_t layers, double auxCoef, double zCoef,
                      float *dlogits);
 
+/// moe.bias_grad: out[o] = sum over the rows of dy[t, o], in row order.
+void biasGrad(const float *dy, int64_t tokens, int64_t width, float *out);
+
+/// moe.sigmoid_gate: dx [T, W] and dgate [T, 1].
+void sigmoidGateGrad(const float *dy, const float *x, const float *gate, int64_t tokens,
+                     int64_t width, float *dx, float *dgate);
+
 } // namespace moert::cpu

@@ -250,4 +250,37 @@ def MoE_RouterStatsGradOp : MoE_NamedResultOp<"router_stats_grad"> {
   }];
 }
 
+def MoE_BiasGradOp : MoE_NamedResultOp<"bias_grad"> {
+  let summary = "the gradient of a linear's bias: dy summed over the rows";
+  let description = [{
+    `result[o] = sum_t grad[t, o]` (in row order, f32).
+
+    ```mlir
+    %db = moe.bias_grad %dy : tensor<?x64xf32> -> tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$grad);
+  let results = (outs 1DTensorOf<[F32]>:$result);
+  let assemblyFormat = "$grad attr-dict `:` type($grad) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def MoE_SigmoidGateGradOp : MoE_Op<"sigmoid_gate_grad", [Pure]> {
+  let summary = "the gradients of moe.sigmoid_gate with respect to its input and gate";
+  let description = [{
+    With s = sigmoid(gate[t, 0]): `input_grad[t] = grad[t] s`,
+    `gate_grad[t, 0] = (grad[t] . input[t]) s (1 - s)`.
+
+    ```mlir
+    %dx, %dg = moe.sigmoid_gate_grad %dy, %x, %g : tensor<?x64xf32>, tensor<?x64xf32>, tensor<?x1xf32> -> tensor<?x64xf32>, tensor<?x1xf32>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$grad, MoE_Activations:$input, MoE_Activations:$gate);
+  let results = (outs MoE_Activations:$input_grad, MoE_Activations:$gate_grad);
+  let assemblyFormat = [{
+    $grad `,` $input `,` $gate attr-dict `:` type($grad) `,` type($input) `,` type($gate) `->`
+    type($input_grad) `,` type($gate_grad)
+  }];
+}
+
 #endif // MOE_DIALECT_MOE_IR_MOEGRADIENTOPS_TD

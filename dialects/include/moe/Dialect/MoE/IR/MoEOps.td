@@ -290,7 +290,8 @@ def MoE_AddOp : MoE_NamedResultOp<"add", [SameOperandsAndResultType,
   let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
 }
 
-def MoE_SigmoidGateOp : MoE_NamedResultOp<"sigmoid_gate", [AllTypesMatch<["input", "result"]>]> {
+def MoE_SigmoidGateOp : MoE_NamedResultOp<"sigmoid_gate", [AllTypesMatch<["input", "result"]>,
+    DeclareOpInterfaceMethods<MoE_AdjointOpInterface>]> {
   let summary = "scale each row by the sigmoid of a per-row logit";
   let description = [{
     `result[t, :] = input[t, :] * sigmoid(gate[t, 0])`: Qwen2-MoE's shared
