@@ -335,6 +335,7 @@ func.func @loss(%logits: tensor<?x256xbf16>, %labels: tensor<?xi32>, %gate: tens
 // CHECK: moe.experts_grad silu %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} : {{.*}} -> tensor<?x64xf32>, tensor<?x2xf32>, tensor<8x96x64xf32>, tensor<8x96x64xf32>, tensor<8x64x96xf32>
 // CHECK: moe.router_stats_grad %{{.+}}, %{{.+}}, %{{.+}} aux_coef = 1.000000e-03 z_coef = 0.000000e+00 : tensor<?x8xf32>, tensor<3x8xf32>, tensor<3x8xf32> -> tensor<?x8xf32>
 // CHECK: moe.bias_grad %{{.+}} : tensor<?x64xf32> -> tensor<64xf32>
+// CHECK: moe.mla_attention_grad %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} heads = 2 scale = 5.000000e-01 <kind = default, theta = 1.000000e+04, rotary_dim = 8, interleaved = true> : tensor<?x32xf32>, tensor<?x48xf32>, tensor<?x64xf32>, tensor<?x8xf32>, tensor<?xi32> -> tensor<?x48xf32>, tensor<?x64xf32>, tensor<?x8xf32>
 // CHECK: moe.sigmoid_gate_grad %{{.+}}, %{{.+}}, %{{.+}} : tensor<?x64xf32>, tensor<?x64xf32>, tensor<?x2xf32> -> tensor<?x64xf32>, tensor<?x2xf32>
 func.func @gradients(%l: tensor<?x256xf32>, %y: tensor<?xi32>, %ce: tensor<2xf32>, %x: tensor<?x64xf32>, %w: tensor<256x64xbf16>, %n: tensor<64xf32>, %q: tensor<?x64xf32>, %k: tensor<?x32xf32>, %g: tensor<96x64xf32>, %d: tensor<64x96xf32>) {
   %dl = moe.cross_entropy_grad %l, %y, %ce vocab = 251 : tensor<?x256xf32>, tensor<?xi32>, tensor<2xf32> -> tensor<?x256xf32>
@@ -347,11 +348,12 @@ func.func @gradients(%l: tensor<?x256xf32>, %y: tensor<?xi32>, %ce: tensor<2xf32
   return
 }
 
-func.func @moe_gradients(%dw: tensor<?x2xf32>, %gate: tensor<?x8xf32>, %sel: tensor<?x2xi32>, %x: tensor<?x64xf32>, %w1: tensor<8x96x64xf32>, %w2: tensor<8x64x96xf32>, %s: tensor<3x8xf32>) {
+func.func @moe_gradients(%dw: tensor<?x2xf32>, %gate: tensor<?x8xf32>, %sel: tensor<?x2xi32>, %x: tensor<?x64xf32>, %w1: tensor<8x96x64xf32>, %w2: tensor<8x64x96xf32>, %s: tensor<3x8xf32>, %q32: tensor<?x32xf32>, %q48: tensor<?x48xf32>, %kr: tensor<?x8xf32>, %pos: tensor<?xi32>) {
   %dl = moe.route_grad %dw, %gate, %sel <scoring = softmax, top_k = 2, normalize = true, compute_type = f32> : tensor<?x2xf32>, tensor<?x8xf32>, tensor<?x2xi32> -> tensor<?x8xf32>
   %dx, %dr, %d1, %d3, %d2 = moe.experts_grad silu %x, %x, %dw, %sel, %w1, %w1, %w2 : tensor<?x64xf32>, tensor<?x64xf32>, tensor<?x2xf32>, tensor<?x2xi32>, tensor<8x96x64xf32>, tensor<8x96x64xf32>, tensor<8x64x96xf32> -> tensor<?x64xf32>, tensor<?x2xf32>, tensor<8x96x64xf32>, tensor<8x96x64xf32>, tensor<8x64x96xf32>
   %ds = moe.router_stats_grad %gate, %s, %s aux_coef = 1.0e-03 z_coef = 0.0 : tensor<?x8xf32>, tensor<3x8xf32>, tensor<3x8xf32> -> tensor<?x8xf32>
   %db = moe.bias_grad %x : tensor<?x64xf32> -> tensor<64xf32>
+  %mq, %mkv, %mkr = moe.mla_attention_grad %q32, %q48, %x, %kr, %pos heads = 2 scale = 0.5 <kind = default, theta = 1.0e+04, rotary_dim = 8, interleaved = true> : tensor<?x32xf32>, tensor<?x48xf32>, tensor<?x64xf32>, tensor<?x8xf32>, tensor<?xi32> -> tensor<?x48xf32>, tensor<?x64xf32>, tensor<?x8xf32>
   %sx, %sg = moe.sigmoid_gate_grad %x, %x, %dw : tensor<?x64xf32>, tensor<?x64xf32>, tensor<?x2xf32> -> tensor<?x64xf32>, tensor<?x2xf32>
   return
 }

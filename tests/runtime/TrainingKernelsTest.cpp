@@ -546,6 +546,66 @@ TEST(GradientsTest, BiasAndSigmoidGate) {
               "dgate");
 }
 
+TEST(GradientsTest, LatentAttention) {
+  // One sequence of 4 tokens, 2 heads, nope 3, rope 2 (interleaved), v 2.
+  const int64_t T = 4, heads = 2, n = 3, r = 2, v = 2, qk = n + r;
+  const std::vector<int32_t> slots(T, 0), positions = {0, 1, 2, 3};
+  cpu::TokenLayout layout{slots.data(), positions.data(), T};
+  cpu::RopeParams p;
+  p.rotaryDim = r;
+  p.interleaved = true;
+  cpu::RopeTable table(p, 8);
+  const double scale = 0.6;
+  std::vector<float> q = randomValues(T * heads * qk, 33), kv = randomValues(T * heads * (n + v), 34),
+                     kr = randomValues(T * r, 35), dout = randomValues(T * heads * v, 36);
+  // The rotation by the table's cos/sin (pair (0, 1) of the rotary part).
+  auto rotate = [&](double &a, double &b, int64_t pos) {
+    const double c = table.cosines()[pos], s = table.sines()[pos], a0 = a, b0 = b;
+    a = a0 * c - b0 * s;
+    b = b0 * c + a0 * s;
+  };
+  auto f = [&](const std::vector<double> &qs, const std::vector<double> &kvs,
+               const std::vector<double> &krs) {
+    double loss = 0;
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<double> qi(qs.begin() + (i * heads + h) * qk,
+                               qs.begin() + (i * heads + h + 1) * qk);
+        rotate(qi[n], qi[n + 1], positions[i]);
+        std::vector<double> s(i + 1);
+        double m = -1e300, sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double kj[2] = {krs[j * r], krs[j * r + 1]};
+          rotate(kj[0], kj[1], positions[j]);
+          double x = 0;
+          for (int64_t c = 0; c < n; ++c)
+            x += qi[c] * kvs[(j * heads + h) * (n + v) + c];
+          x += qi[n] * kj[0] + qi[n + 1] * kj[1];
+          m = std::max(m, s[j] = x * scale);
+        }
+        for (double &x : s)
+          sum += (x = std::exp(x - m));
+        for (int64_t c = 0; c < v; ++c) {
+          double o = 0;
+          for (int64_t j = 0; j <= i; ++j)
+            o += s[j] / sum * kvs[(j * heads + h) * (n + v) + n + c];
+          loss += o * dout[(i * heads + h) * v + c];
+        }
+      }
+    return loss;
+  };
+  std::vector<float> dq(q.size()), dkv(kv.size()), dkr(kr.size());
+  cpu::mlaAttentionGrad(dout.data(), q.data(), kv.data(), kr.data(), layout, heads, n, r, v, scale,
+                        table, dq.data(), dkv.data(), dkr.data());
+  auto d64 = [](const std::vector<float> &x) { return std::vector<double>(x.begin(), x.end()); };
+  expectClose(dq.data(), numericGradient(q, [&](const auto &x) { return f(x, d64(kv), d64(kr)); }),
+              1e-5, "dq");
+  expectClose(dkv.data(), numericGradient(kv, [&](const auto &x) { return f(d64(q), x, d64(kr)); }),
+              1e-5, "dkv");
+  expectClose(dkr.data(), numericGradient(kr, [&](const auto &x) { return f(d64(q), d64(kv), x); }),
+              1e-5, "dkey_rope");
+}
+
 TEST(GradientsTest, EmbeddingScattersRepeatedIds) {
   const int64_t T = 5, H = 3, V = 6;
   const std::vector<int32_t> ids = {2, 0, 2, 5, 2};

@@ -90,7 +90,7 @@ NamedAttrList kernelConstants(Builder &b, Operation *op) {
         a.set("scale", f64(o.getScale()));
         a.set("sliding_window", i64(o.getSlidingWindow() ? *o.getSlidingWindow() : 0));
       })
-      .Case([&](moe::MLAttentionOp o) {
+      .Case<moe::MLAttentionOp, moe::MLAttentionGradOp>([&](auto o) {
         a.set("heads", i64(o.getNumHeads()));
         a.set("scale", f64(o.getScale()));
         a.set("rope", ropeConstants(b, o.getRope()));

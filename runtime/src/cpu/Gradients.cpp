@@ -450,4 +450,43 @@ void sigmoidGateGrad(const float *dy, const float *x, const float *gate, int64_t
   }, 4);
 }
 
+void mlaAttentionGrad(const float *dout, const float *q, const float *kv, const float *keyRope,
+                      const TokenLayout &layout, int64_t heads, int64_t nope, int64_t rope,
+                      int64_t vdim, double scale, const RopeTable &table, float *dq, float *dkv,
+                      float *dkeyRope) {
+  const int64_t T = layout.tokens, qk = nope + rope, kvWidth = nope + vdim;
+  if (table.params().rotaryDim != rope)
+    inputError("mla_attention_grad: rope rotary_dim {} differs from the key_rope width {}",
+               table.params().rotaryDim, rope);
+  // The forward's operands of attention: the rotated query, the keys
+  // [kv_h[:n], rope(key_rope)] and the values kv_h[n:].
+  std::vector<float> query(q, q + T * heads * qk), keyRot(keyRope, keyRope + T * rope);
+  table.apply(query.data() + nope, T, heads * qk, qk, layout.position, heads * qk);
+  table.apply(keyRot.data(), T, rope, rope, layout.position);
+  std::vector<float> keys(static_cast<size_t>(T * heads * qk)),
+      values(static_cast<size_t>(T * heads * vdim));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      const float *src = kv + (t * heads + h) * kvWidth;
+      std::copy_n(src, nope, keys.data() + (t * heads + h) * qk);
+      std::copy_n(keyRot.data() + t * rope, rope, keys.data() + (t * heads + h) * qk + nope);
+      std::copy_n(src + nope, vdim, values.data() + (t * heads + h) * vdim);
+    }
+  std::vector<float> dkeys(keys.size()), dvalues(values.size());
+  attentionGrad(dout, query.data(), keys.data(), values.data(), layout, heads, heads, qk, vdim,
+                scale, 0, dq, dkeys.data(), dvalues.data());
+  table.applyTransposed(dq + nope, T, heads * qk, qk, layout.position);
+  std::fill(dkeyRope, dkeyRope + T * rope, 0.0f);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      float *dst = dkv + (t * heads + h) * kvWidth;
+      const float *dk = dkeys.data() + (t * heads + h) * qk;
+      std::copy_n(dk, nope, dst);
+      std::copy_n(dvalues.data() + (t * heads + h) * vdim, vdim, dst + nope);
+      for (int64_t i = 0; i < rope; ++i)
+        dkeyRope[t * rope + i] += dk[nope + i];
+    }
+  table.applyTransposed(dkeyRope, T, rope, rope, layout.position);
+}
+
 } // namespace moert::cpu

@@ -240,8 +240,33 @@ int64_t runSigmoidGateGrad(cpu::StepContext &c) {
   return c.rows;
 }
 
+/// in: dO, query, kv, key_rope, positions; out: dquery, dkv, dkey_rope.
+void checkMlaAttentionGrad(const StepChecker &c, const PlanStep &step) {
+  c.arity(5, 0, 0, 3);
+  const int64_t q = c.tokens(step.in[1]), kv = c.tokens(step.in[2]), r = c.tokens(step.in[3]);
+  c.tokens(step.in[4], DType::I32);
+  c.expect(step.heads > 0 && q % step.heads == 0 && kv % step.heads == 0,
+           "widths are not whole heads");
+  const int64_t nope = q / step.heads - r, vdim = kv / step.heads - nope;
+  c.expect(r == step.rope.rotaryDim && nope > 0 && vdim > 0, "inconsistent MLA head dims");
+  c.expect(c.tokens(step.in[0]) == step.heads * vdim && c.tokens(step.out[0]) == q &&
+               c.tokens(step.out[1]) == kv && c.tokens(step.out[2]) == r,
+           "dO or the gradients differ in width from the output and the operands");
+}
+
+int64_t runMlaAttentionGrad(cpu::StepContext &c) {
+  const PlanStep &s = *c.step;
+  const int64_t r = c.inWidth(3), nope = c.inWidth(1) / s.heads - r,
+                vdim = c.inWidth(2) / s.heads - nope;
+  cpu::mlaAttentionGrad(c.in(0), c.in(1), c.in(2), c.in(3), *c.layout, s.heads, nope, r, vdim,
+                        s.scale, c.rope(s.rope), c.out(0), c.out(1), c.out(2));
+  return c.rows;
+}
+
 } // namespace
 
+const OpDef kMlaAttentionGrad = {"mla_attention_grad", Collective::None, 0, nullptr,
+                                 checkMlaAttentionGrad, runMlaAttentionGrad};
 const OpDef kBiasGrad = {"bias_grad", Collective::None, 0, nullptr, checkBiasGrad, runBiasGrad};
 const OpDef kSigmoidGateGrad = {"sigmoid_gate_grad", Collective::None, 0, nullptr,
                                 checkSigmoidGateGrad, runSigmoidGateGrad};

@@ -31,7 +31,7 @@ extern const OpDef kCrossEntropy, kRouterStats, kLmLoss;
 // Gradients.cpp
 extern const OpDef kCrossEntropyGrad, kLinearGrad, kRmsNormGrad, kRopeGrad, kAttentionGrad,
     kMlpGrad, kEmbeddingGrad, kRouteGrad, kExpertsGrad, kRouterStatsGrad, kBiasGrad,
-    kSigmoidGateGrad;
+    kSigmoidGateGrad, kMlaAttentionGrad;
 // Collective.cpp
 extern const OpDef kAllReduce, kAllGather, kAllToAll, kSend, kRecv;
 

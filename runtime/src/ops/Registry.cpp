@@ -16,6 +16,7 @@ const std::vector<const OpDef *> &registeredOps() {
       &ops::kCrossEntropyGrad, &ops::kLinearGrad, &ops::kRmsNormGrad, &ops::kRopeGrad,
       &ops::kAttentionGrad, &ops::kMlpGrad, &ops::kEmbeddingGrad, &ops::kRouteGrad,
       &ops::kExpertsGrad, &ops::kRouterStatsGrad, &ops::kBiasGrad, &ops::kSigmoidGateGrad,
+      &ops::kMlaAttentionGrad,
       &ops::kAllReduce,  &ops::kAllGather,   &ops::kAllToAll,  &ops::kSend,
       &ops::kRecv};
   return ops;

@@ -146,3 +146,35 @@ LogicalResult SigmoidGateOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGr
   operandGrads.assign({grad.getInputGrad(), grad.getGateGrad()});
   return success();
 }
+
+LogicalResult MLAttentionOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
+                                          SmallVectorImpl<Value> &operandGrads) {
+  auto grad = b.create<MLAttentionGradOp>(
+      getLoc(), getQuery().getType(), getKv().getType(), getKeyRope().getType(), resultGrads[0],
+      getQuery(), getKv(), getKeyRope(), getPositions(), getNumHeadsAttr(), getScaleAttr(),
+      getRopeAttr());
+  operandGrads.assign(
+      {grad.getQueryGrad(), grad.getKvGrad(), grad.getKeyRopeGrad(), Value()});
+  return success();
+}
+
+LogicalResult SplitOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
+                                    SmallVectorImpl<Value> &operandGrads) {
+  // The parts' gradients side by side (every part must have one: there is
+  // no zero-filling op to stand for a part nothing reads).
+  if (llvm::is_contained(resultGrads, Value()))
+    return emitOpError("not supported yet: the gradient of a split with a part nothing reads");
+  operandGrads.assign(
+      {b.create<ConcatOp>(getLoc(), f32Like(getInput()), resultGrads).getResult()});
+  return success();
+}
+
+LogicalResult ConcatOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
+                                     SmallVectorImpl<Value> &operandGrads) {
+  SmallVector<Type> parts;
+  for (Value input : getInputs())
+    parts.push_back(f32Like(input));
+  auto split = b.create<SplitOp>(getLoc(), parts, resultGrads[0]);
+  operandGrads.assign(split.getResults().begin(), split.getResults().end());
+  return success();
+}

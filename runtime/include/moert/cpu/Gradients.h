@@ -67,4 +67,11 @@ void biasGrad(const float *dy, int64_t tokens, int64_t width, float *out);
 void sigmoidGateGrad(const float *dy, const float *x, const float *gate, int64_t tokens,
                      int64_t width, float *dx, float *dgate);
 
+/// moe.mla_attention: dq [T, H*(n+r)], dkv [T, H*(n+v)], dkeyRope [T, r]
+/// (whole sequences, as attentionGrad).
+void mlaAttentionGrad(const float *dout, const float *q, const float *kv, const float *keyRope,
+                      const TokenLayout &layout, int64_t heads, int64_t nope, int64_t rope,
+                      int64_t vdim, double scale, const RopeTable &table, float *dq, float *dkv,
+                      float *dkeyRope);
+
 } // namespace moert::cpu

@@ -283,4 +283,31 @@ def MoE_SigmoidGateGradOp : MoE_Op<"sigmoid_gate_grad", [Pure]> {
   }];
 }
 
+def MoE_MLAttentionGradOp : MoE_Op<"mla_attention_grad", [Pure]> {
+  let summary = "the gradients of moe.mla_attention with respect to query, kv and key_rope";
+  let description = [{
+    moe.mla_attention is moe.attention (as many kv heads as heads) on the
+    rotated query and the keys `[kv_h[:n], rope(key_rope)]`, values
+    `kv_h[n:]`: its gradient is moe.attention_grad's on those, then
+    `query_grad` takes the transposed rotation on each head's rotary part,
+    `kv_grad` the keys' first n and the values' gradients, and
+    `key_rope_grad` the sum over the heads of the keys' rotary gradients,
+    rotated back.
+
+    ```mlir
+    %dq, %dkv, %dkr = moe.mla_attention_grad %do, %q, %kv, %kr, %positions heads = 4 scale = 0.2 <kind = default, theta = 1.000000e+04, rotary_dim = 8, interleaved = true> : ...
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$grad, MoE_Activations:$query, MoE_Activations:$kv,
+                       MoE_Activations:$key_rope, MoE_TokenIds:$positions, I64Attr:$num_heads,
+                       F64Attr:$scale, MoE_RopeAttr:$rope);
+  let results = (outs MoE_Activations:$query_grad, MoE_Activations:$kv_grad,
+                      MoE_Activations:$key_rope_grad);
+  let assemblyFormat = [{
+    $grad `,` $query `,` $kv `,` $key_rope `,` $positions `heads` `=` $num_heads `scale` `=`
+    $scale $rope attr-dict `:` type($grad) `,` type($query) `,` type($kv) `,` type($key_rope)
+    `,` type($positions) `->` type($query_grad) `,` type($kv_grad) `,` type($key_rope_grad)
+  }];
+}
+
 #endif // MOE_DIALECT_MOE_IR_MOEGRADIENTOPS_TD

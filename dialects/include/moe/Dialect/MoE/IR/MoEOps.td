@@ -242,7 +242,7 @@ def MoE_LinearOp : MoE_NamedResultOp<"linear", [DeclareOpInterfaceMethods<MoE_Ad
   let hasVerifier = 1;
 }
 
-def MoE_SplitOp : MoE_NamedResultOp<"split"> {
+def MoE_SplitOp : MoE_NamedResultOp<"split", [DeclareOpInterfaceMethods<MoE_AdjointOpInterface>]> {
   let summary = "split the last dimension into consecutive pieces";
   let description = [{
     The results' last dimensions add up to the input's; result i holds the
@@ -259,7 +259,7 @@ def MoE_SplitOp : MoE_NamedResultOp<"split"> {
   let hasVerifier = 1;
 }
 
-def MoE_ConcatOp : MoE_NamedResultOp<"concat"> {
+def MoE_ConcatOp : MoE_NamedResultOp<"concat", [DeclareOpInterfaceMethods<MoE_AdjointOpInterface>]> {
   let summary = "join pieces along the last dimension (the inverse of moe.split)";
   let description = [{
     The result's columns are input 0's, then input 1's, and so on: its last
@@ -357,7 +357,7 @@ def MoE_AttentionOp : MoE_NamedResultOp<"attention", [DeclareOpInterfaceMethods<
   let hasVerifier = 1;
 }
 
-def MoE_MLAttentionOp : MoE_NamedResultOp<"mla_attention"> {
+def MoE_MLAttentionOp : MoE_NamedResultOp<"mla_attention", [DeclareOpInterfaceMethods<MoE_AdjointOpInterface>]> {
   let summary = "DeepSeek's multi-head latent attention core";
   let description = [{
     Operands, per token: `query` [H x (n + r)] (per head: n "nope" values then
