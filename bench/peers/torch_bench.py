@@ -7,6 +7,11 @@
       prints JSON: prefill 512 and 128 tokens (best of 3, last position's
       logits only), decode 128 tokens after a 16-token prompt (greedy, KV
       cache), tokens/s, the same workload bench/moe_bench.cpp times for moert
+  torch_bench.py train CONFIG.json MODEL.safetensors TOKENS.npy SEQ [--threads N]
+      prints JSON: one training step (forward, loss = cross-entropy of the
+      next token + router_aux_loss_coef x transformers' balancing loss,
+      backward; no optimizer) on the first SEQ + 1 tokens of TOKENS.npy,
+      the median of 3 after a warm-up, tokens/s (bench/train-step.sh)
 """
 import json
 import sys
@@ -36,6 +41,26 @@ def main():
     torch.set_num_threads(threads)
     model = load(config_path, model_path)
     vocab = model.config.vocab_size
+    if mode == "train":
+        import numpy as np
+        tokens = np.load(sys.argv[4]).astype(np.int64)
+        seq = int(sys.argv[5])
+        ids = torch.tensor(tokens[None, :seq])
+        labels = torch.tensor(tokens[None, 1:seq + 1])
+        coef = model.config.router_aux_loss_coef
+        times = []
+        for _ in range(4):  # a warm-up, then 3
+            model.zero_grad(set_to_none=True)
+            t0 = time.perf_counter()
+            out = model(input_ids=ids, output_router_logits=True)
+            loss = torch.nn.functional.cross_entropy(
+                out.logits.float().reshape(-1, vocab), labels.reshape(-1)) + coef * out.aux_loss
+            loss.backward()
+            times.append(time.perf_counter() - t0)
+        median = sorted(times[1:])[1]
+        print(json.dumps({"torch": torch.__version__, "threads": threads, "loss": loss.item(),
+                          "seconds": median, "tokens_per_s": seq / median}))
+        return
     with torch.inference_mode():
         if mode == "logits":
             ids = torch.tensor([[int(t) for t in sys.argv[5].split(",")]])
