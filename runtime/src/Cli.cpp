@@ -133,15 +133,6 @@ Under mpirun, an error on any rank ends the whole job (MPI_Abort with the same s
 after the rank prints it as `moert: error: rank R: ...`.
 )";
 
-int64_t parseInt(const std::string &option, const char *text) {
-  int64_t value;
-  const char *end = text + std::strlen(text);
-  auto [ptr, ec] = std::from_chars(text, end, value);
-  if (ec != std::errc() || ptr != end)
-    inputError("{}: expected an integer but got '{}'", option, text);
-  return value;
-}
-
 double parseDouble(const std::string &option, const char *text) {
   char *end;
   double value = std::strtod(text, &end);
@@ -151,6 +142,21 @@ double parseDouble(const std::string &option, const char *text) {
 }
 
 } // namespace
+
+int64_t parseInt(const std::string &option, const char *text) {
+  int64_t value;
+  const char *end = text + std::strlen(text);
+  auto [ptr, ec] = std::from_chars(text, end, value);
+  if (ec != std::errc() || ptr != end)
+    inputError("{}: expected an integer but got '{}'", option, text);
+  return value;
+}
+
+const char *optionValue(int argc, char **argv, int &i) {
+  if (i + 1 >= argc)
+    inputError("{}: expected a value", argv[i]);
+  return argv[++i];
+}
 
 std::vector<int32_t> parseTokenIds(const char *text, const char *option) {
   std::vector<int32_t> ids;
@@ -232,11 +238,7 @@ int run(int argc, char **argv, Comm &comm) {
   std::string deviceName, reportJson;
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
-    auto value = [&]() -> const char * {
-      if (i + 1 >= argc)
-        inputError("{}: expected a value", arg);
-      return argv[++i];
-    };
+    auto value = [&] { return optionValue(argc, argv, i); };
     if (arg == "--weights") weightsPath = value();
     else if (arg == "--tokens") prompts.push_back(parseTokenIds(value(), "--tokens"));
     else if (arg == "--prompt") {

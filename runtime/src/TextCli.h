@@ -15,6 +15,11 @@ int tokenizeCommand(int argc, char **argv);
 /// Comma-separated token ids ("1,2,3"; "" is none); InputError naming
 /// `option` (Cli.cpp).
 std::vector<int32_t> parseTokenIds(const char *text, const char *option);
+/// An integer option's value; InputError naming `option` (Cli.cpp).
+int64_t parseInt(const std::string &option, const char *text);
+/// The value after option argv[i] (advancing i); InputError naming the
+/// option when it is the last argument (Cli.cpp).
+const char *optionValue(int argc, char **argv, int &i);
 int detokenizeCommand(int argc, char **argv);
 
 /// The tokenizer of `moert run --prompt`: --tokenizer PATH, else the one in

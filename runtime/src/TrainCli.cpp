@@ -2,6 +2,7 @@
 // compile --train) over windows of the token data and prints the loss
 // terms of each micro-batch (docs/training.md).
 #include "InputFile.h"
+#include "TextCli.h"
 #include "TrainCli.h"
 #include "moert/Checkpoint.h"
 #include "moert/Error.h"
@@ -14,7 +15,6 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -24,10 +24,8 @@ namespace moert {
 namespace {
 
 int64_t integerOption(const std::string &option, const char *text, int64_t min) {
-  int64_t value = 0;
-  const char *end = text + std::strlen(text);
-  auto [ptr, ec] = std::from_chars(text, end, value);
-  if (ec != std::errc() || ptr != end || value < min)
+  const int64_t value = parseInt(option, text);
+  if (value < min)
     inputError("{}: expected an integer >= {} but got '{}'", option, min, text);
   return value;
 }
@@ -57,11 +55,7 @@ int trainCommand(int argc, char **argv, Comm &comm) {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
-    auto value = [&]() -> const char * {
-      if (i + 1 >= argc)
-        inputError("{}: expected a value", arg);
-      return argv[++i];
-    };
+    auto value = [&] { return optionValue(argc, argv, i); };
     if (arg == "--weights") weightsPath = value();
     else if (arg == "--data") dataPath = value();
     else if (arg == "--steps") steps = integerOption(arg, value(), 0);
