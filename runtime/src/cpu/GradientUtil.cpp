@@ -1,0 +1,75 @@
+// Reusable buffers and transposes of the backward kernels (GradientUtil.h).
+#include "GradientUtil.h"
+#include "Gemm.h"
+#include "moert/Parallel.h"
+
+#include <algorithm>
+#include <array>
+
+namespace moert::cpu::grad {
+namespace {
+constexpr int64_t kBlock = 32; // a 32 x 32 f32 block: 4 KiB read, 4 KiB written
+} // namespace
+
+float *workspace(Slot slot, size_t count) {
+  thread_local std::array<std::vector<float>, kSlotCount> buffers;
+  std::vector<float> &buffer = buffers[slot];
+  if (buffer.size() < count)
+    buffer.resize(count);
+  return buffer.data();
+}
+
+void transposeSerial(const float *in, int64_t rows, int64_t cols, int64_t ldIn, float *out,
+                     int64_t ldOut) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock)
+    for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
+      const int64_t r1 = std::min(rows, r0 + kBlock), c1 = std::min(cols, c0 + kBlock);
+      for (int64_t c = c0; c < c1; ++c)
+        for (int64_t r = r0; r < r1; ++r)
+          out[c * ldOut + r] = in[r * ldIn + c];
+    }
+}
+
+void transpose(const float *in, int64_t rows, int64_t cols, int64_t ldIn, float *out,
+               int64_t ldOut) {
+  parallelFor((rows + kBlock - 1) / kBlock, [&](int64_t begin, int64_t end) {
+    const int64_t r0 = begin * kBlock, r1 = std::min(rows, end * kBlock);
+    transposeSerial(in + r0 * ldIn, r1 - r0, cols, ldIn, out + r0, ldOut);
+  });
+}
+
+void transposeWeight(const Matrix &w, float *out, int64_t ldOut) {
+  const size_t element = dtypeSize(w.dtype);
+  parallelFor((w.rows + kBlock - 1) / kBlock, [&](int64_t begin, int64_t end) {
+    float *rows = workspace(kWidenRows, static_cast<size_t>(kBlock * w.cols));
+    for (int64_t r0 = begin * kBlock; r0 < std::min(w.rows, end * kBlock); r0 += kBlock) {
+      const int64_t count = std::min(kBlock, w.rows - r0);
+      for (int64_t r = 0; r < count; ++r)
+        gemm::widen(w.dtype,
+                    static_cast<const char *>(w.data) + (r0 + r) * w.rowStride * element, w.cols,
+                    rows + r * w.cols);
+      transposeSerial(rows, count, w.cols, w.cols, out + r0, ldOut);
+    }
+  });
+}
+
+Matrix f32Matrix(const float *data, int64_t rows, int64_t cols, int64_t ld) {
+  Matrix m;
+  m.dtype = DType::F32;
+  m.data = data;
+  m.rows = rows;
+  m.cols = cols;
+  m.rowStride = ld ? ld : cols;
+  return m;
+}
+
+void matmulTN(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t t, int64_t m,
+              int64_t n, float *c, int64_t ldc) {
+  float *aT = workspace(kLeftT, static_cast<size_t>(m * t));
+  float *bT = workspace(kRightT, static_cast<size_t>(n * t));
+  transpose(a, t, m, lda, aT, t);
+  transpose(b, t, n, ldb, bT, t);
+  linear(aT, m, f32Matrix(bT, n, t), nullptr, c, 0, ldc);
+}
+
+} // namespace moert::cpu::grad

@@ -1,0 +1,63 @@
+// Internal to the backward kernels (Gradients.cpp, AttentionGrad.cpp):
+// reusable buffers and the transposes that turn the gradient GEMMs into
+// cpu::linear's y = x w^T.
+#pragma once
+
+#include "moert/cpu/Kernels.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace moert::cpu::grad {
+
+/// The calling thread's reusable buffers, one per slot. A training step
+/// repeats the same shapes, so after the first step the backward kernels
+/// allocate (and page-fault) nothing. A slot's buffer is valid until the
+/// next call with the same slot on this thread: each kernel names the
+/// slots it holds at once.
+enum Slot {
+  kWeightT,      // a weight widened and transposed (linearGrad, mlpBackward)
+  kLeftT,        // matmulTN's transposed operands
+  kRightT,
+  kMlpA,         // mlpBackward / expertsGrad: activations and their gradients
+  kMlpU,
+  kMlpH,
+  kMlpDh,
+  kMlpDaDu,
+  kExpertX,      // expertsGrad: one expert's rows
+  kExpertY,
+  kExpertDy,
+  kExpertDx,
+  kExpertRowsDx, // expertsGrad: every (token, slot)'s input gradient
+  kAttnScores,   // attentionGrad: one head's [S, S] blocks
+  kAttnDScores,
+  kAttnSquareT,
+  kAttnPanelT,
+  kAttnKeyGrads, // attentionGrad: per head dK and dV, summed per group after
+  kAttnValueGrads,
+  kWidenRows,    // transposeWeight's widened rows (its own threads)
+  kSlotCount
+};
+float *workspace(Slot slot, size_t count);
+
+/// out [cols, rows] (row stride ldOut) = in [rows, cols] (row stride
+/// ldIn)^T, on the calling thread, in cache-sized blocks.
+void transposeSerial(const float *in, int64_t rows, int64_t cols, int64_t ldIn, float *out,
+                     int64_t ldOut);
+/// The same, split between the threads.
+void transpose(const float *in, int64_t rows, int64_t cols, int64_t ldIn, float *out,
+               int64_t ldOut);
+
+/// out [w.cols, w.rows] (row stride ldOut) = w widened to f32, transposed.
+void transposeWeight(const Matrix &w, float *out, int64_t ldOut);
+
+/// A dense f32 [rows, cols] matrix (row stride ld, 0: cols) as a weight.
+Matrix f32Matrix(const float *data, int64_t rows, int64_t cols, int64_t ld = 0);
+
+/// c [m, n] (row stride ldc) = a^T b for a [t, m] (row stride lda) and
+/// b [t, n] (row stride ldb): sums over the rows t. Uses the kLeftT and
+/// kRightT slots.
+void matmulTN(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t t, int64_t m,
+              int64_t n, float *c, int64_t ldc = 0);
+
+} // namespace moert::cpu::grad
