@@ -15,6 +15,7 @@
 #include "moert/Checkpoint.h"
 #include "moert/Comm.h"
 #include "moert/RankExecutor.h"
+#include "moert/StepTimes.h"
 #include "moert/Error.h"
 #include "moert/Parallel.h"
 #include "moert/Plan.h"
@@ -320,29 +321,19 @@ double activeBytes(const PlanProgram &program) {
 /// its weights for that many tokens, one token at a time (decode).
 std::string opSplit(const PlanProgram &program, const std::vector<double> &now,
                     const std::vector<double> &since, int64_t tokens = 0) {
-  std::vector<std::string> ops;
-  std::vector<double> spent, bytes;
+  const std::vector<OpTime> kinds = timeByOp(program, now, since, [&](size_t i) {
+    return stepWeightBytes(program, i) * static_cast<double>(tokens);
+  });
   double total = 0;
-  for (size_t i = 0; i < now.size() && i < program.steps.size(); ++i) {
-    const std::string op(program.steps[i].op->name);
-    size_t k = std::find(ops.begin(), ops.end(), op) - ops.begin();
-    if (k == ops.size()) {
-      ops.push_back(op);
-      spent.push_back(0);
-      bytes.push_back(0);
-    }
-    const double sec = now[i] - (i < since.size() ? since[i] : 0.0);
-    spent[k] += sec;
-    bytes[k] += stepWeightBytes(program, i) * static_cast<double>(tokens);
-    total += sec;
-  }
+  for (const OpTime &k : kinds)
+    total += k.seconds;
   std::string split;
-  for (size_t k = 0; k < ops.size(); ++k) {
-    if (total <= 0 || spent[k] / total < 0.01)
+  for (const OpTime &k : kinds) {
+    if (total <= 0 || k.seconds / total < 0.01)
       continue;
-    split += fmt::format(" {} {:.0f}%", ops[k], 100 * spent[k] / total);
-    if (tokens > 0 && bytes[k] > 0)
-      split += fmt::format(" ({:.1f} GB/s)", bytes[k] / spent[k] / 1e9);
+    split += fmt::format(" {} {:.0f}%", k.op, 100 * k.seconds / total);
+    if (tokens > 0 && k.bytes > 0)
+      split += fmt::format(" ({:.1f} GB/s)", k.bytes / k.seconds / 1e9);
   }
   return split;
 }

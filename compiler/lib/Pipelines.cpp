@@ -51,8 +51,12 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
     loss.auxLossCoef = o.auxLossCoef;
     loss.zLossCoef = o.zLossCoef;
     pm.addPass(createMoEAppendLoss(loss));
-    if (!o.lossOnly)
-      pm.addPass(createMoEDifferentiate());
+    if (!o.lossOnly) {
+      MoEDifferentiateOptions backward;
+      backward.recomputeExperts = o.recomputeExperts;
+      backward.capacityFactor = o.capacityFactor;
+      pm.addPass(createMoEDifferentiate(backward));
+    }
   }
   // The workload comes first: every size decided later (buffers, caches,
   // dispatch capacity) is a function of it.
@@ -188,6 +192,9 @@ struct CompilePipelineOptions : public PassPipelineOptions<CompilePipelineOption
                      llvm::cl::desc("a training program: the loss after the model")};
   Option<bool> lossOnly{*this, "loss-only", llvm::cl::init(false),
                         llvm::cl::desc("with train: no backward pass")};
+  Option<bool> recomputeExperts{*this, "recompute-experts", llvm::cl::init(false),
+                                llvm::cl::desc("with train: recompute the experts' "
+                                               "intermediates in the backward pass")};
   Option<double> auxLossCoef{*this, "aux-loss-coef", llvm::cl::init(-1.0),
                              llvm::cl::desc("balancing-loss coefficient (< 0: the config's)")};
   Option<double> zLossCoef{*this, "z-loss-coef", llvm::cl::init(0.0),
@@ -217,7 +224,7 @@ void moe::registerPipelines() {
         o.fuse = !p.noFuse;
         // The planner runs when any distribution option is given (as moec).
         if (p.worldSize || !p.gpu.empty() || !p.cluster.empty() || p.dp || p.pp || p.tp ||
-            p.ep || p.etp || !p.dtype.empty() || p.capacityFactor != 0)
+            p.ep || p.etp || !p.dtype.empty() || (p.capacityFactor != 0 && !p.train))
           o.layout = LayoutRequest{p.worldSize, p.gpu, p.cluster, p.dtype, p.dp, p.pp,
                                    p.tp,        p.ep,  p.etp,     p.vocabPadTo};
         o.output = p.output;
@@ -227,6 +234,7 @@ void moe::registerPipelines() {
         o.decodeEntry = p.decodeEntry;
         o.train = p.train;
         o.lossOnly = p.lossOnly;
+        o.recomputeExperts = p.recomputeExperts;
         o.auxLossCoef = p.auxLossCoef;
         o.zLossCoef = p.zLossCoef;
         buildPipeline(pm, o, Phase::Plan);

@@ -10,6 +10,7 @@
 #include "moert/Plan.h"
 #include "moert/RankExecutor.h"
 #include "moert/SafetensorsWriter.h"
+#include "moert/StepTimes.h"
 #include "moert/TokenData.h"
 
 #include <fmt/format.h>
@@ -32,6 +33,48 @@ int64_t integerOption(const std::string &option, const char *text, int64_t min) 
 
 /// Micro-batch `m`: windows m * B .. m * B + B - 1, one sequence (KV-cache
 /// slot) each, positions from 0, the labels the next tokens.
+/// sum += g (sum starts empty: = g); returns the sum of g's squares, added
+/// per block of 64 Ki elements in block order (the same bits for any
+/// thread count).
+double accumulate(const std::vector<float> &g, std::vector<float> &sum) {
+  constexpr int64_t kBlock = 1 << 16;
+  const int64_t n = static_cast<int64_t>(g.size()), blocks = (n + kBlock - 1) / kBlock;
+  const bool first = sum.empty();
+  sum.resize(g.size());
+  std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
+  parallelFor(blocks, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      double squares = 0;
+      for (int64_t j = b * kBlock; j < std::min(n, (b + 1) * kBlock); ++j) {
+        squares += static_cast<double>(g[j]) * g[j];
+        sum[j] = first ? g[j] : sum[j] + g[j];
+      }
+      partial[b] = squares;
+    }
+  });
+  double squares = 0;
+  for (double p : partial)
+    squares += p;
+  return squares;
+}
+
+/// --profile: the seconds per micro-batch of each op kind, largest first.
+void printProfile(const PlanProgram &program, const std::vector<double> &seconds,
+                  int64_t batches) {
+  std::vector<OpTime> kinds = timeByOp(program, seconds, {});
+  std::stable_sort(kinds.begin(), kinds.end(),
+                   [](const OpTime &a, const OpTime &b) { return a.seconds > b.seconds; });
+  double total = 0;
+  for (const OpTime &k : kinds)
+    total += k.seconds;
+  fmt::print("time per micro-batch by op ({:.3f} s in the program's steps):\n",
+             total / static_cast<double>(batches));
+  for (const OpTime &k : kinds)
+    if (k.seconds > 0)
+      fmt::print("  {:<22} {:8.3f} s {:5.1f}%\n", k.op, k.seconds / static_cast<double>(batches),
+                 100 * k.seconds / total);
+}
+
 Batch microBatch(const std::vector<int32_t> &tokens, int64_t m, int64_t B, int64_t L) {
   Batch batch;
   for (int64_t s = 0; s < B; ++s) {
@@ -52,6 +95,7 @@ Batch microBatch(const std::vector<int32_t> &tokens, int64_t m, int64_t B, int64
 int trainCommand(int argc, char **argv, Comm &comm) {
   std::string planPath, weightsPath, dataPath, metricsOut, gradsOut;
   int64_t steps = 0, batches = 1;
+  bool profile = false;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
@@ -63,6 +107,7 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     else if (arg == "--metrics-out") metricsOut = value();
     else if (arg == "--threads") threads = static_cast<int>(integerOption(arg, value(), 1));
     else if (arg == "--grads-out") gradsOut = value();
+    else if (arg == "--profile") profile = true;
     else if (!arg.empty() && arg[0] == '-') inputError("unknown option '{}' (see moert --help)", arg);
     else if (planPath.empty()) planPath = arg;
     else inputError("unexpected argument '{}'", arg);
@@ -119,11 +164,7 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     double squares = 0;
     for (size_t i = 0; i < sums.size(); ++i) {
       executor->readGradient(i, gradient);
-      sums[i].resize(gradient.size(), 0.0f);
-      for (size_t j = 0; j < gradient.size(); ++j) {
-        squares += static_cast<double>(gradient[j]) * gradient[j];
-        sums[i][j] += gradient[j];
-      }
+      squares += accumulate(gradient, sums[i]);
     }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -140,6 +181,8 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     line["seconds"] = seconds;
     metrics += line.dump() + "\n";
   }
+  if (profile)
+    printProfile(program, executor->stepSeconds(), batches);
   if (!metricsOut.empty())
     writeFileAtomically(metricsOut, metrics);
   if (!gradsOut.empty()) {

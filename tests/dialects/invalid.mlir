@@ -1120,6 +1120,22 @@ func.func @experts_grad(%x: tensor<?x4xf32>, %w: tensor<?x2xf32>, %e: tensor<?x2
 
 // -----
 
+func.func @experts_saved(%x: tensor<?x4xf32>, %w: tensor<?x2xf32>, %e: tensor<?x2xi32>, %s: tensor<8x6x4xf32>, %d: tensor<8x4x6xf32>) {
+  // expected-error@+1 {{'moe.experts_saved' op expected saved activations [?, 12], [same], [?, 8] (k blocks of the gate/up products and of the outputs per token) but got 'tensor<?x6xf32>'}}
+  %y, %g, %u, %o = moe.experts_saved silu %x, %w, %e, %s, %s, %d : tensor<?x4xf32>, tensor<?x2xf32>, tensor<?x2xi32>, tensor<8x6x4xf32>, tensor<8x6x4xf32>, tensor<8x4x6xf32> -> tensor<?x4xf32>, tensor<?x12xf32>, tensor<?x6xf32>, tensor<?x8xf32>
+  return
+}
+
+// -----
+
+func.func @experts_grad_saved(%x: tensor<?x4xf32>, %w: tensor<?x2xf32>, %e: tensor<?x2xi32>, %s: tensor<8x6x4xf32>, %d: tensor<8x4x6xf32>, %g: tensor<?x12xf32>) {
+  // expected-error@+1 {{'moe.experts_grad' op expected no saved activations or three (gate, up, output) but got 2}}
+  %dx, %dw, %d1, %d3, %d2 = moe.experts_grad silu %x, %x, %w, %e, %s, %s, %d saved(%g, %g : tensor<?x12xf32>, tensor<?x12xf32>) : tensor<?x4xf32>, tensor<?x4xf32>, tensor<?x2xf32>, tensor<?x2xi32>, tensor<8x6x4xf32>, tensor<8x6x4xf32>, tensor<8x4x6xf32> -> tensor<?x4xf32>, tensor<?x2xf32>, tensor<8x6x4xf32>, tensor<8x6x4xf32>, tensor<8x4x6xf32>
+  return
+}
+
+// -----
+
 func.func @bias_grad(%dy: tensor<?x4xf32>) {
   // expected-error@+1 {{'moe.bias_grad' op expected a result as long as dy's rows are wide}}
   %db = moe.bias_grad %dy : tensor<?x4xf32> -> tensor<5xf32>

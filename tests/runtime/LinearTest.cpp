@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include <cmath>
 #include <random>
 #include <vector>
@@ -164,6 +166,43 @@ TEST(LinearTest, NarrowMatrixManyTokens) {
   Threads pool(2);
   for (int64_t T : {64, 100, 513})
     checkLinear(DType::BF16, T, 8, 96, true, true, rng);
+}
+
+// A transposed view (Matrix::transpose: the backward's products with a
+// weight's transpose) packed straight from the [K, N] storage, padding
+// between its rows: every dtype, few tokens (no GEMV: the GEMM takes them)
+// and many, K and N across the cache blocks.
+TEST(LinearTest, TransposedViews) {
+  std::mt19937 rng(6);
+  for (int threads : {1, 2}) {
+    Threads pool(threads);
+    for (DType dtype : kWeightTypes)
+      for (auto [T, N, K] : {std::array<int64_t, 3>{1, 7, 5}, {3, 67, 33}, {17, 33, 67},
+                             {40, 1100, 600}, {130, 70, 530}})
+        for (bool strided : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << dtypeName(dtype) << " T=" << T << " N=" << N
+                                            << " K=" << K << " strided=" << strided);
+          TestMatrix stored(dtype, K, N, rng, /*pad=*/3); // w^T [K, N]
+          const Matrix w = stored.matrix().transpose();  // w [N, K]
+          ASSERT_TRUE(w.transposed);
+          ASSERT_EQ(w.rows, N);
+          ASSERT_EQ(w.cols, K);
+          const int64_t ldx = strided ? K + 2 : K, ldy = strided ? N + 1 : N;
+          std::vector<float> x = randomVector(T * ldx, rng), y(static_cast<size_t>(T * ldy));
+          linear(x.data(), T, w, nullptr, y.data(), ldx, ldy);
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t n = 0; n < N; ++n) {
+              double ref = 0, absSum = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                const double p = static_cast<double>(x[t * ldx + k]) * stored.at(k, n);
+                ref += p;
+                absSum += std::fabs(p);
+              }
+              ASSERT_NEAR(y[t * ldy + n], ref, tolerance(absSum, K)) << "t=" << t << " n=" << n;
+            }
+        }
+  }
+  EXPECT_THROW(Matrix().transpose().transpose(), RuntimeError);
 }
 
 TEST(LinearTest, EmptyReduction) {

@@ -516,6 +516,76 @@ TEST(GradientsTest, ExpertsWithAnIdleOne) {
     return f(d64(x), d64(w), d64(g), d64(u), v);
   });
   expectClose(dd.data(), std::vector<double>(nd.begin(), nd.begin() + 2 * H * I), 1e-5, "ddown");
+
+  // moe.experts_saved: the forward's result as moe.experts', the saved
+  // gate/up products and outputs per (token, slot), and the gradients read
+  // from them as the recomputed ones.
+  std::vector<float> y(T * H), ySaved(T * H), sg(T * k * I), su(T * k * I), so(T * k * H);
+  cpu::experts(x.data(), T, H, w.data(), sel.data(), k, stack(g, I, H), stack(u, I, H),
+               stack(d, H, I), cpu::Activation::Silu, y.data());
+  const cpu::ExpertsSaved saved{sg.data(), su.data(), so.data()};
+  cpu::experts(x.data(), T, H, w.data(), sel.data(), k, stack(g, I, H), stack(u, I, H),
+               stack(d, H, I), cpu::Activation::Silu, ySaved.data(), &saved);
+  for (int64_t i = 0; i < T * H; ++i)
+    EXPECT_NEAR(ySaved[i], y[i], 1e-5 * (1 + std::fabs(y[i]))) << i;
+  for (int64_t p = 0; p < T * k; ++p) {
+    const int64_t t = p / k, e = sel[p];
+    for (int64_t i = 0; i < I; ++i) {
+      double a = 0;
+      for (int64_t c = 0; c < H; ++c)
+        a += double(x[t * H + c]) * g[(e * I + i) * H + c];
+      EXPECT_NEAR(sg[p * I + i], a, 1e-5) << "saved gate of pair " << p;
+    }
+  }
+  std::vector<float> sx(T * H), sw(T * k), sgd(E * I * H, 9.0f), sud(E * I * H, 9.0f),
+      sdd(E * H * I, 9.0f);
+  cpu::expertsGrad(r.data(), x.data(), T, H, w.data(), sel.data(), k, stack(g, I, H),
+                   stack(u, I, H), stack(d, H, I), cpu::Activation::Silu, sx.data(), sw.data(),
+                   sgd.data(), sud.data(), sdd.data(), sg.data(), su.data(), so.data());
+  auto near = [](const std::vector<float> &a, const std::vector<float> &b, const char *what) {
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_NEAR(a[i], b[i], 1e-5 * (1 + std::fabs(b[i]))) << what << " " << i;
+  };
+  near(sx, dx, "dx");
+  near(sw, dw, "dweights");
+  near(sgd, dg, "dgate");
+  near(sud, du, "dup");
+  near(sdd, dd, "ddown");
+
+  // A capacity factor: c = ceil(0.5 * 4 * 2 / 3) = 2 assignments per expert
+  // in (t, j) order, so pairs 4, 7 (expert 0) and 5, 6 (expert 1) drop.
+  // The result is the dropless one with those pairs' weights at 0; so are
+  // the gradients but for dweights, which is 0 at the dropped pairs.
+  std::vector<float> wKept = w;
+  for (int p : {4, 5, 6, 7})
+    wKept[p] = 0.0f;
+  std::vector<float> yCap(T * H), yKept(T * H), cg(T * k * I), cu(T * k * I), co(T * k * H);
+  const cpu::ExpertsSaved capSaved{cg.data(), cu.data(), co.data()};
+  cpu::experts(x.data(), T, H, w.data(), sel.data(), k, stack(g, I, H), stack(u, I, H),
+               stack(d, H, I), cpu::Activation::Silu, yCap.data(), &capSaved, 0.5);
+  cpu::experts(x.data(), T, H, wKept.data(), sel.data(), k, stack(g, I, H), stack(u, I, H),
+               stack(d, H, I), cpu::Activation::Silu, yKept.data());
+  near(yCap, yKept, "capacity-limited y");
+  for (int p : {4, 5, 6, 7})
+    for (int64_t i = 0; i < I; ++i)
+      EXPECT_EQ(cg[p * I + i], 0.0f) << "saved gate of dropped pair " << p;
+  std::vector<float> cx(T * H), cw(T * k), cgd(E * I * H), cud(E * I * H), cdd(E * H * I);
+  cpu::expertsGrad(r.data(), x.data(), T, H, w.data(), sel.data(), k, stack(g, I, H),
+                   stack(u, I, H), stack(d, H, I), cpu::Activation::Silu, cx.data(), cw.data(),
+                   cgd.data(), cud.data(), cdd.data(), cg.data(), cu.data(), co.data(), 0.5);
+  std::vector<float> kx(T * H), kw(T * k), kgd(E * I * H), kud(E * I * H), kdd(E * H * I);
+  cpu::expertsGrad(r.data(), x.data(), T, H, wKept.data(), sel.data(), k, stack(g, I, H),
+                   stack(u, I, H), stack(d, H, I), cpu::Activation::Silu, kx.data(), kw.data(),
+                   kgd.data(), kud.data(), kdd.data());
+  near(cx, kx, "capacity dx");
+  near(cgd, kgd, "capacity dgate");
+  near(cud, kud, "capacity dup");
+  near(cdd, kdd, "capacity ddown");
+  for (int p = 0; p < T * k; ++p)
+    if (p >= 4)
+      EXPECT_EQ(cw[p], 0.0f) << "dweights of dropped pair " << p;
+    else
+      EXPECT_NEAR(cw[p], kw[p], 1e-5 * (1 + std::fabs(kw[p]))) << p;
 }
 
 TEST(GradientsTest, BiasAndSigmoidGate) {

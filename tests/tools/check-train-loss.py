@@ -13,8 +13,10 @@ coefficients the plan was compiled with. Python standard library only.
   --compile-args "…"   extra moec compile arguments (--router-z-loss-coef Z,
                        --aux-loss-coef X: the expected coefficients follow)
   --data PATH          the token data to train on (default: the fixture's)
-  --backward           compile with the backward pass (default --loss-only:
-                       the MoE families' gradients are not built yet)
+  --backward           compile with the backward pass (default --loss-only)
+  --reference NAME     the reference file in FIXTURE_DIR (default
+                       train_reference.json; train_capacity_reference.json:
+                       compiled with its capacity_factor too)
 """
 import argparse
 import json
@@ -40,18 +42,22 @@ def main():
     parser.add_argument("--compile-args", default="")
     parser.add_argument("--data")
     parser.add_argument("--backward", action="store_true")
+    parser.add_argument("--reference", default="train_reference.json")
     parser.add_argument("fixtures", nargs="+")
     args = parser.parse_args()
     failed = 0
     for fixture in args.fixtures:
-        ref = json.load(open(os.path.join(fixture, "train_reference.json")))
+        ref = json.load(open(os.path.join(fixture, args.reference)))
+        capacity = (["--capacity-factor", str(ref["capacity_factor"])]
+                    if "capacity_factor" in ref else [])
         aux_coef = option(args.compile_args, "--aux-loss-coef", ref["router_aux_loss_coef"])
         z_coef = option(args.compile_args, "--router-z-loss-coef", 0.0)
         with tempfile.TemporaryDirectory() as tmp:
             plan, metrics = os.path.join(tmp, "train.plan"), os.path.join(tmp, "m.jsonl")
             subprocess.run([args.moec, "compile", os.path.join(fixture, "config.json"), "--train",
                             "--seq-len", str(ref["seq_len"]), "--micro-batch-size",
-                            str(ref["micro_batch_size"]), *shlex.split(args.compile_args),
+                            str(ref["micro_batch_size"]), *capacity,
+                            *shlex.split(args.compile_args),
                             *([] if args.backward else ["--loss-only"]),
                             "-o", plan], check=True)
             subprocess.run([args.moert, "train", plan, "--weights", fixture, "--data",

@@ -44,7 +44,9 @@ struct CompileOptions {
   /// A training program (moec compile --train): moe-append-loss first, with
   /// its coefficients (auxLossCoef < 0: the config's), then moe-differentiate
   /// unless lossOnly (--loss-only: the loss without the backward pass).
-  bool train = false, lossOnly = false;
+  /// recomputeExperts: moe-differentiate's recompute-experts (moec compile
+  /// --recompute experts).
+  bool train = false, lossOnly = false, recomputeExperts = false;
   double auxLossCoef = -1, zLossCoef = 0;
 };
 

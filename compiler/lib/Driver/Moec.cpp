@@ -123,6 +123,13 @@ cl::opt<bool> lossOnly("loss-only",
                        cl::desc("With --train: the loss without the backward pass (an "
                                 "evaluation plan: no gradients)"),
                        cl::init(false), cl::sub(compileCommand), cl::cat(training));
+cl::opt<std::string> recompute(
+    "recompute",
+    cl::desc("With --train: what the backward pass recomputes instead of keeping from the "
+             "forward pass: none (default: the experts' gate/up products and outputs are "
+             "kept, 2 x k x intermediate + k x hidden floats per token and MoE layer) or "
+             "experts (recomputed: three more products per expert, less memory)"),
+    cl::init("none"), cl::sub(compileCommand), cl::cat(training));
 cl::opt<int64_t> seqLen("seq-len", cl::desc("With --train: tokens of one training sequence"),
                         cl::init(0), cl::sub(compileCommand), cl::cat(training));
 cl::opt<int64_t> microBatchSize("micro-batch-size",
@@ -362,7 +369,7 @@ int runImport() {
   return writeIR(*imported->module, importOutput);
 }
 
-Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config);
+Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config, bool distribution);
 
 int runCompile() {
   const bool kernelsOnly = compileTo == "kernels";
@@ -435,8 +442,10 @@ int runCompile() {
   options.fuse = !noFuse;
   // The sharding planner (moe-choose-layout) runs when any distribution
   // option is given.
-  if (worldSize || !gpu.empty() || !clusterFile.empty() || fixedDp || !planDtype.empty() ||
-      fixedPp || fixedTp || fixedEp || fixedEtp || explain || printJson || capacityFactor != 0)
+  const bool distribution = worldSize || !gpu.empty() || !clusterFile.empty() || fixedDp ||
+                            !planDtype.empty() || fixedPp || fixedTp || fixedEp || fixedEtp ||
+                            explain || printJson;
+  if (distribution || capacityFactor != 0)
     options.layout = LayoutRequest{worldSize, gpu,     clusterFile, planDtype, fixedDp,
                                    fixedPp,   fixedTp, fixedEp,     fixedEtp,  vocabPadTo};
   options.explain = explain;
@@ -445,7 +454,7 @@ int runCompile() {
   options.cudaArch = cudaArchs;
   options.kernelsOnly = kernelsOnly;
   options.decodeEntry = decodeEntry;
-  if (Error e = trainingOptions(options, *config))
+  if (Error e = trainingOptions(options, *config, distribution))
     return fail(std::move(e));
   // Where the plan goes: -o, or DIR/plan.json for --compile-to=kernels -o DIR
   // (the sources beside it).
@@ -472,13 +481,14 @@ int runCompile() {
 
 /// --train: the workload of one step (micro-batch-size sequences of
 /// seq-len tokens) and the loss; what training does not do yet is refused.
-Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config) {
+Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config,
+                      bool distribution) {
   auto refuse = [](const Twine &message) {
     return createStringError(inconvertibleErrorCode(), "%s", message.str().c_str());
   };
   if (!train) {
     for (cl::Option *o : std::initializer_list<cl::Option *>{
-             &seqLen, &microBatchSize, &auxLossCoef, &routerZLossCoef, &lossOnly})
+             &seqLen, &microBatchSize, &auxLossCoef, &routerZLossCoef, &lossOnly, &recompute})
       if (o->getNumOccurrences())
         return refuse("--" + o->ArgStr + ": expected --train");
     return Error::success();
@@ -493,17 +503,27 @@ Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config) {
     if (o->getNumOccurrences())
       return refuse("--train: --" + o->ArgStr +
                     " does not apply (a step is --micro-batch-size x --seq-len tokens)");
-  if (options.layout)
-    return refuse("not supported yet: --train with distribution options or a capacity factor "
-                  "(training plans run on one rank, dropless)");
+  if (distribution)
+    return refuse("not supported yet: --train with distribution options (training plans run "
+                  "on one rank)");
+  if (options.capacityFactor > 0 && recompute == "experts")
+    return refuse("not supported yet: --recompute experts with --capacity-factor");
+  // A capacity factor alone: one rank, the experts' drops in the training
+  // program itself (moe-differentiate's capacity-factor).
+  options.layout.reset();
   if (options.target != "cpu")
     return refuse("not supported yet: --train --target " + options.target);
   if (auxLossCoef.getNumOccurrences() && auxLossCoef < 0)
     return refuse("--aux-loss-coef: expected a value >= 0");
   if (routerZLossCoef < 0)
     return refuse("--router-z-loss-coef: expected a value >= 0");
+  if (recompute != "none" && recompute != "experts")
+    return refuse("--recompute " + recompute + ": expected none or experts");
+  if (lossOnly && recompute.getNumOccurrences())
+    return refuse("--recompute: --loss-only computes no backward pass");
   options.train = true;
   options.lossOnly = lossOnly;
+  options.recomputeExperts = recompute == "experts";
   options.maxBatchTokens = seqLen * microBatchSize;
   options.maxSeqLen = seqLen;
   options.maxSequences = microBatchSize;

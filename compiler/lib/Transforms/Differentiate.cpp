@@ -26,7 +26,28 @@ using namespace mlir;
 
 namespace {
 
+/// moe.experts as moe.experts_saved (the same result, and what its
+/// gradient reads).
+Operation *saveActivations(moe::ExpertsOp op, double capacityFactor) {
+  OpBuilder b(op);
+  auto rows = cast<RankedTensorType>(op.getInput().getType()).getDimSize(0);
+  const int64_t k = op.getExperts().getType().getDimSize(1);
+  const int64_t inter = op.getGateWeights().getType().getDimSize(1);
+  const int64_t hidden = cast<RankedTensorType>(op.getInput().getType()).getDimSize(1);
+  auto f32 = [&](int64_t width) { return RankedTensorType::get({rows, width}, b.getF32Type()); };
+  auto saved = b.create<moe::ExpertsSavedOp>(
+      op.getLoc(), op.getType(), f32(k * inter), f32(k * inter), f32(k * hidden), op.getInput(),
+      op.getWeights(), op.getExperts(), op.getGateWeights(), op.getUpWeights(),
+      op.getDownWeights(), op.getActivationAttr(),
+      capacityFactor > 0 ? b.getF64FloatAttr(capacityFactor) : FloatAttr());
+  saved->setDiscardableAttrs(op->getDiscardableAttrDictionary());
+  op.getResult().replaceAllUsesWith(saved.getResult());
+  op.erase();
+  return saved;
+}
+
 struct Differentiate : moe::impl::MoEDifferentiateBase<Differentiate> {
+  using MoEDifferentiateBase::MoEDifferentiateBase;
   void runOnOperation() override {
     ModuleOp module = getOperation();
     auto fn = module.lookupSymbol<func::FuncOp>("forward");
@@ -50,8 +71,19 @@ struct Differentiate : moe::impl::MoEDifferentiateBase<Differentiate> {
       slot = slot ? b.create<moe::AddOp>(g.getLoc(), slot, g).getResult() : g;
     };
     SmallVector<Operation *> ops;
-    for (Operation &op : body.without_terminator())
-      ops.push_back(&op);
+    for (Operation &op : llvm::make_early_inc_range(body.without_terminator())) {
+      auto experts = dyn_cast<moe::ExpertsOp>(&op);
+      if (experts && recomputeExperts && capacityFactor > 0) {
+        experts.emitError("moe-differentiate: not supported yet: recompute-experts with a "
+                          "capacity factor (the experts' drops are moe.experts_saved's)");
+        return signalPassFailure();
+      }
+      if (!experts || recomputeExperts) {
+        ops.push_back(&op);
+        continue;
+      }
+      ops.push_back(saveActivations(experts, capacityFactor));
+    }
     for (Operation *op : llvm::reverse(ops)) {
       if (isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp>(op))
         continue;

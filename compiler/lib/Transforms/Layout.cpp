@@ -192,6 +192,8 @@ llvm::Expected<DictionaryAttr> moe::modelSizes(ModuleOp module) {
       }
     } else if (auto e = dyn_cast<moe::ExpertsOp>(op)) {
       agree("moe_intermediate_size", e.getGateWeights().getType().getDimSize(1));
+    } else if (auto e = dyn_cast<moe::ExpertsSavedOp>(op)) {
+      agree("moe_intermediate_size", e.getGateWeights().getType().getDimSize(1));
     } else if (auto e = dyn_cast<moe::ExpertFFNOp>(op)) {
       agree("moe_intermediate_size", e.getGateWeights().getType().getDimSize(1));
     } else if (isa<moe::RouteOp, moe::RouterOp>(op)) {

@@ -101,8 +101,13 @@ NamedAttrList kernelConstants(Builder &b, Operation *op) {
       .Case([&](moe::ExpertFFNOp o) {
         a.set("activation", b.getStringAttr(moe::stringifyActivation(o.getActivation())));
       })
-      .Case<moe::ExpertsOp, moe::ExpertsGradOp>([&](auto o) {
+      .Case([&](moe::ExpertsOp o) {
         a.set("activation", b.getStringAttr(moe::stringifyActivation(o.getActivation())));
+      })
+      .Case<moe::ExpertsSavedOp, moe::ExpertsGradOp>([&](auto o) {
+        a.set("activation", b.getStringAttr(moe::stringifyActivation(o.getActivation())));
+        if (o.getCapacityFactor())
+          a.set("capacity_factor", f64(*o.getCapacityFactor()));
       })
       .Case([&](moe::DispatchOp o) {
         a.set("num_experts", i64(o.getNumExperts()));

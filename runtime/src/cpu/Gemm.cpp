@@ -81,8 +81,14 @@ void columnsScalar(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
                    const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
   int64_t K = w.cols;
   float *row = widenedRow.get(static_cast<size_t>(K));
+  const int64_t size = static_cast<int64_t>(dtypeSize(w.dtype));
   for (int64_t n = n0; n < n1; ++n) {
-    widenScalar(w.dtype, rowAddress(w, n, 0), K, row);
+    if (w.transposed) // a column of the storage, element by element
+      for (int64_t k = 0; k < K; ++k)
+        widenScalar(w.dtype, static_cast<const char *>(w.data) + (k * w.rowStride + n) * size, 1,
+                    row + k);
+    else
+      widenScalar(w.dtype, rowAddress(w, n, 0), K, row);
     for (int64_t t = 0; t < tokens; ++t) {
       const float *xt = x + t * ldx;
       // Eight partial sums: independent chains the compiler can overlap.
@@ -184,6 +190,16 @@ MOERT_AVX512 void packWeights(const Matrix &w, int64_t n0, int64_t nc, int64_t k
                               float *out) {
   constexpr int64_t size = kElementSize<D>;
   const int64_t rowBytes = w.rowStride * size;
+  if (w.transposed) { // one k's kNR weights are consecutive: no transpose
+    const char *base = static_cast<const char *>(w.data) + (k0 * w.rowStride + n0) * size;
+    for (int64_t first = 0; first < nc; first += 16) {
+      const __mmask16 mask = firstLanes(nc - first);
+      float *dst = out + first / kNR * kNR * kc + first % kNR;
+      for (int64_t k = 0; k < kc; ++k)
+        _mm512_store_ps(dst + k * kNR, load16<D>(base + k * rowBytes + first * size, mask));
+    }
+    return;
+  }
   const char *base = static_cast<const char *>(w.data) + (n0 * w.rowStride + k0) * size;
   const int64_t tiles = (kc + 15) / 16;
   for (int64_t first = 0; first < nc; first += 16) {
@@ -337,7 +353,7 @@ MOERT_AVX512 void gemm(const float *x, int64_t ldx, int64_t tokens, const Matrix
       // (packing it would otherwise wait on it).
       int64_t nextJc = pc + kc < K ? jc : jc + nc, nextPc = pc + kc < K ? pc + kc : 0;
       BlockPrefetcher next(base + nextJc * rowBytes + nextPc * size,
-                           nextJc < n1 ? std::min(nStep, n1 - nextJc) : 0,
+                           nextJc < n1 && !w.transposed ? std::min(nStep, n1 - nextJc) : 0,
                            std::min(kStep, K - nextPc) * size, rowBytes, /*toL2=*/true);
       const int64_t kernelCalls = tokenBlocks * ((nc + kNR - 1) / kNR);
       const int64_t perCall = (next.lines() + kernelCalls - 1) / kernelCalls;
@@ -468,9 +484,9 @@ struct Bf16Path {
 template <DType D>
 void columnsAvx512(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
                    const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
-  if (tokens <= kGemvMaxTokens)
+  if (tokens <= kGemvMaxTokens && !w.transposed)
     gemvAvx512(x, ldx, tokens, w, bias, n0, n1, y, ldy);
-  else if (roundsToBf16(D))
+  else if (roundsToBf16(D) && !w.transposed)
     gemm<Bf16Path, D>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
   else
     gemm<F32Path<D>, D>(x, ldx, tokens, w, bias, n0, n1, y, ldy);

@@ -113,8 +113,20 @@ MOERT_AVX2 void packWeights(const Matrix &w, int64_t n0, int64_t nc, int64_t k0,
                             float *out) {
   constexpr int64_t size = kElementSize<D>;
   const int64_t rowBytes = w.rowStride * size;
-  const char *base = static_cast<const char *>(w.data) + (n0 * w.rowStride + k0) * size;
   const int64_t rows = (nc + kNR - 1) / kNR * kNR;
+  if (w.transposed) { // one k's 8 weights are consecutive: no transpose
+    const char *base = static_cast<const char *>(w.data) + (k0 * w.rowStride + n0) * size;
+    for (int64_t first = 0; first < rows; first += 8) {
+      const int64_t valid = std::clamp<int64_t>(nc - first, 0, 8);
+      float *dst = out + first / kNR * kNR * kc + first % kNR;
+      for (int64_t k = 0; k < kc; ++k)
+        _mm256_store_ps(dst + k * kNR, valid ? load8Partial<D>(base + k * rowBytes + first * size,
+                                                                valid)
+                                             : _mm256_setzero_ps());
+    }
+    return;
+  }
+  const char *base = static_cast<const char *>(w.data) + (n0 * w.rowStride + k0) * size;
   for (int64_t first = 0; first < rows; first += 8) {
     const int64_t valid = std::clamp<int64_t>(nc - first, 0, 8);
     const char *src = base + first * rowBytes;
@@ -362,7 +374,7 @@ MOERT_AVX2 void gemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &
 template <DType D>
 void columns(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
              int64_t n0, int64_t n1, float *y, int64_t ldy) {
-  if (tokens <= kGemvMaxTokens)
+  if (tokens <= kGemvMaxTokens && !w.transposed)
     gemv<D>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
   else
     gemm<D>(x, ldx, tokens, w, bias, n0, n1, y, ldy);

@@ -1,6 +1,5 @@
 // Reusable buffers and transposes of the backward kernels (GradientUtil.h).
 #include "GradientUtil.h"
-#include "Gemm.h"
 #include "moert/Parallel.h"
 
 #include <algorithm>
@@ -38,21 +37,6 @@ void transpose(const float *in, int64_t rows, int64_t cols, int64_t ldIn, float 
   });
 }
 
-void transposeWeight(const Matrix &w, float *out, int64_t ldOut) {
-  const size_t element = dtypeSize(w.dtype);
-  parallelFor((w.rows + kBlock - 1) / kBlock, [&](int64_t begin, int64_t end) {
-    float *rows = workspace(kWidenRows, static_cast<size_t>(kBlock * w.cols));
-    for (int64_t r0 = begin * kBlock; r0 < std::min(w.rows, end * kBlock); r0 += kBlock) {
-      const int64_t count = std::min(kBlock, w.rows - r0);
-      for (int64_t r = 0; r < count; ++r)
-        gemm::widen(w.dtype,
-                    static_cast<const char *>(w.data) + (r0 + r) * w.rowStride * element, w.cols,
-                    rows + r * w.cols);
-      transposeSerial(rows, count, w.cols, w.cols, out + r0, ldOut);
-    }
-  });
-}
-
 Matrix f32Matrix(const float *data, int64_t rows, int64_t cols, int64_t ld) {
   Matrix m;
   m.dtype = DType::F32;
@@ -66,10 +50,9 @@ Matrix f32Matrix(const float *data, int64_t rows, int64_t cols, int64_t ld) {
 void matmulTN(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t t, int64_t m,
               int64_t n, float *c, int64_t ldc) {
   float *aT = workspace(kLeftT, static_cast<size_t>(m * t));
-  float *bT = workspace(kRightT, static_cast<size_t>(n * t));
   transpose(a, t, m, lda, aT, t);
-  transpose(b, t, n, ldb, bT, t);
-  linear(aT, m, f32Matrix(bT, n, t), nullptr, c, 0, ldc);
+  // b [t, n] is the storage of b^T [n, t]: the GEMM packs it as it is.
+  linear(aT, m, f32Matrix(b, t, n, ldb).transpose(), nullptr, c, 0, ldc);
 }
 
 } // namespace moert::cpu::grad

@@ -1,6 +1,6 @@
 // Internal to the backward kernels (Gradients.cpp, AttentionGrad.cpp):
 // reusable buffers and the transposes that turn the gradient GEMMs into
-// cpu::linear's y = x w^T.
+// cpu::linear's y = x w^T (a weight's transpose is a view: Matrix::transpose).
 #pragma once
 
 #include "moert/cpu/Kernels.h"
@@ -16,14 +16,13 @@ namespace moert::cpu::grad {
 /// next call with the same slot on this thread: each kernel names the
 /// slots it holds at once.
 enum Slot {
-  kWeightT,      // a weight widened and transposed (linearGrad, mlpBackward)
-  kLeftT,        // matmulTN's transposed operands
-  kRightT,
+  kLeftT,        // matmulTN's transposed left operand
   kMlpA,         // mlpBackward / expertsGrad: activations and their gradients
   kMlpU,
   kMlpH,
   kMlpDh,
   kMlpDaDu,
+  kMlpPart,
   kExpertX,      // expertsGrad: one expert's rows
   kExpertY,
   kExpertDy,
@@ -35,7 +34,6 @@ enum Slot {
   kAttnPanelT,
   kAttnKeyGrads, // attentionGrad: per head dK and dV, summed per group after
   kAttnValueGrads,
-  kWidenRows,    // transposeWeight's widened rows (its own threads)
   kSlotCount
 };
 float *workspace(Slot slot, size_t count);
@@ -48,15 +46,11 @@ void transposeSerial(const float *in, int64_t rows, int64_t cols, int64_t ldIn, 
 void transpose(const float *in, int64_t rows, int64_t cols, int64_t ldIn, float *out,
                int64_t ldOut);
 
-/// out [w.cols, w.rows] (row stride ldOut) = w widened to f32, transposed.
-void transposeWeight(const Matrix &w, float *out, int64_t ldOut);
-
 /// A dense f32 [rows, cols] matrix (row stride ld, 0: cols) as a weight.
 Matrix f32Matrix(const float *data, int64_t rows, int64_t cols, int64_t ld = 0);
 
 /// c [m, n] (row stride ldc) = a^T b for a [t, m] (row stride lda) and
-/// b [t, n] (row stride ldb): sums over the rows t. Uses the kLeftT and
-/// kRightT slots.
+/// b [t, n] (row stride ldb): sums over the rows t. Uses the kLeftT slot.
 void matmulTN(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t t, int64_t m,
               int64_t n, float *c, int64_t ldc = 0);
 

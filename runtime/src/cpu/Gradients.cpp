@@ -61,12 +61,9 @@ void mlpBackward(const float *dy, const float *x, int64_t T, const Matrix &gate,
                  float *ddown) {
   const int64_t H = gate.cols, I = gate.rows;
   matmulTN(dy, H, h, I, T, H, I, ddown);
-  float *weightT = workspace(kWeightT, static_cast<size_t>(2 * I * H));
   float *dh = workspace(kMlpDh, static_cast<size_t>(T * I));
-  transposeWeight(down, weightT, H); // [I, H]
-  linear(dy, T, f32Matrix(weightT, I, H), nullptr, dh);
-  // [da | du] [T, 2I], then dx = da gate + du up as one product with
-  // [gate^T | up^T] [H, 2I].
+  linear(dy, T, down.transpose(), nullptr, dh);
+  // [da | du] [T, 2I].
   float *dadu = workspace(kMlpDaDu, static_cast<size_t>(2 * T * I));
   parallelFor(T, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
@@ -80,9 +77,11 @@ void mlpBackward(const float *dy, const float *x, int64_t T, const Matrix &gate,
   }, 4);
   matmulTN(dadu, 2 * I, x, H, T, I, H, dgate);
   matmulTN(dadu + I, 2 * I, x, H, T, I, H, dup);
-  transposeWeight(gate, weightT, 2 * I);
-  transposeWeight(up, weightT + I, 2 * I);
-  linear(dadu, T, f32Matrix(weightT, H, 2 * I), nullptr, dx);
+  // dx = da gate + du up.
+  float *part = workspace(kMlpPart, static_cast<size_t>(T * H));
+  linear(dadu, T, gate.transpose(), nullptr, dx, 2 * I);
+  linear(dadu + I, T, up.transpose(), nullptr, part, 2 * I);
+  add(dx, part, T * H, dx);
 }
 
 } // namespace
@@ -113,9 +112,7 @@ void crossEntropyGrad(const float *logits, int64_t tokens, int64_t width, int64_
 
 void linearGrad(const float *dy, const float *x, int64_t tokens, const Matrix &w, float *dx,
                 float *dw) {
-  float *wT = workspace(kWeightT, static_cast<size_t>(w.rows * w.cols));
-  transposeWeight(w, wT, w.rows); // [in, out]
-  linear(dy, tokens, f32Matrix(wT, w.cols, w.rows), nullptr, dx);
+  linear(dy, tokens, w.transpose(), nullptr, dx);
   matmulTN(dy, w.rows, x, w.cols, tokens, w.rows, w.cols, dw);
 }
 
@@ -248,8 +245,10 @@ void expertsGrad(const float *dy, const float *x, int64_t tokens, int64_t hidden
                  const float *weights, const int32_t *experts, int64_t k,
                  const std::vector<Matrix> &gate, const std::vector<Matrix> &up,
                  const std::vector<Matrix> &down, Activation act, float *dx, float *dweights,
-                 float *dgate, float *dup, float *ddown) {
+                 float *dgate, float *dup, float *ddown, const float *savedGate,
+                 const float *savedUp, const float *savedOutput, double capacityFactor) {
   const int64_t E = static_cast<int64_t>(gate.size()), H = hidden;
+  const bool saved = savedGate && savedUp && savedOutput;
   const int64_t I = E ? gate[0].rows : 0;
   for (int64_t i = 0; i < tokens * k; ++i)
     if (experts[i] < 0 || experts[i] >= E)
@@ -261,6 +260,10 @@ void expertsGrad(const float *dy, const float *x, int64_t tokens, int64_t hidden
   std::vector<std::vector<int64_t>> rowsOf(E); // (t * k + j), in order
   for (int64_t i = 0; i < tokens * k; ++i)
     rowsOf[experts[i]].push_back(i);
+  if (capacityFactor > 0) // the forward's drops: those pairs take no gradient
+    for (std::vector<int64_t> &rows : rowsOf)
+      rows.resize(std::min<size_t>(
+          rows.size(), static_cast<size_t>(stepCapacity(capacityFactor, tokens, k, E, tokens))));
   for (int64_t e = 0; e < E; ++e) {
     const std::vector<int64_t> &rows = rowsOf[e];
     float *dg = dgate + e * I * H, *du = dup + e * I * H, *dd = ddown + e * H * I;
@@ -277,20 +280,30 @@ void expertsGrad(const float *dy, const float *x, int64_t tokens, int64_t hidden
     float *a = workspace(kMlpA, inner), *u = workspace(kMlpU, inner);
     float *h = workspace(kMlpH, inner);
     parallelFor(n, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r)
+      for (int64_t r = r0; r < r1; ++r) {
         std::copy_n(x + (rows[r] / k) * H, H, xe + r * H);
+        if (saved) {
+          std::copy_n(savedGate + rows[r] * I, I, a + r * I);
+          std::copy_n(savedUp + rows[r] * I, I, u + r * I);
+        }
+      }
     }, 16);
-    // The expert's forward, recomputed once: a, u, h and its output ye.
-    linear(xe, n, gate[e], nullptr, a);
-    linear(xe, n, up[e], nullptr, u);
+    // The expert's forward: a, u and its output ye saved by the forward
+    // pass (moe.experts_saved) or recomputed here; h = act(a) u.
+    if (!saved) {
+      linear(xe, n, gate[e], nullptr, a);
+      linear(xe, n, up[e], nullptr, u);
+    }
     gatedProduct(a, u, n, I, act, h);
-    linear(h, n, down[e], nullptr, ye);
+    if (!saved)
+      linear(h, n, down[e], nullptr, ye);
     parallelFor(n, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const float *g = dy + (rows[r] / k) * H;
+        const float *yr = saved ? savedOutput + rows[r] * H : ye + r * H;
         double d = 0;
         for (int64_t c = 0; c < H; ++c) {
-          d += static_cast<double>(g[c]) * ye[r * H + c];
+          d += static_cast<double>(g[c]) * yr[c];
           dye[r * H + c] = weights[rows[r]] * g[c];
         }
         dweights[rows[r]] = static_cast<float>(d);

@@ -234,9 +234,21 @@ Matrix Matrix::of(const TensorView &view) {
   return m;
 }
 
+Matrix Matrix::transpose() const {
+  if (transposed)
+    runtimeError("the transpose of a transposed view");
+  Matrix m = *this;
+  m.rows = cols;
+  m.cols = rows;
+  m.transposed = true;
+  return m;
+}
+
 Matrix Matrix::sliceRows(int64_t begin, int64_t count) const {
   if (begin < 0 || count < 0 || begin + count > rows)
     runtimeError("rows [{}, {}) of a {}-row matrix", begin, begin + count, rows);
+  if (transposed)
+    runtimeError("rows of a transposed view");
   Matrix m = *this;
   m.data = static_cast<const char *>(data) +
            begin * rowStride * static_cast<int64_t>(dtypeSize(dtype));
@@ -301,10 +313,59 @@ void mlp(const float *x, int64_t tokens, const Matrix &gate, const Matrix &up, c
   downProjection(g, tokens, I, down, out);
 }
 
+void keepFirstAssignments(int64_t capacity, std::vector<int64_t> &start,
+                          std::vector<int64_t> &order) {
+  const int64_t E = static_cast<int64_t>(start.size()) - 1;
+  std::vector<int64_t> keptStart(start.size(), 0);
+  int64_t at = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = std::min(start[e + 1] - start[e], capacity);
+    std::copy_n(order.begin() + start[e], n, order.begin() + at); // at <= start[e]
+    at += n;
+    keptStart[e + 1] = at;
+  }
+  order.resize(static_cast<size_t>(at));
+  start = std::move(keptStart);
+}
+
+namespace {
+
+/// The experts' MLPs of moe.experts_saved: expert by expert, the gate and
+/// up products copied to the saved rows of their (token, slot) pairs
+/// (order[i]: the pair of gathered row i) before the activation, and the
+/// outputs d (gathered order) after.
+void savingExpertMlps(const std::vector<ExpertRows> &groups, Activation act,
+                      const int64_t *order, const ExpertsSaved &saved, const float *d) {
+  thread_local std::vector<float> gateBuf, upBuf;
+  int64_t row = 0; // the group's first gathered row
+  for (const ExpertRows &g : groups) {
+    const int64_t I = g.gate->rows, n = g.count;
+    float *a = scratch(gateBuf, n * I), *u = scratch(upBuf, n * I);
+    linear(g.x, n, *g.gate, nullptr, a);
+    linear(g.x, n, *g.up, nullptr, u);
+    parallelFor(n, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        std::copy_n(a + r * I, I, saved.gate + order[row + r] * I);
+        std::copy_n(u + r * I, I, saved.up + order[row + r] * I);
+        gatedProduct(act, a + r * I, u + r * I, I);
+      }
+    }, 4);
+    linear(a, n, *g.down, nullptr, g.y);
+    row += n;
+  }
+  const int64_t H = groups.empty() ? 0 : groups[0].down->rows;
+  parallelFor(row, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      std::copy_n(d + i * H, H, saved.output + order[i] * H);
+  }, 16);
+}
+
+} // namespace
+
 void experts(const float *x, int64_t tokens, int64_t hidden, const float *weights,
              const int32_t *experts, int64_t k, const std::vector<Matrix> &gate,
              const std::vector<Matrix> &up, const std::vector<Matrix> &down, Activation act,
-             float *out) {
+             float *out, const ExpertsSaved *saved, double capacityFactor) {
   if (tokens <= 0)
     return;
   const int64_t E = static_cast<int64_t>(gate.size());
@@ -331,12 +392,20 @@ void experts(const float *x, int64_t tokens, int64_t hidden, const float *weight
     for (int64_t p = 0; p < pairs; ++p)
       order[next[experts[p]]++] = p;
   }
+  if (capacityFactor > 0)
+    keepFirstAssignments(stepCapacity(capacityFactor, tokens, k, E, tokens), start, order);
+  const int64_t kept = start[E];
+  if (saved && kept < pairs) {
+    std::fill_n(saved->gate, pairs * gate[0].rows, 0.0f);
+    std::fill_n(saved->up, pairs * gate[0].rows, 0.0f);
+    std::fill_n(saved->output, pairs * hidden, 0.0f);
+  }
 
   // Gather every pair's input row in expert order (before `out` is written:
   // it may alias x), so each expert's tokens are one dense matrix.
   thread_local std::vector<float> gatheredBuf, scratchBuf, downBuf;
   float *gathered = scratch(gatheredBuf, pairs * hidden);
-  parallelFor(pairs, [&](int64_t i0, int64_t i1) {
+  parallelFor(kept, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i)
       std::copy_n(x + order[i] / k * hidden, hidden, gathered + i * hidden);
   }, std::max<int64_t>(1, kMinWorkPerThread / std::max<int64_t>(1, hidden)));
@@ -352,9 +421,12 @@ void experts(const float *x, int64_t tokens, int64_t hidden, const float *weight
     if (start[e + 1] > start[e])
       groups.push_back({&gate[e], &up[e], &down[e], gathered + start[e] * hidden,
                         d + start[e] * hidden, start[e + 1] - start[e]});
-  expertMlps(groups, act, scratch(scratchBuf, expertMlpsScratch(groups)));
+  if (saved)
+    savingExpertMlps(groups, act, order.data(), *saved, d);
+  else
+    expertMlps(groups, act, scratch(scratchBuf, expertMlpsScratch(groups)));
   parallelFor(hidden, [&](int64_t c0, int64_t c1) {
-    for (int64_t i = 0; i < pairs; ++i) {
+    for (int64_t i = 0; i < kept; ++i) {
       const int64_t p = order[i];
       const float w = weights[p];
       float *dst = out + p / k * hidden;
@@ -362,7 +434,7 @@ void experts(const float *x, int64_t tokens, int64_t hidden, const float *weight
       for (int64_t c = c0; c < c1; ++c)
         dst[c] += w * src[c];
     }
-  }, std::max<int64_t>(64, kMinWorkPerThread / pairs));
+  }, std::max<int64_t>(64, kMinWorkPerThread / std::max<int64_t>(1, kept)));
 }
 
 namespace {

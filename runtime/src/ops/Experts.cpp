@@ -6,6 +6,22 @@
 #include "Ops.h"
 
 namespace moert::ops {
+
+void parseExpertsCapacity(const JsonFields &a, PlanStep &step) {
+  step.dispatch.capacityFactor = a.has("capacity_factor") ? a.number("capacity_factor") : 0.0;
+  if (!(step.dispatch.capacityFactor >= 0))
+    a.fail("capacity_factor", "expected a value >= 0 (0: dropless)");
+}
+
+void checkSavedActivations(const StepChecker &c, int64_t gate, int64_t up, int64_t output,
+                           int64_t k, int64_t intermediate, int64_t hidden) {
+  c.expect(c.tokens(gate) == k * intermediate && c.tokens(up) == k * intermediate &&
+               c.tokens(output) == k * hidden,
+           fmt::format("expected saved activations per token of {} (gate), {} (up) and {} "
+                       "(output) floats: k = {} blocks of the intermediate {} and hidden {}",
+                       k * intermediate, k * intermediate, k * hidden, k, intermediate, hidden));
+}
+
 namespace {
 
 void checkMlp(const StepChecker &c, const PlanStep &step) {
@@ -77,8 +93,8 @@ void checkStacks(const StepChecker &c, int64_t h, const char *of) {
            fmt::format("expert stacks do not form MLPs of the {} width", of));
 }
 
-void checkExperts(const StepChecker &c, const PlanStep &step) {
-  c.arity(3, 3, 3, 1);
+/// moe.experts' and moe.experts_saved's inputs, weights and output 0.
+void checkExpertsShapes(const StepChecker &c, const PlanStep &step) {
   int64_t h = c.tokens(step.in[0]), k = c.tokens(step.in[1]);
   c.expect(c.tokens(step.in[2], DType::I32) == k, "weights and experts widths differ");
   checkStacks(c, h, "input");
@@ -86,9 +102,29 @@ void checkExperts(const StepChecker &c, const PlanStep &step) {
   c.expect(c.tokens(step.out[0]) == h, "output width differs from the input's");
 }
 
+void checkExperts(const StepChecker &c, const PlanStep &step) {
+  c.arity(3, 3, 3, 1);
+  checkExpertsShapes(c, step);
+}
+
 int64_t runExperts(cpu::StepContext &c) {
   cpu::experts(c.in(0), c.rows, c.inWidth(0), c.in(1), c.inInts(2), c.inWidth(1), c.experts(0),
                c.experts(1), c.experts(2), c.step->activation, c.out(0));
+  return c.rows;
+}
+
+void checkExpertsSaved(const StepChecker &c, const PlanStep &step) {
+  c.arity(3, 3, 3, 4);
+  checkExpertsShapes(c, step);
+  checkSavedActivations(c, step.out[1], step.out[2], step.out[3], c.tokens(step.in[1]),
+                        c.weight(0, 3).shape[1], c.tokens(step.in[0]));
+}
+
+int64_t runExpertsSaved(cpu::StepContext &c) {
+  const cpu::ExpertsSaved saved{c.out(1), c.out(2), c.out(3)};
+  cpu::experts(c.in(0), c.rows, c.inWidth(0), c.in(1), c.inInts(2), c.inWidth(1), c.experts(0),
+               c.experts(1), c.experts(2), c.step->activation, c.out(0), &saved,
+               c.step->dispatch.capacityFactor);
   return c.rows;
 }
 
@@ -181,6 +217,8 @@ const OpDef kRouter = {"router", Collective::None, 0, nullptr, checkRouter, runR
 const OpDef kRoute = {"route", Collective::None, 0, nullptr, checkRoute, runRoute};
 const OpDef kExperts = {"experts", Collective::None, OpDef::GroupedExpertGemm, nullptr,
                         checkExperts, runExperts};
+const OpDef kExpertsSaved = {"experts_saved", Collective::None, 0, parseExpertsCapacity,
+                             checkExpertsSaved, runExpertsSaved};
 const OpDef kDispatch = {"dispatch", Collective::None,
                          OpDef::RunsEmpty | OpDef::FillsExpertBlocks, parseDispatch,
                          checkDispatch, runDispatch};

@@ -165,7 +165,10 @@ int64_t runRouteGrad(cpu::StepContext &c) {
 /// in: dy, x, the routing weights, the experts; weights: the three stacks;
 /// out: dx, dweights and the stacks' gradients.
 void checkExpertsGrad(const StepChecker &c, const PlanStep &step) {
-  c.arity(4, 3, 3, 5);
+  c.expect(step.in.size() == 4 || step.in.size() == 7,
+           "expected dy, x, the routing weights and experts, and none or three saved "
+           "activations (gate, up, output) in");
+  c.arity(step.in.size(), 3, 3, 5);
   const int64_t h = c.tokens(step.in[0]), k = c.tokens(step.in[2]);
   const PlanWeight &g = c.weight(0, 3), &u = c.weight(1, 3), &d = c.weight(2, 3);
   c.expect(c.tokens(step.in[1]) == h && c.tokens(step.in[3], DType::I32) == k &&
@@ -177,12 +180,17 @@ void checkExpertsGrad(const StepChecker &c, const PlanStep &step) {
   expectWeightGradient(c, step.out[2], g);
   expectWeightGradient(c, step.out[3], u);
   expectWeightGradient(c, step.out[4], d);
+  if (step.in.size() == 7)
+    checkSavedActivations(c, step.in[4], step.in[5], step.in[6], k, g.shape[1], h);
 }
 
 int64_t runExpertsGrad(cpu::StepContext &c) {
+  const bool saved = c.step->in.size() == 7;
   cpu::expertsGrad(c.in(0), c.in(1), c.rows, c.inWidth(0), c.in(2), c.inInts(3), c.inWidth(2),
                    c.experts(0), c.experts(1), c.experts(2), c.step->activation, c.out(0),
-                   c.out(1), c.out(2), c.out(3), c.out(4));
+                   c.out(1), c.out(2), c.out(3), c.out(4), saved ? c.in(4) : nullptr,
+                   saved ? c.in(5) : nullptr, saved ? c.in(6) : nullptr,
+                   c.step->dispatch.capacityFactor);
   return c.rows;
 }
 
@@ -272,8 +280,8 @@ const OpDef kSigmoidGateGrad = {"sigmoid_gate_grad", Collective::None, 0, nullpt
                                 checkSigmoidGateGrad, runSigmoidGateGrad};
 const OpDef kRouteGrad = {"route_grad", Collective::None, 0, nullptr, checkRouteGrad,
                           runRouteGrad};
-const OpDef kExpertsGrad = {"experts_grad", Collective::None, OpDef::Backward, nullptr,
-                            checkExpertsGrad, runExpertsGrad};
+const OpDef kExpertsGrad = {"experts_grad", Collective::None, OpDef::Backward,
+                            parseExpertsCapacity, checkExpertsGrad, runExpertsGrad};
 const OpDef kRouterStatsGrad = {"router_stats_grad", Collective::None, 0, parseCoefficients,
                                 checkRouterStatsGrad, runRouterStatsGrad};
 const OpDef kCrossEntropyGrad = {"cross_entropy_grad", Collective::None, 0, parseVocab,

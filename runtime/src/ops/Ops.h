@@ -25,13 +25,21 @@ extern const OpDef kRope, kAttention, kMlaAttention;
 // Elementwise.cpp
 extern const OpDef kSplit, kConcat, kAdd, kSigmoidGate;
 // Experts.cpp
-extern const OpDef kMlp, kRouter, kRoute, kExperts, kDispatch, kExpertFfn, kCombine;
+extern const OpDef kMlp, kRouter, kRoute, kExperts, kExpertsSaved, kDispatch, kExpertFfn,
+    kCombine;
 // Loss.cpp
 extern const OpDef kCrossEntropy, kRouterStats, kLmLoss;
 // Gradients.cpp
 extern const OpDef kCrossEntropyGrad, kLinearGrad, kRmsNormGrad, kRopeGrad, kAttentionGrad,
     kMlpGrad, kEmbeddingGrad, kRouteGrad, kExpertsGrad, kRouterStatsGrad, kBiasGrad,
     kSigmoidGateGrad, kMlaAttentionGrad;
+// Experts.cpp: the optional capacity_factor of experts_saved and experts_grad
+// (PlanStep::dispatch.capacityFactor; 0: dropless).
+void parseExpertsCapacity(const JsonFields &a, PlanStep &step);
+// Experts.cpp: moe.experts_saved's saved activations (its outputs, moe.experts_grad's
+// inputs): per token k blocks of the intermediate (gate, up) and of hidden (output).
+void checkSavedActivations(const StepChecker &c, int64_t gate, int64_t up, int64_t output,
+                           int64_t k, int64_t intermediate, int64_t hidden);
 // Collective.cpp
 extern const OpDef kAllReduce, kAllGather, kAllToAll, kSend, kRecv;
 

@@ -10,7 +10,7 @@ const std::vector<const OpDef *> &registeredOps() {
       &ops::kRope,       &ops::kAttention,   &ops::kMlaAttention,
       &ops::kSplit,      &ops::kConcat,      &ops::kAdd,         &ops::kSigmoidGate,
       &ops::kMlp,        &ops::kRouter,      &ops::kRoute,     &ops::kExperts,
-      &ops::kDispatch,
+      &ops::kExpertsSaved, &ops::kDispatch,
       &ops::kExpertFfn,  &ops::kCombine,
       &ops::kCrossEntropy, &ops::kRouterStats, &ops::kLmLoss,
       &ops::kCrossEntropyGrad, &ops::kLinearGrad, &ops::kRmsNormGrad, &ops::kRopeGrad,

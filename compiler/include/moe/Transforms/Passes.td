@@ -59,7 +59,21 @@ def MoEDifferentiate : Pass<"moe-differentiate", "mlir::ModuleOp"> {
     then returns the loss and one f32 gradient per weight, in the order the
     ops first bind the weights, each result marked `moe.gradient_of` with
     the weight's checkpoint name. An op without a rule is refused by name.
+
+    Each moe.experts first becomes moe.experts_saved, whose gate/up
+    products and expert outputs moe.experts_grad reads, unless
+    `recompute-experts` (moec compile --recompute experts): then
+    moe.experts_grad recomputes them (three more products per expert, none
+    of those activations kept between the passes). `capacity-factor` (moec
+    compile --train --capacity-factor) gives the experts moe.dispatch's
+    position drop policy, in the backward pass too.
   }];
+  let options = [
+    Option<"recomputeExperts", "recompute-experts", "bool", "false",
+           "recompute the experts' intermediates in the backward pass instead of saving them">,
+    Option<"capacityFactor", "capacity-factor", "double", "0",
+           "the experts' capacity factor (moe.experts_saved's drop policy; 0: dropless)">,
+  ];
 }
 
 def MoEFuseRouter : Pass<"moe-fuse-router", "mlir::ModuleOp"> {

@@ -126,16 +126,34 @@ LogicalResult RouteOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
   return success();
 }
 
-LogicalResult ExpertsOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
-                                      SmallVectorImpl<Value> &operandGrads) {
+/// moe.experts' and moe.experts_saved's rule: moe.experts_grad, reading the
+/// saved activations where there are some.
+template <class Op>
+static void buildExpertsAdjoint(Op op, OpBuilder &b, Value dy, ValueRange saved,
+                                FloatAttr capacityFactor, SmallVectorImpl<Value> &operandGrads) {
   auto grad = b.create<ExpertsGradOp>(
-      getLoc(), getInput().getType(), f32Like(getWeights()), f32Like(getGateWeights()),
-      f32Like(getUpWeights()), f32Like(getDownWeights()), resultGrads[0], getInput(),
-      getWeights(), getExperts(), getGateWeights(), getUpWeights(), getDownWeights(),
-      getActivationAttr());
+      op.getLoc(), op.getInput().getType(), f32Like(op.getWeights()),
+      f32Like(op.getGateWeights()), f32Like(op.getUpWeights()), f32Like(op.getDownWeights()), dy,
+      op.getInput(), op.getWeights(), op.getExperts(), op.getGateWeights(), op.getUpWeights(),
+      op.getDownWeights(), saved, op.getActivationAttr(), capacityFactor);
   operandGrads.assign({grad.getInputGrad(), grad.getWeightsGrad(), Value(),
                        grad.getGateWeightsGrad(), grad.getUpWeightsGrad(),
                        grad.getDownWeightsGrad()});
+}
+
+LogicalResult ExpertsOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
+                                      SmallVectorImpl<Value> &operandGrads) {
+  buildExpertsAdjoint(*this, b, resultGrads[0], {}, FloatAttr(), operandGrads);
+  return success();
+}
+
+LogicalResult ExpertsSavedOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
+                                           SmallVectorImpl<Value> &operandGrads) {
+  if (!resultGrads[0])
+    return emitOpError("moe-differentiate: a gradient reaches only the saved activations");
+  buildExpertsAdjoint(*this, b, resultGrads[0],
+                      {getSavedGate(), getSavedUp(), getSavedOutput()},
+                      getCapacityFactorAttr(), operandGrads);
   return success();
 }
 

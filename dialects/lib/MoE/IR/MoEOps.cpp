@@ -474,25 +474,30 @@ LogicalResult RouteOp::verify() {
 void ExpertsOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
   setName(getResult(), "moe");
 }
-LogicalResult ExpertsOp::verify() {
-  ArrayRef<int64_t> gate = getGateWeights().getType().getShape();
-  ArrayRef<int64_t> up = getUpWeights().getType().getShape();
-  ArrayRef<int64_t> down = getDownWeights().getType().getShape();
+LogicalResult moe::verifyExpertsOperands(Operation *op, Value input, Value weights,
+                                         Value experts, Value gateWeights, Value upWeights,
+                                         Value downWeights) {
+  ArrayRef<int64_t> gate = cast<RankedTensorType>(gateWeights.getType()).getShape();
+  ArrayRef<int64_t> up = cast<RankedTensorType>(upWeights.getType()).getShape();
+  ArrayRef<int64_t> down = cast<RankedTensorType>(downWeights.getType()).getShape();
   if (gate[0] != up[0] || gate[0] != down[0])
-    return emitOpError("expected the same number of experts in every stack "
-                       "but got ")
+    return op->emitOpError("expected the same number of experts in every stack "
+                           "but got ")
            << gate[0] << ", " << up[0] << " and " << down[0];
-  if (dim(getWeights(), 1) != dim(getExperts(), 1))
-    return emitOpError("expected weights and experts of the same width");
-  if (mismatch(dim(getWeights(), 0), dim(getInput(), 0)) ||
-      mismatch(dim(getExperts(), 0), dim(getInput(), 0)))
-    return emitOpError("expected one routing row per token");
-  if (dim(getExperts(), 1) > gate[0])
-    return emitOpError("expected at most ")
-           << gate[0] << " selected experts per token but got "
-           << dim(getExperts(), 1);
-  return verifyMLPShapes(*this, dim(getInput(), 1), gate.drop_front(),
-                         up.drop_front(), down.drop_front());
+  if (dim(weights, 1) != dim(experts, 1))
+    return op->emitOpError("expected weights and experts of the same width");
+  if (mismatch(dim(weights, 0), dim(input, 0)) || mismatch(dim(experts, 0), dim(input, 0)))
+    return op->emitOpError("expected one routing row per token");
+  if (dim(experts, 1) > gate[0])
+    return op->emitOpError("expected at most ")
+           << gate[0] << " selected experts per token but got " << dim(experts, 1);
+  return verifyMLPShapes(op, dim(input, 1), gate.drop_front(), up.drop_front(),
+                         down.drop_front());
+}
+
+LogicalResult ExpertsOp::verify() {
+  return verifyExpertsOperands(*this, getInput(), getWeights(), getExperts(), getGateWeights(),
+                               getUpWeights(), getDownWeights());
 }
 
 //===----------------------------------------------------------------------===//

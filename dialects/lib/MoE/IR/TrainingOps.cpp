@@ -157,6 +157,35 @@ LogicalResult RouteGradOp::verify() {
   return success();
 }
 
+/// moe.experts_saved's saved results (or moe.experts_grad's operands):
+/// per row, k blocks of I (gate, up) and of H (output).
+static LogicalResult verifySaved(Operation *op, ValueRange saved, Value input, Value experts,
+                                 Value gateWeights) {
+  const int64_t rows = shapeOf(input)[0], hidden = shapeOf(input)[1];
+  const int64_t k = shapeOf(experts)[1], inter = shapeOf(gateWeights)[1];
+  const int64_t widths[] = {k * inter, k * inter, k * hidden};
+  for (auto [value, width] : llvm::zip(saved, widths)) {
+    ArrayRef<int64_t> shape = shapeOf(value);
+    if (shape[0] != rows || shape[1] != width)
+      return op->emitOpError("expected saved activations [")
+             << (ShapedType::isDynamic(rows) ? "?" : std::to_string(rows)) << ", " << widths[0]
+             << "], [same], [" << (ShapedType::isDynamic(rows) ? "?" : std::to_string(rows))
+             << ", " << widths[2] << "] (k blocks of the gate/up products and of the outputs "
+             << "per token) but got " << value.getType();
+  }
+  return success();
+}
+
+LogicalResult ExpertsSavedOp::verify() {
+  if (getCapacityFactor() && !(getCapacityFactor()->convertToDouble() >= 0))
+    return emitOpError("expected capacity_factor >= 0 (0: dropless)");
+  if (failed(verifyExpertsOperands(*this, getInput(), getWeights(), getExperts(),
+                                   getGateWeights(), getUpWeights(), getDownWeights())))
+    return failure();
+  return verifySaved(*this, {getSavedGate(), getSavedUp(), getSavedOutput()}, getInput(),
+                     getExperts(), getGateWeights());
+}
+
 LogicalResult ExpertsGradOp::verify() {
   if (getInputGrad().getType() != getInput().getType() ||
       shapeOf(getWeightsGrad()) != shapeOf(getWeights()) ||
@@ -165,7 +194,12 @@ LogicalResult ExpertsGradOp::verify() {
       shapeOf(getDownWeightsGrad()) != shapeOf(getDownWeights()))
     return emitOpError("expected the gradients in the shapes of the input, the routing weights "
                        "and the expert stacks");
-  return success();
+  if (getCapacityFactor() && !(getCapacityFactor()->convertToDouble() >= 0))
+    return emitOpError("expected capacity_factor >= 0 (0: dropless)");
+  if (!getSaved().empty() && getSaved().size() != 3)
+    return emitOpError("expected no saved activations or three (gate, up, output) but got ")
+           << getSaved().size();
+  return verifySaved(*this, getSaved(), getInput(), getExperts(), getGateWeights());
 }
 
 void RouterStatsGradOp::getAsmResultNames(OpAsmSetValueNameFn setName) {

@@ -47,12 +47,17 @@ void routeGrad(const float *dw, const float *logits, const int32_t *experts, int
 
 /// moe.experts_grad: dx [T, H], dweights [T, k] and one gradient matrix
 /// per expert of each stack (dgate/dup/ddown: E consecutive [I, H] / [H, I]
-/// blocks), zero for an expert no token reached.
+/// blocks), zero for an expert no token reached. The experts' gate and up
+/// products and outputs come from moe.experts_saved (ExpertsSaved's
+/// layout) when given, else are recomputed. capacityFactor > 0: the
+/// assignments cpu::experts drops take no part (their dweights are 0).
 void expertsGrad(const float *dy, const float *x, int64_t tokens, int64_t hidden,
                  const float *weights, const int32_t *experts, int64_t k,
                  const std::vector<Matrix> &gate, const std::vector<Matrix> &up,
                  const std::vector<Matrix> &down, Activation act, float *dx, float *dweights,
-                 float *dgate, float *dup, float *ddown);
+                 float *dgate, float *dup, float *ddown, const float *savedGate = nullptr,
+                 const float *savedUp = nullptr, const float *savedOutput = nullptr,
+                 double capacityFactor = 0);
 
 /// moe.router_stats_grad: one layer's dlogits [T, E] of aux_coef * aux +
 /// z_coef * z, given every layer's statistics [3, E].

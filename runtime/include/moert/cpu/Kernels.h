@@ -20,7 +20,13 @@ struct Matrix {
   DType dtype = DType::F32;
   const void *data = nullptr;
   int64_t rows = 0, cols = 0, rowStride = 0;
+  /// Stored [cols, rows]: element (r, c) at c * rowStride + r. Only linear()
+  /// takes such a view (the backward's products with a weight's transpose,
+  /// packed straight from the weight instead of a transposed copy).
+  bool transposed = false;
   static Matrix of(const TensorView &view); ///< a [rows, cols] view
+  /// The [cols, rows] transpose of a row-major matrix, as a view.
+  Matrix transpose() const;
   /// Rows [begin, begin + count) of this matrix.
   Matrix sliceRows(int64_t begin, int64_t count) const;
 };
@@ -200,10 +206,26 @@ void route(const float *logits, int64_t tokens, int64_t numExperts,
 /// computed per expert over the tokens routed to it (gather, two GEMMs,
 /// activation, weighted scatter-add), never token by token. gate/up/down
 /// hold one Matrix per expert.
+/// moe.experts_saved's saved activations: per token t and slot j, in row t's
+/// block j, the gate and up products ([T, k*I] each) and the expert's output
+/// before its routing weight ([T, k*H]).
+struct ExpertsSaved {
+  float *gate = nullptr, *up = nullptr, *output = nullptr;
+};
+/// The position drop policy on assignments sorted by expert (order[start[e]
+/// .. start[e + 1]): the pairs t * k + j routed to e, in order): keeps each
+/// expert's first `capacity`, compacting order and start.
+void keepFirstAssignments(int64_t capacity, std::vector<int64_t> &start,
+                          std::vector<int64_t> &order);
+/// With `saved`, also writes them (zero for a dropped assignment). With
+/// capacityFactor > 0, each expert takes only its first stepCapacity(cf, T,
+/// k, E, T) assignments in (t, j) order (the position drop policy of
+/// moe.dispatch: a dropped one contributes nothing).
 void experts(const float *x, int64_t tokens, int64_t hidden, const float *weights,
              const int32_t *experts, int64_t k, const std::vector<Matrix> &gate,
              const std::vector<Matrix> &up, const std::vector<Matrix> &down,
-             Activation act, float *out);
+             Activation act, float *out, const ExpertsSaved *saved = nullptr,
+             double capacityFactor = 0);
 
 /// Index of the largest value (lowest index on ties).
 int64_t argmax(const float *x, int64_t n);

@@ -199,11 +199,14 @@ def MoE_ExpertsGradOp : MoE_Op<"experts_grad", [Pure]> {
   let summary = "the gradients of moe.experts: input, routing weights and expert stacks";
   let description = [{
     Per expert e over the (token t, slot j) routed to it, with y_e = moe.mlp
-    of slice e (recomputed): `weights_grad[t, j] = dy[t] . y_e(x[t])`, and
+    of slice e (recomputed, or read from moe.experts_saved's `saved`
+    results: its gate and up products and outputs):
+    `weights_grad[t, j] = dy[t] . y_e(x[t])`, and
     moe.mlp_grad of slice e with the cotangent `weights[t, j] dy[t]` gives
     the rows' input gradients (summed per token over j in order) and the
     slice's weight gradients. An expert no token reached has weight
-    gradients of exactly 0.
+    gradients of exactly 0. With `capacity_factor`, the assignments
+    moe.experts_saved drops take no part (their weights_grad is 0).
 
     ```mlir
     %dx, %dw, %d1, %d3, %d2 = moe.experts_grad silu %dy, %x, %weights, %experts, %w1, %w3, %w2 : tensor<?x64xf32>, tensor<?x64xf32>, tensor<?x2xf32>, tensor<?x2xi32>, tensor<8x48x64xf32>, tensor<8x48x64xf32>, tensor<8x64x48xf32> -> tensor<?x64xf32>, tensor<?x2xf32>, tensor<8x48x64xf32>, tensor<8x48x64xf32>, tensor<8x64x48xf32>
@@ -212,14 +215,16 @@ def MoE_ExpertsGradOp : MoE_Op<"experts_grad", [Pure]> {
   let arguments = (ins MoE_Activations:$grad, MoE_Activations:$input, MoE_Activations:$weights,
                        2DTensorOf<[I32]>:$experts, MoE_ExpertStack:$gate_weights,
                        MoE_ExpertStack:$up_weights, MoE_ExpertStack:$down_weights,
-                       MoE_Activation:$activation);
+                       Variadic<MoE_Activations>:$saved, MoE_Activation:$activation,
+                       OptionalAttr<F64Attr>:$capacity_factor);
   let results = (outs MoE_Activations:$input_grad, MoE_Activations:$weights_grad,
                       3DTensorOf<[F32]>:$gate_weights_grad, 3DTensorOf<[F32]>:$up_weights_grad,
                       3DTensorOf<[F32]>:$down_weights_grad);
   let assemblyFormat = [{
     $activation $grad `,` $input `,` $weights `,` $experts `,` $gate_weights `,` $up_weights `,`
-    $down_weights attr-dict `:` type($grad) `,` type($input) `,` type($weights) `,`
-    type($experts) `,` type($gate_weights) `,` type($up_weights) `,` type($down_weights) `->`
+    $down_weights (`saved` `(` $saved^ `:` type($saved) `)`)? attr-dict `:` type($grad) `,`
+    type($input) `,` type($weights) `,` type($experts) `,` type($gate_weights) `,`
+    type($up_weights) `,` type($down_weights) `->`
     type($input_grad) `,` type($weights_grad) `,` type($gate_weights_grad) `,`
     type($up_weights_grad) `,` type($down_weights_grad)
   }];

@@ -20,4 +20,12 @@
 #define GET_OP_CLASSES
 #include "moe/Dialect/MoE/IR/MoEOps.h.inc"
 
+namespace moe {
+/// moe.experts' checks of its operands, shared with moe.experts_saved.
+mlir::LogicalResult verifyExpertsOperands(mlir::Operation *op, mlir::Value input,
+                                          mlir::Value weights, mlir::Value experts,
+                                          mlir::Value gateWeights, mlir::Value upWeights,
+                                          mlir::Value downWeights);
+} // namespace moe
+
 #endif // MOE_DIALECT_MOE_IR_MOEOPS_H

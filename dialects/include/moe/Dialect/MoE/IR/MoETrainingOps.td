@@ -88,4 +88,40 @@ def MoE_LMLossOp : MoE_NamedResultOp<"lm_loss", [DeclareOpInterfaceMethods<MoE_A
   let hasVerifier = 1;
 }
 
+def MoE_ExpertsSavedOp : MoE_Op<"experts_saved", [Pure, AllTypesMatch<["input", "result"]>,
+    DeclareOpInterfaceMethods<MoE_AdjointOpInterface>]> {
+  let summary = "moe.experts that also returns what its gradient reads";
+  let description = [{
+    `result` is moe.experts'. Per token t and slot j, with e = experts[t, j],
+    the slot's block of each saved row holds expert e's intermediates:
+    `saved_gate[t, j*I:(j+1)*I] = input[t] gate_e^T`, `saved_up` the same
+    with up_e, `saved_output[t, j*H:(j+1)*H] = mlp_e(input[t])` (before the
+    routing weight). `moe-differentiate` puts it in place of moe.experts
+    (unless told to recompute the experts: moec compile --recompute
+    experts), so that moe.experts_grad reads them instead of recomputing
+    three of its nine products per expert. With `capacity_factor` cf > 0 an
+    expert takes only its first min(T, ceil(cf T k / E)) assignments in
+    (t, j) order, moe.dispatch's position drop policy
+    (docs/partitioned-execution.md): a dropped assignment contributes
+    nothing and its saved blocks are 0.
+
+    ```mlir
+    %y, %g, %u, %o = moe.experts_saved silu %x, %weights, %experts, %w1, %w3, %w2 : tensor<?x64xf32>, tensor<?x2xf32>, tensor<?x2xi32>, tensor<8x48x64xf32>, tensor<8x48x64xf32>, tensor<8x64x48xf32> -> tensor<?x64xf32>, tensor<?x96xf32>, tensor<?x96xf32>, tensor<?x128xf32>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$input, MoE_Activations:$weights,
+                       2DTensorOf<[I32]>:$experts, MoE_ExpertStack:$gate_weights,
+                       MoE_ExpertStack:$up_weights, MoE_ExpertStack:$down_weights,
+                       MoE_Activation:$activation, OptionalAttr<F64Attr>:$capacity_factor);
+  let results = (outs MoE_Activations:$result, MoE_Activations:$saved_gate,
+                      MoE_Activations:$saved_up, MoE_Activations:$saved_output);
+  let assemblyFormat = [{
+    $activation $input `,` $weights `,` $experts `,` $gate_weights `,` $up_weights `,`
+    $down_weights attr-dict `:` type($input) `,` type($weights) `,` type($experts) `,`
+    type($gate_weights) `,` type($up_weights) `,` type($down_weights) `->` type($result) `,`
+    type($saved_gate) `,` type($saved_up) `,` type($saved_output)
+  }];
+  let hasVerifier = 1;
+}
+
 #endif // MOE_DIALECT_MOE_IR_MOETRAININGOPS_TD
