@@ -66,9 +66,16 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
   workload.maxSequences = o.maxSequences;
   pm.addPass(createMoESpecializeWorkload(workload));
   // The layout (it needs the workload) and the weights' sharding.
+  // A training program is always partitioned (on its one rank for now): its
+  // per-rank form, with its collectives proven by moe-verify-collectives, is
+  // the one distributed training extends.
   const bool partition =
-      o.layout && (worldOf(*o.layout) > 1 || o.capacityFactor > 0);
-  if (o.layout) {
+      o.train || (o.layout && (worldOf(*o.layout) > 1 || o.capacityFactor > 0));
+  if (o.train && !o.layout) {
+    MoEChooseLayoutOptions choose;
+    choose.worldSize = 1;
+    pm.addPass(createMoEChooseLayout(choose));
+  } else if (o.layout) {
     MoEChooseLayoutOptions choose;
     choose.worldSize = o.layout->worldSize;
     choose.gpu = o.layout->gpu;

@@ -545,6 +545,23 @@ LogicalResult Partitioner::rewrite(Operation &op) {
     cloneAs(Dist::Replicated);
     return success();
   }
+  // The training program's loss and backward ops (moe-append-loss,
+  // moe-differentiate): on one rank each rank's program is the whole one;
+  // their partitioned forms (vocab-parallel cross-entropy, the backward of
+  // collectives, gradient reduction) come with distributed training.
+  if (isa<moe::CrossEntropyOp, moe::RouterStatsOp, moe::LMLossOp, moe::ExpertsSavedOp,
+          moe::CrossEntropyGradOp, moe::LinearGradOp, moe::BiasGradOp, moe::RMSNormGradOp,
+          moe::RopeGradOp, moe::AttentionGradOp, moe::MLAttentionGradOp, moe::MLPGradOp,
+          moe::EmbeddingGradOp, moe::RouteGradOp, moe::ExpertsGradOp, moe::RouterStatsGradOp,
+          moe::SigmoidGateGradOp>(op)) {
+    if (d.dp * d.pp * d.tp != 1)
+      return fail("not supported yet: partitioning a training program over " +
+                  Twine(d.dp * d.pp * d.tp) + " ranks (distributed training)");
+    if (failed(mapReplicated()))
+      return failure();
+    cloneAs(Dist::Replicated);
+    return success();
+  }
   return fail("cannot be partitioned (no rule for this op)");
 }
 
@@ -576,6 +593,11 @@ LogicalResult Partitioner::buildStage(int64_t stage, ArrayRef<int64_t> stageOfOp
   if (!last)
     for (unsigned i = 0; i < results.size(); ++i)
       fn.setResultAttr(i, moe::kSendToAttr, b.getI64IntegerAttr(stage + 1));
+  else // a training program's results name the weights of their gradients
+    for (unsigned i = 0; i < results.size(); ++i)
+      fn.setResultAttrs(i, forward.getResultAttrDict(i));
+  if (auto entryName = forward->getAttr("moe.entry"))
+    fn->setAttr("moe.entry", entryName);
   fn->setAttr("moe.stage", b.getI64IntegerAttr(stage));
   entry = fn.addEntryBlock();
   b.setInsertionPointToEnd(entry);
