@@ -50,6 +50,7 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
     MoEAppendLossOptions loss;
     loss.auxLossCoef = o.auxLossCoef;
     loss.zLossCoef = o.zLossCoef;
+    loss.sequences = o.maxSequences;
     pm.addPass(createMoEAppendLoss(loss));
     if (!o.lossOnly) {
       MoEDifferentiateOptions backward;

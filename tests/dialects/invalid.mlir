@@ -988,6 +988,14 @@ func.func @stats_result(%g: tensor<?x8xf32>) {
 
 // -----
 
+func.func @stats_sequences(%g: tensor<?x8xf32>) {
+  // expected-error@+1 {{'moe.router_stats' op expected a tensor<7x8xf32> result but got 'tensor<3x8xf32>'}}
+  %s = moe.router_stats %g top_k = 2 {sequences = 2 : i64} : tensor<?x8xf32> -> tensor<3x8xf32>
+  return
+}
+
+// -----
+
 func.func @loss_ce(%ce: tensor<3xf32>) {
   // expected-error@+1 {{'moe.lm_loss' op expected the cross-entropy as tensor<2xf32> but got 'tensor<3xf32>'}}
   %l = moe.lm_loss %ce aux_coef = 0.0 z_coef = 0.0 : tensor<3xf32> -> tensor<4xf32>
@@ -1005,7 +1013,7 @@ func.func @loss_stats_differ(%ce: tensor<2xf32>, %a: tensor<3x8xf32>, %b: tensor
 // -----
 
 func.func @loss_stats_rows(%ce: tensor<2xf32>, %a: tensor<2x8xf32>) {
-  // expected-error@+1 {{'moe.lm_loss' op expected router statistics of 3 rows but got 'tensor<2x8xf32>'}}
+  // expected-error@+1 {{'moe.lm_loss' op expected router statistics of 3 rows (or 3 + 2 per sequence) but got 'tensor<2x8xf32>'}}
   %l = moe.lm_loss %ce, %a aux_coef = 0.0 z_coef = 0.0 : tensor<2xf32>, tensor<2x8xf32> -> tensor<4xf32>
   return
 }

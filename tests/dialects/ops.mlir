@@ -314,11 +314,15 @@ func.func @partitioned(%x: tensor<?x64xf32>, %experts: tensor<?x2xi32>, %weights
 // CHECK:         %[[S:.+]] = moe.router_stats %{{.+}} top_k = 2 : tensor<?x8xf32> -> tensor<3x8xf32>
 // CHECK:         moe.lm_loss %[[CE]], %[[S]], %[[S]] aux_coef = 1.000000e-03 z_coef = 0.000000e+00 : tensor<2xf32>, tensor<3x8xf32>, tensor<3x8xf32> -> tensor<4xf32>
 // CHECK:         moe.lm_loss %[[CE]] aux_coef = 0.000000e+00 z_coef = 0.000000e+00 : tensor<2xf32> -> tensor<4xf32>
+// CHECK:         %[[Q:.+]] = moe.router_stats %{{.+}} top_k = 2 {sequences = 2 : i64} : tensor<?x8xf32> -> tensor<7x8xf32>
+// CHECK:         moe.lm_loss %[[CE]], %[[Q]] aux_coef = 1.000000e-02 z_coef = 0.000000e+00 : tensor<2xf32>, tensor<7x8xf32> -> tensor<4xf32>
 func.func @loss(%logits: tensor<?x256xbf16>, %labels: tensor<?xi32>, %gate: tensor<?x8xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
   %ce = moe.cross_entropy %logits, %labels vocab = 251 : tensor<?x256xbf16>, tensor<?xi32> -> tensor<2xf32>
   %s = moe.router_stats %gate top_k = 2 : tensor<?x8xf32> -> tensor<3x8xf32>
   %l = moe.lm_loss %ce, %s, %s aux_coef = 1.0e-03 z_coef = 0.0 : tensor<2xf32>, tensor<3x8xf32>, tensor<3x8xf32> -> tensor<4xf32>
   %d = moe.lm_loss %ce aux_coef = 0.0 z_coef = 0.0 : tensor<2xf32> -> tensor<4xf32>
+  %q = moe.router_stats %gate top_k = 2 {sequences = 2 : i64} : tensor<?x8xf32> -> tensor<7x8xf32>
+  %sq = moe.lm_loss %ce, %q aux_coef = 1.0e-02 z_coef = 0.0 : tensor<2xf32>, tensor<7x8xf32> -> tensor<4xf32>
   return %l, %d : tensor<4xf32>, tensor<4xf32>
 }
 

@@ -452,6 +452,52 @@ TEST(GradientsTest, RouterStatsOfOneLayerAmongTwo) {
   expectClose(grad.data(), numericGradient(logits, loss), 1e-5, "dlogits");
 }
 
+// DeepSeek-V3's sequence-wise balancing loss (router_stats' sequences):
+// the statistics and lm_loss against the formula, and the gradient through
+// s / sum(s) (this layer's top-k counts fixed) against finite differences.
+TEST(GradientsTest, SequenceWiseBalancingLoss) {
+  const int64_t B = 2, L = 3, T = B * L, E = 4, k = 2;
+  std::vector<float> logits = randomValues(T * E, 31, 2.0f), other = randomValues(T * E, 32, 2.0f);
+  std::vector<float> mine((3 + 2 * B) * E), theirs((3 + 2 * B) * E);
+  cpu::routerStats(logits.data(), T, E, k, mine.data(), B);
+  cpu::routerStats(other.data(), T, E, k, theirs.data(), B);
+  EXPECT_EQ(mine[2 * E + 2], float(k));
+  // The per-sequence loss of one layer's logits, given its top-k counts.
+  auto layerLoss = [&](const std::vector<double> &l, const std::vector<double> &counts) {
+    double loss = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t e = 0; e < E; ++e) {
+        double p = 0;
+        for (int64_t t = b * L; t < (b + 1) * L; ++t) {
+          double total = 0;
+          for (int64_t j = 0; j < E; ++j)
+            total += 1 / (1 + std::exp(-l[t * E + j]));
+          p += 1 / (1 + std::exp(-l[t * E + e])) / total / L;
+        }
+        loss += counts[b * E + e] * E / double(L * k) * p / B;
+      }
+    return loss;
+  };
+  const std::vector<double> myCounts = cpu::sequenceTopKCounts(logits.data(), T, E, k, B),
+                            theirCounts = cpu::sequenceTopKCounts(other.data(), T, E, k, B);
+  for (int64_t i = 0; i < B * E; ++i)
+    EXPECT_EQ(mine[(3 + B) * E + i], float(myCounts[i]));
+  const double auxCoef = 0.3;
+  float out[4];
+  float ce[2] = {6.0f, 3.0f};
+  const float *stats[2] = {mine.data(), theirs.data()};
+  cpu::lmLoss(ce, stats, 2, E, auxCoef, 0.0, out, B);
+  auto d64 = [](const std::vector<float> &v) { return std::vector<double>(v.begin(), v.end()); };
+  const double aux = layerLoss(d64(logits), myCounts) + layerLoss(d64(other), theirCounts);
+  EXPECT_NEAR(out[2], aux, 1e-6 * aux);
+  EXPECT_NEAR(out[0], 2.0 + auxCoef * aux, 1e-6);
+  std::vector<float> grad(T * E);
+  cpu::routerStatsGrad(logits.data(), T, E, stats, 2, auxCoef, 0.0, grad.data(), B);
+  expectClose(grad.data(), numericGradient(logits, [&](const std::vector<double> &l) {
+                return auxCoef * layerLoss(l, myCounts);
+              }), 1e-5, "dlogits");
+}
+
 TEST(GradientsTest, ExpertsWithAnIdleOne) {
   const int64_t T = 4, H = 5, I = 3, E = 3, k = 2;
   const std::vector<int32_t> sel = {0, 1, 1, 0, 0, 1, 1, 0}; // expert 2: no token

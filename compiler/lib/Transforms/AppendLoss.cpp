@@ -57,8 +57,15 @@ struct AppendLoss : moe::impl::MoEAppendLossBase<AppendLoss> {
     // The coefficients: an explicit one, or the config's (transformers').
     double aux = 0;
     bool balancing = !routes.empty() && hasBalancingLoss(family);
+    // DeepSeek-V3: transformers computes none; an explicit coefficient
+    // trains the V3 paper's sequence-wise loss.
+    const bool sequenceWise = !routes.empty() && family == "deepseek_v3" && auxLossCoef > 0;
+    if (sequenceWise && sequences < 1) {
+      fn.emitError("moe-append-loss: sequences must be >= 1");
+      return signalPassFailure();
+    }
     if (auxLossCoef >= 0) {
-      if (!routes.empty() && !balancing && auxLossCoef > 0) {
+      if (!routes.empty() && !balancing && !sequenceWise && auxLossCoef > 0) {
         fn.emitError("moe-append-loss: not supported yet: aux-loss-coef for model_type '")
             << family << "' (transformers computes no balancing loss for it)";
         return signalPassFailure();
@@ -96,9 +103,11 @@ struct AppendLoss : moe::impl::MoEAppendLossBase<AppendLoss> {
       for (moe::RouteOp route : routes) {
         b.setInsertionPointAfter(route);
         int64_t experts = route.getNumExperts();
+        const int64_t perSequence = sequenceWise ? int64_t(sequences) : 0;
         stats.push_back(b.create<moe::RouterStatsOp>(
-            route.getLoc(), RankedTensorType::get({3, experts}, f32), route.getLogits(),
-            b.getI64IntegerAttr(route.getRouting().getTopK())));
+            route.getLoc(), RankedTensorType::get({3 + 2 * perSequence, experts}, f32),
+            route.getLogits(), b.getI64IntegerAttr(route.getRouting().getTopK()),
+            sequenceWise ? b.getI64IntegerAttr(perSequence) : IntegerAttr()));
       }
     }
     fn.insertArgument(2, RankedTensorType::get({ShapedType::kDynamic}, b.getI32Type()),

@@ -134,7 +134,11 @@ NamedAttrList kernelConstants(Builder &b, Operation *op) {
         if (o.getType().hasStaticShape())
           a.set("elements", i64(o.getType().getNumElements()));
       })
-      .Case([&](moe::RouterStatsOp o) { a.set("top_k", i64(o.getTopK())); })
+      .Case([&](moe::RouterStatsOp o) {
+        a.set("top_k", i64(o.getTopK()));
+        if (o.getSequences())
+          a.set("sequences", i64(*o.getSequences()));
+      })
 
       .Case([&](moe::SendOp o) { a.set("stage", i64(o.getStage())); })
       .Case([&](moe::RecvOp o) { a.set("stage", i64(o.getStage())); })
@@ -144,6 +148,12 @@ NamedAttrList kernelConstants(Builder &b, Operation *op) {
       .Case<moe::LMLossOp, moe::RouterStatsGradOp>([&](auto o) {
         a.set("aux_coef", f64(o.getAuxCoef()));
         a.set("z_coef", f64(o.getZCoef()));
+        // Per-sequence statistics (router_stats' sequences): B of them.
+        if (!o.getRouterStats().empty()) {
+          auto rows = cast<RankedTensorType>(o.getRouterStats().front().getType()).getDimSize(0);
+          if (rows > 3)
+            a.set("sequences", i64((rows - 3) / 2));
+        }
       });
   // split: the parts' widths (its results'); concat: its inputs'.
   if (isa<moe::SplitOp, moe::ConcatOp>(op)) {

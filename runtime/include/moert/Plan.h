@@ -60,6 +60,9 @@ using DispatchParams = cpu::DispatchParams;
 /// padding_idx).
 struct LossParams {
   int64_t vocab = 0, topK = 0;
+  /// Per-sequence router statistics (DeepSeek-V3's sequence-wise loss): B,
+  /// 0 for none (router_stats, lm_loss, router_stats_grad).
+  int64_t sequences = 0;
   double auxCoef = 0, zCoef = 0;
   int64_t paddingIdx = -1; ///< embedding_grad: the row that gets no gradient (-1: none)
 };

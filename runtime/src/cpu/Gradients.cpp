@@ -328,7 +328,7 @@ void expertsGrad(const float *dy, const float *x, int64_t tokens, int64_t hidden
 
 void routerStatsGrad(const float *logits, int64_t tokens, int64_t experts,
                      const float *const *stats, int64_t layers, double auxCoef, double zCoef,
-                     float *dlogits) {
+                     float *dlogits, int64_t sequences) {
   const int64_t E = experts;
   double rows = 0;
   std::vector<double> counts(E, 0.0);
@@ -338,9 +338,20 @@ void routerStatsGrad(const float *logits, int64_t tokens, int64_t experts,
       counts[e] += stats[l][E + e];
   }
   std::vector<double> g(E, 0.0);
-  if (auxCoef > 0 && rows > 0)
+  if (auxCoef > 0 && rows > 0 && sequences <= 0)
     for (int64_t e = 0; e < E; ++e)
       g[e] = auxCoef * E * counts[e] / (rows * rows);
+  // DeepSeek-V3's sequence-wise loss: d/ds'_te = aux_coef f_be / (B L) for
+  // t in sequence b, through s' = s / sum(s), s = sigmoid(l).
+  std::vector<double> seqG;
+  int64_t L = 0;
+  if (auxCoef > 0 && sequences > 0 && layers > 0 && tokens > 0) {
+    const int64_t k = static_cast<int64_t>(stats[0][2 * E + 2]);
+    seqG = sequenceTopKCounts(logits, tokens, E, k, sequences);
+    L = tokens / sequences;
+    for (double &c : seqG)
+      c = auxCoef * (c * E / (static_cast<double>(L) * k)) / (static_cast<double>(sequences) * L);
+  }
   parallelFor(tokens, [&](int64_t begin, int64_t end) {
     std::vector<double> p(E);
     for (int64_t t = begin; t < end; ++t) {
@@ -357,6 +368,18 @@ void routerStatsGrad(const float *logits, int64_t tokens, int64_t experts,
       const double z = tokens > 0 ? 2 * zCoef * lse / tokens : 0.0;
       for (int64_t e = 0; e < E; ++e)
         dlogits[t * E + e] = static_cast<float>(p[e] * (g[e] - dot) + z * p[e]);
+      if (seqG.empty())
+        continue;
+      const double *gs = seqG.data() + (t / L) * E;
+      double total = 0, weighted = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        p[e] = 1 / (1 + std::exp(-static_cast<double>(l[e])));
+        total += p[e];
+        weighted += gs[e] * p[e];
+      }
+      for (int64_t e = 0; e < E; ++e)
+        dlogits[t * E + e] += static_cast<float>(p[e] * (1 - p[e]) *
+                                                 (gs[e] / total - weighted / (total * total)));
     }
   }, 16);
 }

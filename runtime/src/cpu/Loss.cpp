@@ -54,8 +54,28 @@ void crossEntropy(const float *logits, int64_t tokens, int64_t width, int64_t vo
   out[1] = static_cast<float>(counted);
 }
 
+std::vector<double> sequenceTopKCounts(const float *logits, int64_t tokens, int64_t experts,
+                                       int64_t topK, int64_t sequences) {
+  if (sequences < 1 || tokens % sequences != 0)
+    inputError("router statistics: {} tokens are not {} sequences of one length", tokens,
+               sequences);
+  const int64_t L = tokens / sequences;
+  std::vector<double> counts(static_cast<size_t>(sequences * experts), 0.0), s(experts);
+  std::vector<int64_t> order(experts);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t e = 0; e < experts; ++e)
+      s[e] = 1 / (1 + std::exp(-static_cast<double>(logits[t * experts + e])));
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + topK, order.end(),
+                      [&](int64_t a, int64_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
+    for (int64_t j = 0; j < topK; ++j)
+      counts[(t / L) * experts + order[j]] += 1;
+  }
+  return counts;
+}
+
 void routerStats(const float *logits, int64_t tokens, int64_t experts, int64_t topK,
-                 float *out) {
+                 float *out, int64_t sequences) {
   std::vector<double> probs(experts, 0.0), counts(experts, 0.0);
   std::vector<double> p(experts);
   std::vector<int64_t> order(experts);
@@ -81,10 +101,30 @@ void routerStats(const float *logits, int64_t tokens, int64_t experts, int64_t t
   }
   out[2 * experts] = static_cast<float>(z);
   out[2 * experts + 1] = static_cast<float>(tokens);
+  if (sequences <= 0)
+    return;
+  // DeepSeek-V3's per-sequence statistics: sum of s / sum(s), top-k counts.
+  const std::vector<double> seqCounts =
+      sequenceTopKCounts(logits, tokens, experts, topK, sequences);
+  const int64_t L = tokens / sequences;
+  out[2 * experts + 2] = static_cast<float>(topK);
+  std::fill(out + 3 * experts, out + (3 + 2 * sequences) * experts, 0.0f);
+  std::vector<double> sums(static_cast<size_t>(sequences * experts), 0.0), s(experts);
+  for (int64_t t = 0; t < tokens; ++t) {
+    double total = 0;
+    for (int64_t e = 0; e < experts; ++e)
+      total += (s[e] = 1 / (1 + std::exp(-static_cast<double>(logits[t * experts + e]))));
+    for (int64_t e = 0; e < experts; ++e)
+      sums[(t / L) * experts + e] += s[e] / total;
+  }
+  for (int64_t i = 0; i < sequences * experts; ++i) {
+    out[3 * experts + i] = static_cast<float>(sums[i]);
+    out[(3 + sequences) * experts + i] = static_cast<float>(seqCounts[i]);
+  }
 }
 
 void lmLoss(const float ce[2], const float *const *stats, int64_t layers, int64_t experts,
-            double auxCoef, double zCoef, float out[4]) {
+            double auxCoef, double zCoef, float out[4], int64_t sequences) {
   const double meanCe = ce[1] > 0 ? static_cast<double>(ce[0]) / ce[1] : 0.0;
   double aux = 0, z = 0, rows = 0;
   std::vector<double> probs(experts, 0.0), counts(experts, 0.0);
@@ -101,10 +141,25 @@ void lmLoss(const float ce[2], const float *const *stats, int64_t layers, int64_
   }
   // No balancing loss asked (or none for the family): aux is 0, not the
   // value of a loss that is not trained.
-  if (rows > 0 && auxCoef > 0)
+  if (sequences > 0 && auxCoef > 0) {
+    // Per layer (1/B) sum_b sum_e f_be P_be, f = C E / (L k), P = S' / L.
+    for (int64_t l = 0; l < layers; ++l) {
+      const float *s = stats[l];
+      const double L = s[2 * experts + 1] / static_cast<double>(sequences);
+      const double k = s[2 * experts + 2];
+      if (L <= 0 || k <= 0)
+        continue;
+      double layer = 0;
+      for (int64_t i = 0; i < sequences * experts; ++i)
+        layer += (s[(3 + sequences) * experts + i] * experts / (L * k)) *
+                 (s[3 * experts + i] / L);
+      aux += layer / static_cast<double>(sequences);
+    }
+  } else if (rows > 0 && auxCoef > 0) {
     for (int64_t e = 0; e < experts; ++e)
       aux += (counts[e] / rows) * (probs[e] / rows);
-  aux *= static_cast<double>(experts);
+    aux *= static_cast<double>(experts);
+  }
   out[0] = static_cast<float>(meanCe + auxCoef * aux + zCoef * z);
   out[1] = static_cast<float>(meanCe);
   out[2] = static_cast<float>(aux);

@@ -199,6 +199,7 @@ void parseCoefficients(const JsonFields &a, PlanStep &step) {
   step.loss.zCoef = a.number("z_coef");
   if (!(step.loss.auxCoef >= 0) || !(step.loss.zCoef >= 0))
     a.fail("aux_coef", "expected coefficients >= 0");
+  step.loss.sequences = a.has("sequences") ? a.integer("sequences", 1) : 0;
 }
 
 /// in: the layer's logits, then every layer's router statistics.
@@ -207,8 +208,10 @@ void checkRouterStatsGrad(const StepChecker &c, const PlanStep &step) {
            "expected the logits and the router statistics in, one output");
   const int64_t e = c.tokens(step.in[0]);
   for (size_t i = 1; i < step.in.size(); ++i)
-    c.expect(c.rows(step.in[i]) == 3 && c.width(step.in[i]) == e,
-             fmt::format("input {}: expected router statistics of 3 rows of {}", i, e));
+    c.expect(c.rows(step.in[i]) == 3 + 2 * step.loss.sequences && c.width(step.in[i]) == e,
+             fmt::format("input {}: expected router statistics of {} rows (3 + 2 per "
+                         "sequence) of {}",
+                         i, 3 + 2 * step.loss.sequences, e));
   c.expect(c.tokens(step.out[0]) == e, "dlogits is not as wide as the logits");
 }
 
@@ -219,7 +222,7 @@ int64_t runRouterStatsGrad(cpu::StepContext &c) {
     stats.push_back(c.in(i));
   cpu::routerStatsGrad(c.in(0), c.rows, c.inWidth(0), stats.data(),
                        static_cast<int64_t>(stats.size()), s.loss.auxCoef, s.loss.zCoef,
-                       c.out(0));
+                       c.out(0), s.loss.sequences);
   return c.rows;
 }
 

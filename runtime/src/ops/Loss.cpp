@@ -26,6 +26,7 @@ int64_t runCrossEntropy(cpu::StepContext &c) {
 
 void parseRouterStats(const JsonFields &a, PlanStep &step) {
   step.loss.topK = a.integer("top_k", 1);
+  step.loss.sequences = a.has("sequences") ? a.integer("sequences", 1) : 0;
 }
 
 void checkRouterStats(const StepChecker &c, const PlanStep &step) {
@@ -34,12 +35,15 @@ void checkRouterStats(const StepChecker &c, const PlanStep &step) {
   c.expect(experts >= 2 && step.loss.topK <= experts,
            fmt::format("expected 2 or more experts and top_k <= {} but got top_k {}", experts,
                        step.loss.topK));
-  c.expect(c.rows(step.out[0]) == 3 && c.width(step.out[0]) == experts,
-           fmt::format("expected an output of 3 rows of {} (the experts)", experts));
+  const int64_t rows = 3 + 2 * step.loss.sequences;
+  c.expect(c.rows(step.out[0]) == rows && c.width(step.out[0]) == experts &&
+               (step.loss.sequences == 0 || experts >= 3),
+           fmt::format("expected an output of {} rows of {} (the experts)", rows, experts));
 }
 
 int64_t runRouterStats(cpu::StepContext &c) {
-  cpu::routerStats(c.in(0), c.rows, c.inWidth(0), c.step->loss.topK, c.out(0));
+  cpu::routerStats(c.in(0), c.rows, c.inWidth(0), c.step->loss.topK, c.out(0),
+                   c.step->loss.sequences);
   return c.rows;
 }
 
@@ -50,6 +54,7 @@ void parseLmLoss(const JsonFields &a, PlanStep &step) {
     if (!(*value >= 0))
       a.fail(field, fmt::format("expected a coefficient >= 0 but got {}", *value));
   }
+  step.loss.sequences = a.has("sequences") ? a.integer("sequences", 1) : 0;
 }
 
 /// in: the cross-entropy, then one router statistics buffer per MoE layer.
@@ -59,8 +64,11 @@ void checkLmLoss(const StepChecker &c, const PlanStep &step) {
   c.expect(c.rows(step.in[0]) == 1 && c.width(step.in[0]) == 2,
            "expected the cross-entropy (1 row of 2) as input 0");
   for (size_t i = 1; i < step.in.size(); ++i)
-    c.expect(c.rows(step.in[i]) == 3 && c.width(step.in[i]) == c.width(step.in[1]),
-             fmt::format("input {}: expected router statistics of 3 rows, as wide as input 1", i));
+    c.expect(c.rows(step.in[i]) == 3 + 2 * step.loss.sequences &&
+                 c.width(step.in[i]) == c.width(step.in[1]),
+             fmt::format("input {}: expected router statistics of {} rows (3 + 2 per "
+                         "sequence), as wide as input 1",
+                         i, 3 + 2 * step.loss.sequences));
   c.expect(c.rows(step.out[0]) == 1 && c.width(step.out[0]) == 4,
            "expected an output of 1 row of 4 (loss, ce, aux, z)");
 }
@@ -72,7 +80,7 @@ int64_t runLmLoss(cpu::StepContext &c) {
     stats.push_back(c.in(i));
   const int64_t experts = stats.empty() ? 0 : c.inWidth(1);
   cpu::lmLoss(c.in(0), stats.data(), static_cast<int64_t>(stats.size()), experts,
-              s.loss.auxCoef, s.loss.zCoef, c.out(0));
+              s.loss.auxCoef, s.loss.zCoef, c.out(0), s.loss.sequences);
   return c.rows;
 }
 

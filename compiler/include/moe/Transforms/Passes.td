@@ -35,13 +35,19 @@ def MoEAppendLoss : Pass<"moe-append-loss", "mlir::ModuleOp"> {
     with `output_router_logits` (`load_balancing_loss_func`: Mixtral,
     Qwen2-MoE, Qwen3-MoE, OLMoE), its coefficient `router_aux_loss_coef`
     of the carried config.json unless `aux-loss-coef` says otherwise; a
-    family for which transformers computes none (DeepSeek-V3, dense models)
-    has none, and an explicit coefficient for it is refused. The function
-    is marked `moe.entry = "train"` (its exec program's entry).
+    family for which transformers computes none has none by default.
+    DeepSeek-V3 with an explicit coefficient gets the sequence-wise
+    balancing loss of the V3 paper (Megatron's seq_aux_loss): its router
+    statistics per sequence (`sequences`: the step's B sequences of equal
+    length). Other families without one (dense models) refuse a
+    coefficient. The function is marked `moe.entry = "train"` (its exec
+    program's entry).
   }];
   let options = [
     Option<"auxLossCoef", "aux-loss-coef", "double", "-1.0",
            "balancing-loss coefficient (< 0: the config's router_aux_loss_coef)">,
+    Option<"sequences", "sequences", "int64_t", "1",
+           "sequences per step (DeepSeek-V3's sequence-wise balancing loss)">,
     Option<"zLossCoef", "z-loss-coef", "double", "0.0",
            "router z-loss coefficient (ST-MoE: mean logsumexp^2, summed over layers)">,
   ];

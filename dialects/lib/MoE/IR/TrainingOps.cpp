@@ -41,8 +41,11 @@ LogicalResult RouterStatsOp::verify() {
            << getLogits().getType();
   if (getTopK() < 1 || getTopK() > experts)
     return emitOpError("expected 1 <= top_k <= ") << experts << " but got " << getTopK();
-  if (shapeOf(getResult()) != ArrayRef<int64_t>{3, experts})
-    return emitOpError("expected a tensor<3x") << experts << "xf32> result but got "
+  const int64_t rows = 3 + 2 * getSequences().value_or(0);
+  if (getSequences() && (*getSequences() < 1 || experts < 3))
+    return emitOpError("expected sequences >= 1 and 3 or more experts");
+  if (shapeOf(getResult()) != ArrayRef<int64_t>{rows, experts})
+    return emitOpError("expected a tensor<") << rows << "x" << experts << "xf32> result but got "
                                               << getResult().getType();
   return success();
 }
@@ -57,8 +60,9 @@ LogicalResult LMLossOp::verify() {
     if (stats.getType() != getRouterStats().front().getType())
       return emitOpError("expected every layer's router statistics as ")
              << getRouterStats().front().getType() << " but got " << stats.getType();
-  if (!getRouterStats().empty() && shapeOf(getRouterStats().front())[0] != 3)
-    return emitOpError("expected router statistics of 3 rows but got ")
+  if (!getRouterStats().empty() && (shapeOf(getRouterStats().front())[0] < 3 ||
+                                    shapeOf(getRouterStats().front())[0] % 2 == 0))
+    return emitOpError("expected router statistics of 3 rows (or 3 + 2 per sequence) but got ")
            << getRouterStats().front().getType();
   if (getAuxCoef().convertToDouble() < 0 || getZCoef().convertToDouble() < 0)
     return emitOpError("expected coefficients >= 0");

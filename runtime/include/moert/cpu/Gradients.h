@@ -61,9 +61,12 @@ void expertsGrad(const float *dy, const float *x, int64_t tokens, int64_t hidden
 
 /// moe.router_stats_grad: one layer's dlogits [T, E] of aux_coef * aux +
 /// z_coef * z, given every layer's statistics [3, E].
+/// With sequences > 0 (statistics [3 + 2B, E]) the aux term is DeepSeek-V3's
+/// sequence-wise loss: its gradient through s / sum(s) of this layer's
+/// logits (the top-k counts recomputed from them, constant).
 void routerStatsGrad(const float *logits, int64_t tokens, int64_t experts,
                      const float *const *stats, int64_t layers, double auxCoef, double zCoef,
-                     float *dlogits);
+                     float *dlogits, int64_t sequences = 0);
 
 /// moe.bias_grad: out[o] = sum over the rows of dy[t, o], in row order.
 void biasGrad(const float *dy, int64_t tokens, int64_t width, float *out);

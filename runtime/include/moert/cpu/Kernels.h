@@ -285,13 +285,24 @@ void crossEntropy(const float *logits, int64_t tokens, int64_t width, int64_t vo
 
 /// out [3, E]: row 0 sum_t softmax(l_t), row 1 the tokens whose top-k (of
 /// the softmax, ties to the lower index) holds e, row 2 [sum_t lse(l_t)^2,
-/// T, 0, ...]; logits [T, E].
+/// T, 0, ...]; logits [T, E]. With sequences B > 0, out [3 + 2B, E]: row 2
+/// column 2 is topK, then per sequence (T / B consecutive rows; InputError
+/// if B does not divide T) the sums of s / sum(s), s = sigmoid(l_t), and
+/// the counts of the top-k of s (moe.router_stats' `sequences`).
 void routerStats(const float *logits, int64_t tokens, int64_t experts, int64_t topK,
-                 float *out);
+                 float *out, int64_t sequences = 0);
 
 /// out = [loss, ce, aux, z] from the cross-entropy [sum, n] and `layers`
-/// router statistics [3, E] (moe.lm_loss; aux = 0 when auxCoef is).
+/// router statistics [3 (+ 2 sequences), E] (moe.lm_loss; aux = 0 when
+/// auxCoef is; with sequences > 0, DeepSeek-V3's sequence-wise loss).
 void lmLoss(const float ce[2], const float *const *stats, int64_t layers, int64_t experts,
-            double auxCoef, double zCoef, float out[4]);
+            double auxCoef, double zCoef, float out[4], int64_t sequences = 0);
+
+/// The top-k of the sigmoid scores of each of the `sequences` equal runs of
+/// logits [T, E] (ties to the lower index), counted per sequence and expert:
+/// counts [sequences, E]. The V3 sequence-wise loss's f (routerStats,
+/// routerStatsGrad).
+std::vector<double> sequenceTopKCounts(const float *logits, int64_t tokens, int64_t experts,
+                                       int64_t topK, int64_t sequences);
 
 } // namespace moert::cpu

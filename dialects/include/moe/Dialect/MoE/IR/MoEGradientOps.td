@@ -241,6 +241,11 @@ def MoE_RouterStatsGradOp : MoE_NamedResultOp<"router_stats_grad"> {
     probabilities (the counts are constant, as in autograd) is
     `g_e = aux_coef E C_e / N^2`, the z-loss's `2 z_coef lse_t / T p`;
     `result[t] = p (g - sum_e p_e g_e) + 2 z_coef lse_t / T p`.
+    With per-sequence statistics (router_stats' `sequences` B: DeepSeek-V3's
+    sequence-wise loss) the balancing part is instead, for t in sequence b
+    of L tokens, s = sigmoid(l_t), S = sum(s) and this layer's f_be
+    (its top-k counts recomputed from `logits`, constant):
+    `g_e = aux_coef f_be / (B L)`, `s (1 - s) (g / S - sum_e g_e s_e / S^2)`.
 
     ```mlir
     %dl = moe.router_stats_grad %gate, %s0, %s1 aux_coef = 1.0e-03 z_coef = 0.0 : tensor<?x8xf32>, tensor<3x8xf32>, tensor<3x8xf32> -> tensor<?x8xf32>

@@ -47,11 +47,20 @@ def MoE_RouterStatsOp : MoE_NamedResultOp<"router_stats", [DeclareOpInterfaceMet
     (zeros after). transformers' `load_balancing_loss_func` and the
     ST-MoE router z-loss are functions of these sums (moe.lm_loss).
 
+    With `sequences` = B (DeepSeek-V3's sequence-wise balancing loss): the
+    T rows are B sequences of T / B consecutive tokens; row 2 also holds
+    `top_k` in column 2, and 2B rows follow: row 3 + b is `sum_{t in b}
+    s'_t[e]` with s = sigmoid(l_t) and s' = s / sum(s), row 3 + B + b the
+    number of tokens t of b with e among the `top_k` largest s_t (the
+    affinities without correction bias or group limit, as the V3 paper and
+    Megatron's seq_aux_loss count them).
+
     ```mlir
     %stats = moe.router_stats %gate top_k = 2 : tensor<?x8xf32> -> tensor<3x8xf32>
     ```
   }];
-  let arguments = (ins MoE_Activations:$logits, I64Attr:$top_k);
+  let arguments = (ins MoE_Activations:$logits, I64Attr:$top_k,
+                       OptionalAttr<I64Attr>:$sequences);
   let results = (outs 2DTensorOf<[F32]>:$result);
   let assemblyFormat = [{
     $logits `top_k` `=` $top_k attr-dict `:` type($logits) `->` type($result)
@@ -70,8 +79,12 @@ def MoE_LMLossOp : MoE_NamedResultOp<"lm_loss", [DeclareOpInterfaceMethods<MoE_A
     `load_balancing_loss_func` over the layers' concatenated logits, no
     attention mask), `z = sum_layers (sum_t lse_t^2) / T`, and
     `loss = ce + aux_coef * aux + z_coef * z`. aux is 0 when aux_coef is
-    (no balancing loss: DeepSeek-V3, or turned off), aux and z are 0 with no
-    statistics (a dense model).
+    (no balancing loss, or turned off), aux and z are 0 with no statistics
+    (a dense model). With per-sequence statistics (router_stats'
+    `sequences` B; DeepSeek-V3), aux is the sequence-wise balancing loss of
+    the V3 paper (Megatron's seq_aux_loss) summed over the layers: per layer
+    `(1 / B) sum_b sum_e f_be P_be` with f_be = C_be E / (L k), P_be =
+    S'_be / L, L = T / B.
 
     ```mlir
     %loss = moe.lm_loss %ce, %s0, %s1 aux_coef = 1.0e-03 z_coef = 0.0 : tensor<2xf32>, tensor<3x8xf32>, tensor<3x8xf32> -> tensor<4xf32>
