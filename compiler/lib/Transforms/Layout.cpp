@@ -190,10 +190,10 @@ llvm::Expected<DictionaryAttr> moe::modelSizes(ModuleOp module) {
         else if (w.getWeightRole() == moe::WeightRole::lm_head)
           tied = false;
       }
-    } else if (auto e = dyn_cast<moe::ExpertsOp>(op)) {
-      agree("moe_intermediate_size", e.getGateWeights().getType().getDimSize(1));
-    } else if (auto e = dyn_cast<moe::ExpertsSavedOp>(op)) {
-      agree("moe_intermediate_size", e.getGateWeights().getType().getDimSize(1));
+    } else if (isa<moe::ExpertsOp, moe::ExpertsSavedOp>(op)) {
+      // Operand 3: the gate stack [E, I, H] (the same operands in both).
+      agree("moe_intermediate_size",
+            cast<RankedTensorType>(op->getOperand(3).getType()).getDimSize(1));
     } else if (auto e = dyn_cast<moe::ExpertFFNOp>(op)) {
       agree("moe_intermediate_size", e.getGateWeights().getType().getDimSize(1));
     } else if (isa<moe::RouteOp, moe::RouterOp>(op)) {

@@ -250,24 +250,18 @@ void expertsGrad(const float *dy, const float *x, int64_t tokens, int64_t hidden
   const int64_t E = static_cast<int64_t>(gate.size()), H = hidden;
   const bool saved = savedGate && savedUp && savedOutput;
   const int64_t I = E ? gate[0].rows : 0;
-  for (int64_t i = 0; i < tokens * k; ++i)
-    if (experts[i] < 0 || experts[i] >= E)
-      inputError("experts_grad: token {} selected expert {} of {}", i / k, experts[i], E);
   // Each (token, slot)'s input gradient, summed per token in slot order.
   float *rowsDx = workspace(kExpertRowsDx, static_cast<size_t>(tokens * k * H));
   std::fill(rowsDx, rowsDx + tokens * k * H, 0.0f);
   std::fill(dweights, dweights + tokens * k, 0.0f);
-  std::vector<std::vector<int64_t>> rowsOf(E); // (t * k + j), in order
-  for (int64_t i = 0; i < tokens * k; ++i)
-    rowsOf[experts[i]].push_back(i);
-  if (capacityFactor > 0) // the forward's drops: those pairs take no gradient
-    for (std::vector<int64_t> &rows : rowsOf)
-      rows.resize(std::min<size_t>(
-          rows.size(), static_cast<size_t>(stepCapacity(capacityFactor, tokens, k, E, tokens))));
+  // The pairs (t * k + j) of each expert, the forward's drops left out:
+  // those take no gradient.
+  const ExpertAssignments assigned =
+      assignmentsByExpert(experts, tokens, k, E, capacityFactor, "experts_grad");
   for (int64_t e = 0; e < E; ++e) {
-    const std::vector<int64_t> &rows = rowsOf[e];
+    const int64_t *rows = assigned.order.data() + assigned.start[e];
     float *dg = dgate + e * I * H, *du = dup + e * I * H, *dd = ddown + e * H * I;
-    const int64_t n = static_cast<int64_t>(rows.size());
+    const int64_t n = assigned.start[e + 1] - assigned.start[e];
     if (n == 0) {
       std::fill(dg, dg + I * H, 0.0f);
       std::fill(du, du + I * H, 0.0f);

@@ -313,19 +313,32 @@ void mlp(const float *x, int64_t tokens, const Matrix &gate, const Matrix &up, c
   downProjection(g, tokens, I, down, out);
 }
 
-void keepFirstAssignments(int64_t capacity, std::vector<int64_t> &start,
-                          std::vector<int64_t> &order) {
-  const int64_t E = static_cast<int64_t>(start.size()) - 1;
-  std::vector<int64_t> keptStart(start.size(), 0);
-  int64_t at = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = std::min(start[e + 1] - start[e], capacity);
-    std::copy_n(order.begin() + start[e], n, order.begin() + at); // at <= start[e]
-    at += n;
-    keptStart[e + 1] = at;
+ExpertAssignments assignmentsByExpert(const int32_t *experts, int64_t tokens, int64_t k,
+                                      int64_t numExperts, double capacityFactor,
+                                      const char *what) {
+  // Counting sort of the pairs by expert (stable: p order within one),
+  // then each expert's first `capacity` kept.
+  const int64_t E = numExperts, pairs = tokens * k;
+  const int64_t capacity =
+      capacityFactor > 0 ? stepCapacity(capacityFactor, tokens, k, E, tokens) : pairs;
+  std::vector<int64_t> count(static_cast<size_t>(E), 0);
+  for (int64_t p = 0; p < pairs; ++p) {
+    if (experts[p] < 0 || experts[p] >= E)
+      runtimeError("{}: token {} routed to expert {} of {}", what, p / k, experts[p], E);
+    ++count[experts[p]];
   }
-  order.resize(static_cast<size_t>(at));
-  start = std::move(keptStart);
+  ExpertAssignments a;
+  a.start.assign(static_cast<size_t>(E) + 1, 0);
+  for (int64_t e = 0; e < E; ++e)
+    a.start[e + 1] = a.start[e] + std::min(count[e], capacity);
+  a.order.resize(static_cast<size_t>(a.start[E]));
+  std::vector<int64_t> next(a.start.begin(), a.start.end() - 1);
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t e = experts[p];
+    if (next[e] < a.start[e + 1])
+      a.order[next[e]++] = p;
+  }
+  return a;
 }
 
 namespace {
@@ -376,24 +389,9 @@ void experts(const float *x, int64_t tokens, int64_t hidden, const float *weight
     if (gate[e].cols != hidden || down[e].rows != hidden)
       runtimeError("experts: expert {} does not map {} features to {}", e, hidden, hidden);
 
-  // Counting sort of the (token, slot) pairs p = t * k + j by expert; within
-  // an expert they stay in token order.
   const int64_t pairs = tokens * k;
-  std::vector<int64_t> start(static_cast<size_t>(E) + 1, 0), order(static_cast<size_t>(pairs));
-  for (int64_t p = 0; p < pairs; ++p) {
-    if (experts[p] < 0 || experts[p] >= E)
-      runtimeError("experts: token {} routed to expert {} of {}", p / k, experts[p], E);
-    ++start[experts[p] + 1];
-  }
-  for (int64_t e = 0; e < E; ++e)
-    start[e + 1] += start[e];
-  {
-    std::vector<int64_t> next(start.begin(), start.end() - 1);
-    for (int64_t p = 0; p < pairs; ++p)
-      order[next[experts[p]]++] = p;
-  }
-  if (capacityFactor > 0)
-    keepFirstAssignments(stepCapacity(capacityFactor, tokens, k, E, tokens), start, order);
+  const auto [start, order] =
+      assignmentsByExpert(experts, tokens, k, E, capacityFactor, "experts");
   const int64_t kept = start[E];
   if (saved && kept < pairs) {
     std::fill_n(saved->gate, pairs * gate[0].rows, 0.0f);

@@ -212,11 +212,17 @@ void route(const float *logits, int64_t tokens, int64_t numExperts,
 struct ExpertsSaved {
   float *gate = nullptr, *up = nullptr, *output = nullptr;
 };
-/// The position drop policy on assignments sorted by expert (order[start[e]
-/// .. start[e + 1]): the pairs t * k + j routed to e, in order): keeps each
-/// expert's first `capacity`, compacting order and start.
-void keepFirstAssignments(int64_t capacity, std::vector<int64_t> &start,
-                          std::vector<int64_t> &order);
+/// The (token, slot) pairs p = t * k + j grouped by expert: order[start[e]
+/// .. start[e + 1]) are expert e's, in p order. With capacityFactor > 0
+/// each expert keeps only its first stepCapacity(cf, T, k, E, T) (the
+/// position drop policy of moe.dispatch). `what` names the kernel in the
+/// error for an expert outside [0, E).
+struct ExpertAssignments {
+  std::vector<int64_t> start, order;
+};
+ExpertAssignments assignmentsByExpert(const int32_t *experts, int64_t tokens, int64_t k,
+                                      int64_t numExperts, double capacityFactor,
+                                      const char *what);
 /// With `saved`, also writes them (zero for a dropped assignment). With
 /// capacityFactor > 0, each expert takes only its first stepCapacity(cf, T,
 /// k, E, T) assignments in (t, j) order (the position drop policy of
