@@ -225,6 +225,25 @@ private:
     out.lda = g.bounded("lda", 1, kMaxInt);
     out.ldb = g.bounded("ldb", 1, kMaxInt);
     out.ldc = g.bounded("ldc", 1, kMaxInt);
+    if (g.has("transpose_a"))
+      out.transposeA = g.boolean("transpose_a");
+    if (g.has("transpose_b"))
+      out.transposeB = g.boolean("transpose_b");
+    if (g.has("accumulate"))
+      out.accumulate = g.boolean("accumulate");
+    if (g.has("k_rows")) {
+      const std::string kRows = g.string("k_rows");
+      if (kRows != "T" && kRows != "R")
+        g.fail("k_rows", fmt::format("expected \"T\" or \"R\" but got '{}'", kRows));
+      out.kRows = kRows == "T" ? KernelGemm::Rows::T : KernelGemm::Rows::R;
+    }
+    if (!out.transposeA && out.lda < out.k)
+      g.fail("lda", fmt::format("expected at least k ({})", out.k));
+    if (out.ldb < (out.transposeB ? out.k : out.n))
+      g.fail("ldb", fmt::format("expected at least {} ({})", out.transposeB ? "k" : "n",
+                                out.transposeB ? out.k : out.n));
+    if (out.ldc < out.n)
+      g.fail("ldc", fmt::format("expected at least n ({})", out.n));
     if (g.has("b_dtype")) {
       out.bDtype = g.string("b_dtype");
       if (out.bDtype != "F32" && out.bDtype != "BF16" && out.bDtype != "F16")
@@ -233,6 +252,8 @@ private:
     out.batch = g.has("batch") ? g.bounded("batch", 1, kMaxInt) : 1;
     out.bBatchModulo = g.has("b_batch_modulo") ? g.bounded("b_batch_modulo", 1, out.batch)
                                                : out.batch;
+    if (out.batch > 1 && (out.transposeA || out.kRows != KernelGemm::Rows::Fixed || !out.transposeB))
+      g.fail("batch", "a batched GEMM takes B transposed, A not, and a fixed k");
     if (out.batch > 1) {
       out.strideA = g.bounded("stride_a", 0, int64_t(1) << 40);
       out.strideB = g.bounded("stride_b", 0, int64_t(1) << 40);

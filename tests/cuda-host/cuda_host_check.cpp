@@ -9,7 +9,10 @@
 // output (f32: max abs diff <= --tol, default 1e-5; i32: exact; the KV
 // caches) and prints one line per step. Two forward passes: a prefill of two
 // sequences (--prefill A,B tokens, default 7,5), then a mixed decode/prefill
-// step (1 + 3 tokens) against the cache. Exit 0 when every step matched.
+// step (1 + 3 tokens) against the cache; a training plan (moec --train): one
+// step of whole sequences with labels, forward, loss and backward, every
+// output within --tol of its largest magnitude (gradients are small; one
+// the CPU computes as exactly 0 must be 0). Exit 0 when every step matched.
 #include "moert/Checkpoint.h"
 #include "moert/Plan.h"
 #include "moert/cpu/Kernels.h"
@@ -39,6 +42,12 @@ using Trampoline = void (*)(const unsigned long long *);
 using LaunchFn = void (*)(Trampoline, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                           const unsigned long long *);
 
+std::string fmtG(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3g", v);
+  return b;
+}
+
 [[noreturn]] void die(const std::string &message) {
   std::fprintf(stderr, "cuda-host-check: %s\n", message.c_str());
   std::exit(1);
@@ -56,7 +65,7 @@ struct State {
 };
 
 struct BatchInput {
-  std::vector<int32_t> tokens, positions, slots, logitRows;
+  std::vector<int32_t> tokens, positions, slots, logitRows, labels;
 };
 
 class Checker : private cpu::StepContext {
@@ -128,6 +137,8 @@ public:
     const int64_t T = static_cast<int64_t>(batch.tokens.size());
     std::copy(batch.tokens.begin(), batch.tokens.end(), ints(cpu, program.tokensBuffer));
     std::copy(batch.positions.begin(), batch.positions.end(), ints(cpu, program.positionsBuffer));
+    if (program.labelsBuffer >= 0)
+      std::copy(batch.labels.begin(), batch.labels.end(), ints(cpu, program.labelsBuffer));
     cpu::TokenLayout layout{batch.slots.data(), batch.positions.data(), T};
     int64_t rows = T;
     int failures = 0;
@@ -140,7 +151,10 @@ public:
       State gpu = cpu; // the state before the step
       const int64_t after = runCpu(s, rows, layout, batch);
       runKernels(entry, gpu, rows, batch);
+      worstRelative = 0;
       const bool ok = compare(s, gpu, rows, after, diff, what);
+      if (program.labelsBuffer >= 0)
+        what += " relative " + fmtG(worstRelative);
       std::printf("%s step %zu %-14s %-5s max_abs_diff %.3g%s\n", label.c_str(), i,
                   std::string(s.op->name).c_str(), ok ? "ok" : "FAIL", diff, what.c_str());
       failures += ok ? 0 : 1;
@@ -303,7 +317,51 @@ private:
     return std::stoll(s);
   }
 
+  /// A weight's elements as f32 (B operands of the general GEMM form).
+  std::map<int64_t, std::vector<float>> widened;
+  const float *weightF32(int64_t id) {
+    auto &v = widened[id];
+    if (v.empty()) {
+      const TensorView &t = weights.at(id).view;
+      v.resize(static_cast<size_t>(t.numel()));
+      for (int64_t i = 0; i < t.numel(); ++i)
+        v[i] = t.at(i);
+    }
+    return v.data();
+  }
+
+  /// C (+)= op(A) op(B) of the table's general form (transpose_a, B stored
+  /// [k, n], accumulate, k_rows): a plain loop in f64 (the backward pass's
+  /// GEMMs; docs/cuda.md).
+  void generalGemm(const json &g, State &st, int64_t rows, const BatchInput &batch) {
+    bool sc;
+    long long dummy;
+    const float *A = static_cast<const float *>(resolve(g.at("a"), st, rows, batch, sc, dummy));
+    float *C = static_cast<float *>(resolve(g.at("c"), st, rows, batch, sc, dummy));
+    const std::string b = g.at("b");
+    const float *B = b.rfind("weight:", 0) == 0
+                         ? weightF32(std::stoll(b.substr(7)))
+                         : static_cast<const float *>(resolve(b, st, rows, batch, sc, dummy));
+    const long long m = count(g.at("m"), rows), n = g.at("n"),
+                    k = g.contains("k_rows") ? rows : g.at("k").get<long long>();
+    const long long lda = g.at("lda"), ldb = g.at("ldb"), ldc = g.at("ldc");
+    const bool ta = g.value("transpose_a", false), tb = g.value("transpose_b", true),
+               acc = g.value("accumulate", false);
+    for (long long i = 0; i < m; ++i)
+      for (long long j = 0; j < n; ++j) {
+        double sum = 0;
+        for (long long l = 0; l < k; ++l)
+          sum += static_cast<double>(ta ? A[l * lda + i] : A[i * lda + l]) *
+                 static_cast<double>(tb ? B[j * ldb + l] : B[l * ldb + j]);
+        C[i * ldc + j] = static_cast<float>(acc ? C[i * ldc + j] + sum : sum);
+      }
+  }
+
   void gemm(const json &g, State &st, int64_t rows, const BatchInput &batch) {
+    if (g.value("transpose_a", false) || !g.value("transpose_b", true) ||
+        g.value("accumulate", false) || g.contains("k_rows") ||
+        std::string(g.at("b")).rfind("weight:", 0) != 0)
+      return generalGemm(g, st, rows, batch);
     bool sc;
     long long dummy;
     const float *A = static_cast<const float *>(resolve(g.at("a"), st, rows, batch, sc, dummy));
@@ -370,16 +428,35 @@ private:
     }
   }
 
-  bool compareF32(const float *a, const float *b, int64_t n, double &diff) {
+  /// Every |a - b| <= tol, or, with `relative` (a training step's
+  /// outputs, whose gradients may be small), <= tol x max |b| (so a
+  /// gradient the CPU computes as exactly 0 must be 0).
+  bool compareF32(const float *a, const float *b, int64_t n, double &diff, bool relative = false) {
     bool ok = true;
+    double bound = tol;
+    if (relative) {
+      double peak = 0;
+      for (int64_t i = 0; i < n; ++i)
+        peak = std::max(peak, std::fabs(static_cast<double>(b[i])));
+      bound = tol * peak;
+      worstRelative = std::max(worstRelative, peak > 0 ? maxDiff(a, b, n) / peak : maxDiff(a, b, n));
+    }
     for (int64_t i = 0; i < n; ++i) {
       double d = std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
-      if (std::isnan(a[i]) != std::isnan(b[i]) || !(d <= tol))
+      if (std::isnan(a[i]) != std::isnan(b[i]) || !(d <= bound))
         ok = false;
       if (d > diff || std::isnan(d))
         diff = std::isnan(d) ? INFINITY : std::max(diff, d);
     }
     return ok;
+  }
+
+  double worstRelative = 0; ///< of the step's outputs (training)
+  static double maxDiff(const float *a, const float *b, int64_t n) {
+    double d = 0;
+    for (int64_t i = 0; i < n; ++i)
+      d = std::max(d, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+    return d;
   }
 
   bool compare(const PlanStep &s, State &gpu, int64_t rowsBefore, int64_t rowsAfter,
@@ -408,11 +485,14 @@ private:
       return ok;
     }
     for (int64_t b : s.out) {
-      const int64_t n = rowsAfter * width(b);
+      // Per-token buffers up to the step's rows, static ones (a weight's
+      // gradient, the loss) whole.
+      const int64_t n =
+          (bufRows(b) == plan.maxBatchTokens ? rowsAfter : bufRows(b)) * width(b);
       if (program.buffers[b].dtype == DType::I32)
         ok = intsEqual(b, n) && ok;
       else
-        ok = compareF32(f(gpu, b), f(cpu, b), n, diff) && ok;
+        ok = compareF32(f(gpu, b), f(cpu, b), n, diff, program.labelsBuffer >= 0) && ok;
     }
     if (s.kvCache >= 0) {
       const cpu::KVCache &a = gpu.caches[s.kvCache], &b = cpu.caches[s.kvCache];
@@ -463,6 +543,23 @@ int main(int argc, char **argv) {
       seed = seed * 1664525u + 1013904223u;
       return static_cast<int32_t>((seed >> 8) % static_cast<uint32_t>(V));
     };
+    if (plan.programs.at(programIndex).labelsBuffer >= 0) {
+      // A training plan: one step of max_sequences whole sequences of
+      // max_seq_len tokens (positions from 0), every row a logit row, the
+      // labels random ids with one -100 (ignored) per sequence.
+      BatchInput step;
+      for (int64_t b = 0; b < plan.maxSequences; ++b)
+        for (int64_t p = 0; p < plan.maxSeqLen; ++p) {
+          step.logitRows.push_back(static_cast<int32_t>(step.tokens.size()));
+          step.tokens.push_back(token());
+          step.positions.push_back(static_cast<int32_t>(p));
+          step.slots.push_back(static_cast<int32_t>(b));
+          step.labels.push_back(p == plan.maxSeqLen / 2 ? -100 : token());
+        }
+      const int failures = checker.forward(step, "train");
+      std::printf("%s: %d step(s) differ\n", failures ? "FAIL" : "PASS", failures);
+      return failures ? 1 : 0;
+    }
     // Prefill: sequence 0 (slot 0) 7 tokens, sequence 1 (slot 1) 5 tokens.
     BatchInput prefill;
     for (int p = 0; p < first; ++p) {

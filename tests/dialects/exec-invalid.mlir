@@ -228,6 +228,39 @@ exec.program @p entry "forward" stage 0 {
 
 // -----
 
+exec.program @p entry "train" stage 0 {
+  %b = exec.buffer f32 rows 8 width 4
+  exec.launch "linear_grad" ins(%b) outs(%b) rows "T" {} kernels {
+    // expected-error @below {{'exec.gemm' op ldb must be >= k (transpose_b) or n}}
+    exec.gemm("buf:0", "buf:0") -> "buf:0" m "4" n 6 k 8 {b_dtype = "F32", batch = 1, lda = 4, ldb = 4, ldc = 6, transpose_a = true, transpose_b = false, k_rows = "T"}
+  }
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "train" stage 0 {
+  %b = exec.buffer f32 rows 8 width 4
+  exec.launch "linear_grad" ins(%b) outs(%b) rows "T" {} kernels {
+    // expected-error @below {{'exec.gemm' op k_rows must be "T" or "R"}}
+    exec.gemm("buf:0", "buf:0") -> "buf:0" m "4" n 4 k 8 {b_dtype = "F32", batch = 1, lda = 4, ldb = 4, ldc = 4, transpose_a = true, transpose_b = false, k_rows = "8"}
+  }
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "train" stage 0 {
+  %b = exec.buffer f32 rows 8 width 4
+  exec.launch "linear_grad" ins(%b) outs(%b) rows "T" {} kernels {
+    // expected-error @below {{'exec.gemm' op a batched gemm takes neither transpose_a nor k_rows}}
+    exec.gemm("buf:0", "buf:0") -> "buf:0" m "4" n 4 k 8 {b_dtype = "F32", batch = 2, lda = 4, ldb = 4, ldc = 4, stride_a = 1, stride_b = 1, stride_c = 1, transpose_a = true, transpose_b = false}
+  }
+  exec.return
+}
+
+// -----
+
 exec.program @p entry "forward" stage 0 {
   %b = exec.buffer f32 rows 8 width 4
   exec.launch "linear" ins(%b) outs(%b) rows "T" {} kernels {

@@ -23,6 +23,7 @@
 // CHECK-NEXT: exec.dispatch "head_rows" grid([1, 1, 0], [0, 1, 1], [0, 1, 1]) block 128 params ["buf:0", "batch:logit_rows", "scratch:0", "R"] rows "R" {shared_bytes = 0 : i64}
 // CHECK-NEXT: exec.gemm("scratch:0", "weight:0") -> "buf:1" m "R" n 97 k 64 rows "R" {b_dtype = "BF16", batch = 1 : i64, lda = 64 : i64, ldb = 64 : i64, ldc = 97 : i64, transpose_b = true}
 // CHECK-NEXT: exec.gemm("buf:0", "weight:1") -> "scratch:1" m "512" n 8 k 64 {b_batch_modulo = 2 : i64, b_dtype = "F32", batch = 4 : i64, lda = 64 : i64, ldb = 64 : i64, ldc = 8 : i64, rows_from_counts = "buf:2", stride_a = 8192 : i64, stride_b = 512 : i64, stride_c = 1024 : i64, transpose_b = true}
+// CHECK-NEXT: exec.gemm("buf:0", "buf:1") -> "scratch:2" m "64" n 97 k 512 {accumulate = true, b_dtype = "F32", batch = 1 : i64, k_rows = "T", lda = 64 : i64, ldb = 97 : i64, ldc = 97 : i64, transpose_a = true, transpose_b = false}
 // CHECK-NEXT: }
 // CHECK-NEXT: exec.kernels "cuda" names ["head_rows", "argmax"] scratch [256, 4096] attributes {rope_tables = [], source = "// kernels"} sampling {
 // CHECK-NEXT: exec.dispatch "argmax" grid([1, 1, 0], [0, 1, 1], [0, 1, 1]) block 256 params ["buf:1", "batch:argmax", "R"] {shared_bytes = 0 : i64}
@@ -55,6 +56,7 @@ exec.program @stage1 entry "forward" stage 1 {
     exec.dispatch "head_rows" grid([1, 1, 0], [0, 1, 1], [0, 1, 1]) block 128 params ["buf:0", "batch:logit_rows", "scratch:0", "R"] rows "R" {shared_bytes = 0}
     exec.gemm("scratch:0", "weight:0") -> "buf:1" m "R" n 97 k 64 rows "R" {b_dtype = "BF16", batch = 1, lda = 64, ldb = 64, ldc = 97, transpose_b = true}
     exec.gemm("buf:0", "weight:1") -> "scratch:1" m "512" n 8 k 64 {b_batch_modulo = 2, b_dtype = "F32", batch = 4, lda = 64, ldb = 64, ldc = 8, rows_from_counts = "buf:2", stride_a = 8192, stride_b = 512, stride_c = 1024, transpose_b = true}
+    exec.gemm("buf:0", "buf:1") -> "scratch:2" m "64" n 97 k 512 {accumulate = true, b_dtype = "F32", batch = 1, k_rows = "T", lda = 64, ldb = 97, ldc = 97, transpose_a = true, transpose_b = false}
   }
   exec.kernels "cuda" names ["head_rows", "argmax"] scratch [256, 4096] attributes {rope_tables = [], source = "// kernels"} sampling {
     exec.dispatch "argmax" grid([1, 1, 0], [0, 1, 1], [0, 1, 1]) block 256 params ["buf:1", "batch:argmax", "R"] {shared_bytes = 0}

@@ -511,8 +511,6 @@ Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config,
   // A capacity factor alone: one rank, the experts' drops in the training
   // program itself (moe-differentiate's capacity-factor).
   options.layout.reset();
-  if (options.target != "cpu")
-    return refuse("not supported yet: --train --target " + options.target);
   if (auxLossCoef.getNumOccurrences() && auxLossCoef < 0)
     return refuse("--aux-loss-coef: expected a value >= 0");
   if (routerZLossCoef < 0)

@@ -37,11 +37,15 @@ struct KernelRef {
   int64_t value = 0;
 };
 
-/// C[m, n] = A[m, k] B[n, k]^T through cuBLAS (B the weight).
+/// C[m, n] (+)= op(A)[m, k] op(B)[k, n] through cuBLAS: A stored [m, k]
+/// (or [k, m] with transposeA), B stored [n, k] with transposeB (a weight
+/// [out, in]) or [k, n]; accumulate adds to C (beta 1).
 struct KernelGemm {
   KernelRef a, b, c;
   enum class Rows { T, R, Fixed } rows = Rows::Fixed; ///< m
+  Rows kRows = Rows::Fixed; ///< k: the step's rows (k then their most) or fixed
   int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+  bool transposeA = false, transposeB = true, accumulate = false;
   std::string bDtype = "F32"; ///< F32, BF16 or F16
   int64_t batch = 1, strideA = 0, strideB = 0, strideC = 0;
   int64_t bBatchModulo = 1; ///< blocks b use expert b % modulo (batch when absent)

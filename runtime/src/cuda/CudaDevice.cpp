@@ -367,7 +367,7 @@ private:
       if (l.kind == KernelLaunch::Kind::Gemm) {
         const KernelGemm &g = l.gemm;
         if (int64_t w = weight(g.b); w >= 0) {
-          if (g.bDtype == "BF16" && bf16Gemm) {
+          if (g.bDtype == "BF16" && bf16Gemm && !g.transposeA) {
             stored.insert(static_cast<size_t>(w));
             // The packed operand: every block's rows of k bf16 values.
             const int64_t rows =
@@ -565,18 +565,29 @@ private:
     // is then the most rows any received block holds.
     if (g.batch > 1 && g.rowsFromCounts)
       m = std::min<int>(m, static_cast<int>(exchangedRows >= 0 ? exchangedRows : T));
-    const int n = static_cast<int>(g.n), k = static_cast<int>(g.k), lda = static_cast<int>(g.lda),
+    const int n = static_cast<int>(g.n), lda = static_cast<int>(g.lda),
               ldb = static_cast<int>(g.ldb), ldc = static_cast<int>(g.ldc);
+    const int k = static_cast<int>(g.kRows == KernelGemm::Rows::T   ? T
+                                   : g.kRows == KernelGemm::Rows::R ? R
+                                                                    : g.k);
     if (m == 0)
       return;
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
+    if (k == 0) { // C = 0 (+ C): an empty sum
+      if (!g.accumulate)
+        for (int r = 0; r < m; ++r)
+          check(api->cuMemsetD8Async(resolve(g.c, T, R) + static_cast<CUdeviceptr>(r) * g.ldc * 4,
+                                     0, static_cast<size_t>(n) * 4, stream),
+                "cuMemsetD8Async");
+      return;
+    }
     const void *A = reinterpret_cast<const void *>(resolve(g.a, T, R));
     cudaDataType bType = weightType(g.bDtype);
     const void *B = reinterpret_cast<const void *>(resolve(g.b, T, R));
     cudaDataType aType = CUDA_R_32F;
     int64_t aElement = 4;
     if (g.b.kind == KernelRef::Kind::Weight && bType != CUDA_R_32F) {
-      if (bType == CUDA_R_16BF && bf16Gemm) {
+      if (bType == CUDA_R_16BF && bf16Gemm && !g.transposeA) {
         aType = CUDA_R_16BF; // A rounded into packScratch below
         aElement = 2;
       } else {
@@ -604,7 +615,12 @@ private:
       sa = sy;
     }
     if (batch == 1) {
-      check(api->cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, B, bType, ldb, A,
+      // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T:
+      // B stored [n, k] row-major is [k, n] column-major (OP_T gives its
+      // transpose), stored [k, n] it is already op(B)^T (OP_N); A likewise.
+      check(api->cublasGemmEx(blas, g.transposeB ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              g.transposeA ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, B,
+                              bType, ldb, A,
                               aType, ldA, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT),
             "cublasGemmEx");

@@ -10,7 +10,7 @@ namespace moe::cuda::detail {
 
 Object Emitter::rope(int64_t i, std::string in, std::string out, std::string positions,
                      int64_t W, int64_t headDim, int64_t headStride, int64_t headOffset,
-                     const Constants &r, llvm::StringRef what) {
+                     const Constants &r, llvm::StringRef what, bool transposed) {
   const int64_t table = ropeTable(r);
   const int64_t half = r.integer("rotary_dim") / 2;
   const bool interleaved = r.boolean("interleaved");
@@ -30,13 +30,15 @@ Object Emitter::rope(int64_t i, std::string in, std::string out, std::string pos
     const int ia = @INTERLEAVED@ ? base + 2 * j : base + j;
     const int ib = @INTERLEAVED@ ? base + 2 * j + 1 : base + j + @HALF@;
     const float a = src[ia], b = src[ib];
-    const float ra = __fadd_rn(__fmul_rn(a, c[j]), -__fmul_rn(b, s[j]));
-    const float rb = __fadd_rn(__fmul_rn(b, c[j]), __fmul_rn(a, s[j]));
+    const float ra = __fadd_rn(__fmul_rn(a, c[j]), @MINUS@__fmul_rn(b, s[j]));
+    const float rb = __fadd_rn(__fmul_rn(b, c[j]), @PLUS@__fmul_rn(a, s[j]));
     dst[ia] = ra;
     dst[ib] = rb;
   }
 )", {{"W", str(W)}, {"HALF", str(half)}, {"HEADS", str(heads)}, {"STRIDE", str(headStride)},
-     {"OFFSET", str(headOffset)}, {"INTERLEAVED", interleaved ? "1" : "0"}});
+     {"OFFSET", str(headOffset)}, {"INTERLEAVED", interleaved ? "1" : "0"},
+     // The transpose of [c -s; s c] (rope_grad) is [c s; -s c].
+     {"MINUS", transposed ? "" : "-"}, {"PLUS", transposed ? "-" : ""}});
   // Each pair is read and written by the same thread: in place is safe.
   (void)headDim;
   return kernel(i, what,
@@ -239,6 +241,234 @@ llvm::Error Emitter::lowerMlaAttention(const Step &s, Array &launches, std::stri
                             body, grid1(dim(1)), 128));
   launches.push_back(
       attend(s.index, q, H * qk, buf(s.out[0]), H, H, qk, vdim, a.number("scale"), 0, cache));
+  return llvm::Error::success();
+}
+
+} // namespace moe::cuda::detail
+
+namespace moe::cuda::detail {
+
+namespace {
+
+/// The literals of the attention gradient's kernels (block size B).
+std::map<std::string, std::string> attentionGradValues(const AttentionGradShape &a, int64_t B) {
+  return {{"DQ", str(a.dq)},
+          {"DV", str(a.dv)},
+          {"B", str(B)},
+          {"NQ", str((a.dq + B - 1) / B)},
+          {"NV", str((a.dv + B - 1) / B)},
+          {"QW", str(a.heads * a.dq)},
+          {"OW", str(a.heads * a.dv)},
+          {"KW", str(a.kvHeads * a.dq)},
+          {"VW", str(a.kvHeads * a.dv)},
+          {"WINDOW", str(a.window)},
+          {"GROUP", str(a.heads / a.kvHeads)},
+          {"HEADS", str(a.heads)},
+          {"SCALE", floatLit(a.scale)}};
+}
+
+} // namespace
+
+/// attention_grad (GQA, causal, sliding window) over a training step's
+/// whole sequences (contiguous rows, positions from 0: the key at position
+/// p of token t's sequence is row t - pos(t) + p), in two kernels without
+/// atomics. `attention_grad_q`, one block per (query token, head): the
+/// softmax row recomputed as cpu::attentionGrad rounds it (scores scale * q.k
+/// in f32, p = exp(s - max) * f32(1 / sum) with the sum in f64), dP = dO.V,
+/// rowDot = sum p dP (f64), dS = p (dP - rowDot) scale, dQ = sum dS K; it
+/// keeps (max, 1 / sum, rowDot) per (token, head) in `stats`.
+/// `attention_grad_kv`, one block per (key token, KV head): over the group's
+/// heads and the queries that see the key, p and dS again from the stats,
+/// dK = sum dS Q and dV = sum p dO.
+Object Emitter::attendGradQ(int64_t i, const AttentionGradRefs &r, const std::string &stats) {
+  const AttentionGradShape &a = r.shape;
+  const int64_t B = 128;
+  std::string body = subst(R"(  __shared__ float qs[@DQ@];
+  __shared__ float dos[@DV@];
+  __shared__ float ps[64];
+  __shared__ float pd[64];
+  const long long t = blockIdx.x;
+  const int h = blockIdx.y;
+  if (t >= T) return;
+  const int lane = threadIdx.x % MOE_WARP_SIZE, warp = threadIdx.x / MOE_WARP_SIZE;
+  for (int d = threadIdx.x; d < @DQ@; d += @B@) qs[d] = q[t * @QW@ + h * @DQ@ + d];
+  for (int d = threadIdx.x; d < @DV@; d += @B@) dos[d] = dout[t * @OW@ + h * @DV@ + d];
+  const long long pos = positions[t];
+  const long long first = @WINDOW@ > 0 && pos - @WINDOW@ + 1 > 0 ? pos - @WINDOW@ + 1 : 0;
+  const int n = static_cast<int>(pos - first + 1);
+  const int g = h / @GROUP@;
+  const long long base = t - pos + first;
+  const float *K = k + base * @KW@ + g * @DQ@;
+  const float *V = v + base * @VW@ + g * @DV@;
+  __syncthreads();
+  float peak = -INFINITY, rowDot = 0.0f, inverse = 0.0f;
+  double sum = 0.0, dot = 0.0;
+  float acc[@NQ@];
+#pragma unroll
+  for (int c = 0; c < @NQ@; ++c) acc[c] = 0.0f;
+  // Pass 0: the peak; 1: the sum; 2: rowDot; 3: dQ.
+  for (int pass = 0; pass < 4; ++pass) {
+    for (int j0 = 0; j0 < n; j0 += 64) {
+      const int nt = n - j0 < 64 ? n - j0 : 64;
+      for (int jj = warp; jj < nt; jj += @B@ / MOE_WARP_SIZE) {
+        const float *kr = K + static_cast<long long>(j0 + jj) * @KW@;
+        float s = 0.0f;
+        for (int d = lane; d < @DQ@; d += MOE_WARP_SIZE) s += qs[d] * kr[d];
+        s = moe_warp_sum(s);
+        float e = 0.0f;
+        if (pass >= 2) {
+          const float *vr = V + static_cast<long long>(j0 + jj) * @VW@;
+          for (int d = lane; d < @DV@; d += MOE_WARP_SIZE) e += dos[d] * vr[d];
+          e = moe_warp_sum(e);
+        }
+        if (lane == 0) {
+          ps[jj] = __fmul_rn(s, @SCALE@);
+          pd[jj] = e;
+        }
+      }
+      __syncthreads();
+      if (pass == 0) {
+        for (int jj = 0; jj < nt; ++jj) peak = fmaxf(peak, ps[jj]);
+      } else if (pass == 1) {
+        for (int jj = 0; jj < nt; ++jj) sum += static_cast<double>(expf(ps[jj] - peak));
+      } else if (pass == 2) {
+        for (int jj = 0; jj < nt; ++jj)
+          dot += static_cast<double>(__fmul_rn(expf(ps[jj] - peak), inverse)) * pd[jj];
+      } else {
+#pragma unroll
+        for (int c = 0; c < @NQ@; ++c) {
+          const int d = threadIdx.x + c * @B@;
+          if (d < @DQ@) {
+            float a = acc[c];
+            for (int jj = 0; jj < nt; ++jj) {
+              const float p = __fmul_rn(expf(ps[jj] - peak), inverse);
+              const float ds = __fmul_rn(__fmul_rn(p, pd[jj] - rowDot), @SCALE@);
+              a += ds * K[static_cast<long long>(j0 + jj) * @KW@ + d];
+            }
+            acc[c] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+    if (pass == 1) inverse = static_cast<float>(1.0 / sum);
+    if (pass == 2) rowDot = static_cast<float>(dot);
+  }
+#pragma unroll
+  for (int c = 0; c < @NQ@; ++c) {
+    const int d = threadIdx.x + c * @B@;
+    if (d < @DQ@) dq[t * @QW@ + h * @DQ@ + d] = acc[c];
+  }
+  if (threadIdx.x == 0) {
+    float *st = stats + (t * @HEADS@ + h) * 3;
+    st[0] = peak;
+    st[1] = inverse;
+    st[2] = rowDot;
+  }
+)",
+                           attentionGradValues(a, B));
+  return kernel(i, "attention_grad_q",
+                {{"const float *__restrict__ dout", r.dout},
+                 {"const float *__restrict__ q", r.q},
+                 {"const float *__restrict__ k", r.k},
+                 {"const float *__restrict__ v", r.v},
+                 {"const int *__restrict__ positions", "batch:position"},
+                 {"float *__restrict__ dq", r.dq},
+                 {"float *__restrict__ stats", stats},
+                 {"long long T", "T"}},
+                body, Array{dim(1), dim(0, 1, a.heads), dim(0, 1, 1)}, B);
+}
+
+Object Emitter::attendGradKV(int64_t i, const AttentionGradRefs &r, const std::string &stats) {
+  const AttentionGradShape &a = r.shape;
+  const int64_t B = 128;
+  std::string body = subst(R"(  __shared__ float ks[@DQ@];
+  __shared__ float vs[@DV@];
+  __shared__ float red[32];
+  const long long j = blockIdx.x;
+  const int g = blockIdx.y;
+  if (j >= T) return;
+  for (int d = threadIdx.x; d < @DQ@; d += @B@) ks[d] = k[j * @KW@ + g * @DQ@ + d];
+  for (int d = threadIdx.x; d < @DV@; d += @B@) vs[d] = v[j * @VW@ + g * @DV@ + d];
+  __syncthreads();
+  const long long posj = positions[j];
+  const int seqj = seq[j];
+  float accK[@NQ@], accV[@NV@];
+#pragma unroll
+  for (int c = 0; c < @NQ@; ++c) accK[c] = 0.0f;
+#pragma unroll
+  for (int c = 0; c < @NV@; ++c) accV[c] = 0.0f;
+  for (int h = g * @GROUP@; h < (g + 1) * @GROUP@; ++h) {
+    for (long long i = j; i < T && seq[i] == seqj; ++i) {
+      if (@WINDOW@ > 0 && positions[i] - posj >= @WINDOW@) break;
+      const float *qi = q + i * @QW@ + h * @DQ@;
+      const float *doi = dout + i * @OW@ + h * @DV@;
+      float s = 0.0f, e = 0.0f;
+      for (int d = threadIdx.x; d < @DQ@; d += @B@) s += qi[d] * ks[d];
+      for (int d = threadIdx.x; d < @DV@; d += @B@) e += doi[d] * vs[d];
+      s = moe_block_sum(s, red, @B@);
+      e = moe_block_sum(e, red, @B@);
+      const float *st = stats + (i * @HEADS@ + h) * 3;
+      const float p = __fmul_rn(expf(__fmul_rn(s, @SCALE@) - st[0]), st[1]);
+      const float ds = __fmul_rn(__fmul_rn(p, e - st[2]), @SCALE@);
+#pragma unroll
+      for (int c = 0; c < @NQ@; ++c) {
+        const int d = threadIdx.x + c * @B@;
+        if (d < @DQ@) accK[c] += ds * qi[d];
+      }
+#pragma unroll
+      for (int c = 0; c < @NV@; ++c) {
+        const int d = threadIdx.x + c * @B@;
+        if (d < @DV@) accV[c] += p * doi[d];
+      }
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < @NQ@; ++c) {
+    const int d = threadIdx.x + c * @B@;
+    if (d < @DQ@) dk[j * @KW@ + g * @DQ@ + d] = accK[c];
+  }
+#pragma unroll
+  for (int c = 0; c < @NV@; ++c) {
+    const int d = threadIdx.x + c * @B@;
+    if (d < @DV@) dv[j * @VW@ + g * @DV@ + d] = accV[c];
+  }
+)",
+                           attentionGradValues(a, B));
+  return kernel(i, "attention_grad_kv",
+                {{"const float *__restrict__ dout", r.dout},
+                 {"const float *__restrict__ q", r.q},
+                 {"const float *__restrict__ k", r.k},
+                 {"const float *__restrict__ v", r.v},
+                 {"const int *__restrict__ seq", "batch:sequence"},
+                 {"const int *__restrict__ positions", "batch:position"},
+                 {"const float *__restrict__ stats", stats},
+                 {"float *__restrict__ dk", r.dk},
+                 {"float *__restrict__ dv", r.dv},
+                 {"long long T", "T"}},
+                body, Array{dim(1), dim(0, 1, a.kvHeads), dim(0, 1, 1)}, B);
+}
+
+llvm::Error Emitter::lowerAttentionGrad(const Step &s, Array &launches, std::string &) {
+  const Constants &c = s.constants;
+  AttentionGradShape a{c.integer("heads"), c.integer("kv_heads"), 0, 0, c.number("scale"),
+                       c.integerOr("sliding_window", 0)};
+  if (llvm::Error e = constantsRead(s))
+    return e;
+  if (a.heads <= 0 || a.kvHeads <= 0 || a.heads % a.kvHeads || width(s.in[1]) % a.heads ||
+      width(s.in[3]) % a.kvHeads)
+    return stepError(s, llvm::formatv("{0} heads do not share {1} KV heads of the query, key "
+                                      "and value widths",
+                                      a.heads, a.kvHeads));
+  a.dq = width(s.in[1]) / a.heads;
+  a.dv = width(s.in[3]) / a.kvHeads;
+  if (width(s.in[2]) != a.kvHeads * a.dq || width(s.in[0]) != a.heads * a.dv)
+    return stepError(s, "the key or dO width does not fit the heads");
+  AttentionGradRefs r{a,           buf(s.in[0]),  buf(s.in[1]),  buf(s.in[2]),
+                      buf(s.in[3]), buf(s.out[0]), buf(s.out[1]), buf(s.out[2])};
+  const std::string stats = addScratch(maxTokens, 3 * a.heads);
+  launches.push_back(attendGradQ(s.index, r, stats));
+  launches.push_back(attendGradKV(s.index, r, stats));
   return llvm::Error::success();
 }
 

@@ -117,8 +117,11 @@ llvm::Error Emitter::lowerConcat(const Step &s, Array &launches, std::string &) 
   return llvm::Error::success();
 }
 
+/// Elementwise over the step's rows, or over every row of static buffers
+/// (weight gradients reaching one weight twice, such as a tied embedding).
 llvm::Error Emitter::lowerAdd(const Step &s, Array &launches, std::string &) {
-  const int64_t W = width(s.in[0]);
+  const int64_t W = width(s.in[0]), staticRows = rows(s.out[0]);
+  const bool perToken = staticRows == maxTokens;
   const bool v4 = W % 4 == 0;
   std::string body = subst(R"(  const long long i = static_cast<long long>(blockIdx.x) * 256 + threadIdx.x;
   if (i >= T * @N@) return;
@@ -132,8 +135,11 @@ llvm::Error Emitter::lowerAdd(const Step &s, Array &launches, std::string &) {
                             {{"const float *a", buf(s.in[0])},
                              {"const float *b", buf(s.in[1])},
                              {"float *out", buf(s.out[0])},
-                             {"long long T", "T"}},
-                            body, grid1(dim(v4 ? W / 4 : W, 256)), 256));
+                             {"long long T", perToken ? "T" : "const:" + str(staticRows)}},
+                            body,
+                            grid1(perToken ? dim(v4 ? W / 4 : W, 256)
+                                           : dim(0, 1, ((v4 ? W / 4 : W) * staticRows + 255) / 256)),
+                            256));
   return llvm::Error::success();
 }
 

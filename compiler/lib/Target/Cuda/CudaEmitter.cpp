@@ -340,6 +340,18 @@ const StepLowering kLowerings[] = {
     {"expert_ffn", 2, 2, 3, 3, 1, 1, &Emitter::lowerExperts},
     {"dispatch", 2, 2, 0, 0, 3, 3, &Emitter::lowerDispatch},
     {"combine", 3, 3, 0, 0, 1, 1, &Emitter::lowerCombine},
+    // Training (moec compile --train).
+    {"cross_entropy", 2, 2, 0, 0, 1, 1, &Emitter::lowerCrossEntropy},
+    {"lm_loss", 1, kAny, 0, 0, 1, 1, &Emitter::lowerLmLoss},
+    {"cross_entropy_grad", 3, 3, 0, 0, 1, 1, &Emitter::lowerCrossEntropyGrad},
+    {"embedding_grad", 2, 2, 0, 0, 1, 1, &Emitter::lowerEmbeddingGrad},
+    {"linear_grad", 2, 2, 1, 1, 2, 2, &Emitter::lowerLinearGrad},
+    {"bias_grad", 1, 1, 0, 0, 1, 1, &Emitter::lowerBiasGrad},
+    {"mlp_grad", 2, 2, 3, 3, 4, 4, &Emitter::lowerMlpGrad},
+    {"rms_norm_grad", 2, 2, 1, 1, 2, 2, &Emitter::lowerRmsNormGrad},
+    {"rope_grad", 2, 2, 0, 0, 1, 1, &Emitter::lowerRopeGrad},
+    {"sigmoid_gate_grad", 3, 3, 0, 0, 2, 2, &Emitter::lowerSigmoidGateGrad},
+    {"attention_grad", 4, 4, 0, 0, 3, 3, &Emitter::lowerAttentionGrad},
 };
 
 const StepLowering *findLowering(llvm::StringRef kernel) {

@@ -83,6 +83,11 @@ IntegerAttr optionalInteger(Builder &b, const Object &o, StringRef key) {
   return i ? b.getI64IntegerAttr(*i) : IntegerAttr();
 }
 
+BoolAttr optionalBool(Builder &b, const Object &o, StringRef key) {
+  auto v = o.getBoolean(key);
+  return v ? b.getBoolAttr(*v) : BoolAttr();
+}
+
 /// One launch of the Emitter's table as an op at `b`.
 void buildLaunch(OpBuilder &b, Location loc, const Object &launch) {
   StringAttr rows = optionalString(b, launch, "rows");
@@ -96,7 +101,8 @@ void buildLaunch(OpBuilder &b, Location loc, const Object &launch) {
         b.getBoolAttr(*g->getBoolean("transpose_b")), b.getI64IntegerAttr(*g->getInteger("batch")),
         optionalInteger(b, *g, "stride_a"), optionalInteger(b, *g, "stride_b"),
         optionalInteger(b, *g, "stride_c"), optionalInteger(b, *g, "b_batch_modulo"),
-        optionalString(b, *g, "rows_from_counts"), rows);
+        optionalString(b, *g, "rows_from_counts"), rows, optionalBool(b, *g, "transpose_a"),
+        optionalBool(b, *g, "accumulate"), optionalString(b, *g, "k_rows"));
     return;
   }
   const Array &grid = *launch.getArray("grid");
@@ -190,6 +196,12 @@ Object gemmJson(exec::GemmOp g) {
     o["b_batch_modulo"] = v.getInt();
   if (auto v = g.getRowsFromCounts())
     o["rows_from_counts"] = *v;
+  if (auto v = g.getTransposeA())
+    o["transpose_a"] = *v;
+  if (auto v = g.getAccumulate())
+    o["accumulate"] = *v;
+  if (auto v = g.getKRows())
+    o["k_rows"] = *v;
   Object launch{{"gemm", std::move(o)}};
   if (auto rows = g.getRows())
     launch["rows"] = *rows;

@@ -99,6 +99,20 @@ struct Param {
 
 class Emitter;
 
+/// An attention gradient's heads (GQA: heads share kvHeads), head dims and
+/// softmax parameters, and the table references of its operands (rows of
+/// heads x dq queries, kvHeads x dq keys, kvHeads x dv values, heads x dv
+/// dO).
+struct AttentionGradShape {
+  int64_t heads, kvHeads, dq, dv;
+  double scale;
+  int64_t window;
+};
+struct AttentionGradRefs {
+  AttentionGradShape shape;
+  std::string dout, q, k, v, dq, dk, dv;
+};
+
 /// How the steps of one kernel id lower (the table in CudaEmitter.cpp): the
 /// operand counts the lowering reads and the Emitter member that appends
 /// the step's launches (and sets the rows of the steps after it, "T" or
@@ -137,6 +151,19 @@ public:
   llvm::Error lowerExperts(const Step &, Array &, std::string &);
   llvm::Error lowerDispatch(const Step &, Array &, std::string &);
   llvm::Error lowerCombine(const Step &, Array &, std::string &);
+  // The training program's (CudaLossKernels.cpp, CudaGradientKernels.cpp,
+  // CudaAttentionGradKernels.cpp).
+  llvm::Error lowerCrossEntropy(const Step &, Array &, std::string &);
+  llvm::Error lowerLmLoss(const Step &, Array &, std::string &);
+  llvm::Error lowerCrossEntropyGrad(const Step &, Array &, std::string &);
+  llvm::Error lowerEmbeddingGrad(const Step &, Array &, std::string &);
+  llvm::Error lowerLinearGrad(const Step &, Array &, std::string &);
+  llvm::Error lowerBiasGrad(const Step &, Array &, std::string &);
+  llvm::Error lowerMlpGrad(const Step &, Array &, std::string &);
+  llvm::Error lowerRmsNormGrad(const Step &, Array &, std::string &);
+  llvm::Error lowerRopeGrad(const Step &, Array &, std::string &);
+  llvm::Error lowerSigmoidGateGrad(const Step &, Array &, std::string &);
+  llvm::Error lowerAttentionGrad(const Step &, Array &, std::string &);
 
 private:
   moe::exec::ProgramOp program;
@@ -277,6 +304,51 @@ private:
                                   {"transpose_b", true}, {"batch", 1}}}};
   }
 
+  /// The backward pass's GEMMs (the table's transpose_a / accumulate /
+  /// k_rows forms). dx[T, n] (+)= dy[T, k] B[k, n], B stored [k, n] (a
+  /// weight [out, in] or a buffer): the input's gradient through a linear.
+  Object gemmDx(std::string dy, std::string b, std::string dx, int64_t n, int64_t k,
+                llvm::StringRef bDtype, bool accumulate = false, int64_t lda = 0,
+                int64_t ldc = 0) {
+    Object g{{"a", dy},
+             {"b", b},
+             {"c", dx},
+             {"m", "T"},
+             {"n", n},
+             {"k", k},
+             {"lda", lda ? lda : k},
+             {"ldb", n},
+             {"ldc", ldc ? ldc : n},
+             {"b_dtype", bDtype.str()},
+             {"transpose_b", false},
+             {"batch", 1}};
+    if (accumulate)
+      g["accumulate"] = true;
+    return Object{{"gemm", std::move(g)}};
+  }
+  /// dW[m, n] (+)= dy[T, m]^T x[T, n], summed over the step's T rows: a
+  /// weight's gradient (`ldy`/`ldx`: the rows' strides).
+  Object gemmDw(std::string dy, std::string x, std::string dw, int64_t m, int64_t n,
+                bool accumulate = false, int64_t ldy = 0, int64_t ldx = 0) {
+    Object g{{"a", dy},
+             {"b", x},
+             {"c", dw},
+             {"m", str(m)},
+             {"n", n},
+             {"k", maxTokens},
+             {"k_rows", "T"},
+             {"lda", ldy ? ldy : m},
+             {"ldb", ldx ? ldx : n},
+             {"ldc", n},
+             {"b_dtype", "F32"},
+             {"transpose_a", true},
+             {"transpose_b", false},
+             {"batch", 1}};
+    if (accumulate)
+      g["accumulate"] = true;
+    return Object{{"gemm", std::move(g)}};
+  }
+
   // Kernel builders.
   Object embedding(int64_t i, int64_t out, int64_t ids, int64_t table, bool shard);
   Object rmsNorm(int64_t i, int64_t in, int64_t w, int64_t out, double eps);
@@ -285,7 +357,9 @@ private:
   Object layerNorm(int64_t i, int64_t in, int64_t w, int64_t b, int64_t out, double eps);
   Object rope(int64_t i, std::string in, std::string out, std::string positions, int64_t width,
               int64_t headDim, int64_t headStride, int64_t headOffset, const Constants &rope,
-              llvm::StringRef what);
+              llvm::StringRef what, bool transposed = false);
+  Object attendGradQ(int64_t i, const AttentionGradRefs &r, const std::string &stats);
+  Object attendGradKV(int64_t i, const AttentionGradRefs &r, const std::string &stats);
   Object kvWrite(int64_t i, std::string k, std::string v, int64_t kw, int64_t vw, int64_t cache);
   Object attend(int64_t i, std::string q, int64_t ldq, std::string out, int64_t heads,
                 int64_t kvHeads, int64_t dq, int64_t dv, double scale, int64_t window,

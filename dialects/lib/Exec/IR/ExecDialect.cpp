@@ -140,8 +140,15 @@ LogicalResult GemmOp::verify() {
   int64_t n = getNAttr().getInt(), k = getKAttr().getInt(), batch = getBatchAttr().getInt();
   if (n <= 0 || k <= 0 || batch <= 0)
     return emitOpError("n, k and batch must be positive");
-  if (getLdaAttr().getInt() < k || getLdcAttr().getInt() < n)
+  const bool transposeA = getTransposeA().value_or(false);
+  if ((!transposeA && getLdaAttr().getInt() < k) || getLdcAttr().getInt() < n)
     return emitOpError("lda must be >= k and ldc >= n");
+  if (getLdbAttr().getInt() < (getTransposeB() ? k : n))
+    return emitOpError("ldb must be >= k (transpose_b) or n");
+  if (auto kRows = getKRows(); kRows && *kRows != "T" && *kRows != "R")
+    return emitOpError("k_rows must be \"T\" or \"R\"");
+  if (batch > 1 && (transposeA || getKRows()))
+    return emitOpError("a batched gemm takes neither transpose_a nor k_rows");
   if (batch > 1 && (!getStrideA() || !getStrideB() || !getStrideC()))
     return emitOpError("a batched gemm needs stride_a, stride_b and stride_c");
   return success();

@@ -214,10 +214,14 @@ def Exec_DispatchOp : Exec_Op<"dispatch", [ParentOneOf<["LaunchOp", "KernelsOp"]
 }
 
 def Exec_GemmOp : Exec_Op<"gemm", [HasParent<"LaunchOp">]> {
-  let summary = "C = A x op(B) by the target's BLAS (strided-batched with batch > 1)";
+  let summary = "C = op(A) x op(B) by the target's BLAS (strided-batched with batch > 1)";
   let description = [{
-    Row-major `c[m x n] = a[m x k] * b^T` (`transpose_b`), `b` in `b_dtype`;
-    `m` is `T`, `R` or a number. With `batch` > 1 the operands advance by
+    Row-major `c[m x n] = op(a)[m x k] * op(b)[k x n]`, `b` in `b_dtype`:
+    `a` is stored `[m, k]`, or `[k, m]` with `transpose_a`; `b` is stored
+    `[n, k]` with `transpose_b` (a weight `[out, in]`), else `[k, n]`.
+    `accumulate` adds the product to `c` (BLAS beta = 1). `m` is `T`, `R`
+    or a number; `k_rows` (`T` or `R`) makes `k` the step's rows (`k` is
+    then their most), as in a weight gradient `dy^T x` summed over tokens. With `batch` > 1 the operands advance by
     their strides per block; `b_batch_modulo` makes block i use weight block
     i mod it (an expert stack shared by the blocks of several ranks) and
     `rows_from_counts` bounds each block's rows by a counts buffer.
@@ -227,7 +231,9 @@ def Exec_GemmOp : Exec_Op<"gemm", [HasParent<"LaunchOp">]> {
                        BoolAttr:$transpose_b, I64Attr:$batch,
                        OptionalAttr<I64Attr>:$stride_a, OptionalAttr<I64Attr>:$stride_b,
                        OptionalAttr<I64Attr>:$stride_c, OptionalAttr<I64Attr>:$b_batch_modulo,
-                       OptionalAttr<StrAttr>:$rows_from_counts, OptionalAttr<StrAttr>:$rows);
+                       OptionalAttr<StrAttr>:$rows_from_counts, OptionalAttr<StrAttr>:$rows,
+                       OptionalAttr<BoolAttr>:$transpose_a, OptionalAttr<BoolAttr>:$accumulate,
+                       OptionalAttr<StrAttr>:$k_rows);
   let assemblyFormat = [{
     `(` $a `,` $b `)` `->` $c `m` $m `n` $n `k` $k (`rows` $rows^)? attr-dict
   }];
