@@ -252,8 +252,8 @@ private:
     out.batch = g.has("batch") ? g.bounded("batch", 1, kMaxInt) : 1;
     out.bBatchModulo = g.has("b_batch_modulo") ? g.bounded("b_batch_modulo", 1, out.batch)
                                                : out.batch;
-    if (out.batch > 1 && (out.transposeA || out.kRows != KernelGemm::Rows::Fixed || !out.transposeB))
-      g.fail("batch", "a batched GEMM takes B transposed, A not, and a fixed k");
+    if (out.batch > 1 && out.kRows != KernelGemm::Rows::Fixed)
+      g.fail("batch", "a batched GEMM has a fixed k (its blocks' rows come from counts)");
     if (out.batch > 1) {
       out.strideA = g.bounded("stride_a", 0, int64_t(1) << 40);
       out.strideB = g.bounded("stride_b", 0, int64_t(1) << 40);

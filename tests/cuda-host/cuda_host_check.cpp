@@ -330,37 +330,73 @@ private:
     return v.data();
   }
 
+  /// Expert e of a weight stack as f32.
+  std::map<std::pair<int64_t, int64_t>, std::vector<float>> widenedExperts;
+  const float *expertF32(int64_t id, int64_t e) {
+    auto &v = widenedExperts[{id, e}];
+    if (v.empty()) {
+      const cpu::Matrix &m = weights.at(id).experts.at(e);
+      v.resize(static_cast<size_t>(m.rows * m.cols));
+      for (int64_t r = 0; r < m.rows; ++r)
+        for (int64_t c = 0; c < m.cols; ++c) {
+          const int64_t at = r * m.rowStride + c;
+          v[r * m.cols + c] =
+              m.dtype == DType::F32 ? static_cast<const float *>(m.data)[at]
+              : m.dtype == DType::BF16
+                  ? bf16ToFloat(static_cast<const uint16_t *>(m.data)[at])
+                  : f16ToFloat(static_cast<const uint16_t *>(m.data)[at]);
+        }
+    }
+    return v.data();
+  }
+
   /// C (+)= op(A) op(B) of the table's general form (transpose_a, B stored
-  /// [k, n], accumulate, k_rows): a plain loop in f64 (the backward pass's
-  /// GEMMs; docs/cuda.md).
+  /// [k, n], accumulate, k_rows; batched over blocks whose counts bound m,
+  /// or k with transpose_a): a plain loop in f64 (the backward pass's GEMMs;
+  /// docs/cuda.md).
   void generalGemm(const json &g, State &st, int64_t rows, const BatchInput &batch) {
     bool sc;
     long long dummy;
     const float *A = static_cast<const float *>(resolve(g.at("a"), st, rows, batch, sc, dummy));
     float *C = static_cast<float *>(resolve(g.at("c"), st, rows, batch, sc, dummy));
     const std::string b = g.at("b");
-    const float *B = b.rfind("weight:", 0) == 0
-                         ? weightF32(std::stoll(b.substr(7)))
-                         : static_cast<const float *>(resolve(b, st, rows, batch, sc, dummy));
-    const long long m = count(g.at("m"), rows), n = g.at("n"),
-                    k = g.contains("k_rows") ? rows : g.at("k").get<long long>();
+    const bool isWeight = b.rfind("weight:", 0) == 0;
+    const int64_t wid = isWeight ? std::stoll(b.substr(7)) : -1;
+    const float *Bbuf =
+        isWeight ? nullptr : static_cast<const float *>(resolve(b, st, rows, batch, sc, dummy));
+    const long long mAll = count(g.at("m"), rows), n = g.at("n"),
+                    kAll = g.contains("k_rows") ? rows : g.at("k").get<long long>();
     const long long lda = g.at("lda"), ldb = g.at("ldb"), ldc = g.at("ldc");
     const bool ta = g.value("transpose_a", false), tb = g.value("transpose_b", true),
                acc = g.value("accumulate", false);
-    for (long long i = 0; i < m; ++i)
-      for (long long j = 0; j < n; ++j) {
-        double sum = 0;
-        for (long long l = 0; l < k; ++l)
-          sum += static_cast<double>(ta ? A[l * lda + i] : A[i * lda + l]) *
-                 static_cast<double>(tb ? B[j * ldb + l] : B[l * ldb + j]);
-        C[i * ldc + j] = static_cast<float>(acc ? C[i * ldc + j] + sum : sum);
-      }
+    const long long blocks = g.value("batch", 1LL), modulo = g.value("b_batch_modulo", blocks);
+    const int32_t *counts = nullptr;
+    if (g.contains("rows_from_counts"))
+      counts = static_cast<const int32_t *>(
+          resolve(g.at("rows_from_counts"), st, rows, batch, sc, dummy));
+    for (long long blk = 0; blk < blocks; ++blk) {
+      const float *a = A + blk * g.value("stride_a", 0LL);
+      float *c = C + blk * g.value("stride_c", 0LL);
+      const float *B = !isWeight ? Bbuf + blk * g.value("stride_b", 0LL)
+                       : weights.at(wid).experts.empty() ? weightF32(wid)
+                                                          : expertF32(wid, blk % modulo);
+      const long long m = counts && !ta ? std::min<long long>(mAll, counts[blk]) : mAll;
+      const long long k = counts && ta ? std::min<long long>(kAll, counts[blk]) : kAll;
+      for (long long i = 0; i < m; ++i)
+        for (long long j = 0; j < n; ++j) {
+          double sum = 0;
+          for (long long l = 0; l < k; ++l)
+            sum += static_cast<double>(ta ? a[l * lda + i] : a[i * lda + l]) *
+                   static_cast<double>(tb ? B[j * ldb + l] : B[l * ldb + j]);
+          c[i * ldc + j] = static_cast<float>(acc ? c[i * ldc + j] + sum : sum);
+        }
+    }
   }
 
   void gemm(const json &g, State &st, int64_t rows, const BatchInput &batch) {
     if (g.value("transpose_a", false) || !g.value("transpose_b", true) ||
         g.value("accumulate", false) || g.contains("k_rows") ||
-        std::string(g.at("b")).rfind("weight:", 0) != 0)
+        g.at("b").get<std::string>().rfind("weight:", 0) != 0)
       return generalGemm(g, st, rows, batch);
     bool sc;
     long long dummy;

@@ -253,8 +253,8 @@ exec.program @p entry "train" stage 0 {
 exec.program @p entry "train" stage 0 {
   %b = exec.buffer f32 rows 8 width 4
   exec.launch "linear_grad" ins(%b) outs(%b) rows "T" {} kernels {
-    // expected-error @below {{'exec.gemm' op a batched gemm takes neither transpose_a nor k_rows}}
-    exec.gemm("buf:0", "buf:0") -> "buf:0" m "4" n 4 k 8 {b_dtype = "F32", batch = 2, lda = 4, ldb = 4, ldc = 4, stride_a = 1, stride_b = 1, stride_c = 1, transpose_a = true, transpose_b = false}
+    // expected-error @below {{'exec.gemm' op a batched gemm takes no k_rows (its blocks' rows come from counts)}}
+    exec.gemm("buf:0", "buf:0") -> "buf:0" m "4" n 4 k 8 {b_dtype = "F32", batch = 2, lda = 4, ldb = 4, ldc = 4, stride_a = 1, stride_b = 1, stride_c = 1, transpose_a = true, transpose_b = false, k_rows = "T"}
   }
   exec.return
 }

@@ -49,7 +49,9 @@ struct KernelGemm {
   std::string bDtype = "F32"; ///< F32, BF16 or F16
   int64_t batch = 1, strideA = 0, strideB = 0, strideC = 0;
   int64_t bBatchModulo = 1; ///< blocks b use expert b % modulo (batch when absent)
-  std::optional<KernelRef> rowsFromCounts; ///< i32 counts of each block
+  /// i32 counts of each block: the rows of its token-row operands (A and
+  /// C; with transposeA, A and B: k) past them are not read.
+  std::optional<KernelRef> rowsFromCounts;
 };
 
 struct KernelLaunch {

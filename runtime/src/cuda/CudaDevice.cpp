@@ -367,7 +367,7 @@ private:
       if (l.kind == KernelLaunch::Kind::Gemm) {
         const KernelGemm &g = l.gemm;
         if (int64_t w = weight(g.b); w >= 0) {
-          if (g.bDtype == "BF16" && bf16Gemm && !g.transposeA) {
+          if (g.bDtype == "BF16" && bf16Gemm && !g.transposeA && (g.transposeB || g.batch == 1)) {
             stored.insert(static_cast<size_t>(w));
             // The packed operand: every block's rows of k bf16 values.
             const int64_t rows =
@@ -626,6 +626,10 @@ private:
             "cublasGemmEx");
       return;
     }
+    if (g.transposeA || !g.transposeB)
+      runtimeError("not supported yet: a batched GEMM with transpose_a or B stored [k, n] on "
+                   "the CUDA device (a training plan's expert gradients; moert train runs on "
+                   "the CPU)");
     // Blocks b of a [blocks, C, .] buffer use expert b % modulo of the stack:
     // one strided-batched call per source's run of `modulo` experts.
     const int modulo = static_cast<int>(g.bBatchModulo);

@@ -252,6 +252,10 @@ double Constants::number(llvm::StringRef key) const {
   return 0.0;
 }
 
+double Constants::numberOr(llvm::StringRef key, double otherwise) const {
+  return get(key, "a number", /*optional=*/true) ? number(key) : otherwise;
+}
+
 bool Constants::booleanOr(llvm::StringRef key, bool otherwise) const {
   mlir::Attribute a = get(key, "a boolean", /*optional=*/true);
   if (!a)
@@ -352,6 +356,11 @@ const StepLowering kLowerings[] = {
     {"rope_grad", 2, 2, 0, 0, 1, 1, &Emitter::lowerRopeGrad},
     {"sigmoid_gate_grad", 3, 3, 0, 0, 2, 2, &Emitter::lowerSigmoidGateGrad},
     {"attention_grad", 4, 4, 0, 0, 3, 3, &Emitter::lowerAttentionGrad},
+    {"router_stats", 1, 1, 0, 0, 1, 1, &Emitter::lowerRouterStats},
+    {"router_stats_grad", 2, kAny, 0, 0, 1, 1, &Emitter::lowerRouterStatsGrad},
+    {"route_grad", 3, 3, 0, 0, 1, 1, &Emitter::lowerRouteGrad},
+    {"experts_saved", 3, 3, 3, 3, 4, 4, &Emitter::lowerExperts},
+    {"experts_grad", 4, 7, 3, 3, 5, 5, &Emitter::lowerExpertsGrad},
 };
 
 const StepLowering *findLowering(llvm::StringRef kernel) {

@@ -37,6 +37,67 @@ std::string activationSlope(llvm::StringRef act) {
 
 } // namespace
 
+/// h = act(a) u over rows x I values (act in f64, as the CPU's gradient
+/// kernels recompute it); with counts (non-"null"), row r of block r / C is
+/// skipped when r % C >= counts[r / C].
+Object Emitter::gatedProduct(int64_t i, std::string a, std::string u, std::string h, int64_t I,
+                             int64_t C, std::string counts, llvm::StringRef act,
+                             std::string rowsRef, Array grid) {
+  std::string body = subst(R"(  const long long i = static_cast<long long>(blockIdx.x) * 256 + threadIdx.x;
+  if (i >= rows * @I@) return;
+  if (@COUNTED@ && (i / @I@) % @C@ >= counts[i / @I@ / @C@]) return;
+  const double a = av[i];
+  double value, slope;
+  {
+    @ACT@
+  }
+  (void)slope;
+  h[i] = static_cast<float>(value * uv[i]);
+)",
+                           {{"I", str(I)},
+                            {"C", str(std::max<int64_t>(C, 1))},
+                            {"COUNTED", counts == "null" ? "0" : "1"},
+                            {"ACT", activationSlope(act)}});
+  return kernel(i, "gated_" + act.str(),
+                {{"const float *__restrict__ av", a},
+                 {"const float *__restrict__ uv", u},
+                 {"float *__restrict__ h", h},
+                 {"const int *__restrict__ counts", counts},
+                 {"long long rows", rowsRef}},
+                body, std::move(grid), 256);
+}
+
+/// [da, du] = [dh u act'(a), dh act(a)] (f64), rows as gatedProduct's.
+Object Emitter::gatedProductGrad(int64_t i, std::string a, std::string u, std::string dh,
+                                 std::string da, std::string du, int64_t I, int64_t C,
+                                 std::string counts, llvm::StringRef act, std::string rowsRef,
+                                 Array grid) {
+  std::string body = subst(R"(  const long long i = static_cast<long long>(blockIdx.x) * 256 + threadIdx.x;
+  if (i >= rows * @I@) return;
+  if (@COUNTED@ && (i / @I@) % @C@ >= counts[i / @I@ / @C@]) return;
+  const double a = av[i];
+  double value, slope;
+  {
+    @ACT@
+  }
+  da[i] = static_cast<float>(static_cast<double>(dh[i]) * uv[i] * slope);
+  du[i] = static_cast<float>(dh[i] * value);
+)",
+                           {{"I", str(I)},
+                            {"C", str(std::max<int64_t>(C, 1))},
+                            {"COUNTED", counts == "null" ? "0" : "1"},
+                            {"ACT", activationSlope(act)}});
+  return kernel(i, "gated_grad_" + act.str(),
+                {{"const float *__restrict__ av", a},
+                 {"const float *__restrict__ uv", u},
+                 {"const float *__restrict__ dh", dh},
+                 {"float *__restrict__ da", da},
+                 {"float *__restrict__ du", du},
+                 {"const int *__restrict__ counts", counts},
+                 {"long long rows", rowsRef}},
+                body, std::move(grid), 256);
+}
+
 /// dx = dy W (W [out, in] as stored), dW = dy^T x.
 llvm::Error Emitter::lowerLinearGrad(const Step &s, Array &launches, std::string &) {
   if (llvm::Error e = checkMatrix(s, 0))
@@ -87,45 +148,12 @@ llvm::Error Emitter::lowerMlpGrad(const Step &s, Array &launches, std::string &)
   const auto &w = s.weights;
   launches.push_back(gemm(x, wref(w[0]), a, "T", I, H, dtype(w[0])));
   launches.push_back(gemm(x, wref(w[1]), u, "T", I, H, dtype(w[1])));
-  const std::string act = activationSlope(s.constants.string("activation"));
-  std::string hBody = subst(R"(  const long long i = static_cast<long long>(blockIdx.x) * 256 + threadIdx.x;
-  if (i >= T * @I@) return;
-  const double a = av[i];
-  double value, slope;
-  {
-    @ACT@
-  }
-  (void)slope;
-  h[i] = static_cast<float>(value * uv[i]);
-)",
-                            {{"I", str(I)}, {"ACT", act}});
-  launches.push_back(kernel(s.index, "mlp_grad_h",
-                            {{"const float *__restrict__ av", a},
-                             {"const float *__restrict__ uv", u},
-                             {"float *__restrict__ h", h},
-                             {"long long T", "T"}},
-                            hBody, grid1(dim(I, 256)), 256));
+  const llvm::StringRef act = s.constants.string("activation");
+  launches.push_back(gatedProduct(s.index, a, u, h, I, 1, "null", act, "T", grid1(dim(I, 256))));
   launches.push_back(gemmDw(dy, h, buf(s.out[3]), H, I));
   launches.push_back(gemmDx(dy, wref(w[2]), dh, I, H, dtype(w[2])));
-  std::string dBody = subst(R"(  const long long i = static_cast<long long>(blockIdx.x) * 256 + threadIdx.x;
-  if (i >= T * @I@) return;
-  const double a = av[i];
-  double value, slope;
-  {
-    @ACT@
-  }
-  da[i] = static_cast<float>(static_cast<double>(dh[i]) * uv[i] * slope);
-  du[i] = static_cast<float>(dh[i] * value);
-)",
-                            {{"I", str(I)}, {"ACT", act}});
-  launches.push_back(kernel(s.index, "mlp_grad_act",
-                            {{"const float *__restrict__ av", a},
-                             {"const float *__restrict__ uv", u},
-                             {"const float *__restrict__ dh", dh},
-                             {"float *__restrict__ da", da},
-                             {"float *__restrict__ du", du},
-                             {"long long T", "T"}},
-                            dBody, grid1(dim(I, 256)), 256));
+  launches.push_back(
+      gatedProductGrad(s.index, a, u, dh, da, du, I, 1, "null", act, "T", grid1(dim(I, 256))));
   launches.push_back(gemmDw(da, x, buf(s.out[1]), I, H));
   launches.push_back(gemmDw(du, x, buf(s.out[2]), I, H));
   launches.push_back(gemmDx(da, wref(w[0]), buf(s.out[0]), H, I, dtype(w[0])));

@@ -162,9 +162,10 @@ llvm::Error Emitter::lowerCrossEntropyGrad(const Step &s, Array &launches, std::
     return;
   }
   const double scale = ce[1] > 0 ? 1.0 / ce[1] : 0.0;
-@LSE@  for (int v = threadIdx.x; v < @W@; v += 256) {
+@LSE@  const double inv = scale / sum; // one division: its slow path would spill
+  for (int v = threadIdx.x; v < @W@; v += 256) {
     float g = v < @V@ ? static_cast<float>(
-        exp(static_cast<double>(row[v]) - static_cast<double>(peak)) / sum * scale) : 0.0f;
+        exp(static_cast<double>(row[v]) - static_cast<double>(peak)) * inv) : 0.0f;
     if (v == label) g -= static_cast<float>(scale);
     o[v] = g;
   }

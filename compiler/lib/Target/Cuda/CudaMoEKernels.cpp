@@ -316,7 +316,11 @@ llvm::Error Emitter::lowerRoute(const Step &s, Array &launches, std::string &) {
 /// its [sources, El, C, H] buffer, counts from its input.
 llvm::Error Emitter::lowerExperts(const Step &s, Array &launches, std::string &) {
   const std::vector<int64_t> &in = s.in, &w = s.weights;
-  const bool dropless = s.kernel == "experts";
+  // experts_saved (training): also the gate and up products and the output
+  // of each (token, slot) pair, with the capacity factor's drops.
+  const bool saving = s.kernel == "experts_saved";
+  const bool dropless = s.kernel == "experts" || saving;
+  const double cf = saving ? s.constants.numberOr("capacity_factor", 0.0) : 0.0;
   if (llvm::Error e = checkActivation(s))
     return e;
   for (size_t i = 0; i < 3; ++i)
@@ -334,7 +338,7 @@ llvm::Error Emitter::lowerExperts(const Step &s, Array &launches, std::string &)
     slotsRef = addScratch(maxTokens, k, "I32");
     x = addScratch(E * C, H);
     y = addScratch(E * C, H);
-    launches.push_back(slots(s.index, buf(in[2]), counts, slotsRef, E, k, C, 0.0, 1, 1));
+    launches.push_back(slots(s.index, buf(in[2]), counts, slotsRef, E, k, C, cf, 1, 1));
     launches.push_back(scatter(s.index, buf(in[0]), slotsRef, x, H, k));
   } else {
     E = width(in[1]);
@@ -360,10 +364,19 @@ llvm::Error Emitter::lowerExperts(const Step &s, Array &launches, std::string &)
   };
   launches.push_back(batched(x, w[0], g, I, H));
   launches.push_back(batched(x, w[1], u, I, H));
+  if (saving) {
+    launches.push_back(pairRows(s.index, "experts_save_inner", buf(s.out[1]), slotsRef, g, I, k,
+                                /*toBlocks=*/false, false, "null"));
+    launches.push_back(pairRows(s.index, "experts_save_inner", buf(s.out[2]), slotsRef, u, I, k,
+                                false, false, "null"));
+  }
   launches.push_back(activation(s.index, g, u, counts, I, C, s.constants.string("activation"),
                                 "const:" + str(E * C),
                                 grid1(dim(0, 1, (E * C * I + 255) / 256))));
   launches.push_back(batched(g, w[2], y, H, I));
+  if (saving)
+    launches.push_back(pairRows(s.index, "experts_save_output", buf(s.out[3]), slotsRef, y, H, k,
+                                false, false, "null"));
   if (dropless)
     launches.push_back(combine(s.index, y, slotsRef, buf(in[1]), buf(s.out[0]), H, k));
   return llvm::Error::success();

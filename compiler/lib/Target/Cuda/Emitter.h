@@ -60,6 +60,7 @@ public:
   int64_t integer(llvm::StringRef key) const;
   /// A float (or integer) constant as a double.
   double number(llvm::StringRef key) const;
+  double numberOr(llvm::StringRef key, double otherwise) const;
   bool boolean(llvm::StringRef key) const;
   llvm::StringRef string(llvm::StringRef key) const;
   /// A nested dictionary ("rope", "routing").
@@ -152,7 +153,8 @@ public:
   llvm::Error lowerDispatch(const Step &, Array &, std::string &);
   llvm::Error lowerCombine(const Step &, Array &, std::string &);
   // The training program's (CudaLossKernels.cpp, CudaGradientKernels.cpp,
-  // CudaAttentionGradKernels.cpp).
+  // CudaAttentionKernels.cpp, CudaMoEGradKernels.cpp; experts_saved is
+  // lowerExperts').
   llvm::Error lowerCrossEntropy(const Step &, Array &, std::string &);
   llvm::Error lowerLmLoss(const Step &, Array &, std::string &);
   llvm::Error lowerCrossEntropyGrad(const Step &, Array &, std::string &);
@@ -164,6 +166,10 @@ public:
   llvm::Error lowerRopeGrad(const Step &, Array &, std::string &);
   llvm::Error lowerSigmoidGateGrad(const Step &, Array &, std::string &);
   llvm::Error lowerAttentionGrad(const Step &, Array &, std::string &);
+  llvm::Error lowerRouterStats(const Step &, Array &, std::string &);
+  llvm::Error lowerRouterStatsGrad(const Step &, Array &, std::string &);
+  llvm::Error lowerRouteGrad(const Step &, Array &, std::string &);
+  llvm::Error lowerExpertsGrad(const Step &, Array &, std::string &);
 
 private:
   moe::exec::ProgramOp program;
@@ -360,6 +366,16 @@ private:
               llvm::StringRef what, bool transposed = false);
   Object attendGradQ(int64_t i, const AttentionGradRefs &r, const std::string &stats);
   Object attendGradKV(int64_t i, const AttentionGradRefs &r, const std::string &stats);
+  Object gatedProduct(int64_t i, std::string a, std::string u, std::string h, int64_t I,
+                      int64_t C, std::string counts, llvm::StringRef act, std::string rowsRef,
+                      Array grid);
+  Object gatedProductGrad(int64_t i, std::string a, std::string u, std::string dh,
+                          std::string da, std::string du, int64_t I, int64_t C,
+                          std::string counts, llvm::StringRef act, std::string rowsRef,
+                          Array grid);
+  Object pairRows(int64_t i, llvm::StringRef what, std::string pairs, std::string slotsRef,
+                  std::string blocks, int64_t W, int64_t k, bool toBlocks, bool fromToken,
+                  std::string weights);
   Object kvWrite(int64_t i, std::string k, std::string v, int64_t kw, int64_t vw, int64_t cache);
   Object attend(int64_t i, std::string q, int64_t ldq, std::string out, int64_t heads,
                 int64_t kvHeads, int64_t dq, int64_t dv, double scale, int64_t window,

@@ -147,8 +147,8 @@ LogicalResult GemmOp::verify() {
     return emitOpError("ldb must be >= k (transpose_b) or n");
   if (auto kRows = getKRows(); kRows && *kRows != "T" && *kRows != "R")
     return emitOpError("k_rows must be \"T\" or \"R\"");
-  if (batch > 1 && (transposeA || getKRows()))
-    return emitOpError("a batched gemm takes neither transpose_a nor k_rows");
+  if (batch > 1 && getKRows())
+    return emitOpError("a batched gemm takes no k_rows (its blocks' rows come from counts)");
   if (batch > 1 && (!getStrideA() || !getStrideB() || !getStrideC()))
     return emitOpError("a batched gemm needs stride_a, stride_b and stride_c");
   return success();
