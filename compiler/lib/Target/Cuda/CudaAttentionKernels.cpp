@@ -272,18 +272,23 @@ std::map<std::string, std::string> attentionGradValues(const AttentionGradShape 
 /// attention_grad (GQA, causal, sliding window) over a training step's
 /// whole sequences (contiguous rows, positions from 0: the key at position
 /// p of token t's sequence is row t - pos(t) + p), in two kernels without
-/// atomics. `attention_grad_q`, one block per (query token, head): the
-/// softmax row recomputed as cpu::attentionGrad rounds it (scores scale * q.k
-/// in f32, p = exp(s - max) * f32(1 / sum) with the sum in f64), dP = dO.V,
-/// rowDot = sum p dP (f64), dS = p (dP - rowDot) scale, dQ = sum dS K; it
-/// keeps (max, 1 / sum, rowDot) per (token, head) in `stats`.
+/// atomics. `attention_grad_stats` and `attention_grad_q`, one block per
+/// (query token, head): the softmax row recomputed as cpu::attentionGrad
+/// rounds it (scores scale * q.k in f32, p = exp(s - max) * f32(1 / sum)
+/// with the sum in f64: the first kernel), dP = dO.V, rowDot = sum p dP
+/// (f64), dS = p (dP - rowDot) scale, dQ = sum dS K (the second); they keep
+/// (max, 1 / sum, rowDot) per (token, head) in `stats`.
 /// `attention_grad_kv`, one block per (key token, KV head): over the group's
 /// heads and the queries that see the key, p and dS again from the stats,
 /// dK = sum dS Q and dV = sum p dO.
-Object Emitter::attendGradQ(int64_t i, const AttentionGradRefs &r, const std::string &stats) {
+void Emitter::attendGradQ(int64_t i, const AttentionGradRefs &r, const std::string &stats,
+                          Array &launches) {
   const AttentionGradShape &a = r.shape;
   const int64_t B = 128;
-  std::string body = subst(R"(  __shared__ float qs[@DQ@];
+  // The row's scores (from pass 2 also dO . V) in tiles of 64 keys, one
+  // warp per key; passes FIRST..LAST each run PASS on every tile, then
+  // AFTER.
+  const char *head = R"(  __shared__ float qs[@DQ@];
   __shared__ float dos[@DV@];
   __shared__ float ps[64];
   __shared__ float pd[64];
@@ -300,14 +305,10 @@ Object Emitter::attendGradQ(int64_t i, const AttentionGradRefs &r, const std::st
   const long long base = t - pos + first;
   const float *K = k + base * @KW@ + g * @DQ@;
   const float *V = v + base * @VW@ + g * @DV@;
+  float *st = stats + (t * @HEADS@ + h) * 3;
   __syncthreads();
-  float peak = -INFINITY, rowDot = 0.0f, inverse = 0.0f;
-  double sum = 0.0, dot = 0.0;
-  float acc[@NQ@];
-#pragma unroll
-  for (int c = 0; c < @NQ@; ++c) acc[c] = 0.0f;
-  // Pass 0: the peak; 1: the sum; 2: rowDot; 3: dQ.
-  for (int pass = 0; pass < 4; ++pass) {
+)";
+  const char *tiles = R"(  for (int pass = @FIRST@; pass <= @LAST@; ++pass) {
     for (int j0 = 0; j0 < n; j0 += 64) {
       const int nt = n - j0 < 64 ? n - j0 : 64;
       for (int jj = warp; jj < nt; jj += @B@ / MOE_WARP_SIZE) {
@@ -327,11 +328,43 @@ Object Emitter::attendGradQ(int64_t i, const AttentionGradRefs &r, const std::st
         }
       }
       __syncthreads();
-      if (pass == 0) {
+@PASS@      __syncthreads();
+    }
+@AFTER@  }
+)";
+  auto values = attentionGradValues(a, B);
+  // Pass 0: the peak; 1: the sum, then (few values live: the division's
+  // slow path spills otherwise) 1 / sum.
+  std::string statsBody =
+      subst(head, values) +
+      subst(subst(tiles, {{"PASS", R"(      if (pass == 0) {
         for (int jj = 0; jj < nt; ++jj) peak = fmaxf(peak, ps[jj]);
-      } else if (pass == 1) {
+      } else {
         for (int jj = 0; jj < nt; ++jj) sum += static_cast<double>(expf(ps[jj] - peak));
-      } else if (pass == 2) {
+      }
+)"},
+                            {"AFTER", ""}}),
+            values);
+  statsBody = subst(statsBody, {{"FIRST", "0"}, {"LAST", "1"}});
+  statsBody.insert(statsBody.find("  for (int pass"), "  float peak = -INFINITY;\n  double sum = 0.0;\n");
+  statsBody += R"(  if (threadIdx.x == 0) {
+    st[0] = peak;
+    st[1] = static_cast<float>(1.0 / sum);
+  }
+)";
+  std::vector<Param> params = {{"const float *__restrict__ dout", r.dout},
+                               {"const float *__restrict__ q", r.q},
+                               {"const float *__restrict__ k", r.k},
+                               {"const float *__restrict__ v", r.v},
+                               {"const int *__restrict__ positions", "batch:position"},
+                               {"float *__restrict__ stats", stats},
+                               {"long long T", "T"}};
+  const Array grid{dim(1), dim(0, 1, a.heads), dim(0, 1, 1)};
+  launches.push_back(kernel(i, "attention_grad_stats", params, statsBody, grid, B));
+  // Pass 2: rowDot = sum p dP (f64); 3: dQ = sum dS K.
+  std::string qBody =
+      subst(head, values) +
+      subst(subst(tiles, {{"PASS", R"(      if (pass == 2) {
         for (int jj = 0; jj < nt; ++jj)
           dot += static_cast<double>(__fmul_rn(expf(ps[jj] - peak), inverse)) * pd[jj];
       } else {
@@ -349,34 +382,28 @@ Object Emitter::attendGradQ(int64_t i, const AttentionGradRefs &r, const std::st
           }
         }
       }
-      __syncthreads();
-    }
-    if (pass == 1) inverse = static_cast<float>(1.0 / sum);
-    if (pass == 2) rowDot = static_cast<float>(dot);
-  }
+)"},
+                            {"AFTER", "    if (pass == 2) rowDot = static_cast<float>(dot);\n"}}),
+            values);
+  qBody.insert(qBody.find("  for (int pass"), subst(R"(  const float peak = st[0], inverse = st[1];
+  float rowDot = 0.0f;
+  double dot = 0.0;
+  float acc[@NQ@];
 #pragma unroll
+  for (int c = 0; c < @NQ@; ++c) acc[c] = 0.0f;
+)",
+                                                          values));
+  qBody = subst(qBody, {{"FIRST", "2"}, {"LAST", "3"}});
+  qBody += subst(R"(#pragma unroll
   for (int c = 0; c < @NQ@; ++c) {
     const int d = threadIdx.x + c * @B@;
     if (d < @DQ@) dq[t * @QW@ + h * @DQ@ + d] = acc[c];
   }
-  if (threadIdx.x == 0) {
-    float *st = stats + (t * @HEADS@ + h) * 3;
-    st[0] = peak;
-    st[1] = inverse;
-    st[2] = rowDot;
-  }
+  if (threadIdx.x == 0) st[2] = rowDot;
 )",
-                           attentionGradValues(a, B));
-  return kernel(i, "attention_grad_q",
-                {{"const float *__restrict__ dout", r.dout},
-                 {"const float *__restrict__ q", r.q},
-                 {"const float *__restrict__ k", r.k},
-                 {"const float *__restrict__ v", r.v},
-                 {"const int *__restrict__ positions", "batch:position"},
-                 {"float *__restrict__ dq", r.dq},
-                 {"float *__restrict__ stats", stats},
-                 {"long long T", "T"}},
-                body, Array{dim(1), dim(0, 1, a.heads), dim(0, 1, 1)}, B);
+                 values);
+  params.insert(params.begin() + 5, {"float *__restrict__ dq", r.dq});
+  launches.push_back(kernel(i, "attention_grad_q", params, qBody, grid, B));
 }
 
 Object Emitter::attendGradKV(int64_t i, const AttentionGradRefs &r, const std::string &stats) {
@@ -467,8 +494,97 @@ llvm::Error Emitter::lowerAttentionGrad(const Step &s, Array &launches, std::str
   AttentionGradRefs r{a,           buf(s.in[0]),  buf(s.in[1]),  buf(s.in[2]),
                       buf(s.in[3]), buf(s.out[0]), buf(s.out[1]), buf(s.out[2])};
   const std::string stats = addScratch(maxTokens, 3 * a.heads);
-  launches.push_back(attendGradQ(s.index, r, stats));
+  attendGradQ(s.index, r, stats, launches);
   launches.push_back(attendGradKV(s.index, r, stats));
+  return llvm::Error::success();
+}
+
+/// mla_attention_grad: the forward's operands of attention again (the
+/// query's and key_rope's rotary parts rotated, the per-head keys [kv_h[:n],
+/// rope(key_rope)] and values kv_h[n:]), attention's gradient kernels on
+/// them (one KV head per head), the query's rotary part rotated back, and
+/// the keys' and values' gradients put back into kv's layout, key_rope's
+/// summed over the heads (in head order) and rotated back, as
+/// cpu::mlaAttentionGrad.
+llvm::Error Emitter::lowerMlaAttentionGrad(const Step &s, Array &launches, std::string &) {
+  const Constants &a = s.constants;
+  const std::vector<int64_t> &in = s.in;
+  const int64_t H = a.integer("heads"), r = width(in[3]);
+  const Constants ropeAttr = a.object("rope");
+  if (llvm::Error e = constantsRead(s))
+    return e;
+  if (H <= 0 || width(in[1]) % H || width(in[2]) % H || width(in[1]) / H <= r ||
+      ropeAttr.integer("rotary_dim") != r)
+    return stepError(s, llvm::formatv("{0} heads do not split query {1} and kv {2} with a "
+                                      "rotary part of {3}",
+                                      H, width(in[1]), width(in[2]), r));
+  const int64_t nope = width(in[1]) / H - r, vdim = width(in[2]) / H - nope, qk = nope + r;
+  const std::string positions = buf(in[4]);
+  const std::string q = addScratch(maxTokens, H * qk), kr = addScratch(maxTokens, r),
+                    keys = addScratch(maxTokens, H * qk), values = addScratch(maxTokens, H * vdim),
+                    dkeys = addScratch(maxTokens, H * qk),
+                    dvalues = addScratch(maxTokens, H * vdim);
+  launches.push_back(
+      rope(s.index, buf(in[1]), q, positions, H * qk, r, qk, nope, ropeAttr, "mla_rope_q"));
+  launches.push_back(rope(s.index, buf(in[3]), kr, positions, r, r, r, 0, ropeAttr, "mla_rope_k"));
+  const std::map<std::string, std::string> dims = {
+      {"H", str(H)}, {"QK", str(qk)}, {"VD", str(vdim)}, {"NOPE", str(nope)}, {"R", str(r)}};
+  launches.push_back(kernel(s.index, "mla_grad_operands",
+                            {{"const float *__restrict__ kv", buf(in[2])},
+                             {"const float *__restrict__ keyRope", kr},
+                             {"float *__restrict__ keys", keys},
+                             {"float *__restrict__ values", values},
+                             {"long long T", "T"}},
+                            subst(R"(  const long long t = blockIdx.x;
+  if (t >= T) return;
+  for (int i = threadIdx.x; i < @H@ * @QK@; i += 128) {
+    const int h = i / @QK@, c = i % @QK@;
+    keys[t * @H@ * @QK@ + i] =
+        c < @NOPE@ ? kv[(t * @H@ + h) * (@NOPE@ + @VD@) + c] : keyRope[t * @R@ + (c - @NOPE@)];
+  }
+  for (int i = threadIdx.x; i < @H@ * @VD@; i += 128) {
+    const int h = i / @VD@, c = i % @VD@;
+    values[t * @H@ * @VD@ + i] = kv[(t * @H@ + h) * (@NOPE@ + @VD@) + @NOPE@ + c];
+  }
+)",
+                                  dims),
+                            grid1(dim(1)), 128));
+  AttentionGradRefs refs{{H, H, qk, vdim, a.number("scale"), 0},
+                         buf(in[0]),
+                         q,
+                         keys,
+                         values,
+                         buf(s.out[0]),
+                         dkeys,
+                         dvalues};
+  const std::string stats = addScratch(maxTokens, 3 * H);
+  attendGradQ(s.index, refs, stats, launches);
+  launches.push_back(attendGradKV(s.index, refs, stats));
+  launches.push_back(rope(s.index, buf(s.out[0]), buf(s.out[0]), positions, H * qk, r, qk, nope,
+                          ropeAttr, "mla_rope_q_grad", /*transposed=*/true));
+  launches.push_back(kernel(s.index, "mla_grad_kv",
+                            {{"const float *__restrict__ dkeys", dkeys},
+                             {"const float *__restrict__ dvalues", dvalues},
+                             {"float *__restrict__ dkv", buf(s.out[1])},
+                             {"float *__restrict__ dkeyRope", buf(s.out[2])},
+                             {"long long T", "T"}},
+                            subst(R"(  const long long t = blockIdx.x;
+  if (t >= T) return;
+  for (int i = threadIdx.x; i < @H@ * (@NOPE@ + @VD@); i += 128) {
+    const int h = i / (@NOPE@ + @VD@), c = i % (@NOPE@ + @VD@);
+    dkv[t * @H@ * (@NOPE@ + @VD@) + i] = c < @NOPE@ ? dkeys[(t * @H@ + h) * @QK@ + c]
+                                                    : dvalues[(t * @H@ + h) * @VD@ + c - @NOPE@];
+  }
+  for (int c = threadIdx.x; c < @R@; c += 128) {
+    float sum = 0.0f;
+    for (int h = 0; h < @H@; ++h) sum += dkeys[(t * @H@ + h) * @QK@ + @NOPE@ + c];
+    dkeyRope[t * @R@ + c] = sum;
+  }
+)",
+                                  dims),
+                            grid1(dim(1)), 128));
+  launches.push_back(rope(s.index, buf(s.out[2]), buf(s.out[2]), positions, r, r, r, 0, ropeAttr,
+                          "mla_rope_k_grad", /*transposed=*/true));
   return llvm::Error::success();
 }
 

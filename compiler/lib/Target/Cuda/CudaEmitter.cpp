@@ -356,6 +356,7 @@ const StepLowering kLowerings[] = {
     {"rope_grad", 2, 2, 0, 0, 1, 1, &Emitter::lowerRopeGrad},
     {"sigmoid_gate_grad", 3, 3, 0, 0, 2, 2, &Emitter::lowerSigmoidGateGrad},
     {"attention_grad", 4, 4, 0, 0, 3, 3, &Emitter::lowerAttentionGrad},
+    {"mla_attention_grad", 5, 5, 0, 0, 3, 3, &Emitter::lowerMlaAttentionGrad},
     {"router_stats", 1, 1, 0, 0, 1, 1, &Emitter::lowerRouterStats},
     {"router_stats_grad", 2, kAny, 0, 0, 1, 1, &Emitter::lowerRouterStatsGrad},
     {"route_grad", 3, 3, 0, 0, 1, 1, &Emitter::lowerRouteGrad},

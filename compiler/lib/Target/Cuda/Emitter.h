@@ -166,6 +166,7 @@ public:
   llvm::Error lowerRopeGrad(const Step &, Array &, std::string &);
   llvm::Error lowerSigmoidGateGrad(const Step &, Array &, std::string &);
   llvm::Error lowerAttentionGrad(const Step &, Array &, std::string &);
+  llvm::Error lowerMlaAttentionGrad(const Step &, Array &, std::string &);
   llvm::Error lowerRouterStats(const Step &, Array &, std::string &);
   llvm::Error lowerRouterStatsGrad(const Step &, Array &, std::string &);
   llvm::Error lowerRouteGrad(const Step &, Array &, std::string &);
@@ -364,7 +365,8 @@ private:
   Object rope(int64_t i, std::string in, std::string out, std::string positions, int64_t width,
               int64_t headDim, int64_t headStride, int64_t headOffset, const Constants &rope,
               llvm::StringRef what, bool transposed = false);
-  Object attendGradQ(int64_t i, const AttentionGradRefs &r, const std::string &stats);
+  void attendGradQ(int64_t i, const AttentionGradRefs &r, const std::string &stats,
+                   Array &launches);
   Object attendGradKV(int64_t i, const AttentionGradRefs &r, const std::string &stats);
   Object gatedProduct(int64_t i, std::string a, std::string u, std::string h, int64_t I,
                       int64_t C, std::string counts, llvm::StringRef act, std::string rowsRef,
