@@ -40,7 +40,7 @@ const char *kUsage = R"(usage: moert run PLAN --weights DIR --prompt TEXT [--pro
        moert tokenize --tokenizer PATH --input FILE [--input FILE ...] --output PREFIX
        moert detokenize --tokenizer PATH IDS [IDS ...]
        moert train PLAN --weights DIR --data TOKENS [--micro-batches N] [--metrics-out F]
-                   [--grads-out F.safetensors] [--profile]
+                   [--grads-out F.safetensors] [--profile] [--device cpu|cuda]
        moert convert PLAN --weights HF_DIR --out CKPT
        moert export CKPT --hf-out DIR [--max-shard-bytes N] [--expert-layout per-expert|fused]
        moert --version
@@ -109,8 +109,9 @@ cross-entropy, balancing loss and router z-loss of each of the first
 --micro-batches (default 1), with the gradients' global norm; --metrics-out
 writes them as JSON lines, --grads-out the gradient of the mean loss with
 respect to every weight (f32, by checkpoint name), --profile the time of
-each op kind per micro-batch. The optimizer is not built yet (--steps 0
-only).
+each op kind per micro-batch; --device as for run (a plan compiled with
+--target cuda runs on the GPU unless --device cpu). The optimizer is not
+built yet (--steps 0 only).
 docs/training.md.
 
 `moert convert` writes the primary weight slices of every rank of PLAN, read

@@ -93,7 +93,7 @@ Batch microBatch(const std::vector<int32_t> &tokens, int64_t m, int64_t B, int64
 } // namespace
 
 int trainCommand(int argc, char **argv, Comm &comm) {
-  std::string planPath, weightsPath, dataPath, metricsOut, gradsOut;
+  std::string planPath, weightsPath, dataPath, metricsOut, gradsOut, deviceName;
   int64_t steps = 0, batches = 1;
   bool profile = false;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -108,6 +108,7 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     else if (arg == "--threads") threads = static_cast<int>(integerOption(arg, value(), 1));
     else if (arg == "--grads-out") gradsOut = value();
     else if (arg == "--profile") profile = true;
+    else if (arg == "--device") deviceName = value();
     else if (!arg.empty() && arg[0] == '-') inputError("unknown option '{}' (see moert --help)", arg);
     else if (planPath.empty()) planPath = arg;
     else inputError("unexpected argument '{}'", arg);
@@ -118,6 +119,8 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     inputError("--steps {}: not supported yet (no optimizer yet: --steps 0 evaluates the loss "
                "of --micro-batches micro-batches)",
                steps);
+  if (!deviceName.empty() && deviceName != "cpu" && deviceName != "cuda")
+    inputError("--device {}: expected cpu or cuda", deviceName);
   if (threads > 1024)
     inputError("--threads: expected a value in [1, 1024] but got {}", threads);
   setNumThreads(threads);
@@ -148,7 +151,16 @@ int trainCommand(int argc, char **argv, Comm &comm) {
   if (!checkpoint->modelType().empty() && checkpoint->modelType() != plan.modelType)
     inputError("{}/manifest.json: a checkpoint of a '{}' model, but the plan is for '{}'",
                weightsPath, checkpoint->modelType(), plan.modelType);
-  std::unique_ptr<RankExecutor> executor = RankExecutor::create(DeviceKind::Cpu);
+  // As moert run: a plan with CUDA kernels runs on the GPU unless --device
+  // cpu says otherwise.
+  if (deviceName.empty())
+    deviceName = planTargetsCuda(plan) ? "cuda" : "cpu";
+  if (deviceName == "cuda" && !planTargetsCuda(plan))
+    inputError("--device cuda: {} has no CUDA kernels (compile it with moec compile --train "
+               "--target cuda)",
+               planPath);
+  std::unique_ptr<RankExecutor> executor =
+      RankExecutor::create(deviceName == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu);
   executor->prepare(plan, comm.rank(), *checkpoint, comm);
   checkNoUnexpectedTensors(plan, *checkpoint);
 

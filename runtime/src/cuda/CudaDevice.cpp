@@ -157,7 +157,9 @@ public:
     Entry &e = entryOf(p);
     e.memory = &p;
     check(api->cuStreamSynchronize(stream), "zero the program's memory");
-    e.graphsEnabled = !e.table->hasAllToAll;
+    // Training programs are not captured: their expert gradients' GEMMs
+    // read the counts back.
+    e.graphsEnabled = !e.table->hasAllToAll && e.program->labelsBuffer < 0;
     if (const char *g = std::getenv("MOERT_CUDA_GRAPHS"); g && !std::strcmp(g, "0"))
       e.graphsEnabled = false;
   }
@@ -563,13 +565,16 @@ private:
     // theirs (EP spans DP replicas, which step different batches, or none:
     // a replica with T = 0 still computes the rows it received): the bound
     // is then the most rows any received block holds.
-    if (g.batch > 1 && g.rowsFromCounts)
-      m = std::min<int>(m, static_cast<int>(exchangedRows >= 0 ? exchangedRows : T));
+    int k = static_cast<int>(g.kRows == KernelGemm::Rows::T   ? T
+                             : g.kRows == KernelGemm::Rows::R ? R
+                                                              : g.k);
+    if (g.batch > 1 && g.rowsFromCounts) {
+      // The blocks' token rows: m, or k with transpose_a (a weight gradient).
+      const int most = static_cast<int>(exchangedRows >= 0 ? exchangedRows : T);
+      (g.transposeA ? k : m) = std::min(g.transposeA ? k : m, most);
+    }
     const int n = static_cast<int>(g.n), lda = static_cast<int>(g.lda),
               ldb = static_cast<int>(g.ldb), ldc = static_cast<int>(g.ldc);
-    const int k = static_cast<int>(g.kRows == KernelGemm::Rows::T   ? T
-                                   : g.kRows == KernelGemm::Rows::R ? R
-                                                                    : g.k);
     if (m == 0)
       return;
     const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
@@ -587,7 +592,7 @@ private:
     cudaDataType aType = CUDA_R_32F;
     int64_t aElement = 4;
     if (g.b.kind == KernelRef::Kind::Weight && bType != CUDA_R_32F) {
-      if (bType == CUDA_R_16BF && bf16Gemm && !g.transposeA) {
+      if (bType == CUDA_R_16BF && bf16Gemm && !g.transposeA && (g.transposeB || g.batch == 1)) {
         aType = CUDA_R_16BF; // A rounded into packScratch below
         aElement = 2;
       } else {
@@ -627,9 +632,7 @@ private:
       return;
     }
     if (g.transposeA || !g.transposeB)
-      runtimeError("not supported yet: a batched GEMM with transpose_a or B stored [k, n] on "
-                   "the CUDA device (a training plan's expert gradients; moert train runs on "
-                   "the CPU)");
+      return blockGemms(g, T, R, m, k, A, B, bType, C);
     // Blocks b of a [blocks, C, .] buffer use expert b % modulo of the stack:
     // one strided-batched call per source's run of `modulo` experts.
     const int modulo = static_cast<int>(g.bBatchModulo);
@@ -665,6 +668,50 @@ private:
                 static_cast<char *>(C) + first * sc * 4, CUDA_R_32F, ldc, sc, count,
                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             "cublasGemmStridedBatchedEx");
+    }
+  }
+
+  /// A batched GEMM of the general form (a training program's expert
+  /// gradients: transpose_a, B stored [k, n]): one cublasGemmEx per block,
+  /// its rows (m, or k with transpose_a) bounded by the block's count (read
+  /// back); a block whose k is 0 gets C = 0 (or keeps C, accumulating).
+  void blockGemms(const KernelGemm &g, int64_t T, int64_t R, int m, int k, const void *A,
+                  const void *B, cudaDataType bType, void *C) {
+    const int batch = static_cast<int>(g.batch), n = static_cast<int>(g.n);
+    std::vector<int32_t> counts(static_cast<size_t>(batch), g.transposeA ? k : m);
+    if (g.rowsFromCounts) {
+      check(api->cuMemcpyDtoHAsync(counts.data(), resolve(*g.rowsFromCounts, T, R),
+                                   counts.size() * 4, stream),
+            "block GEMM counts");
+      check(api->cuStreamSynchronize(stream), "block GEMM counts");
+    }
+    const size_t bElement = bType == CUDA_R_32F ? 4 : 2;
+    const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
+    for (int b = 0; b < batch; ++b) {
+      const int rows = std::max(0, std::min(counts[b], g.transposeA ? k : m));
+      const int bm = g.transposeA ? m : rows, bk = g.transposeA ? rows : k;
+      char *c = static_cast<char *>(C) + b * g.strideC * 4;
+      if (bm == 0)
+        continue;
+      if (bk == 0) {
+        if (!g.accumulate)
+          for (int r = 0; r < bm; ++r)
+            check(api->cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(c) + r * g.ldc * 4, 0,
+                                       static_cast<size_t>(n) * 4, stream),
+                  "cuMemsetD8Async");
+        continue;
+      }
+      const int expert = g.b.kind == KernelRef::Kind::Weight
+                             ? b % static_cast<int>(g.bBatchModulo)
+                             : b;
+      check(api->cublasGemmEx(blas, g.transposeB ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              g.transposeA ? CUBLAS_OP_T : CUBLAS_OP_N, n, bm, bk, &alpha,
+                              static_cast<const char *>(B) + expert * g.strideB * bElement, bType,
+                              static_cast<int>(g.ldb),
+                              static_cast<const char *>(A) + b * g.strideA * 4, CUDA_R_32F,
+                              static_cast<int>(g.lda), &beta, c, CUDA_R_32F,
+                              static_cast<int>(g.ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmEx (expert block GEMM)");
     }
   }
 
