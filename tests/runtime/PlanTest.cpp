@@ -600,6 +600,10 @@ TEST(PlanLoad, KernelTableIsTyped) {
   ASSERT_TRUE(experts.rowsFromCounts.has_value());
   EXPECT_EQ(experts.rowsFromCounts->value, 6);
   EXPECT_EQ(t->steps[5].launches.at(0).gemm.rows, KernelGemm::Rows::R);
+  EXPECT_FALSE(experts.transposeA);
+  EXPECT_TRUE(experts.transposeB); // a weight [out, in] unless it says otherwise
+  EXPECT_FALSE(experts.accumulate);
+  EXPECT_EQ(experts.kRows, KernelGemm::Rows::Fixed);
   ASSERT_EQ(t->sampling.size(), 1u);
   EXPECT_EQ(t->sampling[0].params[3].kind, KernelRef::Kind::Const);
   EXPECT_EQ(t->sampling[0].params[3].value, -3);
@@ -641,6 +645,34 @@ TEST(PlanLoad, BadKernelTableFieldsAreNamed) {
             }),
             "PLAN: programs[0].cuda.steps[3].launches[0].gemm.rows_from_counts: expected an I32 "
             "buffer or a scratch entry of at least 2 counts");
+  // The backward pass's forms: a weight gradient dy^T x over the step's
+  // rows, B stored [k, n], accumulating.
+  auto gradient = [](json &c) {
+    json &g = c["steps"][1]["launches"][0]["gemm"];
+    g["b"] = "buf:2";
+    g["transpose_a"] = true;
+    g["transpose_b"] = false;
+    g["k_rows"] = "T";
+    g["accumulate"] = true;
+    g["lda"] = 2;
+  };
+  EXPECT_EQ(cudaError(gradient), "");
+  EXPECT_EQ(cudaError([&](json &c) {
+              gradient(c);
+              c["steps"][1]["launches"][0]["gemm"]["k_rows"] = "8";
+            }),
+            "PLAN: programs[0].cuda.steps[1].launches[0].gemm.k_rows: expected \"T\" or \"R\" "
+            "but got '8'");
+  EXPECT_EQ(cudaError([&](json &c) {
+              gradient(c);
+              c["steps"][1]["launches"][0]["gemm"]["ldb"] = 1;
+            }),
+            "PLAN: programs[0].cuda.steps[1].launches[0].gemm.ldb: expected at least n (2)");
+  EXPECT_EQ(cudaError([](json &c) { c["steps"][1]["launches"][0]["gemm"]["lda"] = 3; }),
+            "PLAN: programs[0].cuda.steps[1].launches[0].gemm.lda: expected at least k (4)");
+  EXPECT_EQ(cudaError([](json &c) { c["steps"][3]["launches"][0]["gemm"]["k_rows"] = "T"; }),
+            "PLAN: programs[0].cuda.steps[3].launches[0].gemm.batch: a batched GEMM has a fixed "
+            "k (its blocks' rows come from counts)");
   EXPECT_EQ(cudaError([](json &c) { c["steps"][2]["launches"] = {{{"collective", "all_to_all"}}}; }),
             "PLAN: programs[0].cuda.steps[2].launches[0].collective: 'all_to_all' is not the "
             "step's op (dispatch)");
