@@ -31,6 +31,7 @@
 // (docs/cuda.md).
 #include "../Device.h"
 #include "CudaApi.h"
+#include "CudaGemm.h"
 #include "CudaMemory.h"
 #include "NcclComm.h"
 
@@ -550,8 +551,7 @@ private:
     return CUDA_R_32F;
   }
 
-  /// C[m, n] = A[m, k] B[n, k]^T (row-major A, C in f32; B the weight): in
-  /// cuBLAS' column-major terms C^T = B^T' A^T with op(B) = T.
+  /// A GEMM of the table (C[m, n] (+)= op(A) op(B), row-major: CudaGemm.h).
   /// `groupedStep` >= 0: a dropless expert GEMM of that step, run as a
   /// grouped GEMM over each block's counted rows only (the counts are read
   /// back once per step: such programs are not captured into graphs).
@@ -573,19 +573,8 @@ private:
       const int most = static_cast<int>(exchangedRows >= 0 ? exchangedRows : T);
       (g.transposeA ? k : m) = std::min(g.transposeA ? k : m, most);
     }
-    const int n = static_cast<int>(g.n), lda = static_cast<int>(g.lda),
-              ldb = static_cast<int>(g.ldb), ldc = static_cast<int>(g.ldc);
     if (m == 0)
       return;
-    const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
-    if (k == 0) { // C = 0 (+ C): an empty sum
-      if (!g.accumulate)
-        for (int r = 0; r < m; ++r)
-          check(api->cuMemsetD8Async(resolve(g.c, T, R) + static_cast<CUdeviceptr>(r) * g.ldc * 4,
-                                     0, static_cast<size_t>(n) * 4, stream),
-                "cuMemsetD8Async");
-      return;
-    }
     const void *A = reinterpret_cast<const void *>(resolve(g.a, T, R));
     cudaDataType bType = weightType(g.bDtype);
     const void *B = reinterpret_cast<const void *>(resolve(g.b, T, R));
@@ -603,12 +592,12 @@ private:
     void *C = reinterpret_cast<void *>(resolve(g.c, T, R));
     const int batch = static_cast<int>(g.batch);
     long long sa = g.strideA;
-    int ldA = lda;
-    if (aType == CUDA_R_16BF) {
+    int ldA = static_cast<int>(g.lda);
+    if (aType == CUDA_R_16BF && k > 0) {
       // Round the m rows of every block of A to bf16, packed: row stride k,
       // block stride m k.
       long long rows = m, blocks = batch, sx = sa, sy = static_cast<long long>(m) * k;
-      long long kk = k, la = lda;
+      long long kk = k, la = g.lda;
       uint64_t x = reinterpret_cast<uint64_t>(A), y = packScratch;
       void *args[] = {&x, &la, &sx, &y, &sy, &rows, &kk};
       check(api->cuLaunchKernel(current.entry->packBf16, static_cast<unsigned>(rows),
@@ -619,99 +608,73 @@ private:
       ldA = k;
       sa = sy;
     }
-    if (batch == 1) {
-      // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T:
-      // B stored [n, k] row-major is [k, n] column-major (OP_T gives its
-      // transpose), stored [k, n] it is already op(B)^T (OP_N); A likewise.
-      check(api->cublasGemmEx(blas, g.transposeB ? CUBLAS_OP_T : CUBLAS_OP_N,
-                              g.transposeA ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, B,
-                              bType, ldb, A,
-                              aType, ldA, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT),
-            "cublasGemmEx");
-      return;
-    }
-    if (g.transposeA || !g.transposeB)
-      return blockGemms(g, T, R, m, k, A, B, bType, C);
-    // Blocks b of a [blocks, C, .] buffer use expert b % modulo of the stack:
-    // one strided-batched call per source's run of `modulo` experts.
-    const int modulo = static_cast<int>(g.bBatchModulo);
-    const long long sb = g.strideB, sc = g.strideC;
-    if (groupedStep >= 0 && g.rowsFromCounts) {
-      if (countsStep != groupedStep) {
-        stepCounts.assign(static_cast<size_t>(batch), 0);
-        check(api->cuMemcpyDtoHAsync(stepCounts.data(), resolve(*g.rowsFromCounts, T, R),
-                                     stepCounts.size() * 4, stream),
-              "grouped GEMM counts");
-        check(api->cuStreamSynchronize(stream), "grouped GEMM counts");
-        countsStep = groupedStep;
-      }
-      const size_t bElement = bType == CUDA_R_32F ? 4 : 2;
-      for (int b = 0; b < batch; ++b) {
-        const int r = stepCounts[b];
-        if (r <= 0)
-          continue;
-        check(api->cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, n, r, k, &alpha,
-                                static_cast<const char *>(B) + (b % modulo) * sb * bElement,
-                                bType, ldb, static_cast<const char *>(A) + b * sa * aElement,
-                                aType, ldA, &beta, static_cast<char *>(C) + b * sc * 4,
-                                CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-              "cublasGemmEx (grouped expert GEMM)");
-      }
-      return;
-    }
-    for (int first = 0; first < batch; first += modulo) {
-      const int count = std::min(modulo, batch - first);
-      check(api->cublasGemmStridedBatchedEx(
-                blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, B, bType, ldb, sb,
-                static_cast<const char *>(A) + first * sa * aElement, aType, ldA, sa, &beta,
-                static_cast<char *>(C) + first * sc * 4, CUDA_R_32F, ldc, sc, count,
-                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-            "cublasGemmStridedBatchedEx");
-    }
-  }
-
-  /// A batched GEMM of the general form (a training program's expert
-  /// gradients: transpose_a, B stored [k, n]): one cublasGemmEx per block,
-  /// its rows (m, or k with transpose_a) bounded by the block's count (read
-  /// back); a block whose k is 0 gets C = 0 (or keeps C, accumulating).
-  void blockGemms(const KernelGemm &g, int64_t T, int64_t R, int m, int k, const void *A,
-                  const void *B, cudaDataType bType, void *C) {
-    const int batch = static_cast<int>(g.batch), n = static_cast<int>(g.n);
-    std::vector<int32_t> counts(static_cast<size_t>(batch), g.transposeA ? k : m);
-    if (g.rowsFromCounts) {
-      check(api->cuMemcpyDtoHAsync(counts.data(), resolve(*g.rowsFromCounts, T, R),
-                                   counts.size() * 4, stream),
-            "block GEMM counts");
-      check(api->cuStreamSynchronize(stream), "block GEMM counts");
-    }
+    // Block b's operands: A + b stride_a, expert b % modulo of a weight
+    // stack (block b of a buffer), C + b stride_c.
     const size_t bElement = bType == CUDA_R_32F ? 4 : 2;
-    const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
-    for (int b = 0; b < batch; ++b) {
-      const int rows = std::max(0, std::min(counts[b], g.transposeA ? k : m));
-      const int bm = g.transposeA ? m : rows, bk = g.transposeA ? rows : k;
-      char *c = static_cast<char *>(C) + b * g.strideC * 4;
-      if (bm == 0)
-        continue;
-      if (bk == 0) {
-        if (!g.accumulate)
-          for (int r = 0; r < bm; ++r)
-            check(api->cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(c) + r * g.ldc * 4, 0,
-                                       static_cast<size_t>(n) * 4, stream),
-                  "cuMemsetD8Async");
-        continue;
-      }
+    auto block = [&](int b, int rows, int depth) {
       const int expert = g.b.kind == KernelRef::Kind::Weight
                              ? b % static_cast<int>(g.bBatchModulo)
                              : b;
-      check(api->cublasGemmEx(blas, g.transposeB ? CUBLAS_OP_T : CUBLAS_OP_N,
-                              g.transposeA ? CUBLAS_OP_T : CUBLAS_OP_N, n, bm, bk, &alpha,
-                              static_cast<const char *>(B) + expert * g.strideB * bElement, bType,
-                              static_cast<int>(g.ldb),
-                              static_cast<const char *>(A) + b * g.strideA * 4, CUDA_R_32F,
-                              static_cast<int>(g.lda), &beta, c, CUDA_R_32F,
-                              static_cast<int>(g.ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-            "cublasGemmEx (expert block GEMM)");
+      return cuda::RowMajorGemm{rows,
+                                static_cast<int>(g.n),
+                                depth,
+                                static_cast<const char *>(A) + b * sa * aElement,
+                                aType,
+                                ldA,
+                                g.transposeA,
+                                static_cast<const char *>(B) + expert * g.strideB * bElement,
+                                bType,
+                                static_cast<int>(g.ldb),
+                                g.transposeB,
+                                static_cast<char *>(C) + b * g.strideC * 4,
+                                static_cast<int>(g.ldc),
+                                g.accumulate};
+    };
+    if (batch == 1)
+      return cuda::gemm(*api, blas, stream, block(0, m, k), "cublasGemmEx");
+    // The general form (a training program's expert gradients: transpose_a,
+    // B stored [k, n]) and dropless expert GEMMs run per block, bounded by
+    // the block's count (read back: such steps are not captured).
+    const bool general = g.transposeA || !g.transposeB;
+    if ((general || groupedStep >= 0) && g.rowsFromCounts) {
+      // A grouped step reads its counts once; the general form at each GEMM.
+      if (general || countsStep != groupedStep) {
+        stepCounts.assign(static_cast<size_t>(batch), 0);
+        check(api->cuMemcpyDtoHAsync(stepCounts.data(), resolve(*g.rowsFromCounts, T, R),
+                                     stepCounts.size() * 4, stream),
+              "expert block counts");
+        check(api->cuStreamSynchronize(stream), "expert block counts");
+        countsStep = general ? -1 : groupedStep;
+      }
+      for (int b = 0; b < batch; ++b) {
+        const int rows = std::max(0, std::min(stepCounts[b], g.transposeA ? k : m));
+        if (!general && rows == 0)
+          continue; // rows past the count are don't-care
+        cuda::gemm(*api, blas, stream,
+                   g.transposeA ? block(b, m, rows) : block(b, rows, k),
+                   "cublasGemmEx (expert block GEMM)");
+      }
+      return;
+    }
+    if (general) {
+      for (int b = 0; b < batch; ++b)
+        cuda::gemm(*api, blas, stream, block(b, m, k), "cublasGemmEx (expert block GEMM)");
+      return;
+    }
+    // Blocks b of a [blocks, C, .] buffer use expert b % modulo of the stack:
+    // one strided-batched call per source's run of `modulo` experts.
+    const int modulo = static_cast<int>(g.bBatchModulo);
+    const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
+    for (int first = 0; first < batch; first += modulo) {
+      const int count = std::min(modulo, batch - first);
+      check(api->cublasGemmStridedBatchedEx(
+                blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(g.n), m, k, &alpha, B, bType,
+                static_cast<int>(g.ldb), g.strideB,
+                static_cast<const char *>(A) + first * sa * aElement, aType, ldA, sa, &beta,
+                static_cast<char *>(C) + first * g.strideC * 4, CUDA_R_32F,
+                static_cast<int>(g.ldc), g.strideC, count, CUBLAS_COMPUTE_32F,
+                CUBLAS_GEMM_DEFAULT),
+            "cublasGemmStridedBatchedEx");
     }
   }
 
