@@ -313,47 +313,33 @@ private:
 
   /// The backward pass's GEMMs (the table's transpose_a / accumulate /
   /// k_rows forms). dx[T, n] (+)= dy[T, k] B[k, n], B stored [k, n] (a
-  /// weight [out, in] or a buffer): the input's gradient through a linear.
+  /// weight [out, in]): the input's gradient through a linear.
   Object gemmDx(std::string dy, std::string b, std::string dx, int64_t n, int64_t k,
-                llvm::StringRef bDtype, bool accumulate = false, int64_t lda = 0,
-                int64_t ldc = 0) {
-    Object g{{"a", dy},
-             {"b", b},
-             {"c", dx},
-             {"m", "T"},
-             {"n", n},
-             {"k", k},
-             {"lda", lda ? lda : k},
-             {"ldb", n},
-             {"ldc", ldc ? ldc : n},
-             {"b_dtype", bDtype.str()},
-             {"transpose_b", false},
-             {"batch", 1}};
+                llvm::StringRef bDtype, bool accumulate = false) {
+    Object g{{"a", dy},   {"b", b},   {"c", dx},  {"m", "T"},
+             {"n", n},    {"k", k},   {"lda", k}, {"ldb", n},
+             {"ldc", n},  {"b_dtype", bDtype.str()}, {"transpose_b", false}, {"batch", 1}};
     if (accumulate)
       g["accumulate"] = true;
     return Object{{"gemm", std::move(g)}};
   }
-  /// dW[m, n] (+)= dy[T, m]^T x[T, n], summed over the step's T rows: a
-  /// weight's gradient (`ldy`/`ldx`: the rows' strides).
-  Object gemmDw(std::string dy, std::string x, std::string dw, int64_t m, int64_t n,
-                bool accumulate = false, int64_t ldy = 0, int64_t ldx = 0) {
-    Object g{{"a", dy},
-             {"b", x},
-             {"c", dw},
-             {"m", str(m)},
-             {"n", n},
-             {"k", maxTokens},
-             {"k_rows", "T"},
-             {"lda", ldy ? ldy : m},
-             {"ldb", ldx ? ldx : n},
-             {"ldc", n},
-             {"b_dtype", "F32"},
-             {"transpose_a", true},
-             {"transpose_b", false},
-             {"batch", 1}};
-    if (accumulate)
-      g["accumulate"] = true;
-    return Object{{"gemm", std::move(g)}};
+  /// dW[m, n] = dy[T, m]^T x[T, n], summed over the step's T rows: a
+  /// weight's gradient.
+  Object gemmDw(std::string dy, std::string x, std::string dw, int64_t m, int64_t n) {
+    return Object{{"gemm", Object{{"a", dy},
+                                  {"b", x},
+                                  {"c", dw},
+                                  {"m", str(m)},
+                                  {"n", n},
+                                  {"k", maxTokens},
+                                  {"k_rows", "T"},
+                                  {"lda", m},
+                                  {"ldb", n},
+                                  {"ldc", n},
+                                  {"b_dtype", "F32"},
+                                  {"transpose_a", true},
+                                  {"transpose_b", false},
+                                  {"batch", 1}}}};
   }
 
   // Kernel builders.
