@@ -317,14 +317,8 @@ int run(int argc, char **argv, Comm &comm) {
   if (!checkpoint->modelType().empty() && checkpoint->modelType() != plan.modelType)
     inputError("{}/manifest.json: a checkpoint of a '{}' model, but the plan is for '{}'",
                weightsPath, checkpoint->modelType(), plan.modelType);
-  if (deviceName.empty())
-    deviceName = planTargetsCuda(plan) ? "cuda" : "cpu";
-  if (deviceName == "cuda" && !planTargetsCuda(plan))
-    inputError("--device cuda: {} has no CUDA kernels (compile it with moec compile --target "
-               "cuda)",
-               planPath);
   std::unique_ptr<RankExecutor> device =
-      RankExecutor::create(deviceName == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu);
+      RankExecutor::create(chooseDevice(plan, planPath, deviceName, "moec compile --target cuda"));
   device->prepare(plan, comm.rank(), *checkpoint, comm);
   checkNoUnexpectedTensors(plan, *checkpoint);
   std::optional<Tokenizer> tokenizer;

@@ -83,6 +83,17 @@ bool planTargetsCuda(const Plan &plan) {
   return false;
 }
 
+DeviceKind chooseDevice(const Plan &plan, const std::string &planPath, const std::string &name,
+                        const char *compileHint) {
+  if (!name.empty() && name != "cpu" && name != "cuda")
+    inputError("--device {}: expected cpu or cuda", name);
+  const bool cuda = planTargetsCuda(plan);
+  if (name == "cuda" && !cuda)
+    inputError("--device cuda: {} has no CUDA kernels (compile it with {})", planPath,
+               compileHint);
+  return name == "cuda" || (name.empty() && cuda) ? DeviceKind::Cuda : DeviceKind::Cpu;
+}
+
 #ifndef MOERT_HAVE_CUDA
 std::unique_ptr<Device> createCudaDevice() {
   inputError("this moert was built without the CUDA toolkit: it runs CUDA plans on the CPU "

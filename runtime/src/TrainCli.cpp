@@ -119,8 +119,6 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     inputError("--steps {}: not supported yet (no optimizer yet: --steps 0 evaluates the loss "
                "of --micro-batches micro-batches)",
                steps);
-  if (!deviceName.empty() && deviceName != "cpu" && deviceName != "cuda")
-    inputError("--device {}: expected cpu or cuda", deviceName);
   if (threads > 1024)
     inputError("--threads: expected a value in [1, 1024] but got {}", threads);
   setNumThreads(threads);
@@ -151,16 +149,8 @@ int trainCommand(int argc, char **argv, Comm &comm) {
   if (!checkpoint->modelType().empty() && checkpoint->modelType() != plan.modelType)
     inputError("{}/manifest.json: a checkpoint of a '{}' model, but the plan is for '{}'",
                weightsPath, checkpoint->modelType(), plan.modelType);
-  // As moert run: a plan with CUDA kernels runs on the GPU unless --device
-  // cpu says otherwise.
-  if (deviceName.empty())
-    deviceName = planTargetsCuda(plan) ? "cuda" : "cpu";
-  if (deviceName == "cuda" && !planTargetsCuda(plan))
-    inputError("--device cuda: {} has no CUDA kernels (compile it with moec compile --train "
-               "--target cuda)",
-               planPath);
-  std::unique_ptr<RankExecutor> executor =
-      RankExecutor::create(deviceName == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu);
+  std::unique_ptr<RankExecutor> executor = RankExecutor::create(
+      chooseDevice(plan, planPath, deviceName, "moec compile --train --target cuda"));
   executor->prepare(plan, comm.rank(), *checkpoint, comm);
   checkNoUnexpectedTensors(plan, *checkpoint);
 

@@ -98,4 +98,10 @@ private:
 /// True when the rank's program of `plan` carries a CUDA kernel table.
 bool planTargetsCuda(const Plan &plan);
 
+/// The device of `--device NAME` (cpu, cuda; empty: cuda when the plan has
+/// CUDA kernels, as moert run and train choose); InputError for another name
+/// or cuda without kernels (`compileHint`: the moec command that makes them).
+DeviceKind chooseDevice(const Plan &plan, const std::string &planPath, const std::string &name,
+                        const char *compileHint);
+
 } // namespace moert
