@@ -110,6 +110,22 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
     return;
   if (o.decodeEntry)
     pm.addPass(createMoEJoinEntries());
+  // A training plan's optimizer program beside its train program.
+  if (o.optimizer) {
+    MoEAppendOptimizerOptions adamw;
+    adamw.lr = o.optimizer->lr;
+    adamw.minLr = o.optimizer->minLr;
+    adamw.schedule = o.optimizer->schedule;
+    adamw.warmupSteps = o.optimizer->warmupSteps;
+    adamw.decaySteps = o.optimizer->decaySteps;
+    adamw.beta1 = o.optimizer->beta1;
+    adamw.beta2 = o.optimizer->beta2;
+    adamw.eps = o.optimizer->eps;
+    adamw.weightDecay = o.optimizer->weightDecay;
+    adamw.clipGradNorm = o.optimizer->clipGradNorm;
+    adamw.microBatches = o.optimizer->microBatches;
+    pm.addPass(createMoEAppendOptimizer(adamw));
+  }
   // The target's own passes on the exec programs (an unknown target is
   // diagnosed by moe-emit-plan).
   TargetOptions target;

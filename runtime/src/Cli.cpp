@@ -40,7 +40,7 @@ const char *kUsage = R"(usage: moert run PLAN --weights DIR --prompt TEXT [--pro
        moert tokenize --tokenizer PATH --input FILE [--input FILE ...] --output PREFIX
        moert detokenize --tokenizer PATH IDS [IDS ...]
        moert train PLAN --weights DIR --data TOKENS [--micro-batches N] [--metrics-out F]
-                   [--grads-out F.safetensors] [--profile] [--device cpu|cuda]
+                   [--grads-out F.safetensors] [--steps N [--weights-out F.safetensors]] [--profile] [--device cpu|cuda]
        moert convert PLAN --weights HF_DIR --out CKPT
        moert export CKPT --hf-out DIR [--max-shard-bytes N] [--expert-layout per-expert|fused]
        moert --version
@@ -110,8 +110,11 @@ cross-entropy, balancing loss and router z-loss of each of the first
 writes them as JSON lines, --grads-out the gradient of the mean loss with
 respect to every weight (f32, by checkpoint name), --profile the time of
 each op kind per micro-batch; --device as for run (a plan compiled with
---target cuda runs on the GPU unless --device cpu). The optimizer is not
-built yet (--steps 0 only).
+--target cuda runs on the GPU unless --device cpu). With a plan compiled
+with --optimizer adamw, --steps N trains: N updates, each over the plan's
+micro-batches (--global-batch-size), printing a line per update (mean loss
+terms, gradient norm, learning rate, tokens/s); --weights-out F.safetensors
+writes the trained weights (f32, by checkpoint name).
 docs/training.md.
 
 `moert convert` writes the primary weight slices of every rank of PLAN, read

@@ -44,6 +44,10 @@ public:
   /// graph.
   virtual void run(const RankProgram &program, const Batch &batch,
                    const std::function<void()> &steps) = 0;
+  /// The rank's weight i (its program's numbering) as f32 values in its
+  /// local shape (an expert stack's experts in order): what training made
+  /// of it.
+  virtual void readWeight(size_t i, std::vector<float> &out);
   /// Waits for the work launched so far.
   virtual void synchronize() {}
   /// True when a step's kernels have finished when compute() returns (step

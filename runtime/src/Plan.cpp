@@ -162,15 +162,16 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
   if (pr.has("entry")) {
     program.entry = pr.string("entry");
     if (program.entry != "forward" && program.entry != "prefill" && program.entry != "decode" &&
-        program.entry != "train")
+        program.entry != "train" && program.entry != "optimizer")
       pr.fail("entry", fmt::format("'{}': not supported yet (this moert runs forward, prefill, "
-                                   "decode and train programs)",
+                                   "decode, train and optimizer programs)",
                                    program.entry));
   }
   program.maxBatchTokens = pr.has("max_batch_tokens")
                                ? pr.bounded("max_batch_tokens", 1, plan.maxBatchTokens)
                                : plan.maxBatchTokens;
   const bool last = program.stage == plan.degrees.pp - 1;
+  const bool optimizer = program.entry == "optimizer";
 
   const json &weights = pr.array("weights");
   for (size_t i = 0; i < weights.size(); ++i) {
@@ -204,6 +205,14 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
     pb.bytes = b.integer("bytes", 0);
     if (pb.rows > (int64_t(1) << 40) / pb.width || pb.bytes != pb.rows * pb.width * 4)
       b.fail("bytes", "expected rows x width x 4");
+    if (b.has("state")) {
+      pb.state = b.string("state");
+      if (pb.state.empty() || pb.dtype != DType::F32)
+        b.fail("state", "expected the name of an F32 state buffer");
+      for (const PlanBuffer &other : program.buffers)
+        if (other.state == pb.state)
+          b.fail("state", fmt::format("'{}' is declared twice", pb.state));
+    }
     program.buffers.push_back(pb);
   }
   const json &caches = pr.array("kv_caches");
@@ -231,13 +240,15 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
   inputs.onlyMembers(members::kInputs);
   // A training program also reads its labels and gives its loss (instead
   // of logits).
-  const bool training = program.entry == "train";
+  const bool training = program.entry == "train" || optimizer;
   for (auto [field, target] : {std::pair<const char *, int64_t *>{"tokens", &program.tokensBuffer},
                                {"positions", &program.positionsBuffer},
                                {"labels", &program.labelsBuffer}}) {
-    // (-1: a stage that reads none; labels are absent but in a train program.)
-    int64_t id = target == &program.labelsBuffer && !inputs.has(field) ? -1
-                                                                        : inputs.integer(field, -1);
+    // (-1: a stage that reads none; labels are absent but in a train
+    // program, tokens and positions in an optimizer program.)
+    int64_t id = (target == &program.labelsBuffer || optimizer) && !inputs.has(field)
+                     ? -1
+                     : inputs.integer(field, -1);
     if (id >= 0) {
       bufferId(inputs, field, id);
       const PlanBuffer &b = program.buffers[id];
@@ -247,6 +258,7 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
     *target = id;
   }
   readTrainingOutputs(pr, inputs, program, last);
+  readOptimizerMembers(pr, inputs, program);
   program.logitsBuffer = pr.integer("logits", -1);
   if ((!last || training) && program.logitsBuffer != -1)
     pr.fail("logits", fmt::format("expected -1 on stage {} (logits come from the last stage, {})",
@@ -318,7 +330,7 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
     program.steps.push_back(std::move(step));
     checkStep(plan, program, index, i);
   }
-  if (last && heads == 0)
+  if (last && heads == 0 && !optimizer)
     pr.fail("steps", "the last stage has no LM head (a linear with \"head\": true)");
   checkDataFlow(program, pr);
   checkWeightBinding(program, pr);
@@ -401,9 +413,21 @@ void readEntries(const JsonFields &r, Plan &plan) {
 
   plan.prefillEntry = plan.decodeEntry = first;
   plan.training = first == "train";
-  if (plan.training && entries.size() > 1)
-    r.fail("programs", fmt::format("a train program beside entry '{}' (a training plan has one "
-                                   "entry)", entries[1]));
+  // A training plan: the train entry and, with moec compile --optimizer,
+  // the optimizer entry.
+  plan.optimizer = entries.size() == 2 && entries[1] == "optimizer";
+  if (std::find(entries.begin(), entries.end(), "optimizer") != entries.end() &&
+      !(plan.training && plan.optimizer))
+    r.fail("programs", "an optimizer program is the second entry of a training plan");
+  if (plan.training && entries.size() > 1 + plan.optimizer)
+    r.fail("programs", fmt::format("a train program beside entry '{}' (a training plan has "
+                                   "the train and optimizer entries)",
+                                   entries[1 + plan.optimizer]));
+  if (plan.training) {
+    if (r.has("schedule"))
+      r.fail("schedule", "a training plan has no generation schedule");
+    return;
+  }
   if (!r.has("schedule")) {
     if (entries.size() > 1)
       r.fail("schedule", fmt::format("missing: the programs have entries '{}' and '{}'",

@@ -105,9 +105,15 @@ void checkDataFlow(const PlanProgram &program, const JsonFields &pr) {
   // must come from the step the compiler says computed it.
   constexpr int64_t kNever = -2, kInput = -1;
   std::vector<int64_t> lastWriter(program.buffers.size(), kNever);
-  for (int64_t input : {program.tokensBuffer, program.positionsBuffer, program.labelsBuffer})
+  for (int64_t input : {program.tokensBuffer, program.positionsBuffer, program.labelsBuffer,
+                        program.stepBuffer})
     if (input >= 0)
       lastWriter[input] = kInput;
+  // A state buffer holds what the last run (of any of the rank's programs)
+  // left in it: an input of every run.
+  for (size_t id = 0; id < program.buffers.size(); ++id)
+    if (!program.buffers[id].state.empty())
+      lastWriter[id] = kInput;
   auto writer = [](int64_t step) {
     return step == kInput ? std::string("the program's input") : fmt::format("step {}", step);
   };
@@ -140,9 +146,25 @@ void checkWeightBinding(const PlanProgram &program, const JsonFields &pr) {
   // check; in a plan numbered in binding order it is out of order, bound
   // twice or never bound.
   std::vector<int64_t> firstStep(program.weights.size(), -1);
+  if (program.entry == "optimizer") {
+    // The optimizer's updates write each weight they bind, once; weights
+    // that are not parameters (no gradient) are bound by none.
+    for (size_t i = 0; i < program.steps.size(); ++i)
+      for (int64_t id : program.steps[i].weights) {
+        if (!program.steps[i].op->has(OpDef::UpdatesWeights) || firstStep[id] >= 0)
+          pr.element("steps", i).fail(
+              "weights", fmt::format("weight {} ('{}'): an optimizer program's weights are "
+                                     "bound by one update each",
+                                     id, program.weights[id].name));
+        firstStep[id] = static_cast<int64_t>(i);
+      }
+    return;
+  }
   size_t next = 0;
   for (size_t i = 0; i < program.steps.size(); ++i) {
     const PlanStep &step = program.steps[i];
+    if (step.op->has(OpDef::UpdatesWeights))
+      pr.element("steps", i).fail("op", "only an optimizer program updates weights");
     for (int64_t id : step.weights) {
       const PlanWeight &w = program.weights[id];
       if (step.op->has(OpDef::Backward)) {

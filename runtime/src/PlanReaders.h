@@ -36,6 +36,9 @@ std::shared_ptr<const KernelTable> readKernelTable(const PlanProgram &program,
 /// other programs must have none of them. InputError naming the field.
 void readTrainingOutputs(const JsonFields &pr, const JsonFields &inputs, PlanProgram &program,
                          bool last);
+/// An optimizer program's step input, stats and micro_batches
+/// (PlanOptimizer.cpp); refuses them in any other program.
+void readOptimizerMembers(const JsonFields &pr, const JsonFields &inputs, PlanProgram &program);
 
 /// The plan's distribution (format and version checked already); InputError
 /// naming the field.

@@ -59,3 +59,35 @@ void readTrainingOutputs(const JsonFields &pr, const JsonFields &inputs, PlanPro
 }
 
 } // namespace moert
+
+namespace moert {
+
+void readOptimizerMembers(const JsonFields &pr, const JsonFields &inputs, PlanProgram &program) {
+  const bool optimizer = program.entry == "optimizer";
+  for (const char *field : {"stats", "micro_batches"})
+    if (pr.has(field) != optimizer)
+      pr.fail(field, optimizer ? "missing: an optimizer program has it"
+                               : "only an optimizer program has it");
+  if (inputs.has("step") != optimizer)
+    inputs.fail("step", optimizer ? "missing: an optimizer program reads its step"
+                                  : "only an optimizer program reads a step");
+  if (!optimizer)
+    return;
+  if (program.tokensBuffer >= 0 || program.positionsBuffer >= 0 || program.labelsBuffer >= 0)
+    inputs.fail("tokens", "an optimizer program reads no tokens");
+  auto buffer = [&](const JsonFields &reader, const char *field, DType dtype, int64_t width) {
+    const int64_t id = reader.integer(field, 0);
+    if (id >= static_cast<int64_t>(program.buffers.size()))
+      reader.fail(field, fmt::format("buffer {} out of range", id));
+    const PlanBuffer &b = program.buffers[id];
+    if (b.dtype != dtype || b.rows != 1 || b.width != width || !b.state.empty())
+      reader.fail(field, fmt::format("expected an {} buffer of 1 row of {}", dtypeName(dtype),
+                                     width));
+    return id;
+  };
+  program.stepBuffer = buffer(inputs, "step", DType::I32, 1);
+  program.statsBuffer = buffer(pr, "stats", DType::F32, 4);
+  program.microBatches = pr.bounded("micro_batches", 1, int64_t(1) << 30);
+}
+
+} // namespace moert

@@ -62,6 +62,28 @@ void RankExecutor::readGradient(size_t i, std::vector<float> &out, const std::st
   device->synchronize();
 }
 
+void RankExecutor::optimizerStep(int64_t step, std::vector<float> &stats) {
+  const size_t index = entryIndex("optimizer");
+  RankProgram &program = *programs[index];
+  program.writeStep(step);
+  const Batch none;
+  device->run(program, none, [&] {
+    runSteps(program.collectives(), 0, *device,
+             device->synchronous() ? &seconds[index] : nullptr);
+  });
+  program.readStats(stats);
+  device->synchronize();
+}
+
+void RankExecutor::readWeight(size_t i, std::vector<float> &out) {
+  device->synchronize();
+  device->readWeight(i, out);
+}
+
+void Device::readWeight(size_t, std::vector<float> &) {
+  runtimeError("reading trained weights back from the {} device: not supported yet", name());
+}
+
 int64_t RankExecutor::weightBytes() const { return device->weightBytes(); }
 int64_t RankExecutor::peakBytes() const {
   int64_t bytes = device->ownPeakBytes();

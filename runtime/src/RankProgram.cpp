@@ -15,8 +15,22 @@ void RankProgram::prepare(const Plan &plan, int64_t rank, DeviceMemory &memory_,
   memory = &memory_;
   const int64_t before = memory->allocatedBytes();
   buffers.clear();
-  for (const PlanBuffer &b : program_->buffers)
-    buffers.push_back(memory->allocate(b.rows * b.width * 4));
+  // A state buffer persists: the rank's first program allocates it (zeros)
+  // and the other entries that name it share it.
+  states = cachesOf ? cachesOf->states : std::map<std::string, State>();
+  for (const PlanBuffer &b : program_->buffers) {
+    if (b.state.empty()) {
+      buffers.push_back(memory->allocate(b.rows * b.width * 4));
+      continue;
+    }
+    auto [it, added] = states.emplace(b.state, State{nullptr, b.rows * b.width});
+    if (added)
+      it->second.address = memory->allocate(b.rows * b.width * 4);
+    else if (it->second.elements != b.rows * b.width)
+      runtimeError("state buffer '{}' of {} values, {} in another entry", b.state,
+                   b.rows * b.width, it->second.elements);
+    buffers.push_back(it->second.address);
+  }
   caches.clear();
   const int64_t positions = plan.maxSequences * plan.maxSeqLen;
   if (cachesOf) // the plan's entries of a stage declare the same caches
@@ -76,6 +90,18 @@ void RankProgram::writeInputs(const Batch &batch) {
       runtimeError("training batch of {} tokens with {} labels", T, batch.labels.size());
     memory->write(buffer(program_->labelsBuffer), batch.labels.data(), T * 4);
   }
+}
+
+void RankProgram::writeStep(int64_t step) {
+  if (program_->stepBuffer < 0)
+    runtimeError("the {} entry reads no optimizer step", program_->entry);
+  const auto value = static_cast<int32_t>(step);
+  memory->write(buffer(program_->stepBuffer), &value, 4);
+}
+
+void RankProgram::readStats(std::vector<float> &stats) {
+  stats.resize(4);
+  memory->read(stats.data(), buffer(program_->statsBuffer), 4 * 4);
 }
 
 void RankProgram::readOutput(int64_t rows, std::vector<float> &logits) {

@@ -12,6 +12,8 @@
 #include "moert/Plan.h"
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 namespace moert {
@@ -29,8 +31,9 @@ public:
   /// (keys and values, [max_sequences, max_seq_len, width] f32) of `rank`'s
   /// program (or of `entry`, one of plan.entriesOf(rank)) on `memory`; with
   /// `cachesOf` (another entry of the rank), its KV caches are shared
-  /// instead. Collective steps go through `comm` (may be null for a plan of
-  /// one rank).
+  /// instead, and its state buffers by name (others are allocated, zeros).
+  /// Collective steps go through `comm` (may be null for a plan of one
+  /// rank).
   void prepare(const Plan &plan, int64_t rank, DeviceMemory &memory, Comm *comm,
                Staging staging, const PlanProgram *entry = nullptr,
                const RankProgram *cachesOf = nullptr);
@@ -56,8 +59,16 @@ public:
   void readOutput(int64_t rows, std::vector<float> &logits);
   /// The program's gradient i (PlanProgram::gradients) to the host.
   void readGradient(size_t i, std::vector<float> &out);
+  /// An optimizer program's step number (from 1) into its input, and its
+  /// stats [lr, grad_norm, clip_coef, 0] out.
+  void writeStep(int64_t step);
+  void readStats(std::vector<float> &stats);
 
 private:
+  struct State {
+    void *address = nullptr;
+    int64_t elements = 0;
+  };
   struct Cache {
     float *keys = nullptr, *values = nullptr;
   };
@@ -66,6 +77,7 @@ private:
   DeviceMemory *memory = nullptr;
   std::vector<void *> buffers;
   std::vector<Cache> caches;
+  std::map<std::string, State> states; ///< by name, shared with the rank's other entries
   void *gatherStage = nullptr;
   int64_t gatherBytes = 0; ///< of gatherStage
   int64_t allocated = 0;   ///< buffers and caches

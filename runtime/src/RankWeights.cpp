@@ -144,7 +144,9 @@ TensorView RankWeights::bindOne(const Checkpoint &ckpt, const std::string &name,
   // box is read (pread, only its bytes) into a buffer the device owns.
   bool atOrigin =
       std::all_of(slice.offset.begin(), slice.offset.end(), [](int64_t o) { return o == 0; });
-  if (ckpt.hasViews() && atOrigin && slice.shape == globalShape && localShape == globalShape) {
+  // (A plan with an optimizer writes its weights: always copies.)
+  if (ckpt.hasViews() && atOrigin && slice.shape == globalShape && localShape == globalShape &&
+      !plan->optimizer) {
     whole = ckpt.tensor(name, globalShape);
     bound += static_cast<int64_t>(whole.bytes());
     onBytes(static_cast<int64_t>(whole.bytes()));

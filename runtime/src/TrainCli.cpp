@@ -75,6 +75,24 @@ void printProfile(const PlanProgram &program, const std::vector<double> &seconds
                  100 * k.seconds / total);
 }
 
+/// `values` (f32, weight w's local shape) as the checkpoint's tensors of w:
+/// one, or one per expert of a stack, by their checkpoint names.
+void appendByName(const PlanWeight &w, const std::vector<float> &values,
+                  std::vector<TensorToWrite> &tensors) {
+  if (w.experts == 0) {
+    tensors.push_back({w.name, DType::F32, w.shape, [&values](char *to) {
+                         std::memcpy(to, values.data(), values.size() * sizeof(float));
+                       }});
+    return;
+  }
+  const std::vector<int64_t> shape(w.shape.begin() + 1, w.shape.end());
+  const size_t size = values.size() / static_cast<size_t>(w.experts);
+  for (int64_t e = 0; e < w.experts; ++e)
+    tensors.push_back({w.expertName(e), DType::F32, shape, [&values, e, size](char *to) {
+                         std::memcpy(to, values.data() + e * size, size * sizeof(float));
+                       }});
+}
+
 Batch microBatch(const std::vector<int32_t> &tokens, int64_t m, int64_t B, int64_t L) {
   Batch batch;
   for (int64_t s = 0; s < B; ++s) {
@@ -90,10 +108,62 @@ Batch microBatch(const std::vector<int32_t> &tokens, int64_t m, int64_t B, int64
   return batch;
 }
 
+/// moert train --steps N: N updates of the plan's optimizer, each over the
+/// optimizer's micro-batches (micro-batch g = step x M + m of the data,
+/// wrapping around at its end); a line per update. The weights' final
+/// values go to `weightsOut` (if set).
+void trainSteps(RankExecutor &executor, const PlanProgram &optimizer,
+                const std::vector<int32_t> &tokens, int64_t steps, int64_t B, int64_t L,
+                const std::string &metricsOut, const std::string &weightsOut,
+                const PlanProgram &program) {
+  const int64_t M = optimizer.microBatches;
+  const int64_t perPass = windowCount(static_cast<int64_t>(tokens.size()), L) / B;
+  using Clock = std::chrono::steady_clock;
+  std::string metrics;
+  std::vector<float> loss, stats;
+  for (int64_t step = 0; step < steps; ++step) {
+    const auto started = Clock::now();
+    double terms[4] = {0, 0, 0, 0};
+    int64_t count = 0;
+    for (int64_t m = 0; m < M; ++m) {
+      const Batch batch = microBatch(tokens, (step * M + m) % perPass, B, L);
+      executor.forward(batch, loss);
+      for (int k = 0; k < 4; ++k)
+        terms[k] += loss[k];
+      count += batch.size();
+    }
+    executor.optimizerStep(step + 1, stats);
+    const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    for (double &t : terms)
+      t /= static_cast<double>(M);
+    fmt::print("step {}: loss {:.6f} ce {:.6f} aux {:.6f} z {:.6f} grad_norm {:.6f} lr {:.3e} "
+               "({} tokens, {:.0f} tokens/s)\n",
+               step + 1, terms[0], terms[1], terms[2], terms[3], stats[1], stats[0], count,
+               static_cast<double>(count) / seconds);
+    std::fflush(stdout);
+    nlohmann::ordered_json line = {{"step", step + 1}, {"loss", terms[0]}, {"ce", terms[1]},
+                                   {"aux", terms[2]},  {"z", terms[3]},    {"grad_norm", stats[1]},
+                                   {"clip_coef", stats[2]}, {"lr", stats[0]},
+                                   {"tokens", count},  {"seconds", seconds}};
+    metrics += line.dump() + "\n";
+  }
+  if (!metricsOut.empty())
+    writeFileAtomically(metricsOut, metrics);
+  if (weightsOut.empty())
+    return;
+  std::vector<std::vector<float>> values(program.weights.size());
+  std::vector<TensorToWrite> tensors;
+  for (size_t i = 0; i < program.weights.size(); ++i) {
+    executor.readWeight(i, values[i]);
+    appendByName(program.weights[i], values[i], tensors);
+  }
+  writeSafetensors(weightsOut, tensors);
+}
+
 } // namespace
 
 int trainCommand(int argc, char **argv, Comm &comm) {
-  std::string planPath, weightsPath, dataPath, metricsOut, gradsOut, deviceName;
+  std::string planPath, weightsPath, dataPath, metricsOut, gradsOut, weightsOut, deviceName;
   int64_t steps = 0, batches = 1;
   bool profile = false;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -107,6 +177,7 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     else if (arg == "--metrics-out") metricsOut = value();
     else if (arg == "--threads") threads = static_cast<int>(integerOption(arg, value(), 1));
     else if (arg == "--grads-out") gradsOut = value();
+    else if (arg == "--weights-out") weightsOut = value();
     else if (arg == "--profile") profile = true;
     else if (arg == "--device") deviceName = value();
     else if (!arg.empty() && arg[0] == '-') inputError("unknown option '{}' (see moert --help)", arg);
@@ -115,10 +186,15 @@ int trainCommand(int argc, char **argv, Comm &comm) {
   }
   if (planPath.empty() || weightsPath.empty() || dataPath.empty())
     inputError("expected moert train PLAN --weights DIR --data TOKENS");
-  if (steps != 0)
-    inputError("--steps {}: not supported yet (no optimizer yet: --steps 0 evaluates the loss "
-               "of --micro-batches micro-batches)",
+  bool microBatchesGiven = false;
+  for (int i = 2; i < argc; ++i)
+    microBatchesGiven = microBatchesGiven || std::string(argv[i]) == "--micro-batches";
+  if (steps > 0 && (microBatchesGiven || !gradsOut.empty()))
+    inputError("--steps {}: the plan's optimizer decides the micro-batches of an update (moec "
+               "compile --global-batch-size); --micro-batches and --grads-out go with --steps 0",
                steps);
+  if (steps == 0 && !weightsOut.empty())
+    inputError("--weights-out: expected --steps N (the weights after N updates)");
   if (threads > 1024)
     inputError("--threads: expected a value in [1, 1024] but got {}", threads);
   setNumThreads(threads);
@@ -130,6 +206,10 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     inputError("{}: not supported yet: training on {} ranks (one for now)", planPath,
                std::max<int64_t>(plan.worldSize, comm.size()));
   const PlanProgram &program = plan.programOf(0);
+  if (steps > 0 && !plan.optimizer)
+    inputError("--steps {}: {} has no optimizer (compile it with moec compile --train "
+               "--optimizer adamw)",
+               steps, planPath);
   if (!gradsOut.empty() && program.gradients.empty())
     inputError("--grads-out: {} computes no gradients (compiled with moec compile --train "
                "--loss-only)",
@@ -141,7 +221,10 @@ int trainCommand(int argc, char **argv, Comm &comm) {
                planPath, plan.maxBatchTokens, B, L);
   const std::vector<int32_t> tokens = readTokenData(dataPath, plan.vocabSize);
   const int64_t windows = windowCount(static_cast<int64_t>(tokens.size()), L);
-  if (windows < batches * B)
+  if (steps > 0 && windows < B)
+    inputError("{}: {} tokens hold {} windows of {} + 1 tokens; a micro-batch needs {}", dataPath,
+               tokens.size(), windows, L, B);
+  if (steps == 0 && windows < batches * B)
     inputError("{}: {} tokens hold {} windows of {} + 1 tokens; {} micro-batches of {} need {}",
                dataPath, tokens.size(), windows, L, batches, B, batches * B);
 
@@ -153,6 +236,13 @@ int trainCommand(int argc, char **argv, Comm &comm) {
       chooseDevice(plan, planPath, deviceName, "moec compile --train --target cuda"));
   executor->prepare(plan, comm.rank(), *checkpoint, comm);
   checkNoUnexpectedTensors(plan, *checkpoint);
+  if (steps > 0) {
+    trainSteps(*executor, *plan.entriesOf(0).back(), tokens, steps, B, L, metricsOut, weightsOut,
+               program);
+    if (profile)
+      printProfile(program, executor->stepSeconds(), steps * plan.entriesOf(0).back()->microBatches);
+    return 0;
+  }
 
   // The gradients of the mean loss over the micro-batches (each micro-batch's
   // added in order, then divided), one f32 tensor per weight.
@@ -202,20 +292,7 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     for (size_t i = 0; i < sums.size(); ++i) {
       for (float &g : sums[i])
         g /= static_cast<float>(batches);
-      const PlanWeight &w = program.weights[program.gradients[i].weight];
-      if (w.experts == 0) {
-        tensors.push_back({w.name, DType::F32, w.shape, [&, i](char *to) {
-                             std::memcpy(to, sums[i].data(), sums[i].size() * sizeof(float));
-                           }});
-        continue;
-      }
-      // An expert stack: one tensor per expert, by the checkpoint's names.
-      const std::vector<int64_t> shape(w.shape.begin() + 1, w.shape.end());
-      const size_t size = sums[i].size() / static_cast<size_t>(w.experts);
-      for (int64_t e = 0; e < w.experts; ++e)
-        tensors.push_back({w.expertName(e), DType::F32, shape, [&, i, e, size](char *to) {
-                             std::memcpy(to, sums[i].data() + e * size, size * sizeof(float));
-                           }});
+      appendByName(program.weights[program.gradients[i].weight], sums[i], tensors);
     }
     writeSafetensors(gradsOut, tensors);
   }

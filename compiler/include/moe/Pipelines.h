@@ -48,6 +48,15 @@ struct CompileOptions {
   /// --recompute experts).
   bool train = false, lossOnly = false, recomputeExperts = false;
   double auxLossCoef = -1, zLossCoef = 0;
+  /// The optimizer program of a training plan (moec compile --optimizer
+  /// adamw): moe-append-optimizer's options.
+  struct Optimizer {
+    double lr = 1e-3, minLr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.01,
+           clipGradNorm = 0;
+    std::string schedule = "constant";
+    int64_t warmupSteps = 0, decaySteps = 0, microBatches = 1;
+  };
+  std::optional<Optimizer> optimizer;
 };
 
 /// Adds the passes that take an imported module to `last` (Import adds none).

@@ -146,6 +146,50 @@ cl::opt<double> routerZLossCoef("router-z-loss-coef",
                                          "the MoE layers; default 0)"),
                                 cl::init(0.0), cl::sub(compileCommand), cl::cat(training));
 
+// The optimizer program (docs/training.md, "The optimizer").
+cl::opt<std::string> optimizerKind(
+    "optimizer",
+    cl::desc("With --train: none (default: the plan computes the loss and the gradients) or "
+             "adamw (an optimizer program beside the train program: torch.optim.AdamW with "
+             "the options below; moert train --steps N trains)"),
+    cl::init("none"), cl::sub(compileCommand), cl::cat(training));
+cl::opt<double> learningRate("lr", cl::desc("With --optimizer: the peak learning rate (1e-3)"),
+                             cl::init(1e-3), cl::sub(compileCommand), cl::cat(training));
+cl::opt<double> minLr("min-lr",
+                      cl::desc("With --lr-schedule cosine: the final learning rate (0)"),
+                      cl::init(0.0), cl::sub(compileCommand), cl::cat(training));
+cl::opt<std::string> lrSchedule(
+    "lr-schedule",
+    cl::desc("With --optimizer: constant (default) or cosine (decay to --min-lr at "
+             "--lr-decay-steps); both after --warmup-steps of linear warmup"),
+    cl::init("constant"), cl::sub(compileCommand), cl::cat(training));
+cl::opt<int64_t> warmupSteps("warmup-steps",
+                             cl::desc("With --optimizer: steps of linear warmup (0)"),
+                             cl::init(0), cl::sub(compileCommand), cl::cat(training));
+cl::opt<int64_t> lrDecaySteps("lr-decay-steps",
+                              cl::desc("With --lr-schedule cosine: the step where the decay "
+                                       "reaches --min-lr"),
+                              cl::init(0), cl::sub(compileCommand), cl::cat(training));
+cl::opt<double> adamBeta1("adam-beta1", cl::desc("With --optimizer: AdamW's beta1 (0.9)"),
+                          cl::init(0.9), cl::sub(compileCommand), cl::cat(training));
+cl::opt<double> adamBeta2("adam-beta2", cl::desc("With --optimizer: AdamW's beta2 (0.999)"),
+                          cl::init(0.999), cl::sub(compileCommand), cl::cat(training));
+cl::opt<double> adamEps("adam-eps", cl::desc("With --optimizer: AdamW's epsilon (1e-8)"),
+                        cl::init(1e-8), cl::sub(compileCommand), cl::cat(training));
+cl::opt<double> weightDecay("weight-decay",
+                            cl::desc("With --optimizer: AdamW's decoupled weight decay, on "
+                                     "every weight as torch's default (0.01)"),
+                            cl::init(0.01), cl::sub(compileCommand), cl::cat(training));
+cl::opt<double> clipGradNorm("clip-grad-norm",
+                             cl::desc("With --optimizer: clip the gradients to this global "
+                                      "norm, as clip_grad_norm_ (0: no clipping)"),
+                             cl::init(0.0), cl::sub(compileCommand), cl::cat(training));
+cl::opt<int64_t> globalBatchSize(
+    "global-batch-size",
+    cl::desc("With --optimizer: sequences per update, a multiple of --micro-batch-size (the "
+             "gradients of its micro-batches are averaged; default: one micro-batch)"),
+    cl::init(0), cl::sub(compileCommand), cl::cat(training));
+
 cl::opt<bool> noFuse(
     "no-fuse",
     cl::desc("Skip the fusion passes (moe-fuse-router): every op of the model runs as its own "
@@ -486,13 +530,24 @@ Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config,
   auto refuse = [](const Twine &message) {
     return createStringError(inconvertibleErrorCode(), "%s", message.str().c_str());
   };
+  const std::initializer_list<cl::Option *> optimizerOptions{
+      &learningRate, &minLr,     &lrSchedule,  &warmupSteps,  &lrDecaySteps,   &adamBeta1,
+      &adamBeta2,    &adamEps,   &weightDecay, &clipGradNorm, &globalBatchSize};
   if (!train) {
     for (cl::Option *o : std::initializer_list<cl::Option *>{
-             &seqLen, &microBatchSize, &auxLossCoef, &routerZLossCoef, &lossOnly, &recompute})
+             &seqLen, &microBatchSize, &auxLossCoef, &routerZLossCoef, &lossOnly, &recompute,
+             &optimizerKind})
       if (o->getNumOccurrences())
         return refuse("--" + o->ArgStr + ": expected --train");
-    return Error::success();
   }
+  if (optimizerKind != "none" && optimizerKind != "adamw")
+    return refuse("--optimizer " + optimizerKind + ": expected none or adamw");
+  if (optimizerKind == "none")
+    for (cl::Option *o : optimizerOptions)
+      if (o->getNumOccurrences())
+        return refuse("--" + o->ArgStr + ": expected --optimizer adamw");
+  if (!train)
+    return Error::success();
   if (seqLen < 1 || microBatchSize < 1)
     return refuse("--train: expected --seq-len >= 1 and --micro-batch-size >= 1");
   if (seqLen > config.maxPositionEmbeddings)
@@ -527,6 +582,42 @@ Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config,
   options.maxSequences = microBatchSize;
   options.auxLossCoef = auxLossCoef;
   options.zLossCoef = routerZLossCoef;
+  if (optimizerKind == "none")
+    return Error::success();
+  if (lossOnly)
+    return refuse("--optimizer: --loss-only computes no gradients");
+  if (options.target != "cpu")
+    return refuse("not supported yet: --optimizer with --target " + options.target +
+                  " (the optimizer's kernels are the CPU's for now)");
+  if (globalBatchSize.getNumOccurrences() &&
+      (globalBatchSize < 1 || globalBatchSize % microBatchSize != 0))
+    return refuse("--global-batch-size " + Twine(int64_t(globalBatchSize)) +
+                  ": expected a positive multiple of --micro-batch-size (" +
+                  Twine(int64_t(microBatchSize)) + ")");
+  if (lrSchedule != "constant" && lrSchedule != "cosine")
+    return refuse("--lr-schedule " + lrSchedule + ": expected constant or cosine");
+  if (lrSchedule == "cosine" && lrDecaySteps <= warmupSteps)
+    return refuse("--lr-schedule cosine: expected --lr-decay-steps greater than --warmup-steps");
+  if (!(learningRate > 0) || !(minLr >= 0) || minLr > learningRate)
+    return refuse("--lr / --min-lr: expected --lr > 0 and 0 <= --min-lr <= --lr");
+  if (warmupSteps < 0 || !(adamBeta1 >= 0 && adamBeta1 < 1) ||
+      !(adamBeta2 >= 0 && adamBeta2 < 1) || !(adamEps > 0) || !(weightDecay >= 0) ||
+      !(clipGradNorm >= 0))
+    return refuse("--optimizer adamw: expected --warmup-steps >= 0, betas in [0, 1), "
+                  "--adam-eps > 0, --weight-decay >= 0 and --clip-grad-norm >= 0");
+  CompileOptions::Optimizer adamw;
+  adamw.lr = learningRate;
+  adamw.minLr = minLr;
+  adamw.schedule = lrSchedule;
+  adamw.warmupSteps = warmupSteps;
+  adamw.decaySteps = lrDecaySteps;
+  adamw.beta1 = adamBeta1;
+  adamw.beta2 = adamBeta2;
+  adamw.eps = adamEps;
+  adamw.weightDecay = weightDecay;
+  adamw.clipGradNorm = clipGradNorm;
+  adamw.microBatches = globalBatchSize.getNumOccurrences() ? globalBatchSize / microBatchSize : 1;
+  options.optimizer = adamw;
   return Error::success();
 }
 

@@ -247,7 +247,8 @@ struct Lowering {
       Type element = cast<TypeAttr>(type).getValue();
       element = element.isInteger(32) ? element : b.getF32Type();
       buffer.push_back(b.create<exec::BufferOp>(fn.getLoc(), bufferType, element,
-                                                r < 0 ? maxTokens : r, width));
+                                                r < 0 ? maxTokens : r, width,
+                                                /*state=*/StringAttr()));
     }
     auto bufferId = [&](int64_t id) -> FailureOr<Value> {
       if (id < 0 || id >= int64_t(buffer.size()))
@@ -313,7 +314,8 @@ struct Lowering {
     }
     b.create<exec::InputsOp>(fn.getLoc(), bufferOf[body.getArgument(0)],
                              bufferOf[body.getArgument(1)],
-                             training ? bufferOf[body.getArgument(2)] : Value());
+                             training ? bufferOf[body.getArgument(2)] : Value(),
+                             /*step=*/Value());
 
     Operation *head = headOf(fn);
     for (Operation &op : body) {
@@ -346,7 +348,8 @@ struct Lowering {
           of.push_back(w);
         }
         b.create<exec::ReturnOp>(ret.getLoc(), training ? Value() : result,
-                                 training ? result : Value(), gradients, of);
+                                 training ? result : Value(), gradients, of,
+                                 /*stats=*/Value());
         continue;
       }
       SmallVector<Value> ins, ws, outs;

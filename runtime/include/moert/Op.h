@@ -48,6 +48,9 @@ struct OpDef {
     /// A step of the backward pass: it reads weights the forward steps
     /// before it bound (and binds none first).
     Backward = 1u << 8,
+    /// An optimizer's update: writes its weights in place (any weight, once
+    /// per program; the device owns a plan's weights when it has these).
+    UpdatesWeights = 1u << 9,
   };
 
   std::string_view name; ///< the plan's "op"

@@ -38,6 +38,10 @@ struct PlanBuffer {
   int64_t width = 0;
   DType dtype = DType::F32; ///< F32 or I32
   int64_t bytes = 0;
+  /// Non-empty: a persistent buffer (zeros at first, kept between runs),
+  /// shared by the rank's programs that declare this name (a train
+  /// program's gradient sums, the optimizer's moments).
+  std::string state;
 };
 
 struct PlanCache {
@@ -67,6 +71,15 @@ struct LossParams {
   int64_t paddingIdx = -1; ///< embedding_grad: the row that gets no gradient (-1: none)
 };
 
+/// The optimizer's steps (lr_schedule, grad_norm, adamw: moe-append-optimizer).
+struct OptimizerParams {
+  bool cosine = false; ///< lr_schedule: cosine decay after the warmup (else constant)
+  double lr = 0, minLr = 0, beta1 = 0, beta2 = 0, weightDecay = 0;
+  double maxNorm = 0; ///< grad_norm: the clipping norm (0: none)
+  int64_t warmupSteps = 0, decaySteps = 0;
+  int64_t microBatches = 1; ///< grad_norm, adamw: the gradient sums are of this many
+};
+
 struct PlanStep {
   const OpDef *op = nullptr; ///< never null in a loaded plan
   std::vector<int64_t> in, weights, out;
@@ -85,6 +98,7 @@ struct PlanStep {
   bool head = false;           ///< linear: the LM head (computes the logit rows only)
   bool layerNorm = false;      ///< add_norm: its norm is a layer_norm (else rms_norm)
   LossParams loss;             ///< cross_entropy, router_stats, lm_loss
+  OptimizerParams optimizer;   ///< lr_schedule, grad_norm, adamw
   /// add of two static tensors (weight gradients): their elements (0: an
   /// add of the step's rows).
   int64_t elements = 0;
@@ -96,7 +110,8 @@ struct PlanProgram {
   int64_t stage = 0;
   /// What the program computes (its exec.program's entry): "forward" (every
   /// step of generation), or an entry the plan's schedule names ("prefill",
-  /// "decode"; "backward" and "optimizer" later); absent means "forward".
+  /// "decode"; "train" and "optimizer" of a training plan); absent means
+  /// "forward".
   std::string entry = "forward";
   /// The most tokens of one of its steps: the plan's max_batch_tokens, or
   /// fewer for an entry compiled for smaller steps (decode).
@@ -115,6 +130,10 @@ struct PlanProgram {
     int64_t weight = 0, buffer = 0;
   };
   std::vector<Gradient> gradients;
+  /// An optimizer program's input (the update's number, I32, from 1), its
+  /// stats [lr, grad_norm, clip_coef, 0] and the micro-batches of each
+  /// update (the train steps between two runs of it); -1 / 0 otherwise.
+  int64_t stepBuffer = -1, statsBuffer = -1, microBatches = 0;
   std::vector<PlanStep> steps;
   /// The program's CUDA kernel table (moec --target cuda, docs/cuda.md),
   /// read and checked with the plan; null for a CPU plan.
@@ -168,6 +187,9 @@ struct Plan {
   /// steps take micro-batch sequences of max_seq_len tokens with their
   /// labels and give the loss (moert train runs it, moert run does not).
   bool training = false;
+  /// A training plan with an optimizer entry (moec compile --optimizer):
+  /// its weights are written by the optimizer (the device owns them).
+  bool optimizer = false;
 
   const PlanProgram &programOf(int64_t rank) const { return programs[ranks[rank].program]; }
   /// The programs of `rank`'s stage, its own program first, one per entry.

@@ -70,6 +70,15 @@ public:
   /// weight program.gradients[i].weight, f32 in the weight's local shape.
   void readGradient(size_t i, std::vector<float> &out, const std::string &entry = {});
 
+  /// Runs the optimizer entry (moec compile --optimizer) for update `step`
+  /// (from 1): the weights change in place from the gradients the train
+  /// steps since the last update added up. `stats`: [lr, grad_norm,
+  /// clip_coef, 0] of the update.
+  void optimizerStep(int64_t step, std::vector<float> &stats);
+  /// The rank's weight i (program.weights[i]) as f32 in its local shape (an
+  /// expert stack's experts one after another).
+  void readWeight(size_t i, std::vector<float> &out);
+
   /// Bytes of weights bound on the device.
   int64_t weightBytes() const;
   /// Bytes held besides the weights at the peak: the program's buffers,

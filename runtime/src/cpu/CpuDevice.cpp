@@ -98,6 +98,19 @@ public:
   }
 
   bool synchronous() const override { return true; }
+
+  void readWeight(size_t i, std::vector<float> &out) override {
+    const RankWeights::Weight &w = rankWeights.weights().at(i);
+    out.clear();
+    auto append = [&](const TensorView &v) {
+      for (int64_t j = 0, n = v.numel(); j < n; ++j)
+        out.push_back(v.at(j));
+    };
+    if (w.experts.empty())
+      append(w.view);
+    for (const TensorView &e : w.experts)
+      append(e);
+  }
   int64_t weightBytes() const override { return rankWeights.boundBytes(); }
   int64_t loadedWeightBytes() const override { return rankWeights.loadedBytes(); }
   /// Nothing the device holds shrinks: its peak is what it holds now.

@@ -33,6 +33,8 @@ extern const OpDef kCrossEntropy, kRouterStats, kLmLoss;
 extern const OpDef kCrossEntropyGrad, kLinearGrad, kRmsNormGrad, kRopeGrad, kAttentionGrad,
     kMlpGrad, kEmbeddingGrad, kRouteGrad, kExpertsGrad, kRouterStatsGrad, kBiasGrad,
     kSigmoidGateGrad, kMlaAttentionGrad;
+// Optimizer.cpp
+extern const OpDef kAccumulate, kLrSchedule, kGradNorm, kAdamW;
 // Experts.cpp: the optional capacity_factor of experts_saved and experts_grad
 // (PlanStep::dispatch.capacityFactor; 0: dropless).
 void parseExpertsCapacity(const JsonFields &a, PlanStep &step);

@@ -54,16 +54,18 @@ inline constexpr const char *kVocab[] = {"size", "padded", "pad_to"};
 inline constexpr const char *kWeight[] = {"name", "shape", "dtype", "bytes", "experts"};
 inline constexpr const char *kProgram[] = {"stage",  "entry",  "weights", "buffers", "kv_caches",
                                            "inputs", "logits", "memory",  "steps",   "cuda",
-                                           "max_batch_tokens", "loss", "gradients"};
+                                           "max_batch_tokens", "loss", "gradients", "stats",
+                                           "micro_batches"};
 /// A differentiated training program's gradient of one weight.
 inline constexpr const char *kGradient[] = {"weight", "buffer"};
 /// Which entry runs each phase of generation (a plan of one entry has none:
 /// its programs run every phase).
 inline constexpr const char *kSchedule[] = {"prefill", "decode"};
-inline constexpr const char *kBuffer[] = {"rows", "width", "dtype", "bytes"};
+inline constexpr const char *kBuffer[] = {"rows", "width", "dtype", "bytes", "state"};
 inline constexpr const char *kKVCache[] = {"key_width", "value_width", "bytes"};
-inline constexpr const char *kInputs[] = {"tokens", "positions", "labels"};
-inline constexpr const char *kProgramMemory[] = {"weights", "activations", "kv_cache", "peak"};
+inline constexpr const char *kInputs[] = {"tokens", "positions", "labels", "step"};
+inline constexpr const char *kProgramMemory[] = {"weights", "activations", "kv_cache", "state",
+                                                 "peak"};
 inline constexpr const char *kStep[] = {"op", "in", "in_from", "weights", "out", "attrs"};
 inline constexpr const char *kRank[] = {"rank",   "program", "coords",
                                         "memory", "weights", "weights_of_rank"};

@@ -82,6 +82,46 @@ def MoEDifferentiate : Pass<"moe-differentiate", "mlir::ModuleOp"> {
   ];
 }
 
+def MoEAppendOptimizer : Pass<"moe-append-optimizer", "mlir::ModuleOp"> {
+  let summary = "give each differentiated train program its optimizer program (AdamW)";
+  let description = [{
+    After moe-lower-to-exec, for each exec.program of entry `train` that
+    returns gradients: the train program adds each gradient into a state
+    buffer (`grad_sum:<weight>`, launch `accumulate`) before it returns,
+    and a new program `@<name>_optimizer` (entry `optimizer`, the same
+    stage, the same weights in the same order, `micro_batches`) updates the
+    weights once per global batch: `lr_schedule` (the learning rate of the
+    step number, its only input), `grad_norm` (the global norm of the mean
+    gradients and the clipping coefficient of clip_grad_norm_), then one
+    `adamw` per weight (torch.optim.AdamW: decoupled weight decay, bias
+    correction; the moments in state buffers `exp_avg:` / `exp_avg_sq:`;
+    the weight written in place, `updates_weights`; the gradient sum reset
+    to zero). The program returns its `stats` [lr, grad_norm, clip_coef, 0].
+    Every weight with a gradient is a parameter, an all-zero gradient
+    included (its moments decay and the weight decays: never "missing").
+    Refuses weights that are not f32 (master weights: not yet).
+  }];
+  let options = [
+    Option<"lr", "lr", "double", "1e-3", "the peak learning rate">,
+    Option<"minLr", "min-lr", "double", "0", "the cosine schedule's final learning rate">,
+    Option<"schedule", "schedule", "std::string", "\"constant\"",
+           "constant or cosine (linear warmup, then cosine decay to min-lr)">,
+    Option<"warmupSteps", "warmup-steps", "int64_t", "0",
+           "steps of linear warmup (lr x step / warmup-steps)">,
+    Option<"decaySteps", "decay-steps", "int64_t", "0",
+           "the step at which the cosine decay reaches min-lr">,
+    Option<"beta1", "beta1", "double", "0.9", "AdamW's beta1">,
+    Option<"beta2", "beta2", "double", "0.999", "AdamW's beta2">,
+    Option<"eps", "eps", "double", "1e-8", "AdamW's epsilon">,
+    Option<"weightDecay", "weight-decay", "double", "0.01", "AdamW's decoupled weight decay">,
+    Option<"clipGradNorm", "clip-grad-norm", "double", "0",
+           "clip the gradients to this global norm (0: no clipping)">,
+    Option<"microBatches", "micro-batches", "int64_t", "1",
+           "micro-batches per update (the gradients are their mean)">,
+  ];
+  let dependentDialects = ["::moe::exec::ExecDialect"];
+}
+
 def MoEFuseRouter : Pass<"moe-fuse-router", "mlir::ModuleOp"> {
   let summary = "fold a router's logits GEMM and its routing into one moe.router";
   let description = [{

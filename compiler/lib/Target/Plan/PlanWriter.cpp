@@ -71,14 +71,15 @@ JsonValue moe::attributeJson(Attribute a) {
 llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t maxSeqLen,
                                         int64_t maxSequences) {
   Array weights, buffers, caches, steps;
-  int64_t weightBytes = 0, bufferBytes = 0, cacheBytes = 0;
+  int64_t weightBytes = 0, bufferBytes = 0, cacheBytes = 0, stateBytes = 0;
   DenseMap<Value, int64_t> bufferId, weightId;
   // The step that last wrote each buffer: every input of a step names it
   // ("in_from"), so moert sees a step dropped, duplicated or moved.
   DenseMap<Value, int64_t> writer;
   std::optional<int64_t> tokens, positions;
   int64_t logits = -1;
-  std::optional<int64_t> labels, loss;
+  std::optional<int64_t> labels, loss, step, stats;
+  bool inputs = false;
   Array gradients;
   auto ids = [](ValueRange values, const DenseMap<Value, int64_t> &of) {
     Array out;
@@ -95,7 +96,13 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
                                {"width", width},
                                {"dtype", b.getElementType().isInteger(32) ? "I32" : "F32"},
                                {"bytes", bytes}});
-      bufferBytes += bytes;
+      // A state buffer persists between runs (gradient sums, moments).
+      if (auto state = b.getStateAttr()) {
+        (*buffers.back().getAsObject())["state"] = state.getValue();
+        stateBytes += bytes;
+      } else {
+        bufferBytes += bytes;
+      }
     } else if (auto w = dyn_cast<moe::exec::WeightOp>(op)) {
       auto type = cast<RankedTensorType>(w.getTensorType());
       int64_t bytes = type.getNumElements() * (type.getElementTypeBitWidth() / 8);
@@ -117,15 +124,22 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
                               {"bytes", bytes}});
       cacheBytes += bytes;
     } else if (auto in = dyn_cast<moe::exec::InputsOp>(op)) {
-      tokens = bufferId.lookup(in.getTokens());
-      positions = bufferId.lookup(in.getPositions());
+      inputs = true;
+      if (in.getTokens()) {
+        tokens = bufferId.lookup(in.getTokens());
+        positions = bufferId.lookup(in.getPositions());
+      }
       if (in.getLabels())
         labels = bufferId.lookup(in.getLabels());
+      if (in.getStep())
+        step = bufferId.lookup(in.getStep());
     } else if (auto ret = dyn_cast<moe::exec::ReturnOp>(op)) {
       if (ret.getLogits())
         logits = bufferId.lookup(ret.getLogits());
       if (ret.getLoss())
         loss = bufferId.lookup(ret.getLoss());
+      if (ret.getStats())
+        stats = bufferId.lookup(ret.getStats());
       for (auto [buffer, weight] : llvm::zip(ret.getGradients(), ret.getGradientOf()))
         gradients.push_back(
             Object{{"weight", weightId.lookup(weight)}, {"buffer", bufferId.lookup(buffer)}});
@@ -166,19 +180,28 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
                              {"attrs", std::move(attrs)}});
     }
   }
-  if (!tokens)
+  if (!inputs)
     return planError(llvm::formatv("@{0}: no exec.inputs", program.getSymName()));
+  // An optimizer program reads its step number instead of tokens.
+  Object inputMembers;
+  if (tokens) {
+    inputMembers["tokens"] = *tokens;
+    inputMembers["positions"] = *positions;
+  }
+  if (step)
+    inputMembers["step"] = *step;
   Object plan{{"stage", program.getStageAttr().getInt()},
                 {"entry", program.getEntry()},
                 {"weights", std::move(weights)},
                 {"buffers", std::move(buffers)},
                 {"kv_caches", std::move(caches)},
-                {"inputs", Object{{"tokens", *tokens}, {"positions", *positions}}},
+                {"inputs", std::move(inputMembers)},
                 {"logits", logits},
                 {"memory", Object{{"weights", weightBytes},
                                   {"activations", bufferBytes},
                                   {"kv_cache", cacheBytes},
-                                  {"peak", weightBytes + bufferBytes + cacheBytes}}},
+                                  {"state", stateBytes},
+                                  {"peak", weightBytes + bufferBytes + cacheBytes + stateBytes}}},
                 {"steps", std::move(steps)}};
   // A training program's labels and loss (moe-append-loss).
   if (labels)
@@ -187,6 +210,10 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
     plan["loss"] = *loss;
   if (!gradients.empty())
     plan["gradients"] = std::move(gradients);
+  if (stats)
+    plan["stats"] = *stats;
+  if (auto micro = program->getAttrOfType<IntegerAttr>("micro_batches"))
+    plan["micro_batches"] = micro.getInt();
   // An entry compiled for another workload than the plan's (moe-join-entries).
   if (auto tokens = program->getAttrOfType<IntegerAttr>("max_batch_tokens"))
     plan["max_batch_tokens"] = tokens.getInt();

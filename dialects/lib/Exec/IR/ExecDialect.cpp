@@ -67,6 +67,18 @@ LogicalResult ReturnOp::verify() {
   return success();
 }
 
+LogicalResult InputsOp::verify() {
+  // A model program reads tokens and positions (and labels); an optimizer
+  // program reads only its step number.
+  if (!getTokens() != !getPositions())
+    return emitOpError("expected tokens and positions together");
+  if (getStep() && (getTokens() || getLabels()))
+    return emitOpError("an optimizer program's step is its only input");
+  if (!getStep() && !getTokens())
+    return emitOpError("expected tokens and positions, or an optimizer's step");
+  return success();
+}
+
 /// The id the plan gives a declaration: its position among its kind's.
 template <typename OpT>
 static int64_t declarationId(OpT op) {
@@ -91,6 +103,8 @@ LogicalResult BufferOp::verify() {
   int64_t rows = getRowsAttr().getInt(), width = getWidthAttr().getInt();
   if (rows <= 0 || width <= 0)
     return emitOpError("rows and width must be positive, got ") << rows << " x " << width;
+  if (auto state = getStateAttr(); state && (state.getValue().empty() || !t.isF32()))
+    return emitOpError("a state buffer needs a name and f32 values");
   return success();
 }
 
@@ -115,6 +129,8 @@ LogicalResult LaunchOp::verify() {
     return emitOpError("needs a kernel id");
   if (!getKernels().empty() && !getRows())
     return emitOpError("'") << getKernel() << "': a lowered launch needs its rows";
+  if (getUpdatesWeights() && getWeights().empty())
+    return emitOpError("'") << getKernel() << "': updates_weights without weights";
   if (!getKernels().empty())
     for (Operation &op : getKernels().front())
       if (!isa<DispatchOp, GemmOp>(op))

@@ -53,8 +53,9 @@ def Exec_ProgramOp : Exec_Op<"program", [Symbol, IsolatedFromAbove, SingleBlock]
     `entry` names what the program computes (`forward`: prefill and decode
     steps alike; `prefill` and `decode`, which a module's `moe.schedule`
     names, with the decode programs' `max_batch_tokens` when smaller;
-    `backward` and `optimizer` later), `stage` the pipeline stage whose
-    ranks run it. Buffers, weights and KV caches are
+    `train`: a training step's forward and backward; `optimizer`: the
+    update of the weights from the gradients the train steps accumulated,
+    moe-append-optimizer), `stage` the pipeline stage whose ranks run it. Buffers, weights and KV caches are
     numbered in the order they are declared; weights in the order launches
     first bind them.
 
@@ -80,14 +81,17 @@ def Exec_ReturnOp : Exec_Op<"return", [Terminator, HasParent<"ProgramOp">,
     `logits`: the inference programs' last stage; `loss`: a training
     program's [loss, ce, aux, z] (moe.lm_loss); `gradients`: a
     differentiated training program's f32 gradient of each weight of
-    `of` (moe-differentiate), in the weight's local shape.
+    `of` (moe-differentiate), in the weight's local shape; `stats`: an
+    optimizer program's [lr, grad_norm, clip_coef, 0] of its update.
   }];
   let arguments = (ins Optional<Exec_BufferType>:$logits, Optional<Exec_BufferType>:$loss,
                        Variadic<Exec_BufferType>:$gradients,
-                       Variadic<Exec_WeightType>:$gradient_of);
+                       Variadic<Exec_WeightType>:$gradient_of,
+                       Optional<Exec_BufferType>:$stats);
   let assemblyFormat = [{
     (`logits` `(` $logits^ `)`)? (`loss` `(` $loss^ `)`)?
-    (`gradients` `(` $gradients^ `)` `of` `(` $gradient_of `)`)? attr-dict
+    (`gradients` `(` $gradients^ `)` `of` `(` $gradient_of `)`)? (`stats` `(` $stats^ `)`)?
+    attr-dict
   }];
   let hasVerifier = 1;
 }
@@ -95,7 +99,14 @@ def Exec_ReturnOp : Exec_Op<"return", [Terminator, HasParent<"ProgramOp">,
 def Exec_BufferOp : Exec_Op<"buffer", [HasParent<"ProgramOp">,
     DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
   let summary = "declares a buffer: rows x width values of f32 or i32";
-  let arguments = (ins TypeAttr:$element_type, I64Attr:$rows, I64Attr:$width);
+  let description = [{
+    With `state`, the buffer is persistent: it holds its values from one
+    run of the program to the next, starts as zeros, and the rank's
+    programs that declare a state of the same name share it (a train
+    program's gradient sums, the optimizer's moments).
+  }];
+  let arguments = (ins TypeAttr:$element_type, I64Attr:$rows, I64Attr:$width,
+                       OptionalAttr<StrAttr>:$state);
   let results = (outs Exec_BufferType:$result);
   let assemblyFormat = "$element_type `rows` $rows `width` $width attr-dict";
   let hasVerifier = 1;
@@ -121,16 +132,20 @@ def Exec_KVCacheOp : Exec_Op<"kv_cache", [HasParent<"ProgramOp">]> {
   let assemblyFormat = "`key_width` $key_width `value_width` $value_width attr-dict";
 }
 
-def Exec_InputsOp : Exec_Op<"inputs", [HasParent<"ProgramOp">]> {
+def Exec_InputsOp : Exec_Op<"inputs", [HasParent<"ProgramOp">, AttrSizedOperandSegments]> {
   let summary = "the buffers the runtime fills before the first launch";
   let description = [{
-    `labels`: a training program's next token of each row (-100: none).
+    `labels`: a training program's next token of each row (-100: none);
+    `step`: an optimizer program's number of the update (i32, from 1),
+    which reads no tokens.
   }];
-  let arguments = (ins Exec_BufferType:$tokens, Exec_BufferType:$positions,
-                       Optional<Exec_BufferType>:$labels);
+  let arguments = (ins Optional<Exec_BufferType>:$tokens, Optional<Exec_BufferType>:$positions,
+                       Optional<Exec_BufferType>:$labels, Optional<Exec_BufferType>:$step);
   let assemblyFormat = [{
-    `tokens` `(` $tokens `)` `positions` `(` $positions `)` (`labels` `(` $labels^ `)`)? attr-dict
+    (`tokens` `(` $tokens^ `)`)? (`positions` `(` $positions^ `)`)? (`labels` `(` $labels^ `)`)?
+    (`step` `(` $step^ `)`)? attr-dict
   }];
+  let hasVerifier = 1;
 }
 
 def Exec_LaunchOp : Exec_Op<"launch", [HasParent<"ProgramOp">, AttrSizedOperandSegments,
@@ -141,6 +156,8 @@ def Exec_LaunchOp : Exec_Op<"launch", [HasParent<"ProgramOp">, AttrSizedOperandS
     runtime's registry, the CUDA emitter); `constants` are its parameters
     (epsilon, heads, the routing attribute as a dictionary, ...), plain
     integers, floats, strings, booleans, arrays and dictionaries.
+    `updates_weights` (the optimizer's update kernels only): the launch also
+    writes its weights in place.
 
     ```mlir
     exec.launch "rms_norm" ins(%b2) weights(%w1) outs(%b3) {eps = 1.0e-05 : f64}
@@ -153,7 +170,8 @@ def Exec_LaunchOp : Exec_Op<"launch", [HasParent<"ProgramOp">, AttrSizedOperandS
   }];
   let arguments = (ins StrAttr:$kernel, Variadic<Exec_BufferType>:$ins,
                        Variadic<Exec_WeightType>:$weights, Variadic<Exec_BufferType>:$outs,
-                       DictionaryAttr:$constants, OptionalAttr<StrAttr>:$rows);
+                       DictionaryAttr:$constants, OptionalAttr<StrAttr>:$rows,
+                       UnitAttr:$updates_weights);
   let regions = (region AnyRegion:$kernels);
   let assemblyFormat = [{
     $kernel (`ins` `(` $ins^ `)`)? (`weights` `(` $weights^ `)`)? (`outs` `(` $outs^ `)`)?

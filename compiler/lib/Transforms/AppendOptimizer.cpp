@@ -1,0 +1,176 @@
+//===- AppendOptimizer.cpp - a train program's optimizer program --*- C++ -*-===//
+//
+// moe-append-optimizer: the optimizer as a compiled program beside the
+// train program (docs/training.md, "The optimizer"). The train program
+// adds its gradients into persistent state buffers; the optimizer program,
+// run once per global batch, computes the learning rate of its step, the
+// global gradient norm and clipping coefficient, and updates every weight
+// with AdamW, its moments in state buffers of its own.
+//
+//===----------------------------------------------------------------------===//
+#include "moe/Dialect/Exec/IR/ExecOps.h"
+#include "moe/Transforms/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/STLExtras.h"
+
+namespace moe {
+#define GEN_PASS_DEF_MOEAPPENDOPTIMIZER
+#include "moe/Transforms/Passes.h.inc"
+} // namespace moe
+
+using namespace mlir;
+namespace exec = moe::exec;
+
+namespace {
+
+/// The [rows, width] of a weight's f32 state: its elements as rows of its
+/// last dimension (an expert stack's experts one after another).
+std::pair<int64_t, int64_t> stateShape(exec::WeightOp w) {
+  auto type = cast<RankedTensorType>(w.getTensorType());
+  const int64_t width = type.getShape().back();
+  return {type.getNumElements() / width, width};
+}
+
+struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
+  using MoEAppendOptimizerBase::MoEAppendOptimizerBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    if (!checkOptions(module))
+      return signalPassFailure();
+    SmallVector<exec::ProgramOp> trains;
+    for (auto program : module.getOps<exec::ProgramOp>())
+      if (program.getEntry() == "train")
+        trains.push_back(program);
+    if (trains.empty()) {
+      module.emitError("moe-append-optimizer: no exec.program of entry 'train' (run "
+                       "moe-lower-to-exec on a training module first)");
+      return signalPassFailure();
+    }
+    for (exec::ProgramOp train : trains)
+      if (failed(append(train)))
+        return signalPassFailure();
+  }
+
+  bool checkOptions(ModuleOp module) {
+    auto fail = [&](const Twine &message) {
+      module.emitError("moe-append-optimizer: ") << message;
+      return false;
+    };
+    if (!(lr > 0) || !(minLr >= 0) || minLr > lr)
+      return fail("expected lr > 0 and 0 <= min-lr <= lr");
+    if (schedule != "constant" && schedule != "cosine")
+      return fail("schedule '" + schedule + "': expected constant or cosine");
+    if (warmupSteps < 0 || decaySteps < 0)
+      return fail("expected warmup-steps >= 0 and decay-steps >= 0");
+    if (schedule == "cosine" && decaySteps <= warmupSteps)
+      return fail("the cosine schedule needs decay-steps > warmup-steps");
+    if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1))
+      return fail("expected betas in [0, 1)");
+    if (!(eps > 0) || !(weightDecay >= 0) || !(clipGradNorm >= 0))
+      return fail("expected eps > 0, weight-decay >= 0 and clip-grad-norm >= 0");
+    if (microBatches < 1)
+      return fail("expected micro-batches >= 1");
+    return true;
+  }
+
+  LogicalResult append(exec::ProgramOp train) {
+    Block &body = train.getBody().front();
+    auto ret = cast<exec::ReturnOp>(body.getTerminator());
+    if (ret.getGradients().empty())
+      return train.emitError("moe-append-optimizer: @")
+             << train.getSymName() << " computes no gradients (compiled with --loss-only?)";
+    SmallVector<exec::WeightOp> weights;
+    for (auto w : body.getOps<exec::WeightOp>())
+      weights.push_back(w);
+    SmallVector<exec::WeightOp> params;
+    for (Value w : ret.getGradientOf()) {
+      auto weight = w.getDefiningOp<exec::WeightOp>();
+      if (!cast<RankedTensorType>(weight.getTensorType()).getElementType().isF32())
+        return train.emitError("moe-append-optimizer: '")
+               << weight.getTensor()
+               << "' is not f32: not supported yet: training weights of another dtype "
+                  "(f32 master weights)";
+      params.push_back(weight);
+    }
+    MLIRContext *ctx = &getContext();
+    Type bufferType = exec::BufferType::get(ctx);
+    Type f32 = Float32Type::get(ctx);
+    auto state = [&](OpBuilder &b, Location loc, StringRef kind, exec::WeightOp w) {
+      auto [rows, width] = stateShape(w);
+      return b.create<exec::BufferOp>(loc, bufferType, f32, rows, width,
+                                      b.getStringAttr(kind + ":" + w.getTensor()));
+    };
+
+    // The train program: each gradient added into its sum, before the return.
+    auto buffers = body.getOps<exec::BufferOp>();
+    OpBuilder b(ctx);
+    b.setInsertionPointAfter(*std::prev(buffers.end()));
+    SmallVector<Value> sums;
+    for (exec::WeightOp w : params)
+      sums.push_back(state(b, train.getLoc(), "grad_sum", w));
+    b.setInsertionPoint(ret);
+    for (auto [gradient, sum] : llvm::zip(ret.getGradients(), sums))
+      b.create<exec::LaunchOp>(ret.getLoc(), "accumulate", ValueRange{gradient, sum}, ValueRange{},
+                               ValueRange{sum}, b.getDictionaryAttr({}), StringAttr(),
+                               /*updates_weights=*/false);
+
+    // The optimizer program, right after the train program.
+    b.setInsertionPointAfter(train);
+    auto program = b.create<exec::ProgramOp>(
+        train.getLoc(), (train.getSymName() + "_optimizer").str(), "optimizer",
+        train.getStageAttr().getInt());
+    program->setAttr("micro_batches", b.getI64IntegerAttr(microBatches));
+    Location loc = program.getLoc();
+    b.setInsertionPointToStart(&program.getBody().emplaceBlock());
+    // The same weights in the same order: the runtime binds a rank's weights
+    // once for all of its entries.
+    IRMapping weightOf;
+    for (exec::WeightOp w : weights)
+      weightOf.map(w.getResult(), b.clone(*w)->getResult(0));
+    for (auto cache : body.getOps<exec::KVCacheOp>()) // (the entries of a stage share them)
+      b.clone(*cache);
+    Value step = b.create<exec::BufferOp>(loc, bufferType, b.getI32Type(), 1, 1, StringAttr());
+    Value stats = b.create<exec::BufferOp>(loc, bufferType, f32, 1, 4, StringAttr());
+    SmallVector<Value> optSums, moments, squares;
+    for (exec::WeightOp w : params) {
+      optSums.push_back(state(b, loc, "grad_sum", w));
+      moments.push_back(state(b, loc, "exp_avg", w));
+      squares.push_back(state(b, loc, "exp_avg_sq", w));
+    }
+    b.create<exec::InputsOp>(loc, Value(), Value(), Value(), step);
+    auto launch = [&](StringRef kernel, ValueRange ins, ValueRange ws, ValueRange outs,
+                      ArrayRef<NamedAttribute> constants, bool updates = false) {
+      b.create<exec::LaunchOp>(loc, kernel, ins, ws, outs, b.getDictionaryAttr(constants),
+                               StringAttr(), updates);
+    };
+    launch("lr_schedule", {step}, {}, {stats},
+           {b.getNamedAttr("schedule", b.getStringAttr(schedule)),
+            b.getNamedAttr("lr", b.getF64FloatAttr(lr)),
+            b.getNamedAttr("min_lr", b.getF64FloatAttr(minLr)),
+            b.getNamedAttr("warmup_steps", b.getI64IntegerAttr(warmupSteps)),
+            b.getNamedAttr("decay_steps", b.getI64IntegerAttr(decaySteps))});
+    SmallVector<Value> normIns{stats};
+    normIns.append(optSums.begin(), optSums.end());
+    launch("grad_norm", normIns, {}, {stats},
+           {b.getNamedAttr("max_norm", b.getF64FloatAttr(clipGradNorm)),
+            b.getNamedAttr("micro_batches", b.getI64IntegerAttr(microBatches))});
+    for (auto [i, w] : llvm::enumerate(params))
+      launch("adamw", {step, stats, optSums[i], moments[i], squares[i]},
+             {weightOf.lookup(w.getResult())},
+             {moments[i], squares[i], optSums[i]},
+             {b.getNamedAttr("beta1", b.getF64FloatAttr(beta1)),
+              b.getNamedAttr("beta2", b.getF64FloatAttr(beta2)),
+              b.getNamedAttr("eps", b.getF64FloatAttr(eps)),
+              b.getNamedAttr("weight_decay", b.getF64FloatAttr(weightDecay)),
+              b.getNamedAttr("micro_batches", b.getI64IntegerAttr(microBatches))},
+             /*updates=*/true);
+    b.create<exec::ReturnOp>(loc, Value(), Value(), ValueRange{}, ValueRange{}, stats);
+    return success();
+  }
+};
+
+} // namespace

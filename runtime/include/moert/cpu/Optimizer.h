@@ -1,0 +1,47 @@
+// The optimizer's CPU kernels (moe-append-optimizer's lr_schedule,
+// grad_norm, adamw and the train program's accumulate; docs/training.md,
+// "The optimizer"). Every sum is taken in blocks in a fixed order, so a
+// run gives the same bits whatever the thread count.
+#pragma once
+
+#include <cstdint>
+
+namespace moert::cpu {
+
+/// sum[i] += g[i], i < n.
+void accumulate(const float *g, float *sum, int64_t n);
+
+/// The sum of x[i]^2 over i < n in double, added per block of 64 Ki
+/// elements in block order.
+double sumOfSquares(const float *x, int64_t n);
+
+/// The learning-rate schedule (transformers' get_constant_schedule_with_warmup
+/// and get_cosine_with_min_lr_schedule_with_warmup, torch's LambdaLR):
+/// update `step` (from 1) runs at lr x f(i), i = step - 1: i / warmup during
+/// the warmup, then 1 (constant) or minLr/lr + (1 - minLr/lr) x (1 +
+/// cos(pi x p)) / 2 with p = (i - warmup) / (decay - warmup), held at minLr
+/// after `decay` steps (transformers' cosine would rise again).
+struct LrSchedule {
+  bool cosine = false;
+  double lr = 0, minLr = 0;
+  int64_t warmupSteps = 0, decaySteps = 0;
+};
+double scheduledLr(const LrSchedule &schedule, int64_t step);
+
+/// clip_grad_norm_'s coefficient: min(1, maxNorm / (norm + 1e-6)); 1 when
+/// maxNorm is 0 (no clipping).
+double clipCoefficient(double norm, double maxNorm);
+
+/// One AdamW update of n parameters (torch.optim.AdamW, its single-tensor
+/// formula in float32 with the step's scalars in double): g = gradSum x
+/// gradScale (the mean over the micro-batches times the clipping
+/// coefficient); p *= 1 - lr wd; m = lerp(m, g, 1 - beta1); v = beta2 v +
+/// (1 - beta2) g^2; p -= lr / (1 - beta1^t) x m / (sqrt(v) / sqrt(1 -
+/// beta2^t) + eps). gradSum is reset to zero.
+struct AdamWStep {
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weightDecay = 0, gradScale = 1;
+  int64_t step = 1; ///< t, from 1
+};
+void adamw(float *param, float *m, float *v, float *gradSum, int64_t n, const AdamWStep &s);
+
+} // namespace moert::cpu

@@ -1,0 +1,90 @@
+// The optimizer's CPU kernels (moert/cpu/Optimizer.h). Built with
+// -ffp-contract=off: each product and sum is rounded as torch's separate
+// elementwise ops round it.
+#include "moert/cpu/Optimizer.h"
+#include "moert/Parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace moert::cpu {
+namespace {
+constexpr int64_t kBlock = 1 << 16;
+constexpr double kPi = 3.14159265358979323846;
+
+/// body(begin, end) over [0, n) in blocks of kBlock, on all threads.
+template <typename Body> void blocks(int64_t n, Body body) {
+  const int64_t count = (n + kBlock - 1) / kBlock;
+  parallelFor(count, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      body(b, b * kBlock, std::min(n, (b + 1) * kBlock));
+  });
+}
+} // namespace
+
+void accumulate(const float *g, float *sum, int64_t n) {
+  blocks(n, [&](int64_t, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      sum[i] += g[i];
+  });
+}
+
+double sumOfSquares(const float *x, int64_t n) {
+  std::vector<double> partial(static_cast<size_t>((n + kBlock - 1) / kBlock), 0.0);
+  blocks(n, [&](int64_t b, int64_t begin, int64_t end) {
+    double s = 0;
+    for (int64_t i = begin; i < end; ++i)
+      s += static_cast<double>(x[i]) * x[i];
+    partial[static_cast<size_t>(b)] = s;
+  });
+  double total = 0;
+  for (double p : partial)
+    total += p;
+  return total;
+}
+
+double scheduledLr(const LrSchedule &s, int64_t step) {
+  const int64_t i = step - 1;
+  if (i < s.warmupSteps)
+    return s.lr * static_cast<double>(i) / static_cast<double>(std::max<int64_t>(1, s.warmupSteps));
+  if (!s.cosine)
+    return s.lr;
+  const double progress =
+      std::min(1.0, static_cast<double>(i - s.warmupSteps) /
+                        static_cast<double>(std::max<int64_t>(1, s.decaySteps - s.warmupSteps)));
+  const double minRate = s.minLr / s.lr;
+  const double factor = 0.5 * (1.0 + std::cos(kPi * progress));
+  return s.lr * std::max(0.0, factor * (1.0 - minRate) + minRate);
+}
+
+double clipCoefficient(double norm, double maxNorm) {
+  return maxNorm > 0 ? std::min(1.0, maxNorm / (norm + 1e-6)) : 1.0;
+}
+
+void adamw(float *param, float *m, float *v, float *gradSum, int64_t n, const AdamWStep &s) {
+  const auto t = static_cast<double>(s.step);
+  const float decay = static_cast<float>(1.0 - s.lr * s.weightDecay);
+  const float scale = static_cast<float>(s.gradScale);
+  const float w1 = static_cast<float>(1.0 - s.beta1), beta2 = static_cast<float>(s.beta2),
+              w2 = static_cast<float>(1.0 - s.beta2);
+  const float stepSize = static_cast<float>(-(s.lr / (1.0 - std::pow(s.beta1, t))));
+  const float correction2 = static_cast<float>(std::sqrt(1.0 - std::pow(s.beta2, t)));
+  const float eps = static_cast<float>(s.eps);
+  blocks(n, [&](int64_t, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float g = gradSum[i] * scale;
+      const float p = param[i] * decay;
+      // torch's lerp with a weight below 0.5: m + w (g - m).
+      const float mi = m[i] + w1 * (g - m[i]);
+      const float vi = v[i] * beta2 + w2 * (g * g);
+      const float denom = std::sqrt(vi) / correction2 + eps;
+      param[i] = p + stepSize * (mi / denom);
+      m[i] = mi;
+      v[i] = vi;
+      gradSum[i] = 0;
+    }
+  });
+}
+
+} // namespace moert::cpu

@@ -1,0 +1,183 @@
+// The optimizer: the train program's accumulate and the optimizer program's
+// lr_schedule, grad_norm and adamw (moe-append-optimizer; the kernels'
+// math: moert/cpu/Optimizer.h).
+#include "Ops.h"
+
+#include "moert/cpu/Optimizer.h"
+
+#include <cmath>
+
+namespace moert::ops {
+namespace {
+
+/// A weight's elements as one f32 state buffer: [elements / width, width].
+bool stateOfWeight(const StepChecker &c, int64_t buffer, const PlanWeight &w) {
+  int64_t elements = 1;
+  for (int64_t d : w.shape)
+    elements *= d;
+  const PlanBuffer &b = c.program.buffers[buffer];
+  return b.dtype == DType::F32 && b.width == w.shape.back() && b.rows * b.width == elements;
+}
+
+/// in: a gradient and its sum (a state buffer); out: the sum.
+void checkAccumulate(const StepChecker &c, const PlanStep &step) {
+  c.arity(2, 0, 0, 1);
+  const PlanBuffer &g = c.program.buffers[step.in[0]], &sum = c.program.buffers[step.in[1]];
+  c.expect(step.in[1] == step.out[0] && !sum.state.empty() && g.dtype == DType::F32 &&
+               g.rows * g.width == sum.rows * sum.width,
+           "expected a gradient and its sum (a state buffer of as many values, in and out)");
+}
+
+int64_t runAccumulate(cpu::StepContext &c) {
+  cpu::accumulate(c.in(0), c.out(0), c.bufferRows(c.step->in[1]) * c.width(c.step->in[1]));
+  return c.rows;
+}
+
+void parseSchedule(const JsonFields &a, PlanStep &step) {
+  OptimizerParams &o = step.optimizer;
+  const std::string schedule = a.string("schedule");
+  if (schedule != "constant" && schedule != "cosine")
+    a.fail("schedule", fmt::format("'{}': expected constant or cosine", schedule));
+  o.cosine = schedule == "cosine";
+  o.lr = a.number("lr");
+  o.minLr = a.number("min_lr");
+  o.warmupSteps = a.integer("warmup_steps", 0);
+  o.decaySteps = a.integer("decay_steps", 0);
+  if (!(o.lr > 0) || !(o.minLr >= 0 && o.minLr <= o.lr))
+    a.fail("lr", "expected lr > 0 and 0 <= min_lr <= lr");
+  if (o.cosine && o.decaySteps <= o.warmupSteps)
+    a.fail("decay_steps", "the cosine schedule needs decay_steps > warmup_steps");
+}
+
+/// The step number in, the stats out.
+void checkStats(const StepChecker &c, int64_t buffer) {
+  c.expect(buffer == c.program.statsBuffer, "expected the program's stats buffer");
+}
+
+void checkSchedule(const StepChecker &c, const PlanStep &step) {
+  c.arity(1, 0, 0, 1);
+  c.expect(step.in[0] == c.program.stepBuffer, "expected the program's step as input");
+  checkStats(c, step.out[0]);
+}
+
+cpu::LrSchedule scheduleOf(const OptimizerParams &o) {
+  return {o.cosine, o.lr, o.minLr, o.warmupSteps, o.decaySteps};
+}
+
+int64_t runSchedule(cpu::StepContext &c) {
+  const int64_t step = c.inInts(0)[0];
+  if (step < 1)
+    runtimeError("optimizer step {}: expected a step from 1", step);
+  float *stats = c.out(0);
+  stats[0] = static_cast<float>(cpu::scheduledLr(scheduleOf(c.step->optimizer), step));
+  stats[1] = 0;
+  stats[2] = 1;
+  stats[3] = 0;
+  return c.rows;
+}
+
+void parseGradNorm(const JsonFields &a, PlanStep &step) {
+  step.optimizer.maxNorm = a.number("max_norm");
+  if (!(step.optimizer.maxNorm >= 0))
+    a.fail("max_norm", "expected a value >= 0");
+  step.optimizer.microBatches = a.bounded("micro_batches", 1, int64_t(1) << 30);
+}
+
+/// in: the stats, then every gradient sum; out: the stats.
+void checkGradNorm(const StepChecker &c, const PlanStep &step) {
+  c.expect(step.in.size() >= 2 && step.weights.empty() && step.out.size() == 1,
+           "expected the stats and the gradient sums in, the stats out");
+  checkStats(c, step.in[0]);
+  checkStats(c, step.out[0]);
+  for (size_t i = 1; i < step.in.size(); ++i)
+    c.expect(!c.program.buffers[step.in[i]].state.empty(),
+             fmt::format("input {}: expected a gradient sum (a state buffer)", i));
+}
+
+int64_t runGradNorm(cpu::StepContext &c) {
+  const PlanStep &s = *c.step;
+  double squares = 0;
+  for (size_t i = 1; i < s.in.size(); ++i)
+    squares += cpu::sumOfSquares(c.in(i), c.bufferRows(s.in[i]) * c.width(s.in[i]));
+  // The norm of the mean gradient (the sums over micro-batches / their count).
+  const double norm = std::sqrt(squares) / static_cast<double>(s.optimizer.microBatches);
+  float *stats = c.out(0);
+  stats[1] = static_cast<float>(norm);
+  stats[2] = static_cast<float>(cpu::clipCoefficient(norm, s.optimizer.maxNorm));
+  return c.rows;
+}
+
+void parseAdamW(const JsonFields &a, PlanStep &step) {
+  OptimizerParams &o = step.optimizer;
+  o.beta1 = a.number("beta1");
+  o.beta2 = a.number("beta2");
+  o.weightDecay = a.number("weight_decay");
+  o.microBatches = a.bounded("micro_batches", 1, int64_t(1) << 30);
+  if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
+    a.fail("beta1", "expected betas in [0, 1)");
+  if (!(o.weightDecay >= 0))
+    a.fail("weight_decay", "expected a value >= 0");
+  if (!a.has("eps"))
+    a.fail("eps", "missing");
+}
+
+/// in: step, stats, the gradient sum, m, v; weights: the parameter (f32);
+/// out: m, v, the gradient sum (reset).
+void checkAdamW(const StepChecker &c, const PlanStep &step) {
+  c.arity(5, 1, 1, 3);
+  c.expect(step.in[0] == c.program.stepBuffer, "expected the program's step as input 0");
+  checkStats(c, step.in[1]);
+  const PlanWeight &w = c.program.weights[step.weights[0]];
+  c.expect(w.dtype == DType::F32, fmt::format("'{}' is {}: the optimizer updates f32 weights",
+                                              w.name, dtypeName(w.dtype)));
+  for (size_t i = 2; i < 5; ++i)
+    c.expect(!c.program.buffers[step.in[i]].state.empty() && stateOfWeight(c, step.in[i], w),
+             fmt::format("input {}: expected a state buffer of the shape of '{}'", i, w.name));
+  c.expect(step.out[0] == step.in[3] && step.out[1] == step.in[4] && step.out[2] == step.in[2],
+           "expected outputs m, v and the gradient sum (inputs 3, 4 and 2)");
+}
+
+int64_t runAdamW(cpu::StepContext &c) {
+  const PlanStep &s = *c.step;
+  const float *stats = c.in(1);
+  cpu::AdamWStep step;
+  step.step = c.inInts(0)[0];
+  step.lr = stats[0];
+  step.beta1 = s.optimizer.beta1;
+  step.beta2 = s.optimizer.beta2;
+  step.eps = s.eps;
+  step.weightDecay = s.optimizer.weightDecay;
+  step.gradScale = static_cast<double>(stats[2]) / static_cast<double>(s.optimizer.microBatches);
+  float *sum = c.in(2), *m = c.in(3), *v = c.in(4);
+  // The device owns a plan's weights when it has an optimizer: written in place.
+  auto update = [&](const void *data, int64_t n, int64_t offset) {
+    cpu::adamw(static_cast<float *>(const_cast<void *>(data)), m + offset, v + offset,
+               sum + offset, n, step);
+  };
+  if (c.program->weights[s.weights[0]].experts > 0) {
+    int64_t offset = 0;
+    for (const cpu::Matrix &e : c.experts(0)) {
+      update(e.data, e.rows * e.cols, offset);
+      offset += e.rows * e.cols;
+    }
+  } else {
+    const TensorView &w = c.weight(0);
+    update(w.data, w.numel(), 0);
+  }
+  return c.rows;
+}
+
+} // namespace
+
+// (An optimizer program runs with no rows: its steps run empty.)
+const OpDef kAccumulate = {"accumulate", Collective::None, OpDef::RunsEmpty, nullptr, checkAccumulate,
+                           runAccumulate};
+const OpDef kLrSchedule = {"lr_schedule", Collective::None, OpDef::RunsEmpty, parseSchedule, checkSchedule,
+                           runSchedule};
+const OpDef kGradNorm = {"grad_norm", Collective::None, OpDef::RunsEmpty, parseGradNorm, checkGradNorm,
+                         runGradNorm};
+const OpDef kAdamW = {"adamw", Collective::None, OpDef::UpdatesWeights | OpDef::RunsEmpty,
+                      parseAdamW, checkAdamW,
+                      runAdamW};
+
+} // namespace moert::ops
