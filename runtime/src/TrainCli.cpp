@@ -142,9 +142,12 @@ void trainSteps(RankExecutor &executor, const PlanProgram &optimizer,
                static_cast<double>(count) / seconds);
     std::fflush(stdout);
     nlohmann::ordered_json line = {{"step", step + 1}, {"loss", terms[0]}, {"ce", terms[1]},
-                                   {"aux", terms[2]},  {"z", terms[3]},    {"grad_norm", stats[1]},
-                                   {"clip_coef", stats[2]}, {"lr", stats[0]},
-                                   {"tokens", count},  {"seconds", seconds}};
+                                   {"aux", terms[2]},  {"z", terms[3]}};
+    line["grad_norm"] = stats[1];
+    line["clip_coef"] = stats[2];
+    line["lr"] = stats[0];
+    line["tokens"] = count;
+    line["seconds"] = seconds;
     metrics += line.dump() + "\n";
   }
   if (!metricsOut.empty())

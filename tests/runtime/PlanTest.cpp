@@ -356,7 +356,7 @@ TEST(PlanLoad, BadFieldsAreNamed) {
   EXPECT_EQ(loadError([](json &p) { p["programs"][0]["entry"] = "forward"; }), "");
   EXPECT_EQ(loadError([](json &p) { p["programs"][0]["entry"] = "backward"; }),
             "PLAN: programs[0].entry: 'backward': not supported yet (this moert runs forward, "
-            "prefill, decode and train programs)");
+            "prefill, decode, train and optimizer programs)");
   // A train program reads labels and gives the loss instead of logits; no
   // other program reads labels.
   EXPECT_EQ(loadError([](json &p) { p["programs"][0]["entry"] = "train"; }),

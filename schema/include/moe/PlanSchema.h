@@ -71,7 +71,7 @@ inline constexpr const char *kRank[] = {"rank",   "program", "coords",
                                         "memory", "weights", "weights_of_rank"};
 inline constexpr const char *kCoords[] = {"dp", "pp", "tp", "edp", "ep", "etp"};
 inline constexpr const char *kRankMemory[] = {"weights", "kv_cache", "activations", "workspace",
-                                              "peak"};
+                                              "state", "peak"};
 /// One slice of a rank's checkpoint (ranks[].weights[]).
 inline constexpr const char *kSlice[] = {"name",  "global_shape", "offset", "shape",
                                          "dtype", "bytes",        "primary"};

@@ -1,0 +1,110 @@
+// The optimizer's kernels (moert/cpu/Optimizer.h) against direct f64
+// implementations of their formulas: the learning-rate schedules at the
+// points transformers' schedules define, the clipping coefficient, the
+// block-ordered sum of squares, and AdamW's update over several steps (with
+// an all-zero gradient too: the parameter decays, the moments decay).
+#include "moert/Parallel.h"
+#include "moert/cpu/Optimizer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+using namespace moert;
+
+namespace {
+
+TEST(OptimizerTest, ConstantScheduleWarmsUpLinearlyFromZero) {
+  cpu::LrSchedule s{false, 1e-3, 0, 4, 0};
+  EXPECT_EQ(cpu::scheduledLr(s, 1), 0.0);
+  EXPECT_DOUBLE_EQ(cpu::scheduledLr(s, 2), 0.25e-3);
+  EXPECT_DOUBLE_EQ(cpu::scheduledLr(s, 4), 0.75e-3);
+  EXPECT_DOUBLE_EQ(cpu::scheduledLr(s, 5), 1e-3);
+  EXPECT_DOUBLE_EQ(cpu::scheduledLr(s, 1000), 1e-3);
+  cpu::LrSchedule none{false, 2e-3, 0, 0, 0};
+  EXPECT_DOUBLE_EQ(cpu::scheduledLr(none, 1), 2e-3);
+}
+
+TEST(OptimizerTest, CosineDecaysToMinLrAndStaysThere) {
+  const double lr = 1e-3, minLr = 1e-4;
+  cpu::LrSchedule s{true, lr, minLr, 5, 20};
+  EXPECT_DOUBLE_EQ(cpu::scheduledLr(s, 6), lr); // i = 5: progress 0
+  for (int64_t step = 6; step <= 21; ++step) {
+    const double p = static_cast<double>(step - 1 - 5) / 15.0;
+    const double expected = lr * (minLr / lr + (1 - minLr / lr) * 0.5 * (1 + std::cos(M_PI * p)));
+    EXPECT_NEAR(cpu::scheduledLr(s, step), expected, 1e-18) << "step " << step;
+  }
+  EXPECT_NEAR(cpu::scheduledLr(s, 21), minLr, 1e-18);
+  EXPECT_NEAR(cpu::scheduledLr(s, 500), minLr, 1e-18); // held, not rising again
+}
+
+TEST(OptimizerTest, ClipCoefficientAsClipGradNorm) {
+  EXPECT_DOUBLE_EQ(cpu::clipCoefficient(4.0, 1.0), 1.0 / (4.0 + 1e-6));
+  EXPECT_EQ(cpu::clipCoefficient(0.5, 1.0), 1.0);
+  EXPECT_EQ(cpu::clipCoefficient(1e9, 0.0), 1.0); // 0: no clipping
+}
+
+TEST(OptimizerTest, SumOfSquaresIsTheSameForAnyThreadCount) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(300001);
+  double exact = 0;
+  for (float &v : x) {
+    v = normal(rng);
+    exact += static_cast<double>(v) * v;
+  }
+  setNumThreads(1);
+  const double one = cpu::sumOfSquares(x.data(), static_cast<int64_t>(x.size()));
+  setNumThreads(2);
+  const double two = cpu::sumOfSquares(x.data(), static_cast<int64_t>(x.size()));
+  EXPECT_EQ(one, two);
+  EXPECT_NEAR(one, exact, 1e-9 * exact);
+}
+
+TEST(OptimizerTest, AdamWFollowsTorchsFormula) {
+  const int64_t n = 70000; // more than one block
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<float> p(n), m(n, 0), v(n, 0), sum(n);
+  std::vector<double> pd(n), md(n, 0), vd(n, 0);
+  for (int64_t i = 0; i < n; ++i)
+    pd[i] = p[i] = normal(rng);
+  cpu::AdamWStep s;
+  s.lr = 1e-2;
+  s.beta1 = 0.9;
+  s.beta2 = 0.95;
+  s.eps = 1e-8;
+  s.weightDecay = 0.1;
+  for (int64_t t = 1; t <= 5; ++t) {
+    s.step = t;
+    s.gradScale = t == 3 ? 0.0 : 0.5; // update 3: an all-zero gradient
+    std::vector<double> g(n);
+    for (int64_t i = 0; i < n; ++i) {
+      sum[i] = normal(rng);
+      g[i] = static_cast<double>(sum[i]) * s.gradScale;
+    }
+    cpu::adamw(p.data(), m.data(), v.data(), sum.data(), n, s);
+    for (int64_t i = 0; i < n; ++i) {
+      pd[i] *= 1 - s.lr * s.weightDecay;
+      md[i] = s.beta1 * md[i] + (1 - s.beta1) * g[i];
+      vd[i] = s.beta2 * vd[i] + (1 - s.beta2) * g[i] * g[i];
+      const double denom =
+          std::sqrt(vd[i]) / std::sqrt(1 - std::pow(s.beta2, t)) + s.eps;
+      pd[i] -= s.lr / (1 - std::pow(s.beta1, t)) * md[i] / denom;
+    }
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(sum[i], 0.0f) << "the gradient sum is reset";
+  }
+  double err = 0, norm = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    err = std::max(err, std::abs(p[i] - pd[i]));
+    norm = std::max(norm, std::abs(pd[i]));
+    ASSERT_NEAR(m[i], md[i], 1e-6) << i;
+    ASSERT_NEAR(v[i], vd[i], 1e-6) << i;
+  }
+  EXPECT_LT(err, 1e-5 * norm);
+}
+
+} // namespace
