@@ -278,3 +278,46 @@ exec.program @train entry "train" stage 0 {
   // expected-error @below {{'exec.return' op expected one weight per gradient but got 2 gradients of 1 weights}}
   exec.return gradients(%g, %g) of(%w)
 }
+
+// -----
+
+exec.program @p entry "optimizer" stage 0 {
+  // expected-error @below {{'exec.buffer' op a state buffer needs a name and f32 values}}
+  %b = exec.buffer i32 rows 1 width 4 {state = "exp_avg:w"}
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "optimizer" stage 0 {
+  %b = exec.buffer f32 rows 1 width 4
+  // expected-error @below {{'exec.launch' op 'adamw': updates_weights without weights}}
+  exec.launch "adamw" ins(%b) outs(%b) {} {updates_weights}
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "optimizer" stage 0 {
+  %t = exec.buffer i32 rows 8 width 1
+  // expected-error @below {{'exec.inputs' op an optimizer program's step is its only input}}
+  exec.inputs tokens(%t) positions(%t) step(%t)
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  %t = exec.buffer i32 rows 8 width 1
+  // expected-error @below {{'exec.inputs' op expected tokens and positions together}}
+  exec.inputs tokens(%t)
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "forward" stage 0 {
+  // expected-error @below {{'exec.inputs' op expected tokens and positions, or an optimizer's step}}
+  exec.inputs
+  exec.return
+}

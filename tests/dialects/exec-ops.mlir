@@ -80,3 +80,22 @@ exec.program @train entry "train" stage 0 {
   exec.launch "linear_grad" weights(%w) outs(%g) {}
   exec.return loss(%loss) gradients(%g) of(%w)
 }
+
+// An optimizer program: its step in, state buffers shared with the train
+// program by name, an update that writes its weight, the stats out.
+// CHECK-LABEL: exec.program @opt entry "optimizer" stage 0 attributes {micro_batches = 2 : i64} {
+// CHECK: %b2 = exec.buffer f32 rows 64 width 64 {state = "grad_sum:model.norm.weight"}
+// CHECK: exec.inputs step(%b0)
+// CHECK: exec.launch "adamw" ins(%b0, %b1, %b2, %b3, %b4) weights(%w0) outs(%b3, %b4, %b2) {beta1 = 9.000000e-01 : f64} {updates_weights}
+// CHECK: exec.return stats(%b1)
+exec.program @opt entry "optimizer" stage 0 attributes {micro_batches = 2 : i64} {
+  %w = exec.weight "model.norm.weight" : tensor<64x64xf32>
+  %step = exec.buffer i32 rows 1 width 1
+  %stats = exec.buffer f32 rows 1 width 4
+  %sum = exec.buffer f32 rows 64 width 64 {state = "grad_sum:model.norm.weight"}
+  %m = exec.buffer f32 rows 64 width 64 {state = "exp_avg:model.norm.weight"}
+  %v = exec.buffer f32 rows 64 width 64 {state = "exp_avg_sq:model.norm.weight"}
+  exec.inputs step(%step)
+  exec.launch "adamw" ins(%step, %stats, %sum, %m, %v) weights(%w) outs(%m, %v, %sum) {beta1 = 0.9 : f64} {updates_weights}
+  exec.return stats(%stats)
+}
