@@ -124,6 +124,7 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
     adamw.weightDecay = o.optimizer->weightDecay;
     adamw.clipGradNorm = o.optimizer->clipGradNorm;
     adamw.microBatches = o.optimizer->microBatches;
+    adamw.expertBiasUpdateRate = o.optimizer->expertBiasUpdateRate;
     pm.addPass(createMoEAppendOptimizer(adamw));
   }
   // The target's own passes on the exec programs (an unknown target is

@@ -107,4 +107,19 @@ TEST(OptimizerTest, AdamWFollowsTorchsFormula) {
   EXPECT_LT(err, 1e-5 * norm);
 }
 
+TEST(OptimizerTest, ExpertBiasMovesTowardsTheMeanLoad) {
+  // 4 experts, 6 tokens x top-2: loads 5, 3, 3, 1 (mean 3).
+  const std::vector<int32_t> ids = {0, 1, 0, 2, 0, 3, 0, 1, 0, 2, 1, 2};
+  std::vector<float> load(4, 0), bias = {0.5f, -0.25f, 0.1f, 0.0f};
+  ASSERT_TRUE(cpu::countExperts(ids.data(), static_cast<int64_t>(ids.size()), load.data(), 4));
+  EXPECT_EQ(load, (std::vector<float>{5, 3, 3, 1}));
+  const float rate = static_cast<float>(1e-3);
+  const std::vector<float> expected = {0.5f - rate, -0.25f, 0.1f, 0.0f + rate};
+  cpu::expertBiasUpdate(bias.data(), load.data(), 4, 1e-3);
+  EXPECT_EQ(bias, expected); // bit for bit; at the mean: unchanged
+  EXPECT_EQ(load, (std::vector<float>(4, 0.0f)));
+  const int32_t bad[] = {0, 4};
+  EXPECT_FALSE(cpu::countExperts(bad, 2, load.data(), 4));
+}
+
 } // namespace

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """check-gradients.py OURS.safetensors REFERENCE.safetensors [--rtol 1e-5]
-                     [--fp32-error REFERENCE.json]
+                     [--fp32-error REFERENCE.json] [--exact SUBSTRING]
 
 Compares the gradients `moert train --grads-out` wrote with a reference
 (tests/fixtures/training/generate.py: torch autograd on transformers'
@@ -11,7 +11,9 @@ generator's train_reference.json), a tensor whose float32 autograd is
 itself further than rtol from the float64 reference (fp32_autograd_error:
 a gradient that float32 arithmetic cannot give to rtol, such as OLMoE's
 expert reached by one token with a small routing weight) may be as far as
-that. Prints one line per tensor and a summary; exit 1 on any failure.
+that. With --exact, a tensor whose name contains SUBSTRING must equal the
+reference bit for bit (DeepSeek-V3's correction biases after their
+updates). Prints one line per tensor and a summary; exit 1 on any failure.
 Python standard library only.
 """
 import argparse
@@ -42,6 +44,7 @@ def main():
     parser.add_argument("reference")
     parser.add_argument("--rtol", type=float, default=1e-5)
     parser.add_argument("--fp32-error")
+    parser.add_argument("--exact")
     args = parser.parse_args()
     ours, ref = read(args.ours), read(args.reference)
     fp32 = {}
@@ -61,9 +64,11 @@ def main():
         diff = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
         norm = math.sqrt(sum(y * y for y in b))
         error = diff / norm if norm > 0 else diff
-        bound = max(args.rtol, fp32.get(name, 0.0))
-        bad = error > bound if norm > 0 else diff != 0
-        note = f", float32 autograd's own {fp32[name]:.2e}" if bound > args.rtol else ""
+        exact = args.exact is not None and args.exact in name
+        bound = 0.0 if exact else max(args.rtol, fp32.get(name, 0.0))
+        bad = (a != b) if exact else (error > bound if norm > 0 else diff != 0)
+        note = (", bit for bit" if exact else
+                f", float32 autograd's own {fp32[name]:.2e}" if bound > args.rtol else "")
         print(f"{'FAIL' if bad else 'ok  '} {name}: relative error {error:.2e} (norm {norm:.4g}{note})")
         failed += bad
     print(f"{len(ref)} tensors, {'passed' if not failed else 'FAILED'}, {failed} failed")

@@ -52,7 +52,7 @@ struct CompileOptions {
   /// adamw): moe-append-optimizer's options.
   struct Optimizer {
     double lr = 1e-3, minLr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.01,
-           clipGradNorm = 0;
+           clipGradNorm = 0, expertBiasUpdateRate = 1e-3;
     std::string schedule = "constant";
     int64_t warmupSteps = 0, decaySteps = 0, microBatches = 1;
   };

@@ -184,6 +184,12 @@ cl::opt<double> clipGradNorm("clip-grad-norm",
                              cl::desc("With --optimizer: clip the gradients to this global "
                                       "norm, as clip_grad_norm_ (0: no clipping)"),
                              cl::init(0.0), cl::sub(compileCommand), cl::cat(training));
+cl::opt<double> expertBiasUpdateRate(
+    "expert-bias-update-rate",
+    cl::desc("With --optimizer: DeepSeek-V3's auxiliary-loss-free balancing: each update "
+             "moves every routing correction bias (e_score_correction_bias) by this much "
+             "towards the mean expert load (default 1e-3; 0: none)"),
+    cl::init(1e-3), cl::sub(compileCommand), cl::cat(training));
 cl::opt<int64_t> globalBatchSize(
     "global-batch-size",
     cl::desc("With --optimizer: sequences per update, a multiple of --micro-batch-size (the "
@@ -532,7 +538,8 @@ Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config,
   };
   const std::initializer_list<cl::Option *> optimizerOptions{
       &learningRate, &minLr,     &lrSchedule,  &warmupSteps,  &lrDecaySteps,   &adamBeta1,
-      &adamBeta2,    &adamEps,   &weightDecay, &clipGradNorm, &globalBatchSize};
+      &adamBeta2,    &adamEps,   &weightDecay, &clipGradNorm, &globalBatchSize,
+      &expertBiasUpdateRate};
   if (!train) {
     for (cl::Option *o : std::initializer_list<cl::Option *>{
              &seqLen, &microBatchSize, &auxLossCoef, &routerZLossCoef, &lossOnly, &recompute,
@@ -602,9 +609,10 @@ Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config,
     return refuse("--lr / --min-lr: expected --lr > 0 and 0 <= --min-lr <= --lr");
   if (warmupSteps < 0 || !(adamBeta1 >= 0 && adamBeta1 < 1) ||
       !(adamBeta2 >= 0 && adamBeta2 < 1) || !(adamEps > 0) || !(weightDecay >= 0) ||
-      !(clipGradNorm >= 0))
+      !(clipGradNorm >= 0) || !(expertBiasUpdateRate >= 0))
     return refuse("--optimizer adamw: expected --warmup-steps >= 0, betas in [0, 1), "
-                  "--adam-eps > 0, --weight-decay >= 0 and --clip-grad-norm >= 0");
+                  "--adam-eps > 0, --weight-decay >= 0, --clip-grad-norm >= 0 and "
+                  "--expert-bias-update-rate >= 0");
   CompileOptions::Optimizer adamw;
   adamw.lr = learningRate;
   adamw.minLr = minLr;
@@ -616,6 +624,7 @@ Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config,
   adamw.eps = adamEps;
   adamw.weightDecay = weightDecay;
   adamw.clipGradNorm = clipGradNorm;
+  adamw.expertBiasUpdateRate = expertBiasUpdateRate;
   adamw.microBatches = globalBatchSize.getNumOccurrences() ? globalBatchSize / microBatchSize : 1;
   options.optimizer = adamw;
   return Error::success();

@@ -74,6 +74,8 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       return fail("expected eps > 0, weight-decay >= 0 and clip-grad-norm >= 0");
     if (microBatches < 1)
       return fail("expected micro-batches >= 1");
+    if (!(expertBiasUpdateRate >= 0))
+      return fail("expected expert-bias-update-rate >= 0");
     return true;
   }
 
@@ -112,6 +114,26 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     SmallVector<Value> sums;
     for (exec::WeightOp w : params)
       sums.push_back(state(b, train.getLoc(), "grad_sum", w));
+    // DeepSeek's bias update: each routing with a correction bias counts its
+    // selections into a state buffer right after it routes.
+    SmallVector<std::pair<exec::WeightOp, Value>> biases; // the bias, its load
+    for (auto route : llvm::to_vector(body.getOps<exec::LaunchOp>())) {
+      const size_t withBias = route.getKernel() == "route" ? 1 : route.getKernel() == "router" ? 2 : 0;
+      if (expertBiasUpdateRate == 0 || withBias == 0 || route.getWeights().size() != withBias)
+        continue;
+      auto bias = route.getWeights().back().getDefiningOp<exec::WeightOp>();
+      if (!cast<RankedTensorType>(bias.getTensorType()).getElementType().isF32())
+        return train.emitError("moe-append-optimizer: '")
+               << bias.getTensor() << "' is not f32: not supported yet: its bias update";
+      b.setInsertionPointAfter(*std::prev(body.getOps<exec::BufferOp>().end()));
+      Value load = state(b, train.getLoc(), "expert_load", bias);
+      b.setInsertionPointAfter(route);
+      b.create<exec::LaunchOp>(route.getLoc(), "count_experts",
+                               ValueRange{route.getOuts()[1], load}, ValueRange{},
+                               ValueRange{load}, b.getDictionaryAttr({}), StringAttr(),
+                               /*updates_weights=*/false);
+      biases.push_back({bias, load});
+    }
     b.setInsertionPoint(ret);
     for (auto [gradient, sum] : llvm::zip(ret.getGradients(), sums))
       b.create<exec::LaunchOp>(ret.getLoc(), "accumulate", ValueRange{gradient, sum}, ValueRange{},
@@ -135,7 +157,9 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       b.clone(*cache);
     Value step = b.create<exec::BufferOp>(loc, bufferType, b.getI32Type(), 1, 1, StringAttr());
     Value stats = b.create<exec::BufferOp>(loc, bufferType, f32, 1, 4, StringAttr());
-    SmallVector<Value> optSums, moments, squares;
+    SmallVector<Value> optSums, moments, squares, loads;
+    for (auto &[bias, load] : biases)
+      loads.push_back(state(b, loc, "expert_load", bias));
     for (exec::WeightOp w : params) {
       optSums.push_back(state(b, loc, "grad_sum", w));
       moments.push_back(state(b, loc, "exp_avg", w));
@@ -167,6 +191,10 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
               b.getNamedAttr("eps", b.getF64FloatAttr(eps)),
               b.getNamedAttr("weight_decay", b.getF64FloatAttr(weightDecay)),
               b.getNamedAttr("micro_batches", b.getI64IntegerAttr(microBatches))},
+             /*updates=*/true);
+    for (auto [i, bias] : llvm::enumerate(biases))
+      launch("expert_bias_update", {loads[i]}, {weightOf.lookup(bias.first.getResult())},
+             {loads[i]}, {b.getNamedAttr("rate", b.getF64FloatAttr(expertBiasUpdateRate))},
              /*updates=*/true);
     b.create<exec::ReturnOp>(loc, Value(), Value(), ValueRange{}, ValueRange{}, stats);
     return success();

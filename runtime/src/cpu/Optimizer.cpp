@@ -87,4 +87,27 @@ void adamw(float *param, float *m, float *v, float *gradSum, int64_t n, const Ad
   });
 }
 
+bool countExperts(const int32_t *ids, int64_t n, float *load, int64_t experts) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= experts)
+      return false;
+    load[ids[i]] += 1.0f;
+  }
+  return true;
+}
+
+void expertBiasUpdate(float *bias, float *load, int64_t experts, double rate) {
+  // sign(sum / E - load_e) = sign(sum - E load_e): integers, exact.
+  double sum = 0;
+  for (int64_t e = 0; e < experts; ++e)
+    sum += load[e];
+  const float step = static_cast<float>(rate);
+  for (int64_t e = 0; e < experts; ++e) {
+    const double offset = sum - static_cast<double>(experts) * load[e];
+    const float sign = offset > 0 ? 1.0f : offset < 0 ? -1.0f : 0.0f;
+    bias[e] = bias[e] + sign * step;
+    load[e] = 0;
+  }
+}
+
 } // namespace moert::cpu

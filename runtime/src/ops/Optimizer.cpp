@@ -167,6 +167,48 @@ int64_t runAdamW(cpu::StepContext &c) {
   return c.rows;
 }
 
+/// in: the routing's expert ids [T, k] and the load (a state buffer of 1
+/// row of E); out: the load.
+void checkCountExperts(const StepChecker &c, const PlanStep &step) {
+  c.arity(2, 0, 0, 1);
+  c.tokens(step.in[0], DType::I32);
+  const PlanBuffer &load = c.program.buffers[step.in[1]];
+  c.expect(step.in[1] == step.out[0] && !load.state.empty() && load.rows == 1,
+           "expected the expert ids and the load (a state buffer of 1 row, in and out)");
+}
+
+int64_t runCountExperts(cpu::StepContext &c) {
+  const int64_t k = c.inWidth(0), experts = c.width(c.step->in[1]);
+  if (!cpu::countExperts(c.inInts(0), c.rows * k, c.out(0), experts))
+    runtimeError("count_experts (step {}): an expert id outside [0, {})", c.index, experts);
+  return c.rows;
+}
+
+void parseBiasUpdate(const JsonFields &a, PlanStep &step) {
+  step.optimizer.lr = a.number("rate");
+  if (!(step.optimizer.lr > 0))
+    a.fail("rate", "expected a rate > 0");
+}
+
+/// in: the load; weights: the correction bias [E] (f32); out: the load.
+void checkBiasUpdate(const StepChecker &c, const PlanStep &step) {
+  c.arity(1, 1, 1, 1);
+  const PlanWeight &bias = c.weight(0, 1);
+  const PlanBuffer &load = c.program.buffers[step.in[0]];
+  c.expect(bias.dtype == DType::F32 && step.out[0] == step.in[0] && !load.state.empty() &&
+               load.rows == 1 && load.width == bias.shape[0],
+           fmt::format("expected the load of the experts of '{}' (a state buffer of 1 row of {}, "
+                       "in and out) and the f32 bias",
+                       bias.name, bias.shape[0]));
+}
+
+int64_t runBiasUpdate(cpu::StepContext &c) {
+  const TensorView &bias = c.weight(0);
+  cpu::expertBiasUpdate(static_cast<float *>(const_cast<void *>(bias.data)), c.out(0),
+                        bias.numel(), c.step->optimizer.lr);
+  return c.rows;
+}
+
 } // namespace
 
 // (An optimizer program runs with no rows: its steps run empty.)
@@ -176,6 +218,11 @@ const OpDef kLrSchedule = {"lr_schedule", Collective::None, OpDef::RunsEmpty, pa
                            runSchedule};
 const OpDef kGradNorm = {"grad_norm", Collective::None, OpDef::RunsEmpty, parseGradNorm, checkGradNorm,
                          runGradNorm};
+const OpDef kCountExperts = {"count_experts", Collective::None, 0, nullptr, checkCountExperts,
+                             runCountExperts};
+const OpDef kExpertBiasUpdate = {"expert_bias_update", Collective::None,
+                                 OpDef::UpdatesWeights | OpDef::RunsEmpty, parseBiasUpdate,
+                                 checkBiasUpdate, runBiasUpdate};
 const OpDef kAdamW = {"adamw", Collective::None, OpDef::UpdatesWeights | OpDef::RunsEmpty,
                       parseAdamW, checkAdamW,
                       runAdamW};

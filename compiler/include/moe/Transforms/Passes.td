@@ -99,7 +99,15 @@ def MoEAppendOptimizer : Pass<"moe-append-optimizer", "mlir::ModuleOp"> {
     to zero). The program returns its `stats` [lr, grad_norm, clip_coef, 0].
     Every weight with a gradient is a parameter, an all-zero gradient
     included (its moments decay and the weight decays: never "missing").
-    Refuses weights that are not f32 (master weights: not yet).
+    A routing with a score-correction bias (DeepSeek-V3's
+    e_score_correction_bias, which takes no gradient) gets DeepSeek's
+    auxiliary-loss-free update instead: the train program counts each
+    expert's selections into a state buffer (`expert_load:<bias>`, launch
+    `count_experts` right after the routing) and the optimizer moves the
+    bias by `expert-bias-update-rate` x sign(mean load - load) once per
+    update (`expert_bias_update`), from the integer counts of all its
+    micro-batches. Refuses weights that are not f32 (master weights: not
+    yet).
   }];
   let options = [
     Option<"lr", "lr", "double", "1e-3", "the peak learning rate">,
@@ -118,6 +126,9 @@ def MoEAppendOptimizer : Pass<"moe-append-optimizer", "mlir::ModuleOp"> {
            "clip the gradients to this global norm (0: no clipping)">,
     Option<"microBatches", "micro-batches", "int64_t", "1",
            "micro-batches per update (the gradients are their mean)">,
+    Option<"expertBiasUpdateRate", "expert-bias-update-rate", "double", "1e-3",
+           "the auxiliary-loss-free balancing's rate: each update moves a routing "
+           "correction bias by this much towards the mean load (0: none)">,
   ];
   let dependentDialects = ["::moe::exec::ExecDialect"];
 }

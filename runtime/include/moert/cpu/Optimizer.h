@@ -44,4 +44,15 @@ struct AdamWStep {
 };
 void adamw(float *param, float *m, float *v, float *gradSum, int64_t n, const AdamWStep &s);
 
+/// load[e] += the number of selections of expert e among ids[0, n) (the
+/// routing's [T, k] expert ids; exact in f32 below 2^24 selections).
+/// Returns false when an id is outside [0, experts).
+bool countExperts(const int32_t *ids, int64_t n, float *load, int64_t experts);
+
+/// DeepSeek-V3's auxiliary-loss-free balancing (Megatron-Core's
+/// get_updated_expert_bias): bias[e] += sign(mean(load) - load[e]) x rate,
+/// the sign taken exactly from the integer counts and the sum rounded in
+/// f32 as torch's `bias + sign(offset) * rate`; load is reset to zero.
+void expertBiasUpdate(float *bias, float *load, int64_t experts, double rate);
+
 } // namespace moert::cpu
