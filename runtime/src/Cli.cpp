@@ -40,7 +40,8 @@ const char *kUsage = R"(usage: moert run PLAN --weights DIR --prompt TEXT [--pro
        moert tokenize --tokenizer PATH --input FILE [--input FILE ...] --output PREFIX
        moert detokenize --tokenizer PATH IDS [IDS ...]
        moert train PLAN --weights DIR --data TOKENS [--micro-batches N] [--metrics-out F]
-                   [--grads-out F.safetensors] [--steps N [--weights-out F.safetensors]] [--profile] [--device cpu|cuda]
+                   [--grads-out F.safetensors] [--profile] [--device cpu|cuda]
+                   [--steps N [--weights-out F] [--save CKPT [--save-every K]] [--resume CKPT]]
        moert convert PLAN --weights HF_DIR --out CKPT
        moert export CKPT --hf-out DIR [--max-shard-bytes N] [--expert-layout per-expert|fused]
        moert --version
@@ -114,7 +115,11 @@ each op kind per micro-batch; --device as for run (a plan compiled with
 with --optimizer adamw, --steps N trains: N updates, each over the plan's
 micro-batches (--global-batch-size), printing a line per update (mean loss
 terms, gradient norm, learning rate, tokens/s); --weights-out F.safetensors
-writes the trained weights (f32, by checkpoint name).
+writes the trained weights (f32, by checkpoint name); --save CKPT
+[--save-every K] writes a training checkpoint (weights, optimizer state,
+step, data position; a sharded checkpoint that run and export read) after
+every K updates and the last, and --resume CKPT continues one up to update
+N (--steps is the last update's number).
 docs/training.md.
 
 `moert convert` writes the primary weight slices of every rank of PLAN, read

@@ -4,6 +4,8 @@
 #include "StepLoop.h"
 #include "moert/Error.h"
 
+#include <set>
+
 namespace moert {
 
 RankExecutor::RankExecutor(std::unique_ptr<Device> device) : device(std::move(device)) {}
@@ -78,6 +80,34 @@ void RankExecutor::optimizerStep(int64_t step, std::vector<float> &stats) {
 void RankExecutor::readWeight(size_t i, std::vector<float> &out) {
   device->synchronize();
   device->readWeight(i, out);
+}
+
+std::vector<std::string> RankExecutor::stateNames() const {
+  std::set<std::string> names;
+  for (const auto &program : programs)
+    for (const std::string &name : program->stateNames())
+      names.insert(name);
+  return {names.begin(), names.end()};
+}
+
+/// The program of the rank that holds state `name` (every entry naming it
+/// shares one buffer).
+RankProgram &RankExecutor::stateHolder(const std::string &name) const {
+  for (const auto &program : programs)
+    for (const std::string &held : program->stateNames())
+      if (held == name)
+        return *program;
+  runtimeError("the rank has no state '{}'", name);
+}
+
+void RankExecutor::readState(const std::string &name, std::vector<float> &out) {
+  device->synchronize();
+  stateHolder(name).readState(name, out);
+}
+
+void RankExecutor::writeState(const std::string &name, const std::vector<float> &values) {
+  stateHolder(name).writeState(name, values);
+  device->synchronize();
 }
 
 void Device::readWeight(size_t, std::vector<float> &) {

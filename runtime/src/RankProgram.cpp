@@ -104,6 +104,29 @@ void RankProgram::readStats(std::vector<float> &stats) {
   memory->read(stats.data(), buffer(program_->statsBuffer), 4 * 4);
 }
 
+std::vector<std::string> RankProgram::stateNames() const {
+  std::vector<std::string> names;
+  for (const auto &[name, state] : states)
+    names.push_back(name);
+  return names;
+}
+
+void RankProgram::readState(const std::string &name, std::vector<float> &out) const {
+  auto it = states.find(name);
+  if (it == states.end())
+    runtimeError("the {} entry has no state '{}'", program_->entry, name);
+  out.resize(static_cast<size_t>(it->second.elements));
+  memory->read(out.data(), it->second.address, it->second.elements * 4);
+}
+
+void RankProgram::writeState(const std::string &name, const std::vector<float> &values) {
+  auto it = states.find(name);
+  if (it == states.end() || it->second.elements != static_cast<int64_t>(values.size()))
+    runtimeError("the {} entry has no state '{}' of {} values", program_->entry, name,
+                 values.size());
+  memory->write(it->second.address, values.data(), it->second.elements * 4);
+}
+
 void RankProgram::readOutput(int64_t rows, std::vector<float> &logits) {
   if (program_->lossBuffer >= 0) {
     logits.resize(4);

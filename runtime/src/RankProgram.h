@@ -63,6 +63,12 @@ public:
   /// stats [lr, grad_norm, clip_coef, 0] out.
   void writeStep(int64_t step);
   void readStats(std::vector<float> &stats);
+  /// The program's state buffers (its own and those it shares), by name.
+  std::vector<std::string> stateNames() const;
+  /// State `name` to / from the host (f32, its elements in order);
+  /// RuntimeError for a name the program has not or a size that differs.
+  void readState(const std::string &name, std::vector<float> &out) const;
+  void writeState(const std::string &name, const std::vector<float> &values);
 
 private:
   struct State {

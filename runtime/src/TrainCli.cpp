@@ -10,13 +10,16 @@
 #include "moert/Plan.h"
 #include "moert/RankExecutor.h"
 #include "moert/SafetensorsWriter.h"
+#include "moert/ShardedCheckpoint.h"
 #include "moert/StepTimes.h"
 #include "moert/TokenData.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -108,25 +111,74 @@ Batch microBatch(const std::vector<int32_t> &tokens, int64_t m, int64_t B, int64
   return batch;
 }
 
-/// moert train --steps N: N updates of the plan's optimizer, each over the
-/// optimizer's micro-batches (micro-batch g = step x M + m of the data,
-/// wrapping around at its end); a line per update. The weights' final
-/// values go to `weightsOut` (if set).
-void trainSteps(RankExecutor &executor, const PlanProgram &optimizer,
-                const std::vector<int32_t> &tokens, int64_t steps, int64_t B, int64_t L,
-                const std::string &metricsOut, const std::string &weightsOut,
-                const PlanProgram &program) {
-  const int64_t M = optimizer.microBatches;
+/// A training run of `moert train --steps N` (docs/training.md, "The
+/// optimizer" and "Training checkpoints").
+struct TrainRun {
+  int64_t steps = 0;          ///< the number of the last update
+  TrainingProgress start;     ///< where it begins (--resume: the checkpoint's)
+  std::string metricsOut, weightsOut, save, planPath;
+  int64_t saveEvery = 0;      ///< 0: --save only after the last update
+  CheckpointModel model;      ///< what --save's manifest says of the model
+};
+
+/// The trained weights by checkpoint name (f32; `values` keeps them).
+std::vector<TensorToWrite> trainedWeights(RankExecutor &executor, const PlanProgram &program,
+                                          std::vector<std::vector<float>> &values) {
+  std::vector<TensorToWrite> tensors;
+  values.assign(program.weights.size(), {});
+  for (size_t i = 0; i < program.weights.size(); ++i) {
+    executor.readWeight(i, values[i]);
+    appendByName(program.weights[i], values[i], tensors);
+  }
+  return tensors;
+}
+
+/// --save: the weights, and every state buffer that is not all zeros (a
+/// state the checkpoint lacks starts as zeros: the gradient sums and expert
+/// loads between two updates), each in its weight's shape.
+void saveCheckpoint(RankExecutor &executor, const PlanProgram &program, const TrainRun &run,
+                    const TrainingProgress &progress) {
+  std::vector<std::vector<float>> values;
+  std::vector<TensorToWrite> tensors = trainedWeights(executor, program, values);
+  std::vector<TensorToWrite> state;
+  std::vector<std::vector<float>> stateValues;
+  for (const std::string &name : executor.stateNames()) {
+    std::vector<float> v;
+    executor.readState(name, v);
+    if (std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; }))
+      continue;
+    std::vector<int64_t> shape{static_cast<int64_t>(v.size())};
+    const std::string of = name.substr(name.find(':') + 1);
+    for (const PlanWeight &w : program.weights)
+      if (w.name == of && TensorView{DType::F32, w.shape, nullptr}.numel() == shape[0])
+        shape = w.shape;
+    stateValues.push_back(std::move(v));
+    state.push_back({name, DType::F32, shape, [&stateValues, i = stateValues.size() - 1](char *to) {
+                       std::memcpy(to, stateValues[i].data(), stateValues[i].size() * 4);
+                     }});
+  }
+  writeTrainingCheckpoint(run.save, run.model, run.planPath, tensors, state, progress);
+}
+
+/// moert train --steps N: updates run.start.step + 1 .. N of the plan's
+/// optimizer, each over its micro-batches (micro-batches of the data in
+/// order from run.start's position, wrapping around at its end); a line per
+/// update, --save every run.saveEvery updates and after the last.
+void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &program,
+                const PlanProgram &optimizer, const std::vector<int32_t> &tokens,
+                const TrainRun &run) {
+  const int64_t M = optimizer.microBatches, B = plan.maxSequences, L = plan.maxSeqLen;
   const int64_t perPass = windowCount(static_cast<int64_t>(tokens.size()), L) / B;
   using Clock = std::chrono::steady_clock;
   std::string metrics;
   std::vector<float> loss, stats;
-  for (int64_t step = 0; step < steps; ++step) {
+  int64_t consumed = run.start.microBatchesDone;
+  for (int64_t step = run.start.step; step < run.steps; ++step) {
     const auto started = Clock::now();
     double terms[4] = {0, 0, 0, 0};
     int64_t count = 0;
-    for (int64_t m = 0; m < M; ++m) {
-      const Batch batch = microBatch(tokens, (step * M + m) % perPass, B, L);
+    for (int64_t m = 0; m < M; ++m, ++consumed) {
+      const Batch batch = microBatch(tokens, consumed % perPass, B, L);
       executor.forward(batch, loss);
       for (int k = 0; k < 4; ++k)
         terms[k] += loss[k];
@@ -149,24 +201,76 @@ void trainSteps(RankExecutor &executor, const PlanProgram &optimizer,
     line["tokens"] = count;
     line["seconds"] = seconds;
     metrics += line.dump() + "\n";
+    if (!run.save.empty() &&
+        ((run.saveEvery > 0 && (step + 1) % run.saveEvery == 0) || step + 1 == run.steps))
+      saveCheckpoint(executor, program, run, {step + 1, consumed, M, L, B});
   }
-  if (!metricsOut.empty())
-    writeFileAtomically(metricsOut, metrics);
-  if (weightsOut.empty())
-    return;
-  std::vector<std::vector<float>> values(program.weights.size());
-  std::vector<TensorToWrite> tensors;
-  for (size_t i = 0; i < program.weights.size(); ++i) {
-    executor.readWeight(i, values[i]);
-    appendByName(program.weights[i], values[i], tensors);
+  if (!run.metricsOut.empty())
+    writeFileAtomically(run.metricsOut, metrics);
+  if (!run.weightsOut.empty()) {
+    std::vector<std::vector<float>> values;
+    writeSafetensors(run.weightsOut, trainedWeights(executor, program, values));
   }
-  writeSafetensors(weightsOut, tensors);
+}
+
+/// --resume: the checkpoint's progress (its update's shape must be the
+/// plan's) and its state buffers into the executor's.
+TrainingProgress resumeFrom(const std::string &dir, const Checkpoint &checkpoint,
+                            RankExecutor &executor, const PlanProgram &optimizer, int64_t B,
+                            int64_t L, int64_t steps) {
+  const ShardedCheckpoint *sharded = checkpoint.shardedCheckpoint();
+  if (!sharded || !sharded->training())
+    inputError("--resume {}: not a training checkpoint (moert train --save writes one)", dir);
+  const TrainingProgress &p = *sharded->training();
+  if (p.microBatches != optimizer.microBatches || p.seqLen != L || p.microBatchSize != B)
+    inputError("{}/manifest.json: training: an update of {} micro-batches of {} x {} tokens, "
+               "but the plan's is {} of {} x {}: resume with a plan of the same shape",
+               dir, p.microBatches, p.microBatchSize, p.seqLen, optimizer.microBatches, B, L);
+  if (p.step >= steps)
+    inputError("--steps {}: {} is at update {} already", steps, dir, p.step);
+  const std::vector<std::string> names = executor.stateNames();
+  for (const ShardedCheckpoint::Tensor &t : sharded->state()) {
+    if (t.dtype != DType::F32 || std::find(names.begin(), names.end(), t.name) == names.end())
+      inputError("{}/manifest.json: training.state: '{}' is not an F32 state of the plan's "
+                 "programs",
+                 dir, t.name);
+    std::vector<float> values(t.bytes() / 4);
+    sharded->assemble(t, reinterpret_cast<char *>(values.data()));
+    std::vector<float> current;
+    executor.readState(t.name, current);
+    if (current.size() != values.size())
+      inputError("{}/manifest.json: training.state: '{}' has {} values, the plan's {}", dir,
+                 t.name, values.size(), current.size());
+    executor.writeState(t.name, values);
+  }
+  return p;
+}
+
+/// The model as --save's manifest records it: the config.json of the
+/// weights' directory (or of the checkpoint they came from, or the plan's
+/// source) and the experts' layout.
+CheckpointModel checkpointModel(const Plan &plan, const Checkpoint &checkpoint,
+                                const std::string &weightsPath) {
+  CheckpointModel model{plan.modelType, plan.layout->source, "", "per-expert"};
+  if (const ShardedCheckpoint *sharded = checkpoint.shardedCheckpoint()) {
+    model.configJson = sharded->configJson();
+    model.expertLayout = sharded->expertLayout();
+    return model;
+  }
+  model.expertLayout = checkpoint.hasFusedExperts() ? "fused" : "per-expert";
+  std::string config = weightsPath + "/config.json";
+  if (!std::ifstream(config))
+    config = plan.layout->source;
+  model.configJson = readInputFile(config, 1 << 24, "config.json");
+  return model;
 }
 
 } // namespace
 
 int trainCommand(int argc, char **argv, Comm &comm) {
   std::string planPath, weightsPath, dataPath, metricsOut, gradsOut, weightsOut, deviceName;
+  std::string save, resume;
+  int64_t saveEvery = 0;
   int64_t steps = 0, batches = 1;
   bool profile = false;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -181,11 +285,21 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     else if (arg == "--threads") threads = static_cast<int>(integerOption(arg, value(), 1));
     else if (arg == "--grads-out") gradsOut = value();
     else if (arg == "--weights-out") weightsOut = value();
+    else if (arg == "--save") save = value();
+    else if (arg == "--save-every") saveEvery = integerOption(arg, value(), 1);
+    else if (arg == "--resume") resume = value();
     else if (arg == "--profile") profile = true;
     else if (arg == "--device") deviceName = value();
     else if (!arg.empty() && arg[0] == '-') inputError("unknown option '{}' (see moert --help)", arg);
     else if (planPath.empty()) planPath = arg;
     else inputError("unexpected argument '{}'", arg);
+  }
+  // --resume CKPT: the weights are the checkpoint's.
+  if (!resume.empty()) {
+    if (!weightsPath.empty() && weightsPath != resume)
+      inputError("--resume {}: the weights are the checkpoint's (drop --weights {})", resume,
+                 weightsPath);
+    weightsPath = resume;
   }
   if (planPath.empty() || weightsPath.empty() || dataPath.empty())
     inputError("expected moert train PLAN --weights DIR --data TOKENS");
@@ -196,8 +310,15 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     inputError("--steps {}: the plan's optimizer decides the micro-batches of an update (moec "
                "compile --global-batch-size); --micro-batches and --grads-out go with --steps 0",
                steps);
-  if (steps == 0 && !weightsOut.empty())
-    inputError("--weights-out: expected --steps N (the weights after N updates)");
+  if (steps == 0)
+    for (auto [option, given] : {std::pair<const char *, bool>{"--weights-out", !weightsOut.empty()},
+                                 {"--save", !save.empty()},
+                                 {"--save-every", saveEvery > 0},
+                                 {"--resume", !resume.empty()}})
+      if (given)
+        inputError("{}: expected --steps N (the updates of a training run)", option);
+  if (saveEvery > 0 && save.empty())
+    inputError("--save-every {}: expected --save CKPT", saveEvery);
   if (threads > 1024)
     inputError("--threads: expected a value in [1, 1024] but got {}", threads);
   setNumThreads(threads);
@@ -240,8 +361,18 @@ int trainCommand(int argc, char **argv, Comm &comm) {
   executor->prepare(plan, comm.rank(), *checkpoint, comm);
   checkNoUnexpectedTensors(plan, *checkpoint);
   if (steps > 0) {
-    trainSteps(*executor, *plan.entriesOf(0).back(), tokens, steps, B, L, metricsOut, weightsOut,
-               program);
+    TrainRun run;
+    run.steps = steps;
+    run.metricsOut = metricsOut;
+    run.weightsOut = weightsOut;
+    run.save = save;
+    run.saveEvery = saveEvery;
+    run.planPath = planPath;
+    run.model = checkpointModel(plan, *checkpoint, weightsPath);
+    const PlanProgram &optimizer = *plan.entriesOf(0).back();
+    if (!resume.empty())
+      run.start = resumeFrom(resume, *checkpoint, *executor, optimizer, B, L, steps);
+    trainSteps(*executor, plan, program, optimizer, tokens, run);
     if (profile)
       printProfile(program, executor->stepSeconds(), steps * plan.entriesOf(0).back()->microBatches);
     return 0;

@@ -78,6 +78,11 @@ public:
   /// The rank's weight i (program.weights[i]) as f32 in its local shape (an
   /// expert stack's experts one after another).
   void readWeight(size_t i, std::vector<float> &out);
+  /// The rank's state buffers (gradient sums, optimizer moments; all its
+  /// entries'), by name, and their values (f32) to / from the host.
+  std::vector<std::string> stateNames() const;
+  void readState(const std::string &name, std::vector<float> &out);
+  void writeState(const std::string &name, const std::vector<float> &values);
 
   /// Bytes of weights bound on the device.
   int64_t weightBytes() const;
@@ -98,6 +103,7 @@ private:
   explicit RankExecutor(std::unique_ptr<Device> device);
   /// The index of `entry`'s program (empty: 0).
   size_t entryIndex(const std::string &entry) const;
+  RankProgram &stateHolder(const std::string &name) const;
 
   std::unique_ptr<Device> device;
   std::vector<std::unique_ptr<RankProgram>> programs; ///< one per entry, the rank's own first

@@ -8,7 +8,9 @@
 #include "moert/Tensor.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,15 @@ void copyBoxOut(const char *global, const std::vector<int64_t> &globalShape,
 void copyBoxIn(const char *box, const std::vector<int64_t> &globalShape,
                const std::vector<int64_t> &offset, const std::vector<int64_t> &shape,
                size_t elementBytes, char *global);
+
+/// Where a training run stood when it saved (docs/checkpoint-format.md,
+/// "Training checkpoints"): the updates done, the data consumed, and the
+/// plan's shape of an update, which a resumed run must have too.
+struct TrainingProgress {
+  int64_t step = 0;             ///< updates done
+  int64_t microBatchesDone = 0; ///< micro-batches of the data consumed
+  int64_t microBatches = 0, seqLen = 0, microBatchSize = 0;
+};
 
 /// A validated sharded checkpoint: manifest parsed, every file present with
 /// its recorded size and a valid safetensors header (read with pread; no
@@ -77,6 +88,10 @@ public:
   /// gate_up_proj / down_proj); `moert export` writes it back that way.
   const std::string &expertLayout() const { return expertLayout_; }
   const std::vector<Tensor> &tensors() const { return tensors_; }
+  /// A training checkpoint's progress and optimizer state (state buffers
+  /// by name, e.g. "exp_avg:<weight>"); none for a checkpoint of weights.
+  const std::optional<TrainingProgress> &training() const { return training_; }
+  const std::vector<Tensor> &state() const { return state_; }
   /// Copies the box (offset, shape) of `tensor` into `dst` (row-major, of
   /// `dstShape`, box at its origin): only the intersections of the box with
   /// the stored boxes are read.
@@ -95,10 +110,29 @@ private:
   std::vector<std::unique_ptr<SafetensorsFile>> files;
   std::vector<std::string> recordedCrc, holds;
   mutable std::vector<bool> verified;
-  std::vector<Tensor> tensors_;
+  std::vector<Tensor> tensors_, state_;
+  std::optional<TrainingProgress> training_;
 };
 
 class Comm;
+struct TensorToWrite;
+
+/// What a training checkpoint's manifest says of the model.
+struct CheckpointModel {
+  std::string modelType, source, configJson, expertLayout = "per-expert";
+};
+
+/// `moert train --save`: one process's training checkpoint in `outDir`, a
+/// sharded checkpoint of one rank file (the model's tensors, which moert
+/// run, train and export read as any sharded checkpoint's, then the
+/// optimizer's state tensors) whose manifest also records `progress` and
+/// lists the state tensors under "training". Atomic as every save: a new
+/// generation of files, the manifest renamed last, then the old files go.
+void writeTrainingCheckpoint(const std::string &outDir, const CheckpointModel &model,
+                             const std::string &planPath,
+                             const std::vector<TensorToWrite> &tensors,
+                             const std::vector<TensorToWrite> &state,
+                             const TrainingProgress &progress);
 
 /// `moert convert`: writes the primary slices of every rank of the plan at
 /// `planPath`, read from `source` (a Hugging Face checkpoint, or a sharded

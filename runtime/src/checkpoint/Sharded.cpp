@@ -326,55 +326,71 @@ std::unique_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string &di
   }
 
   // Tensors: every box in its file as recorded, every element covered once.
+  // A training checkpoint's state tensors (training.state) likewise.
   std::map<std::string, bool> seen;
   std::vector<std::map<std::string, bool>> used(files.size());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    JsonFields t = top.child(tensors[i], fmt::format("tensors[{}]", i));
-    Tensor tensor;
-    tensor.name = t.string("name");
-    if (seen.count(tensor.name))
-      t.fail("name", fmt::format("tensor '{}' is listed twice", tensor.name));
-    seen[tensor.name] = true;
-    std::string dtype = t.string("dtype");
-    if (!parseDType(dtype, tensor.dtype) || dtype != dtypeName(tensor.dtype))
-      t.fail("dtype", fmt::format("tensor '{}': unsupported dtype '{}'", tensor.name, dtype));
-    tensor.shape = t.shape("shape");
-    const json &boxes = t.array("boxes");
-    std::vector<BoxRef> refs;
-    for (size_t j = 0; j < boxes.size(); ++j) {
-      JsonFields b = t.child(boxes[j], fmt::format("boxes[{}]", j));
-      Box box;
-      std::string fileName = b.string("file");
-      auto it = fileIndex.find(fileName);
-      if (it == fileIndex.end())
-        b.fail("file", fmt::format("tensor '{}': '{}' is not among the manifest's files",
-                                   tensor.name, fileName));
-      box.file = it->second;
-      box.offset = b.shape("offset");
-      box.shape = b.shape("shape");
-      refs.push_back({box.offset, box.shape, filePaths[box.file]});
-      const SafetensorsFile &file = *ckpt->files[box.file];
-      if (used[box.file].count(tensor.name))
-        b.fail("file", fmt::format("tensor '{}' has two boxes in {}", tensor.name, file.path()));
-      used[box.file][tensor.name] = true;
-      if (!file.has(tensor.name))
-        inputError("{}: tensor '{}': missing (the manifest puts its box at offset {} here)",
-                   file.path(), tensor.name, shapeString(box.offset));
-      const SafetensorsFile::Entry &view = file.entry(tensor.name);
-      if (view.shape != box.shape || view.dtype != tensor.dtype)
-        inputError("{}: tensor '{}': {} {} but the manifest records {} {}", file.path(),
-                   tensor.name, dtypeName(view.dtype), shapeString(view.shape),
-                   dtypeName(tensor.dtype), shapeString(box.shape));
-      std::vector<int64_t> range = b.shape("data_offsets");
-      auto [begin, end] = file.dataOffsets(tensor.name);
-      if (range.size() != 2 || static_cast<size_t>(range[0]) != begin ||
-          static_cast<size_t>(range[1]) != end)
-        inputError("{}: tensor '{}': data_offsets [{}, {}] but the manifest records {}",
-                   file.path(), tensor.name, begin, end, shapeString(range));
-      tensor.boxes.push_back(std::move(box));
+  auto readTensors = [&](const JsonFields &owner, const std::string &field,
+                         const std::string &where, std::vector<Tensor> &out) {
+    const json &list = owner.array(field);
+    for (size_t i = 0; i < list.size(); ++i) {
+      JsonFields t = owner.child(list[i], fmt::format("{}[{}]", where, i));
+      Tensor tensor;
+      tensor.name = t.string("name");
+      if (seen.count(tensor.name))
+        t.fail("name", fmt::format("tensor '{}' is listed twice", tensor.name));
+      seen[tensor.name] = true;
+      std::string dtype = t.string("dtype");
+      if (!parseDType(dtype, tensor.dtype) || dtype != dtypeName(tensor.dtype))
+        t.fail("dtype", fmt::format("tensor '{}': unsupported dtype '{}'", tensor.name, dtype));
+      tensor.shape = t.shape("shape");
+      const json &boxes = t.array("boxes");
+      std::vector<BoxRef> refs;
+      for (size_t j = 0; j < boxes.size(); ++j) {
+        JsonFields b = t.child(boxes[j], fmt::format("boxes[{}]", j));
+        Box box;
+        std::string fileName = b.string("file");
+        auto it = fileIndex.find(fileName);
+        if (it == fileIndex.end())
+          b.fail("file", fmt::format("tensor '{}': '{}' is not among the manifest's files",
+                                     tensor.name, fileName));
+        box.file = it->second;
+        box.offset = b.shape("offset");
+        box.shape = b.shape("shape");
+        refs.push_back({box.offset, box.shape, filePaths[box.file]});
+        const SafetensorsFile &file = *ckpt->files[box.file];
+        if (used[box.file].count(tensor.name))
+          b.fail("file", fmt::format("tensor '{}' has two boxes in {}", tensor.name, file.path()));
+        used[box.file][tensor.name] = true;
+        if (!file.has(tensor.name))
+          inputError("{}: tensor '{}': missing (the manifest puts its box at offset {} here)",
+                     file.path(), tensor.name, shapeString(box.offset));
+        const SafetensorsFile::Entry &view = file.entry(tensor.name);
+        if (view.shape != box.shape || view.dtype != tensor.dtype)
+          inputError("{}: tensor '{}': {} {} but the manifest records {} {}", file.path(),
+                     tensor.name, dtypeName(view.dtype), shapeString(view.shape),
+                     dtypeName(tensor.dtype), shapeString(box.shape));
+        std::vector<int64_t> range = b.shape("data_offsets");
+        auto [begin, end] = file.dataOffsets(tensor.name);
+        if (range.size() != 2 || static_cast<size_t>(range[0]) != begin ||
+            static_cast<size_t>(range[1]) != end)
+          inputError("{}: tensor '{}': data_offsets [{}, {}] but the manifest records {}",
+                     file.path(), tensor.name, begin, end, shapeString(range));
+        tensor.boxes.push_back(std::move(box));
+      }
+      checkBoxCover(path, tensor.name, tensor.shape, refs);
+      out.push_back(std::move(tensor));
     }
-    checkBoxCover(path, tensor.name, tensor.shape, refs);
-    ckpt->tensors_.push_back(std::move(tensor));
+  };
+  readTensors(top, "tensors", "tensors", ckpt->tensors_);
+  if (top.has("training")) {
+    JsonFields t = top.child(top.get("training"), "training");
+    TrainingProgress &p = ckpt->training_.emplace();
+    p.step = t.integer("step", 0);
+    p.microBatchesDone = t.integer("micro_batches_done", 0);
+    p.microBatches = t.integer("micro_batches", 1);
+    p.seqLen = t.integer("seq_len", 1);
+    p.microBatchSize = t.integer("micro_batch_size", 1);
+    readTensors(t, "state", "training.state", ckpt->state_);
   }
   // Every stored tensor is some logical tensor's box.
   for (size_t i = 0; i < ckpt->files.size(); ++i)

@@ -44,11 +44,7 @@ using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 using namespace sharded;
 
-namespace {
-
-/// Removes the rank files and temporary files in `dir` that `keep` does not
-/// name: what earlier saves left when they were killed.
-void collectStaleFiles(const std::string &dir, const std::set<std::string> &keep) {
+void sharded::collectStaleFiles(const std::string &dir, const std::set<std::string> &keep) {
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
@@ -63,11 +59,7 @@ void collectStaleFiles(const std::string &dir, const std::set<std::string> &keep
   }
 }
 
-/// Before a save into `dir`: the files of killed saves go first, so that
-/// their garbage cannot fill the disk this save needs. The current
-/// checkpoint's files stay (its manifest names them); when the manifest
-/// cannot be read, only temporary files go.
-void collectBeforeSave(const std::string &dir) {
+void sharded::collectBeforeSave(const std::string &dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     return;
@@ -89,8 +81,6 @@ void collectBeforeSave(const std::string &dir) {
   }
   collectStaleFiles(dir, keep);
 }
-
-} // namespace
 
 void convertCheckpoint(const std::string &planPath, const std::string &hfDir,
                        const std::string &outDir, Comm *comm) {

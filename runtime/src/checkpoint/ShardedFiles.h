@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <set>
 #include <string>
 
 namespace moert::sharded {
@@ -26,5 +27,14 @@ void writeTextAtomically(const std::string &path, const std::string &text);
 
 /// Creates `dir` and its parents, or an InputError naming it.
 void makeDirectory(const std::string &dir);
+
+/// Removes the rank files and temporary files in `dir` that `keep` does not
+/// name: what earlier saves left when they were killed.
+void collectStaleFiles(const std::string &dir, const std::set<std::string> &keep);
+/// Before a save into `dir`: the files of killed saves go first, so that
+/// their garbage cannot fill the disk this save needs. The current
+/// checkpoint's files stay (its manifest names them); when the manifest
+/// cannot be read, only temporary files go.
+void collectBeforeSave(const std::string &dir);
 
 } // namespace moert::sharded
