@@ -80,20 +80,31 @@ void printProfile(const PlanProgram &program, const std::vector<double> &seconds
 
 /// `values` (f32, weight w's local shape) as the checkpoint's tensors of w:
 /// one, or one per expert of a stack, by their checkpoint names.
+/// In `dtype` F32, or BF16 (values that are bf16 already: exact).
 void appendByName(const PlanWeight &w, const std::vector<float> &values,
-                  std::vector<TensorToWrite> &tensors) {
+                  std::vector<TensorToWrite> &tensors, DType dtype = DType::F32) {
+  if (dtype != DType::F32 && dtype != DType::BF16)
+    runtimeError("'{}': writing {} weights: not supported", w.name, dtypeName(dtype));
+  auto fill = [&values, dtype](size_t begin, size_t count) {
+    return [&values, dtype, begin, count](char *to) {
+      if (dtype == DType::F32) {
+        std::memcpy(to, values.data() + begin, count * sizeof(float));
+        return;
+      }
+      for (size_t i = 0; i < count; ++i) {
+        const uint16_t b = floatToBf16(values[begin + i]);
+        std::memcpy(to + 2 * i, &b, 2);
+      }
+    };
+  };
   if (w.experts == 0) {
-    tensors.push_back({w.name, DType::F32, w.shape, [&values](char *to) {
-                         std::memcpy(to, values.data(), values.size() * sizeof(float));
-                       }});
+    tensors.push_back({w.name, dtype, w.shape, fill(0, values.size())});
     return;
   }
   const std::vector<int64_t> shape(w.shape.begin() + 1, w.shape.end());
   const size_t size = values.size() / static_cast<size_t>(w.experts);
   for (int64_t e = 0; e < w.experts; ++e)
-    tensors.push_back({w.expertName(e), DType::F32, shape, [&values, e, size](char *to) {
-                         std::memcpy(to, values.data() + e * size, size * sizeof(float));
-                       }});
+    tensors.push_back({w.expertName(e), dtype, shape, fill(e * size, size)});
 }
 
 Batch microBatch(const std::vector<int32_t> &tokens, int64_t m, int64_t B, int64_t L) {
@@ -121,25 +132,29 @@ struct TrainRun {
   CheckpointModel model;      ///< what --save's manifest says of the model
 };
 
-/// The trained weights by checkpoint name (f32; `values` keeps them).
+/// The trained weights by checkpoint name (`values` keeps them): f32, or
+/// with `planDtypes` each in the plan's dtype (a checkpoint the plan loads).
 std::vector<TensorToWrite> trainedWeights(RankExecutor &executor, const PlanProgram &program,
-                                          std::vector<std::vector<float>> &values) {
+                                          std::vector<std::vector<float>> &values,
+                                          bool planDtypes = false) {
   std::vector<TensorToWrite> tensors;
   values.assign(program.weights.size(), {});
   for (size_t i = 0; i < program.weights.size(); ++i) {
     executor.readWeight(i, values[i]);
-    appendByName(program.weights[i], values[i], tensors);
+    const PlanWeight &w = program.weights[i];
+    appendByName(w, values[i], tensors, planDtypes ? w.dtype : DType::F32);
   }
   return tensors;
 }
 
-/// --save: the weights, and every state buffer that is not all zeros (a
+/// --save: the weights (in the plan's dtypes: a bf16 weight's f32 master is
+/// a state), and every state buffer that is not all zeros (a
 /// state the checkpoint lacks starts as zeros: the gradient sums and expert
 /// loads between two updates), each in its weight's shape.
 void saveCheckpoint(RankExecutor &executor, const PlanProgram &program, const TrainRun &run,
                     const TrainingProgress &progress) {
   std::vector<std::vector<float>> values;
-  std::vector<TensorToWrite> tensors = trainedWeights(executor, program, values);
+  std::vector<TensorToWrite> tensors = trainedWeights(executor, program, values, true);
   std::vector<TensorToWrite> state;
   std::vector<std::vector<float>> stateValues;
   for (const std::string &name : executor.stateNames()) {

@@ -4,6 +4,7 @@
 // block-ordered sum of squares, and AdamW's update over several steps (with
 // an all-zero gradient too: the parameter decays, the moments decay).
 #include "moert/Parallel.h"
+#include "moert/Tensor.h"
 #include "moert/cpu/Optimizer.h"
 
 #include <gtest/gtest.h>
@@ -105,6 +106,36 @@ TEST(OptimizerTest, AdamWFollowsTorchsFormula) {
     ASSERT_NEAR(v[i], vd[i], 1e-6) << i;
   }
   EXPECT_LT(err, 1e-5 * norm);
+}
+
+TEST(OptimizerTest, Bf16WeightsFollowTheirF32Master) {
+  const int64_t n = 1000;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  std::vector<uint16_t> w(n);
+  std::vector<float> p(n), master(n, 123.0f), m(n, 0), v(n, 0), sum(n), m2(n, 0), v2(n, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    w[i] = floatToBf16(normal(rng));
+    p[i] = bf16ToFloat(w[i]);
+  }
+  cpu::AdamWStep s;
+  s.lr = 1e-2;
+  s.beta1 = 0.9;
+  s.beta2 = 0.95;
+  s.eps = 1e-8;
+  s.weightDecay = 0.1;
+  for (int64_t t = 1; t <= 3; ++t) {
+    s.step = t;
+    std::vector<float> g(n);
+    for (int64_t i = 0; i < n; ++i)
+      g[i] = sum[i] = normal(rng);
+    cpu::adamwBf16(w.data(), master.data(), m.data(), v.data(), sum.data(), n, s);
+    cpu::adamw(p.data(), m2.data(), v2.data(), g.data(), n, s); // the f32 path
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(master[i], p[i]) << "step " << t << ": the master follows the f32 update";
+      ASSERT_EQ(w[i], floatToBf16(master[i])) << "the weight is the master's rounding";
+    }
+  }
 }
 
 TEST(OptimizerTest, ExpertBiasMovesTowardsTheMeanLoad) {

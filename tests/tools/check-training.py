@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """check-training.py METRICS.jsonl REFERENCE.json [--first-rtol 1e-5]
                      [--last-rtol 2e-4] [--norm-last-rtol 5e-3]
+                     [--terms loss,ce,aux,z]
 
 Compares the updates `moert train --steps N --metrics-out` logged with a
 reference run (tests/fixtures/training/generate_adamw.py: torch.optim.AdamW
@@ -11,7 +12,8 @@ update to --last-rtol at the last (the runs drift apart as f32 rounding
 compounds through the updates), the gradient norm likewise up to
 --norm-last-rtol (a norm of small gradients moves more than the loss: on
 the fixtures up to 1.4e-3 at update 19, against 4e-6 for the loss); a term
-that is 0 in the reference must be below 1e-12 here. Prints one line per update and
+that is 0 in the reference must be below 1e-12 here. --terms limits the
+loss terms compared (a BF16 run against the float32 reference: loss, ce). Prints one line per update and
 a summary; exit 1 on any failure. Python standard library only.
 """
 import argparse
@@ -26,6 +28,7 @@ def main():
     parser.add_argument("--first-rtol", type=float, default=1e-5)
     parser.add_argument("--last-rtol", type=float, default=2e-4)
     parser.add_argument("--norm-last-rtol", type=float, default=5e-3)
+    parser.add_argument("--terms", default="loss,ce,aux,z")
     args = parser.parse_args()
     ours = [json.loads(line) for line in open(args.metrics) if line.strip()]
     ref = json.load(open(args.reference))["updates"]
@@ -38,7 +41,7 @@ def main():
         rtol = args.first_rtol + (args.last_rtol - args.first_rtol) * ramp
         norm_rtol = args.first_rtol + (args.norm_last_rtol - args.first_rtol) * ramp
         errors = {}
-        for key in ("loss", "ce", "aux", "z", "grad_norm"):
+        for key in args.terms.split(",") + ["grad_norm"]:
             errors[key] = (abs(o[key] - r[key]) / abs(r[key]) if r[key] != 0
                            else (0.0 if abs(o[key]) < 1e-12 else float("inf")))
         lr_error = abs(o["lr"] - r["lr"]) / r["lr"] if r["lr"] else abs(o["lr"])

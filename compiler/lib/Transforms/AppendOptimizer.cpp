@@ -91,11 +91,11 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     SmallVector<exec::WeightOp> params;
     for (Value w : ret.getGradientOf()) {
       auto weight = w.getDefiningOp<exec::WeightOp>();
-      if (!cast<RankedTensorType>(weight.getTensorType()).getElementType().isF32())
+      Type dtype = cast<RankedTensorType>(weight.getTensorType()).getElementType();
+      if (!dtype.isF32() && !dtype.isBF16())
         return train.emitError("moe-append-optimizer: '")
-               << weight.getTensor()
-               << "' is not f32: not supported yet: training weights of another dtype "
-                  "(f32 master weights)";
+               << weight.getTensor() << "' is " << dtype
+               << ": not supported yet: training weights of another dtype than f32 or bf16";
       params.push_back(weight);
     }
     MLIRContext *ctx = &getContext();
@@ -157,13 +157,16 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       b.clone(*cache);
     Value step = b.create<exec::BufferOp>(loc, bufferType, b.getI32Type(), 1, 1, StringAttr());
     Value stats = b.create<exec::BufferOp>(loc, bufferType, f32, 1, 4, StringAttr());
-    SmallVector<Value> optSums, moments, squares, loads;
+    SmallVector<Value> optSums, moments, squares, loads, masters;
     for (auto &[bias, load] : biases)
       loads.push_back(state(b, loc, "expert_load", bias));
     for (exec::WeightOp w : params) {
       optSums.push_back(state(b, loc, "grad_sum", w));
       moments.push_back(state(b, loc, "exp_avg", w));
       squares.push_back(state(b, loc, "exp_avg_sq", w));
+      // A bf16 weight is the rounding of its f32 master weight.
+      bool bf16 = cast<RankedTensorType>(w.getTensorType()).getElementType().isBF16();
+      masters.push_back(bf16 ? Value(state(b, loc, "master", w)) : Value());
     }
     b.create<exec::InputsOp>(loc, Value(), Value(), Value(), step);
     auto launch = [&](StringRef kernel, ValueRange ins, ValueRange ws, ValueRange outs,
@@ -182,16 +185,21 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     launch("grad_norm", normIns, {}, {stats},
            {b.getNamedAttr("max_norm", b.getF64FloatAttr(clipGradNorm)),
             b.getNamedAttr("micro_batches", b.getI64IntegerAttr(microBatches))});
-    for (auto [i, w] : llvm::enumerate(params))
-      launch("adamw", {step, stats, optSums[i], moments[i], squares[i]},
-             {weightOf.lookup(w.getResult())},
-             {moments[i], squares[i], optSums[i]},
+    for (auto [i, w] : llvm::enumerate(params)) {
+      SmallVector<Value> ins{step, stats, optSums[i], moments[i], squares[i]};
+      SmallVector<Value> outs{moments[i], squares[i], optSums[i]};
+      if (masters[i]) {
+        ins.push_back(masters[i]);
+        outs.push_back(masters[i]);
+      }
+      launch("adamw", ins, {weightOf.lookup(w.getResult())}, outs,
              {b.getNamedAttr("beta1", b.getF64FloatAttr(beta1)),
               b.getNamedAttr("beta2", b.getF64FloatAttr(beta2)),
               b.getNamedAttr("eps", b.getF64FloatAttr(eps)),
               b.getNamedAttr("weight_decay", b.getF64FloatAttr(weightDecay)),
               b.getNamedAttr("micro_batches", b.getI64IntegerAttr(microBatches))},
              /*updates=*/true);
+    }
     for (auto [i, bias] : llvm::enumerate(biases))
       launch("expert_bias_update", {loads[i]}, {weightOf.lookup(bias.first.getResult())},
              {loads[i]}, {b.getNamedAttr("rate", b.getF64FloatAttr(expertBiasUpdateRate))},

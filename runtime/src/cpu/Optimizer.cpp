@@ -3,6 +3,7 @@
 // elementwise ops round it.
 #include "moert/cpu/Optimizer.h"
 #include "moert/Parallel.h"
+#include "moert/Tensor.h"
 
 #include <algorithm>
 #include <cmath>
@@ -84,6 +85,20 @@ void adamw(float *param, float *m, float *v, float *gradSum, int64_t n, const Ad
       v[i] = vi;
       gradSum[i] = 0;
     }
+  });
+}
+
+void adamwBf16(uint16_t *weight, float *master, float *m, float *v, float *gradSum, int64_t n,
+               const AdamWStep &s) {
+  if (s.step == 1)
+    blocks(n, [&](int64_t, int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        master[i] = bf16ToFloat(weight[i]);
+    });
+  adamw(master, m, v, gradSum, n, s);
+  blocks(n, [&](int64_t, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      weight[i] = floatToBf16(master[i]);
   });
 }
 

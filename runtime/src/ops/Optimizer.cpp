@@ -121,20 +121,25 @@ void parseAdamW(const JsonFields &a, PlanStep &step) {
     a.fail("eps", "missing");
 }
 
-/// in: step, stats, the gradient sum, m, v; weights: the parameter (f32);
-/// out: m, v, the gradient sum (reset).
+/// in: step, stats, the gradient sum, m, v (and a bf16 weight's f32
+/// master); weights: the parameter (f32 or bf16); out: m, v, the gradient
+/// sum (reset) (and the master).
 void checkAdamW(const StepChecker &c, const PlanStep &step) {
-  c.arity(5, 1, 1, 3);
+  c.expect(step.weights.size() == 1, "expected one weight");
+  const PlanWeight &w = c.program.weights[step.weights[0]];
+  const bool bf16 = w.dtype == DType::BF16;
+  c.arity(bf16 ? 6 : 5, 1, 1, bf16 ? 4 : 3);
   c.expect(step.in[0] == c.program.stepBuffer, "expected the program's step as input 0");
   checkStats(c, step.in[1]);
-  const PlanWeight &w = c.program.weights[step.weights[0]];
-  c.expect(w.dtype == DType::F32, fmt::format("'{}' is {}: the optimizer updates f32 weights",
-                                              w.name, dtypeName(w.dtype)));
-  for (size_t i = 2; i < 5; ++i)
+  c.expect(w.dtype == DType::F32 || bf16,
+           fmt::format("'{}' is {}: the optimizer updates f32 and bf16 weights", w.name,
+                       dtypeName(w.dtype)));
+  for (size_t i = 2; i < step.in.size(); ++i)
     c.expect(!c.program.buffers[step.in[i]].state.empty() && stateOfWeight(c, step.in[i], w),
              fmt::format("input {}: expected a state buffer of the shape of '{}'", i, w.name));
-  c.expect(step.out[0] == step.in[3] && step.out[1] == step.in[4] && step.out[2] == step.in[2],
-           "expected outputs m, v and the gradient sum (inputs 3, 4 and 2)");
+  c.expect(step.out[0] == step.in[3] && step.out[1] == step.in[4] && step.out[2] == step.in[2] &&
+               (!bf16 || step.out[3] == step.in[5]),
+           "expected outputs m, v, the gradient sum (and the master): inputs 3, 4, 2 (and 5)");
 }
 
 int64_t runAdamW(cpu::StepContext &c) {
@@ -149,10 +154,15 @@ int64_t runAdamW(cpu::StepContext &c) {
   step.weightDecay = s.optimizer.weightDecay;
   step.gradScale = static_cast<double>(stats[2]) / static_cast<double>(s.optimizer.microBatches);
   float *sum = c.in(2), *m = c.in(3), *v = c.in(4);
+  float *master = s.in.size() > 5 ? c.in(5) : nullptr; // a bf16 weight's
   // The device owns a plan's weights when it has an optimizer: written in place.
   auto update = [&](const void *data, int64_t n, int64_t offset) {
-    cpu::adamw(static_cast<float *>(const_cast<void *>(data)), m + offset, v + offset,
-               sum + offset, n, step);
+    void *w = const_cast<void *>(data);
+    if (master)
+      cpu::adamwBf16(static_cast<uint16_t *>(w), master + offset, m + offset, v + offset,
+                     sum + offset, n, step);
+    else
+      cpu::adamw(static_cast<float *>(w), m + offset, v + offset, sum + offset, n, step);
   };
   if (c.program->weights[s.weights[0]].experts > 0) {
     int64_t offset = 0;

@@ -106,8 +106,10 @@ def MoEAppendOptimizer : Pass<"moe-append-optimizer", "mlir::ModuleOp"> {
     `count_experts` right after the routing) and the optimizer moves the
     bias by `expert-bias-update-rate` x sign(mean load - load) once per
     update (`expert_bias_update`), from the integer counts of all its
-    micro-batches. Refuses weights that are not f32 (master weights: not
-    yet).
+    micro-batches. A bf16 weight gets an f32 master weight (state
+    `master:<weight>`, the weight's values at the first update): `adamw`
+    updates the master and writes its bf16 rounding into the weight. Refuses
+    weights of other dtypes.
   }];
   let options = [
     Option<"lr", "lr", "double", "1e-3", "the peak learning rate">,
