@@ -17,6 +17,17 @@ using namespace moert;
 
 namespace {
 
+/// The hyper-parameters of the AdamW tests (torch's with beta2 0.95, wd 0.1).
+cpu::AdamWStep testStep() {
+  cpu::AdamWStep s;
+  s.lr = 1e-2;
+  s.beta1 = 0.9;
+  s.beta2 = 0.95;
+  s.eps = 1e-8;
+  s.weightDecay = 0.1;
+  return s;
+}
+
 TEST(OptimizerTest, ConstantScheduleWarmsUpLinearlyFromZero) {
   cpu::LrSchedule s{false, 1e-3, 0, 4, 0};
   EXPECT_EQ(cpu::scheduledLr(s, 1), 0.0);
@@ -72,12 +83,7 @@ TEST(OptimizerTest, AdamWFollowsTorchsFormula) {
   std::vector<double> pd(n), md(n, 0), vd(n, 0);
   for (int64_t i = 0; i < n; ++i)
     pd[i] = p[i] = normal(rng);
-  cpu::AdamWStep s;
-  s.lr = 1e-2;
-  s.beta1 = 0.9;
-  s.beta2 = 0.95;
-  s.eps = 1e-8;
-  s.weightDecay = 0.1;
+  cpu::AdamWStep s = testStep();
   for (int64_t t = 1; t <= 5; ++t) {
     s.step = t;
     s.gradScale = t == 3 ? 0.0 : 0.5; // update 3: an all-zero gradient
@@ -118,12 +124,7 @@ TEST(OptimizerTest, Bf16WeightsFollowTheirF32Master) {
     w[i] = floatToBf16(normal(rng));
     p[i] = bf16ToFloat(w[i]);
   }
-  cpu::AdamWStep s;
-  s.lr = 1e-2;
-  s.beta1 = 0.9;
-  s.beta2 = 0.95;
-  s.eps = 1e-8;
-  s.weightDecay = 0.1;
+  cpu::AdamWStep s = testStep();
   for (int64_t t = 1; t <= 3; ++t) {
     s.step = t;
     std::vector<float> g(n);
