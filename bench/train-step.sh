@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# One training step (forward, loss, backward; no optimizer) of the benchmark
-# model (../shared/bench/bench-moe, BF16 weights, random) on 512 tokens, 2
-# threads: moert train against PyTorch eager (transformers' Mixtral,
-# autograd) measured in the same run, beside the machine's FMA peak.
-# Issue 15's speed figure (docs/training.md). Needs bench/peers/setup.sh's
-# venv for PyTorch (--no-peers: moert alone).
+# One training step (forward, loss, backward; with --optimizer also the
+# AdamW update) of the benchmark model (../shared/bench/bench-moe, BF16
+# weights, random) on 512 tokens, 2 threads: moert train against PyTorch
+# eager (transformers' Mixtral, autograd; torch.optim.AdamW) measured in the
+# same run, beside the machine's FMA peak. The training issues' speed
+# figures (docs/training.md). Needs bench/peers/setup.sh's venv for PyTorch
+# (--no-peers: moert alone).
 #
-#   bench/train-step.sh [--seq-len 512] [--no-peers]
+#   bench/train-step.sh [--seq-len 512] [--optimizer] [--no-peers]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$root/build
 seq=512
 peers=1
+optimizer=0
 while [ $# -gt 0 ]; do
   case $1 in
     --seq-len) seq=$2; shift 2 ;;
+    --optimizer) optimizer=1; shift ;;
     --no-peers) peers=0; shift ;;
-    *) echo "usage: bench/train-step.sh [--seq-len N] [--no-peers]" >&2; exit 2 ;;
+    *) echo "usage: bench/train-step.sh [--seq-len N] [--optimizer] [--no-peers]" >&2; exit 2 ;;
   esac
 done
 config=$root/../shared/bench/bench-moe/config.json
@@ -28,7 +31,13 @@ echo "cpu: $(lscpu | sed -n 's/^Model name: *//p')"
 "$build/tools/moert/moert" --version | sed -n 2p
 "$build/bench/moe-bench" machine --threads 2 | grep -i -E 'fma|triad' || true
 
-"$build/tools/moec/moec" compile "$config" --train --seq-len "$seq" -o "$work/train.plan"
+if [ "$optimizer" = 1 ]; then
+  # AdamW (torch's defaults; BF16 weights through f32 master weights).
+  "$build/tools/moec/moec" compile "$config" --train --seq-len "$seq" --optimizer adamw \
+    --lr 1e-4 -o "$work/train.plan"
+else
+  "$build/tools/moec/moec" compile "$config" --train --seq-len "$seq" -o "$work/train.plan"
+fi
 # The weights moe-bench writes for a plan of the same model.
 "$build/tools/moec/moec" compile "$config" --max-seq-len "$seq" -o "$work/run.plan"
 [ -f "$work/bf16/model.safetensors" ] ||
@@ -46,11 +55,16 @@ with open(path, "wb") as f:
     f.write(struct.pack("<%di" % len(ids), *ids))
 PY
 
-# moert: 4 micro-batches (forward + backward each): a warm-up (the first
-# touches every buffer), then the median of 3, as torch_bench.py times
-# PyTorch.
-"$build/tools/moert/moert" train "$work/train.plan" --weights "$work/bf16" --data "$work/tokens.npy" \
-  --micro-batches 4 --threads 2 --metrics-out "$work/metrics.jsonl" > /dev/null
+# moert: 4 micro-batches (forward + backward each; with --optimizer 4
+# updates of one micro-batch each): a warm-up (the first touches every
+# buffer), then the median of 3, as torch_bench.py times PyTorch.
+if [ "$optimizer" = 1 ]; then
+  "$build/tools/moert/moert" train "$work/train.plan" --weights "$work/bf16" --data "$work/tokens.npy" \
+    --steps 4 --threads 2 --metrics-out "$work/metrics.jsonl" > /dev/null
+else
+  "$build/tools/moert/moert" train "$work/train.plan" --weights "$work/bf16" --data "$work/tokens.npy" \
+    --micro-batches 4 --threads 2 --metrics-out "$work/metrics.jsonl" > /dev/null
+fi
 ours=$(python3 - "$work/metrics.jsonl" "$seq" <<'PY'
 import json, sys
 steps = sorted(json.loads(l)["seconds"] for l in open(sys.argv[1]).readlines()[1:])
@@ -60,7 +74,8 @@ PY
 echo "moert train: ${ours% *} tokens/s (median step ${ours#* } s), load $(cat /proc/loadavg | cut -d' ' -f1-3)"
 if [ "$peers" = 1 ]; then
   torch=$("$cache/venv/bin/python" "$root/bench/peers/torch_bench.py" train "$config" \
-    "$work/bf16/model.safetensors" "$work/tokens.npy" "$seq" --threads 2)
+    "$work/bf16/model.safetensors" "$work/tokens.npy" "$seq" --threads 2 \
+    $([ "$optimizer" = 1 ] && echo --optimizer))
   echo "pytorch eager: $torch"
   python3 - "${ours% *}" "$torch" <<'PY'
 import json, sys

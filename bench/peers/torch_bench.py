@@ -8,10 +8,13 @@
       logits only), decode 128 tokens after a 16-token prompt (greedy, KV
       cache), tokens/s, the same workload bench/moe_bench.cpp times for moert
   torch_bench.py train CONFIG.json MODEL.safetensors TOKENS.npy SEQ [--threads N]
+                 [--optimizer]
       prints JSON: one training step (forward, loss = cross-entropy of the
       next token + router_aux_loss_coef x transformers' balancing loss,
-      backward; no optimizer) on the first SEQ + 1 tokens of TOKENS.npy,
-      the median of 3 after a warm-up, tokens/s (bench/train-step.sh)
+      backward; with --optimizer also torch.optim.AdamW's step on the
+      model's parameters in their dtype, torch's defaults) on the first
+      SEQ + 1 tokens of TOKENS.npy, the median of 3 after a warm-up,
+      tokens/s (bench/train-step.sh)
 """
 import json
 import sys
@@ -48,6 +51,8 @@ def main():
         ids = torch.tensor(tokens[None, :seq])
         labels = torch.tensor(tokens[None, 1:seq + 1])
         coef = model.config.router_aux_loss_coef
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4) \
+            if "--optimizer" in sys.argv else None
         times = []
         for _ in range(4):  # a warm-up, then 3
             model.zero_grad(set_to_none=True)
@@ -56,9 +61,12 @@ def main():
             loss = torch.nn.functional.cross_entropy(
                 out.logits.float().reshape(-1, vocab), labels.reshape(-1)) + coef * out.aux_loss
             loss.backward()
+            if optimizer:
+                optimizer.step()
             times.append(time.perf_counter() - t0)
         median = sorted(times[1:])[1]
         print(json.dumps({"torch": torch.__version__, "threads": threads, "loss": loss.item(),
+                          "optimizer": "AdamW" if optimizer else None,
                           "seconds": median, "tokens_per_s": seq / median}))
         return
     with torch.inference_mode():

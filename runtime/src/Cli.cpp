@@ -41,7 +41,8 @@ const char *kUsage = R"(usage: moert run PLAN --weights DIR --prompt TEXT [--pro
        moert detokenize --tokenizer PATH IDS [IDS ...]
        moert train PLAN --weights DIR --data TOKENS [--micro-batches N] [--metrics-out F]
                    [--grads-out F.safetensors] [--profile] [--device cpu|cuda]
-                   [--steps N [--weights-out F] [--save CKPT [--save-every K]] [--resume CKPT]]
+                   [--steps N [--weights-out F] [--save CKPT [--save-every K]] [--resume CKPT]
+                    [--shuffle-seed S]] [--tokenizer PATH]
        moert convert PLAN --weights HF_DIR --out CKPT
        moert export CKPT --hf-out DIR [--max-shard-bytes N] [--expert-layout per-expert|fused]
        moert --version
@@ -119,7 +120,10 @@ writes the trained weights (f32, by checkpoint name); --save CKPT
 [--save-every K] writes a training checkpoint (weights, optimizer state,
 step, data position; a sharded checkpoint that run and export read) after
 every K updates and the last, and --resume CKPT continues one up to update
-N (--steps is the last update's number).
+N (--steps is the last update's number); --shuffle-seed S draws each pass's
+window order from S (default: in order). A .txt or .jsonl --data (any
+file with --tokenizer) is text, encoded with the model's tokenizer
+(--tokenizer PATH, else the weights directory's).
 docs/training.md.
 
 `moert convert` writes the primary weight slices of every rank of PLAN, read

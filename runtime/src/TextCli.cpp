@@ -82,16 +82,17 @@ std::vector<std::vector<int32_t>> encodeAll(const Tokenizer &tokenizer,
 } // namespace
 
 Tokenizer promptTokenizer(const std::string &tokenizerPath, const std::string &weightsDir,
-                          int64_t vocabSize) {
+                          int64_t vocabSize, const char *use) {
   std::optional<Tokenizer> tokenizer;
   if (!tokenizerPath.empty())
     tokenizer = Tokenizer::load(tokenizerPath);
   else
     tokenizer = Tokenizer::find(weightsDir);
   if (!tokenizer)
-    inputError("--prompt: {} has no tokenizer.json (give the model's tokenizer with --tokenizer "
-               "PATH, or its ids with --tokens)",
-               weightsDir);
+    inputError("{}: {} has no tokenizer.json (give the model's tokenizer with --tokenizer "
+               "PATH{})",
+               use, weightsDir,
+               std::string(use) == "--prompt" ? ", or its ids with --tokens" : ", or token data");
   if (tokenizer->size() > vocabSize)
     inputError("{}: its ids go up to {}, but the model's vocabulary has {} (a tokenizer of "
                "another model?)",
@@ -121,6 +122,39 @@ void TextStream::print(bool final) {
     std::fflush(stdout);
     printed = text.size();
   }
+}
+
+std::vector<int32_t> tokenizeInputs(const Tokenizer &tokenizer,
+                                    const std::vector<std::string> &inputs,
+                                    const std::string &jsonlField, bool lines, bool eos,
+                                    int threads, const char *who, std::vector<int64_t> *offsets) {
+  std::vector<std::string> documents;
+  for (const std::string &path : inputs)
+    readDocuments(path, jsonlField, lines, documents);
+  std::optional<int32_t> eosId = eos ? tokenizer.eosId() : std::nullopt;
+  size_t bytes = 0;
+  for (const std::string &d : documents)
+    bytes += d.size();
+  auto start = std::chrono::steady_clock::now();
+  std::vector<std::vector<int32_t>> encoded = encodeAll(tokenizer, documents, threads);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::vector<int32_t> tokens;
+  if (offsets)
+    offsets->assign(1, 0);
+  for (const std::vector<int32_t> &ids : encoded) {
+    tokens.insert(tokens.end(), ids.begin(), ids.end());
+    if (eosId)
+      tokens.push_back(*eosId);
+    if (offsets)
+      offsets->push_back(static_cast<int64_t>(tokens.size()));
+  }
+  fmt::print(stderr,
+             "{}: {} documents, {} bytes -> {} tokens{}; encoded in {:.3f} s "
+             "({:.2f} MB/s on {} threads)\n",
+             who, documents.size(), bytes, tokens.size(), eosId ? " (EOS after each)" : "",
+             seconds, seconds > 0 ? static_cast<double>(bytes) / seconds / 1e6 : 0.0, threads);
+  return tokens;
 }
 
 int tokenizeCommand(int argc, char **argv) {
@@ -161,32 +195,11 @@ int tokenizeCommand(int argc, char **argv) {
   }
   // Token data for training (docs/tokenizer.md): PREFIX.tokens.npy (int32,
   // every document's ids then EOS) and PREFIX.docs.npy (int64 offsets).
-  std::vector<std::string> documents;
-  for (const std::string &path : inputs)
-    readDocuments(path, jsonlField, lines, documents);
-  std::optional<int32_t> eosId = eos ? tokenizer.eosId() : std::nullopt;
-  size_t bytes = 0;
-  for (const std::string &d : documents)
-    bytes += d.size();
-  auto start = std::chrono::steady_clock::now();
-  std::vector<std::vector<int32_t>> encoded = encodeAll(tokenizer, documents, threads);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::vector<int32_t> tokens;
-  std::vector<int64_t> offsets{0};
-  for (const std::vector<int32_t> &ids : encoded) {
-    tokens.insert(tokens.end(), ids.begin(), ids.end());
-    if (eosId)
-      tokens.push_back(*eosId);
-    offsets.push_back(static_cast<int64_t>(tokens.size()));
-  }
+  std::vector<int64_t> offsets;
+  std::vector<int32_t> tokens =
+      tokenizeInputs(tokenizer, inputs, jsonlField, lines, eos, threads, "moert tokenize", &offsets);
   writeNpy(output + ".tokens.npy", {static_cast<int64_t>(tokens.size())}, tokens);
   writeNpy(output + ".docs.npy", {static_cast<int64_t>(offsets.size())}, offsets);
-  fmt::print(stderr,
-             "moert tokenize: {} documents, {} bytes -> {} tokens{}; encoded in {:.3f} s "
-             "({:.2f} MB/s on {} threads)\n",
-             documents.size(), bytes, tokens.size(), eosId ? " (EOS after each)" : "", seconds,
-             seconds > 0 ? static_cast<double>(bytes) / seconds / 1e6 : 0.0, threads);
   return 0;
 }
 

@@ -22,11 +22,23 @@ int64_t parseInt(const std::string &option, const char *text);
 const char *optionValue(int argc, char **argv, int &i);
 int detokenizeCommand(int argc, char **argv);
 
-/// The tokenizer of `moert run --prompt`: --tokenizer PATH, else the one in
+/// The documents of `inputs` (text files, one document each or per line
+/// with `lines`; JSONL files by their .jsonl name or `jsonlField`, one per
+/// line) encoded on `threads` threads and joined, each followed by EOS when
+/// `eos` and the tokenizer has one; `offsets` (if set) gets where each
+/// document starts, then the total. Prints a line on stderr naming `who`.
+std::vector<int32_t> tokenizeInputs(const Tokenizer &tokenizer,
+                                    const std::vector<std::string> &inputs,
+                                    const std::string &jsonlField, bool lines, bool eos,
+                                    int threads, const char *who,
+                                    std::vector<int64_t> *offsets = nullptr);
+
+/// The tokenizer of `moert run --prompt` (or of `use`, the option that
+/// needs it: moert train's text --data): --tokenizer PATH, else the one in
 /// the weights directory; refused when its ids exceed the model's
 /// vocabulary (a tokenizer of another model).
 Tokenizer promptTokenizer(const std::string &tokenizerPath, const std::string &weightsDir,
-                          int64_t vocabSize);
+                          int64_t vocabSize, const char *use = "--prompt");
 
 /// Prints a continuation as it is generated: the text decoded so far, less
 /// what was printed, once it does not end inside a character.

@@ -189,4 +189,25 @@ int64_t windowCount(int64_t tokens, int64_t seqLen) {
   return tokens > 1 ? (tokens - 1) / seqLen : 0;
 }
 
+std::vector<int64_t> windowOrder(int64_t windows, int64_t seed, int64_t pass) {
+  std::vector<int64_t> order(static_cast<size_t>(windows));
+  for (int64_t i = 0; i < windows; ++i)
+    order[static_cast<size_t>(i)] = i;
+  if (seed < 0)
+    return order;
+  uint64_t state = static_cast<uint64_t>(seed) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(pass);
+  auto next = [&state] { // SplitMix64
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  for (int64_t i = windows - 1; i > 0; --i) {
+    // A draw in [0, i] (the modulo's bias is below 2^-40 for any i here).
+    const auto j = static_cast<int64_t>(next() % static_cast<uint64_t>(i + 1));
+    std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
+  }
+  return order;
+}
+
 } // namespace moert

@@ -107,26 +107,49 @@ void appendByName(const PlanWeight &w, const std::vector<float> &values,
     tensors.push_back({w.expertName(e), dtype, shape, fill(e * size, size)});
 }
 
-Batch microBatch(const std::vector<int32_t> &tokens, int64_t m, int64_t B, int64_t L) {
-  Batch batch;
-  for (int64_t s = 0; s < B; ++s) {
-    const int32_t *window = tokens.data() + (m * B + s) * L;
-    for (int64_t i = 0; i < L; ++i) {
-      batch.tokens.push_back(window[i]);
-      batch.positions.push_back(static_cast<int32_t>(i));
-      batch.slots.push_back(static_cast<int32_t>(s));
-      batch.labels.push_back(window[i + 1]);
-      batch.logitRows.push_back(batch.size() - 1); // the LM head computes every row
+/// The run's micro-batches (docs/training.md, "Data and windows"): pass p
+/// over the data is P = W / B micro-batches (W windows of L + 1 tokens),
+/// micro-batch g of the run is micro-batch g mod P of pass g / P, its
+/// sequences the windows order[(g mod P) B + s] of that pass's order
+/// (windowOrder: in order, or seeded), positions from 0, the labels the
+/// next tokens.
+class Samples {
+public:
+  Samples(const std::vector<int32_t> &tokens, int64_t B, int64_t L, int64_t seed)
+      : tokens(tokens), B(B), L(L), seed(seed),
+        windows(windowCount(static_cast<int64_t>(tokens.size()), L)), perPass(windows / B) {}
+
+  Batch microBatch(int64_t g) {
+    if (g / perPass != pass) {
+      pass = g / perPass;
+      order = windowOrder(windows, seed, pass);
     }
+    Batch batch;
+    for (int64_t s = 0; s < B; ++s) {
+      const int32_t *window = tokens.data() + order[static_cast<size_t>((g % perPass) * B + s)] * L;
+      for (int64_t i = 0; i < L; ++i) {
+        batch.tokens.push_back(window[i]);
+        batch.positions.push_back(static_cast<int32_t>(i));
+        batch.slots.push_back(static_cast<int32_t>(s));
+        batch.labels.push_back(window[i + 1]);
+        batch.logitRows.push_back(batch.size() - 1); // the LM head computes every row
+      }
+    }
+    return batch;
   }
-  return batch;
-}
+
+private:
+  const std::vector<int32_t> &tokens;
+  const int64_t B, L, seed, windows, perPass;
+  int64_t pass = -1;
+  std::vector<int64_t> order;
+};
 
 /// A training run of `moert train --steps N` (docs/training.md, "The
 /// optimizer" and "Training checkpoints").
 struct TrainRun {
   int64_t steps = 0;          ///< the number of the last update
-  TrainingProgress start;     ///< where it begins (--resume: the checkpoint's)
+  TrainingProgress start;     ///< where it begins (--resume: the checkpoint's) and the seed
   std::string metricsOut, weightsOut, save, planPath;
   int64_t saveEvery = 0;      ///< 0: --save only after the last update
   CheckpointModel model;      ///< what --save's manifest says of the model
@@ -176,14 +199,14 @@ void saveCheckpoint(RankExecutor &executor, const PlanProgram &program, const Tr
 }
 
 /// moert train --steps N: updates run.start.step + 1 .. N of the plan's
-/// optimizer, each over its micro-batches (micro-batches of the data in
-/// order from run.start's position, wrapping around at its end); a line per
-/// update, --save every run.saveEvery updates and after the last.
+/// optimizer, each over its micro-batches (the run's micro-batches from
+/// run.start's position, Samples); a line per update, --save every
+/// run.saveEvery updates and after the last.
 void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &program,
                 const PlanProgram &optimizer, const std::vector<int32_t> &tokens,
                 const TrainRun &run) {
   const int64_t M = optimizer.microBatches, B = plan.maxSequences, L = plan.maxSeqLen;
-  const int64_t perPass = windowCount(static_cast<int64_t>(tokens.size()), L) / B;
+  Samples samples(tokens, B, L, run.start.shuffleSeed);
   using Clock = std::chrono::steady_clock;
   std::string metrics;
   std::vector<float> loss, stats;
@@ -193,7 +216,7 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
     double terms[4] = {0, 0, 0, 0};
     int64_t count = 0;
     for (int64_t m = 0; m < M; ++m, ++consumed) {
-      const Batch batch = microBatch(tokens, consumed % perPass, B, L);
+      const Batch batch = samples.microBatch(consumed);
       executor.forward(batch, loss);
       for (int k = 0; k < 4; ++k)
         terms[k] += loss[k];
@@ -218,7 +241,7 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
     metrics += line.dump() + "\n";
     if (!run.save.empty() &&
         ((run.saveEvery > 0 && (step + 1) % run.saveEvery == 0) || step + 1 == run.steps))
-      saveCheckpoint(executor, program, run, {step + 1, consumed, M, L, B});
+      saveCheckpoint(executor, program, run, {step + 1, consumed, M, L, B, run.start.shuffleSeed});
   }
   if (!run.metricsOut.empty())
     writeFileAtomically(run.metricsOut, metrics);
@@ -232,7 +255,7 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
 /// plan's) and its state buffers into the executor's.
 TrainingProgress resumeFrom(const std::string &dir, const Checkpoint &checkpoint,
                             RankExecutor &executor, const PlanProgram &optimizer, int64_t B,
-                            int64_t L, int64_t steps) {
+                            int64_t L, int64_t steps, int64_t shuffleSeed) {
   const ShardedCheckpoint *sharded = checkpoint.shardedCheckpoint();
   if (!sharded || !sharded->training())
     inputError("--resume {}: not a training checkpoint (moert train --save writes one)", dir);
@@ -243,6 +266,11 @@ TrainingProgress resumeFrom(const std::string &dir, const Checkpoint &checkpoint
                dir, p.microBatches, p.microBatchSize, p.seqLen, optimizer.microBatches, B, L);
   if (p.step >= steps)
     inputError("--steps {}: {} is at update {} already", steps, dir, p.step);
+  if (p.shuffleSeed != shuffleSeed)
+    inputError("--resume {}: its sample order is {}, this run's {}: give the same "
+               "--shuffle-seed",
+               dir, p.shuffleSeed < 0 ? std::string("in order") : fmt::format("seed {}", p.shuffleSeed),
+               shuffleSeed < 0 ? std::string("in order") : fmt::format("seed {}", shuffleSeed));
   const std::vector<std::string> names = executor.stateNames();
   for (const ShardedCheckpoint::Tensor &t : sharded->state()) {
     if (t.dtype != DType::F32 || std::find(names.begin(), names.end(), t.name) == names.end())
@@ -284,8 +312,8 @@ CheckpointModel checkpointModel(const Plan &plan, const Checkpoint &checkpoint,
 
 int trainCommand(int argc, char **argv, Comm &comm) {
   std::string planPath, weightsPath, dataPath, metricsOut, gradsOut, weightsOut, deviceName;
-  std::string save, resume;
-  int64_t saveEvery = 0;
+  std::string save, resume, tokenizerPath;
+  int64_t saveEvery = 0, shuffleSeed = -1;
   int64_t steps = 0, batches = 1;
   bool profile = false;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -303,6 +331,8 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     else if (arg == "--save") save = value();
     else if (arg == "--save-every") saveEvery = integerOption(arg, value(), 1);
     else if (arg == "--resume") resume = value();
+    else if (arg == "--shuffle-seed") shuffleSeed = integerOption(arg, value(), 0);
+    else if (arg == "--tokenizer") tokenizerPath = value();
     else if (arg == "--profile") profile = true;
     else if (arg == "--device") deviceName = value();
     else if (!arg.empty() && arg[0] == '-') inputError("unknown option '{}' (see moert --help)", arg);
@@ -358,8 +388,19 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     inputError("{}: a training plan's max_batch_tokens ({}) must be max_sequences x "
                "max_seq_len ({} x {})",
                planPath, plan.maxBatchTokens, B, L);
-  const std::vector<int32_t> tokens = readTokenData(dataPath, plan.vocabSize);
+  // Token data, or text (.txt, .jsonl, or any file with --tokenizer) through
+  // the model's tokenizer.
+  auto endsWith = [&](const char *suffix) {
+    const size_t n = std::strlen(suffix);
+    return dataPath.size() >= n && dataPath.compare(dataPath.size() - n, n, suffix) == 0;
+  };
+  const bool text = endsWith(".txt") || endsWith(".jsonl") || !tokenizerPath.empty();
+  const std::vector<int32_t> tokens =
+      text ? tokenizeInputs(promptTokenizer(tokenizerPath, weightsPath, plan.vocabSize, "--data"),
+                            {dataPath}, "", false, true, threads, "moert train --data")
+           : readTokenData(dataPath, plan.vocabSize);
   const int64_t windows = windowCount(static_cast<int64_t>(tokens.size()), L);
+  Samples samples(tokens, B, L, shuffleSeed);
   if (steps > 0 && windows < B)
     inputError("{}: {} tokens hold {} windows of {} + 1 tokens; a micro-batch needs {}", dataPath,
                tokens.size(), windows, L, B);
@@ -385,8 +426,9 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     run.planPath = planPath;
     run.model = checkpointModel(plan, *checkpoint, weightsPath);
     const PlanProgram &optimizer = *plan.entriesOf(0).back();
+    run.start.shuffleSeed = shuffleSeed;
     if (!resume.empty())
-      run.start = resumeFrom(resume, *checkpoint, *executor, optimizer, B, L, steps);
+      run.start = resumeFrom(resume, *checkpoint, *executor, optimizer, B, L, steps, shuffleSeed);
     trainSteps(*executor, plan, program, optimizer, tokens, run);
     if (profile)
       printProfile(program, executor->stepSeconds(), steps * plan.entriesOf(0).back()->microBatches);
@@ -399,7 +441,7 @@ int trainCommand(int argc, char **argv, Comm &comm) {
   std::string metrics;
   std::vector<float> loss, gradient;
   for (int64_t m = 0; m < batches; ++m) {
-    const Batch batch = microBatch(tokens, m, B, L);
+    const Batch batch = samples.microBatch(m);
     // The step (forward and backward) and the gradients' read-out and sum
     // over the micro-batches, timed apart (the optimizer of part 2 will
     // take the gradients where they are).

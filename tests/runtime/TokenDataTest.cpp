@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 
 using namespace moert;
@@ -43,6 +44,25 @@ TEST(TokenDataTest, WindowsShareOneToken) {
   EXPECT_EQ(windowCount(5, 4), 1);
   EXPECT_EQ(windowCount(9, 4), 2);
   EXPECT_EQ(windowCount(12, 4), 2);
+}
+
+} // namespace
+
+namespace {
+
+TEST(TokenDataTest, WindowOrderIsASeededPermutationPerPass) {
+  const std::vector<int64_t> identity = moert::windowOrder(10, -1, 3);
+  for (int64_t i = 0; i < 10; ++i)
+    EXPECT_EQ(identity[static_cast<size_t>(i)], i);
+  const std::vector<int64_t> a = moert::windowOrder(1000, 7, 0);
+  std::vector<int64_t> sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < 1000; ++i)
+    ASSERT_EQ(sorted[static_cast<size_t>(i)], i) << "a permutation";
+  EXPECT_EQ(a, moert::windowOrder(1000, 7, 0)); // the seed and the pass alone decide it
+  EXPECT_NE(a, moert::windowOrder(1000, 7, 1));
+  EXPECT_NE(a, moert::windowOrder(1000, 8, 0));
+  EXPECT_NE(a, sorted);
 }
 
 } // namespace

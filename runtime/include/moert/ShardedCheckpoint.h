@@ -52,6 +52,7 @@ struct TrainingProgress {
   int64_t step = 0;             ///< updates done
   int64_t microBatchesDone = 0; ///< micro-batches of the data consumed
   int64_t microBatches = 0, seqLen = 0, microBatchSize = 0;
+  int64_t shuffleSeed = -1; ///< the sample order's seed (-1: in order)
 };
 
 /// A validated sharded checkpoint: manifest parsed, every file present with

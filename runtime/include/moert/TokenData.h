@@ -23,4 +23,10 @@ std::vector<int32_t> readTokenData(const std::string &path, int64_t vocab);
 /// (n - 1) / L windows.
 int64_t windowCount(int64_t tokens, int64_t seqLen);
 
+/// The order of the windows in pass `pass` over W windows: the identity
+/// for `seed` < 0, else a Fisher-Yates permutation drawn from SplitMix64
+/// seeded with (seed, pass): the same order whatever the machine, the
+/// thread count or the layout (docs/training.md, "Data and windows").
+std::vector<int64_t> windowOrder(int64_t windows, int64_t seed, int64_t pass);
+
 } // namespace moert

@@ -390,6 +390,7 @@ std::unique_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string &di
     p.microBatches = t.integer("micro_batches", 1);
     p.seqLen = t.integer("seq_len", 1);
     p.microBatchSize = t.integer("micro_batch_size", 1);
+    p.shuffleSeed = t.has("shuffle_seed") ? t.integer("shuffle_seed", -1) : -1;
     readTensors(t, "state", "training.state", ckpt->state_);
   }
   // Every stored tensor is some logical tensor's box.

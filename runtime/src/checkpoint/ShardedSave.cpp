@@ -78,6 +78,7 @@ void writeTrainingCheckpoint(const std::string &outDir, const CheckpointModel &m
                     {"micro_batches", progress.microBatches},
                     {"seq_len", progress.seqLen},
                     {"micro_batch_size", progress.microBatchSize},
+                    {"shuffle_seed", progress.shuffleSeed},
                     {"state", entries(tensors.size(), all.size())}}}};
   writeTextAtomically((fs::path(outDir) / "manifest.json").string(), manifest.dump(1) + "\n");
   fsyncPath(outDir, true);
