@@ -1,12 +1,14 @@
 // The optimizer's CPU kernels (moert/cpu/Optimizer.h). Built with
 // -ffp-contract=off: each product and sum is rounded as torch's separate
-// elementwise ops round it.
+// elementwise ops round it; and -fno-math-errno, so that the update's
+// square roots vectorize (its arguments are never negative).
 #include "moert/cpu/Optimizer.h"
 #include "moert/Parallel.h"
 #include "moert/Tensor.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace moert::cpu {
@@ -33,10 +35,19 @@ void accumulate(const float *g, float *sum, int64_t n) {
 
 double sumOfSquares(const float *x, int64_t n) {
   std::vector<double> partial(static_cast<size_t>((n + kBlock - 1) / kBlock), 0.0);
-  blocks(n, [&](int64_t b, int64_t begin, int64_t end) {
+  blocks(n, [&partial, x](int64_t b, int64_t begin, int64_t end) {
+    // Eight running sums (element i into sum i mod 8), added at the end:
+    // a fixed order that vectorizes.
+    double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = begin;
+    for (; i + 8 <= end; i += 8)
+      for (int k = 0; k < 8; ++k)
+        lanes[k] += static_cast<double>(x[i + k]) * x[i + k];
+    for (; i < end; ++i)
+      lanes[0] += static_cast<double>(x[i]) * x[i];
     double s = 0;
-    for (int64_t i = begin; i < end; ++i)
-      s += static_cast<double>(x[i]) * x[i];
+    for (double lane : lanes)
+      s += lane;
     partial[static_cast<size_t>(b)] = s;
   });
   double total = 0;
@@ -63,7 +74,23 @@ double clipCoefficient(double norm, double maxNorm) {
   return maxNorm > 0 ? std::min(1.0, maxNorm / (norm + 1e-6)) : 1.0;
 }
 
-void adamw(float *param, float *m, float *v, float *gradSum, int64_t n, const AdamWStep &s) {
+namespace {
+/// floatToBf16 (nearest even, NaN kept quiet) without a branch, so that
+/// the loop around it vectorizes.
+inline uint16_t roundToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quietNan = (bits >> 16) | 0x40u;
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quietNan : rounded);
+}
+
+/// AdamW over n parameters in one pass; with `weight`, param is a bf16
+/// weight's master: widened from the weight at step 1, rounded into it
+/// after the update.
+template <bool Bf16>
+void adamwPass(float *param, float *m, float *v, float *gradSum, uint16_t *weight, int64_t n,
+               const AdamWStep &s) {
   const auto t = static_cast<double>(s.step);
   const float decay = static_cast<float>(1.0 - s.lr * s.weightDecay);
   const float scale = static_cast<float>(s.gradScale);
@@ -72,34 +99,46 @@ void adamw(float *param, float *m, float *v, float *gradSum, int64_t n, const Ad
   const float stepSize = static_cast<float>(-(s.lr / (1.0 - std::pow(s.beta1, t))));
   const float correction2 = static_cast<float>(std::sqrt(1.0 - std::pow(s.beta2, t)));
   const float eps = static_cast<float>(s.eps);
-  blocks(n, [&](int64_t, int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float g = gradSum[i] * scale;
-      const float p = param[i] * decay;
+  if (Bf16 && s.step == 1) // the master starts as the weight
+    blocks(n, [&](int64_t, int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        param[i] = bf16ToFloat(weight[i]);
+    });
+  // (The constants by value and the buffers as distinct pointers: the loop
+  // vectorizes.)
+  blocks(n, [=](int64_t, int64_t begin, int64_t end) {
+    float *__restrict pr = param + begin, *__restrict mr = m + begin, *__restrict vr = v + begin,
+                      *__restrict sr = gradSum + begin;
+    uint16_t *__restrict wr = Bf16 ? weight + begin : nullptr;
+    for (int64_t i = 0, count = end - begin; i < count; ++i) {
+      const float g = sr[i] * scale;
+      const float p = pr[i] * decay;
       // torch's lerp with a weight below 0.5: m + w (g - m).
-      const float mi = m[i] + w1 * (g - m[i]);
-      const float vi = v[i] * beta2 + w2 * (g * g);
+      const float mi = mr[i] + w1 * (g - mr[i]);
+      const float vi = vr[i] * beta2 + w2 * (g * g);
       const float denom = std::sqrt(vi) / correction2 + eps;
-      param[i] = p + stepSize * (mi / denom);
-      m[i] = mi;
-      v[i] = vi;
-      gradSum[i] = 0;
+      const float updated = p + stepSize * (mi / denom);
+      pr[i] = updated;
+      mr[i] = mi;
+      vr[i] = vi;
+      sr[i] = 0;
     }
+    // The bf16 weight from its master, while the block is in cache (a loop
+    // of its own: mixed with the update, neither vectorizes).
+    if constexpr (Bf16)
+      for (int64_t i = 0, count = end - begin; i < count; ++i)
+        wr[i] = roundToBf16(pr[i]);
   });
+}
+} // namespace
+
+void adamw(float *param, float *m, float *v, float *gradSum, int64_t n, const AdamWStep &s) {
+  adamwPass<false>(param, m, v, gradSum, nullptr, n, s);
 }
 
 void adamwBf16(uint16_t *weight, float *master, float *m, float *v, float *gradSum, int64_t n,
                const AdamWStep &s) {
-  if (s.step == 1)
-    blocks(n, [&](int64_t, int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i)
-        master[i] = bf16ToFloat(weight[i]);
-    });
-  adamw(master, m, v, gradSum, n, s);
-  blocks(n, [&](int64_t, int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
-      weight[i] = floatToBf16(master[i]);
-  });
+  adamwPass<true>(master, m, v, gradSum, weight, n, s);
 }
 
 bool countExperts(const int32_t *ids, int64_t n, float *load, int64_t experts) {

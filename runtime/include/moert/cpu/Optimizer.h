@@ -11,8 +11,9 @@ namespace moert::cpu {
 /// sum[i] += g[i], i < n.
 void accumulate(const float *g, float *sum, int64_t n);
 
-/// The sum of x[i]^2 over i < n in double, added per block of 64 Ki
-/// elements in block order.
+/// The sum of x[i]^2 over i < n in double: per block of 64 Ki elements in
+/// eight running sums (element i into sum i mod 8), the blocks added in
+/// order.
 double sumOfSquares(const float *x, int64_t n);
 
 /// The learning-rate schedule (transformers' get_constant_schedule_with_warmup
