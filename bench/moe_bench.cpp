@@ -23,6 +23,7 @@
 #include "moert/cpu/Dispatch.h"
 #include "moert/cpu/Isa.h"
 #include "moert/cpu/Kernels.h"
+#include "moert/cpu/Peak.h"
 
 #include <fmt/core.h>
 
@@ -102,78 +103,6 @@ int makeWeights(int argc, char **argv) {
 
 // ---------------------------------------------------------------- machine
 
-/// The sum of 12 accumulators' lanes (through memory: GCC 12 warns about
-/// _mm512_reduce_add_ps's internals).
-__attribute__((target("avx512f"))) double sum12(const __m512 (&acc)[12]) {
-  alignas(64) float lanes[16];
-  float sum = 0;
-  for (int i = 0; i < 12; ++i) {
-    _mm512_store_ps(lanes, acc[i]);
-    for (float lane : lanes)
-      sum += lane;
-  }
-  return sum;
-}
-
-/// `iterations` x 12 FMAs of 16 (AVX-512) or 8 (AVX2) lanes: 12 independent
-/// accumulators hide the FMA latency (4-5 cycles x 2 ports).
-__attribute__((target("avx512f"))) double fmaLoopAvx512(int64_t iterations) {
-  __m512 acc[12];
-  for (int i = 0; i < 12; ++i)
-    acc[i] = _mm512_set1_ps(0.001f * i);
-  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-  for (int64_t it = 0; it < iterations; ++it)
-    for (int i = 0; i < 12; ++i)
-      acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-  return sum12(acc);
-}
-
-__attribute__((target("avx2,fma"))) double fmaLoopAvx2(int64_t iterations) {
-  __m256 acc[12];
-  for (int i = 0; i < 12; ++i)
-    acc[i] = _mm256_set1_ps(0.001f * i);
-  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-  for (int64_t it = 0; it < iterations; ++it)
-    for (int i = 0; i < 12; ++i)
-      acc[i] = _mm256_fmadd_ps(acc[i], a, b);
-  alignas(32) float lanes[8];
-  float sum = 0;
-  for (int i = 0; i < 12; ++i) {
-    _mm256_store_ps(lanes, acc[i]);
-    for (float lane : lanes)
-      sum += lane;
-  }
-  return sum;
-}
-
-/// `iterations` x 12 vdpbf16ps: each is 32 bf16 products summed pairwise
-/// into 16 f32 lanes (64 FLOP).
-__attribute__((target("avx512f,avx512bf16"))) double bf16DotLoop(int64_t iterations) {
-  __m512 acc[12];
-  for (int i = 0; i < 12; ++i)
-    acc[i] = _mm512_set1_ps(0.001f * i);
-  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);
-  for (int64_t it = 0; it < iterations; ++it)
-    for (int i = 0; i < 12; ++i)
-      acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
-  return sum12(acc);
-}
-
-/// Multiply-adds of the generic kernels (what the compiler makes of plain
-/// C++ for x86-64: no FMA instruction; counted as scalar).
-double fmaLoopScalar(int64_t iterations) {
-  float acc[12];
-  for (int i = 0; i < 12; ++i)
-    acc[i] = 0.001f * i;
-  for (int64_t it = 0; it < iterations; ++it)
-    for (int i = 0; i < 12; ++i)
-      acc[i] = acc[i] * 0.999999f + 1e-7f;
-  float sum = 0;
-  for (float v : acc)
-    sum += v;
-  return sum;
-}
-
 /// Sum of n floats with 4 independent accumulators (a read stream).
 __attribute__((target("avx2"))) double sumAvx2(const float *p, int64_t n) {
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -202,37 +131,10 @@ MachineFigures measureMachine(int threads) {
   setNumThreads(threads);
   MachineFigures m;
   m.isa = cpu::activeIsa();
-  // The FMA peak of the vector width the kernels use (moert/cpu/Isa.h).
-  const int lanes = m.isa >= cpu::Isa::Avx512 ? 16 : m.isa == cpu::Isa::Avx2 ? 8 : 1;
-  const int64_t iterations = lanes == 1 ? 50'000'000 : 20'000'000;
-  double bestFlops = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    auto t0 = Clock::now();
-    parallelFor(threads, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        volatile double sink = lanes == 16 ? fmaLoopAvx512(iterations)
-                               : lanes == 8 ? fmaLoopAvx2(iterations)
-                                            : fmaLoopScalar(iterations);
-        (void)sink;
-      }
-    });
-    double s = seconds(t0, Clock::now());
-    bestFlops = std::max(bestFlops, threads * iterations * 12.0 * lanes * 2 / s);
-  }
-  m.flops = bestFlops;
-  if (m.isa >= cpu::Isa::Avx512Bf16) {
-    for (int rep = 0; rep < 3; ++rep) {
-      auto t0 = Clock::now();
-      parallelFor(threads, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) {
-          volatile double sink = bf16DotLoop(iterations);
-          (void)sink;
-        }
-      });
-      double s = seconds(t0, Clock::now());
-      m.bf16Flops = std::max(m.bf16Flops, threads * iterations * 12.0 * 64 / s);
-    }
-  }
+  // The multiply-add peaks of the level the kernels use (moert/cpu/Peak.h).
+  const cpu::PeakFlops peak = cpu::measurePeakFlops(threads);
+  m.flops = peak.fma;
+  m.bf16Flops = peak.bf16;
   // STREAM triad a = b + s*c over arrays far larger than the caches.
   const int64_t n = 32 << 20;
   std::vector<float> a(n, 1), b(n, 2), c(n, 3);

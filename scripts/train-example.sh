@@ -52,13 +52,14 @@ python3 scripts/init-weights.py "$work/train.plan" "$work/model" --seed 0
 
 # Half the updates, saved every 50; then resumed from the checkpoint.
 half=$((steps / 2))
+every=$(( half / 5 > 0 ? half / 5 : 1 )) # the updates printed: the first and every `every`-th
 echo "training $steps updates on $text (half, then resumed from the checkpoint):"
 "$moert" train "$work/train.plan" --weights "$work/model" --data "$work/text.tokens.npy" \
   --steps "$half" --save "$work/ckpt" --save-every 50 --metrics-out "$work/first.jsonl" |
-  awk -v every=$(( half / 5 > 0 ? half / 5 : 1 )) 'NR == 1 || NR % every == 0'
+  awk -v every="$every" '$1 != "step" || $2 + 0 == 1 || ($2 + 0) % every == 0'
 "$moert" train "$work/train.plan" --resume "$work/ckpt" --data "$work/text.tokens.npy" \
   --steps "$steps" --save "$work/ckpt" --metrics-out "$work/second.jsonl" |
-  awk -v every=$(( half / 5 > 0 ? half / 5 : 1 )) 'NR % every == 0'
+  awk -v every="$every" '$1 == "step" && ($2 + 0) % every == 0'
 
 # Text from the trained checkpoint (an ordinary sharded checkpoint).
 "$moec" compile "$work/model/config.json" --max-seq-len 256 -o "$work/run.plan"

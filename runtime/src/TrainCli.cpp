@@ -13,6 +13,7 @@
 #include "moert/ShardedCheckpoint.h"
 #include "moert/StepTimes.h"
 #include "moert/TokenData.h"
+#include "moert/cpu/Peak.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -198,6 +199,31 @@ void saveCheckpoint(RankExecutor &executor, const PlanProgram &program, const Tr
   writeTrainingCheckpoint(run.save, run.model, run.planPath, tensors, state, progress);
 }
 
+/// The model's multiply-add parameters per token (6 x this is the FLOPs of
+/// a token's forward and backward, attention's products left out): every
+/// matrix but an embedding table the LM head does not share, and an expert
+/// stack at k of its E experts (k: the routing's top_k).
+double activeParameters(const PlanProgram &program) {
+  int64_t topK = 1;
+  std::vector<bool> lookupOnly(program.weights.size(), true);
+  for (const PlanStep &s : program.steps) {
+    topK = std::max(topK, s.routing.topK);
+    for (int64_t w : s.weights)
+      if (!s.op->has(OpDef::VocabShard)) // the embedding step: a lookup, not a product
+        lookupOnly[static_cast<size_t>(w)] = false;
+  }
+  double params = 0;
+  for (size_t i = 0; i < program.weights.size(); ++i) {
+    const PlanWeight &w = program.weights[i];
+    const double n = static_cast<double>(TensorView{w.dtype, w.shape, nullptr}.numel());
+    if (w.experts > 0)
+      params += n * static_cast<double>(topK) / static_cast<double>(w.experts);
+    else if (w.shape.size() >= 2 && !lookupOnly[i])
+      params += n;
+  }
+  return params;
+}
+
 /// moert train --steps N: updates run.start.step + 1 .. N of the plan's
 /// optimizer, each over its micro-batches (the run's micro-batches from
 /// run.start's position, Samples); a line per update, --save every
@@ -207,6 +233,17 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
                 const TrainRun &run) {
   const int64_t M = optimizer.microBatches, B = plan.maxSequences, L = plan.maxSeqLen;
   Samples samples(tokens, B, L, run.start.shuffleSeed);
+  // Model FLOP utilisation against the peak measured here: the bf16 dot
+  // product's for bf16 weights where the level has one, else the FMA's.
+  const cpu::PeakFlops measured = cpu::measurePeakFlops(numThreads(), 2'000'000, 2);
+  const bool bf16 = std::any_of(program.weights.begin(), program.weights.end(),
+                                [](const PlanWeight &w) { return w.dtype == DType::BF16; });
+  const double peak = bf16 && measured.bf16 > 0 ? measured.bf16 : measured.fma;
+  const double flopsPerToken = 6 * activeParameters(program);
+  fmt::print("model FLOPs per token {:.3g} (6 x {:.4g} parameters a token uses); peak {:.0f} "
+             "GFLOP/s ({}, {} threads, measured now)\n",
+             flopsPerToken, flopsPerToken / 6, peak / 1e9,
+             peak == measured.bf16 ? "bf16 dot" : "fp32 FMA", numThreads());
   using Clock = std::chrono::steady_clock;
   std::string metrics;
   std::vector<float> loss, stats;
@@ -226,10 +263,11 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
     const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
     for (double &t : terms)
       t /= static_cast<double>(M);
+    const double mfu = flopsPerToken * static_cast<double>(count) / seconds / peak;
     fmt::print("step {}: loss {:.6f} ce {:.6f} aux {:.6f} z {:.6f} grad_norm {:.6f} lr {:.3e} "
-               "({} tokens, {:.0f} tokens/s)\n",
+               "({} tokens, {:.0f} tokens/s, MFU {:.1f}%)\n",
                step + 1, terms[0], terms[1], terms[2], terms[3], stats[1], stats[0], count,
-               static_cast<double>(count) / seconds);
+               static_cast<double>(count) / seconds, 100 * mfu);
     std::fflush(stdout);
     nlohmann::ordered_json line = {{"step", step + 1}, {"loss", terms[0]}, {"ce", terms[1]},
                                    {"aux", terms[2]},  {"z", terms[3]}};
@@ -238,6 +276,7 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
     line["lr"] = stats[0];
     line["tokens"] = count;
     line["seconds"] = seconds;
+    line["mfu"] = mfu;
     metrics += line.dump() + "\n";
     if (!run.save.empty() &&
         ((run.saveEvery > 0 && (step + 1) % run.saveEvery == 0) || step + 1 == run.steps))
