@@ -123,7 +123,8 @@ every K updates and the last, and --resume CKPT continues one up to update
 N (--steps is the last update's number); --shuffle-seed S draws each pass's
 window order from S (default: in order). A .txt or .jsonl --data (any
 file with --tokenizer) is text, encoded with the model's tokenizer
-(--tokenizer PATH, else the weights directory's).
+(--tokenizer PATH, else the weights directory's); a JSONL file of
+{"prompt", "response"} objects trains on the responses only.
 docs/training.md.
 
 `moert convert` writes the primary weight slices of every rank of PLAN, read

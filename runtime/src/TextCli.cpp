@@ -26,49 +26,67 @@ const char *kTokenizeUsage =
 /// The documents of one input: a JSONL file (one object per non-empty line,
 /// its `field` a string), a text file one document per line (`lines`), or
 /// the whole text file as one.
-void readDocuments(const std::string &path, const std::string &jsonlField, bool lines,
-                   std::vector<std::string> &documents) {
-  const std::string text = readInputFile(path, uint64_t(1) << 40, "a text input");
-  const bool jsonl = !jsonlField.empty() || (path.size() > 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0);
-  if (!jsonl && !lines) {
-    documents.push_back(text);
-    return;
-  }
-  const std::string field = jsonlField.empty() ? "text" : jsonlField;
+/// The JSON object of each non-empty line of a JSONL text, with its line
+/// number; InputError naming the line.
+std::vector<std::pair<int64_t, nlohmann::json>> jsonLines(const std::string &path,
+                                                          const std::string &text) {
+  std::vector<std::pair<int64_t, nlohmann::json>> objects;
   size_t at = 0;
   for (int64_t number = 1; at < text.size(); ++number) {
     size_t end = text.find('\n', at);
     if (end == std::string::npos)
       end = text.size();
-    std::string_view line(text.data() + at, end - at);
+    const std::string line = text.substr(at, end - at);
     at = end + 1;
     if (line.empty() || line == "\r")
       continue;
-    if (!jsonl) {
-      documents.emplace_back(line);
-      continue;
-    }
-    checkJsonDepth(std::string(line), path);
-    nlohmann::json object;
+    checkJsonDepth(line, path);
     try {
-      object = nlohmann::json::parse(line);
+      objects.emplace_back(number, nlohmann::json::parse(line));
     } catch (const nlohmann::json::exception &e) {
       inputError("{}:{}: not valid JSON: {}", path, number, jsonMessage(e));
     }
-    if (!object.is_object() || !object.contains(field) || !object[field].is_string())
-      inputError("{}:{}: expected an object with a string field '{}'", path, number, field);
-    documents.push_back(object[field].get<std::string>());
+  }
+  return objects;
+}
+
+void readDocuments(const std::string &path, const std::string &jsonlField, bool lines,
+                   std::vector<std::string> &documents) {
+  const std::string text = readInputFile(path, uint64_t(1) << 40, "a text input");
+  const bool jsonl = !jsonlField.empty() || (path.size() > 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0);
+  if (jsonl) {
+    const std::string field = jsonlField.empty() ? "text" : jsonlField;
+    for (const auto &[number, object] : jsonLines(path, text)) {
+      if (!object.is_object() || !object.contains(field) || !object[field].is_string())
+        inputError("{}:{}: expected an object with a string field '{}'", path, number, field);
+      documents.push_back(object[field].get<std::string>());
+    }
+    return;
+  }
+  if (!lines) {
+    documents.push_back(text);
+    return;
+  }
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos)
+      end = text.size();
+    std::string_view line(text.data() + at, end - at);
+    at = end + 1;
+    if (!line.empty() && line != "\r")
+      documents.emplace_back(line);
   }
 }
 
 /// Encodes the documents on `threads` threads (documents split in turn).
 std::vector<std::vector<int32_t>> encodeAll(const Tokenizer &tokenizer,
                                             const std::vector<std::string> &documents,
-                                            int threads) {
+                                            int threads, bool special = true) {
   std::vector<std::vector<int32_t>> out(documents.size());
   auto work = [&](int t) {
     for (size_t d = static_cast<size_t>(t); d < documents.size(); d += static_cast<size_t>(threads))
-      out[d] = tokenizer.encode(documents[d]);
+      out[d] = tokenizer.encode(documents[d], special);
   };
   std::vector<std::thread> pool;
   for (int t = 1; t < threads; ++t)
@@ -154,6 +172,51 @@ std::vector<int32_t> tokenizeInputs(const Tokenizer &tokenizer,
              "({:.2f} MB/s on {} threads)\n",
              who, documents.size(), bytes, tokens.size(), eosId ? " (EOS after each)" : "",
              seconds, seconds > 0 ? static_cast<double>(bytes) / seconds / 1e6 : 0.0, threads);
+  return tokens;
+}
+
+bool isPromptResponseJsonl(const std::string &path) {
+  if (path.size() <= 6 || path.compare(path.size() - 6, 6, ".jsonl") != 0)
+    return false;
+  const std::vector<std::pair<int64_t, nlohmann::json>> objects =
+      jsonLines(path, readInputFile(path, uint64_t(1) << 40, "a text input"));
+  return !objects.empty() && objects[0].second.is_object() &&
+         objects[0].second.contains("prompt") && objects[0].second.contains("response");
+}
+
+std::vector<int32_t> tokenizePromptResponses(const Tokenizer &tokenizer, const std::string &path,
+                                             int threads, std::vector<uint8_t> &targets) {
+  std::vector<std::string> prompts, responses;
+  for (const auto &[number, object] :
+       jsonLines(path, readInputFile(path, uint64_t(1) << 40, "a text input"))) {
+    for (const char *field : {"prompt", "response"})
+      if (!object.is_object() || !object.contains(field) || !object[field].is_string())
+        inputError("{}:{}: expected an object with string fields 'prompt' and 'response'", path,
+                   number);
+    prompts.push_back(object["prompt"].get<std::string>());
+    responses.push_back(object["response"].get<std::string>());
+  }
+  const std::vector<std::vector<int32_t>> p = encodeAll(tokenizer, prompts, threads);
+  const std::vector<std::vector<int32_t>> r = encodeAll(tokenizer, responses, threads, false);
+  const std::optional<int32_t> eos = tokenizer.eosId();
+  std::vector<int32_t> tokens;
+  targets.clear();
+  int64_t trained = 0;
+  for (size_t d = 0; d < p.size(); ++d) {
+    tokens.insert(tokens.end(), p[d].begin(), p[d].end());
+    targets.insert(targets.end(), p[d].size(), 0);
+    tokens.insert(tokens.end(), r[d].begin(), r[d].end());
+    targets.insert(targets.end(), r[d].size(), 1);
+    if (eos) {
+      tokens.push_back(*eos);
+      targets.push_back(1);
+    }
+  }
+  for (uint8_t t : targets)
+    trained += t;
+  fmt::print(stderr, "moert train --data: {} prompt/response pairs -> {} tokens, {} of them "
+                     "responses{} (the tokens the loss counts)\n",
+             p.size(), tokens.size(), trained, eos ? " and EOS" : "");
   return tokens;
 }
 

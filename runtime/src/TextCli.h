@@ -33,6 +33,16 @@ std::vector<int32_t> tokenizeInputs(const Tokenizer &tokenizer,
                                     int threads, const char *who,
                                     std::vector<int64_t> *offsets = nullptr);
 
+/// True when `path` is a JSONL file (by its name) whose first object has
+/// "prompt" and "response" fields: fine-tuning data.
+bool isPromptResponseJsonl(const std::string &path);
+/// Fine-tuning data: per line of the JSONL file `path` the prompt's ids
+/// (with the tokenizer's special tokens) then the response's (without) and
+/// EOS; `targets` marks with 1 the ids a model learns to predict (the
+/// response's and EOS), 0 the prompt's. InputError naming a bad line.
+std::vector<int32_t> tokenizePromptResponses(const Tokenizer &tokenizer, const std::string &path,
+                                             int threads, std::vector<uint8_t> &targets);
+
 /// The tokenizer of `moert run --prompt` (or of `use`, the option that
 /// needs it: moert train's text --data): --tokenizer PATH, else the one in
 /// the weights directory; refused when its ids exceed the model's

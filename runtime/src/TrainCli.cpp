@@ -116,8 +116,11 @@ void appendByName(const PlanWeight &w, const std::vector<float> &values,
 /// next tokens.
 class Samples {
 public:
-  Samples(const std::vector<int32_t> &tokens, int64_t B, int64_t L, int64_t seed)
-      : tokens(tokens), B(B), L(L), seed(seed),
+  /// `targets` (empty: every token) marks the tokens the loss counts as
+  /// labels (fine-tuning on responses only): the others get label -100.
+  Samples(const std::vector<int32_t> &tokens, const std::vector<uint8_t> &targets, int64_t B,
+          int64_t L, int64_t seed)
+      : tokens(tokens), targets(targets), B(B), L(L), seed(seed),
         windows(windowCount(static_cast<int64_t>(tokens.size()), L)), perPass(windows / B) {}
 
   Batch microBatch(int64_t g) {
@@ -127,12 +130,14 @@ public:
     }
     Batch batch;
     for (int64_t s = 0; s < B; ++s) {
-      const int32_t *window = tokens.data() + order[static_cast<size_t>((g % perPass) * B + s)] * L;
+      const int64_t start = order[static_cast<size_t>((g % perPass) * B + s)] * L;
+      const int32_t *window = tokens.data() + start;
       for (int64_t i = 0; i < L; ++i) {
         batch.tokens.push_back(window[i]);
         batch.positions.push_back(static_cast<int32_t>(i));
         batch.slots.push_back(static_cast<int32_t>(s));
-        batch.labels.push_back(window[i + 1]);
+        const bool counted = targets.empty() || targets[static_cast<size_t>(start + i + 1)];
+        batch.labels.push_back(counted ? window[i + 1] : -100);
         batch.logitRows.push_back(batch.size() - 1); // the LM head computes every row
       }
     }
@@ -141,6 +146,7 @@ public:
 
 private:
   const std::vector<int32_t> &tokens;
+  const std::vector<uint8_t> &targets;
   const int64_t B, L, seed, windows, perPass;
   int64_t pass = -1;
   std::vector<int64_t> order;
@@ -230,9 +236,9 @@ double activeParameters(const PlanProgram &program) {
 /// run.saveEvery updates and after the last.
 void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &program,
                 const PlanProgram &optimizer, const std::vector<int32_t> &tokens,
-                const TrainRun &run) {
+                const std::vector<uint8_t> &targets, const TrainRun &run) {
   const int64_t M = optimizer.microBatches, B = plan.maxSequences, L = plan.maxSeqLen;
-  Samples samples(tokens, B, L, run.start.shuffleSeed);
+  Samples samples(tokens, targets, B, L, run.start.shuffleSeed);
   // Model FLOP utilisation against the peak measured here: the bf16 dot
   // product's for bf16 weights where the level has one, else the FMA's.
   const cpu::PeakFlops measured = cpu::measurePeakFlops(numThreads(), 2'000'000, 2);
@@ -434,12 +440,20 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     return dataPath.size() >= n && dataPath.compare(dataPath.size() - n, n, suffix) == 0;
   };
   const bool text = endsWith(".txt") || endsWith(".jsonl") || !tokenizerPath.empty();
-  const std::vector<int32_t> tokens =
-      text ? tokenizeInputs(promptTokenizer(tokenizerPath, weightsPath, plan.vocabSize, "--data"),
-                            {dataPath}, "", false, true, threads, "moert train --data")
-           : readTokenData(dataPath, plan.vocabSize);
+  // A JSONL file of prompt/response pairs trains on the responses only.
+  std::vector<uint8_t> targets;
+  std::vector<int32_t> tokens;
+  if (text) {
+    const Tokenizer tokenizer = promptTokenizer(tokenizerPath, weightsPath, plan.vocabSize, "--data");
+    tokens = isPromptResponseJsonl(dataPath)
+                 ? tokenizePromptResponses(tokenizer, dataPath, threads, targets)
+                 : tokenizeInputs(tokenizer, {dataPath}, "", false, true, threads,
+                                  "moert train --data");
+  } else {
+    tokens = readTokenData(dataPath, plan.vocabSize);
+  }
   const int64_t windows = windowCount(static_cast<int64_t>(tokens.size()), L);
-  Samples samples(tokens, B, L, shuffleSeed);
+  Samples samples(tokens, targets, B, L, shuffleSeed);
   if (steps > 0 && windows < B)
     inputError("{}: {} tokens hold {} windows of {} + 1 tokens; a micro-batch needs {}", dataPath,
                tokens.size(), windows, L, B);
@@ -468,7 +482,7 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     run.start.shuffleSeed = shuffleSeed;
     if (!resume.empty())
       run.start = resumeFrom(resume, *checkpoint, *executor, optimizer, B, L, steps, shuffleSeed);
-    trainSteps(*executor, plan, program, optimizer, tokens, run);
+    trainSteps(*executor, plan, program, optimizer, tokens, targets, run);
     if (profile)
       printProfile(program, executor->stepSeconds(), steps * plan.entriesOf(0).back()->microBatches);
     return 0;
