@@ -60,7 +60,7 @@ public:
   /// The program's gradient i (PlanProgram::gradients) to the host.
   void readGradient(size_t i, std::vector<float> &out);
   /// An optimizer program's step number (from 1) into its input, and its
-  /// stats [lr, grad_norm, clip_coef, 0] out.
+  /// stats [lr, grad_norm, clip_coef, skipped] out.
   void writeStep(int64_t step);
   void readStats(std::vector<float> &stats);
   /// The program's state buffers (its own and those it shares), by name.

@@ -254,6 +254,8 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
   std::string metrics;
   std::vector<float> loss, stats;
   int64_t consumed = run.start.microBatchesDone;
+  constexpr int64_t kMaxSkipped = 5;
+  int64_t skipped = 0; // updates skipped in a row
   for (int64_t step = run.start.step; step < run.steps; ++step) {
     const auto started = Clock::now();
     double terms[4] = {0, 0, 0, 0};
@@ -283,7 +285,22 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
     line["tokens"] = count;
     line["seconds"] = seconds;
     line["mfu"] = mfu;
+    line["skipped"] = stats[3] != 0;
     metrics += line.dump() + "\n";
+    // A gradient that is not finite skips its update (the optimizer moves
+    // no weight); a run of them means training diverged.
+    skipped = stats[3] != 0 ? skipped + 1 : 0;
+    if (skipped > 0)
+      fmt::print("step {}: the gradient is not finite (norm {}): update skipped, no weight "
+                 "moved\n",
+                 step + 1, stats[1]);
+    if (skipped >= kMaxSkipped) {
+      if (!run.metricsOut.empty())
+        writeFileAtomically(run.metricsOut, metrics);
+      inputError("step {}: the gradients were not finite for {} updates in a row (loss {}): "
+                   "training diverged; lower --lr or resume from an earlier checkpoint",
+                   step + 1, skipped, terms[0]);
+    }
     if (!run.save.empty() &&
         ((run.saveEvery > 0 && (step + 1) % run.saveEvery == 0) || step + 1 == run.steps))
       saveCheckpoint(executor, program, run, {step + 1, consumed, M, L, B, run.start.shuffleSeed});
@@ -483,8 +500,9 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     if (!resume.empty())
       run.start = resumeFrom(resume, *checkpoint, *executor, optimizer, B, L, steps, shuffleSeed);
     trainSteps(*executor, plan, program, optimizer, tokens, targets, run);
-    if (profile)
-      printProfile(program, executor->stepSeconds(), steps * plan.entriesOf(0).back()->microBatches);
+    if (profile) // the train program's steps, over the micro-batches this run ran
+      printProfile(program, executor->stepSeconds(),
+                   (steps - run.start.step) * optimizer.microBatches);
     return 0;
   }
 

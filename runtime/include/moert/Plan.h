@@ -131,7 +131,7 @@ struct PlanProgram {
   };
   std::vector<Gradient> gradients;
   /// An optimizer program's input (the update's number, I32, from 1), its
-  /// stats [lr, grad_norm, clip_coef, 0] and the micro-batches of each
+  /// stats [lr, grad_norm, clip_coef, skipped] and the micro-batches of each
   /// update (the train steps between two runs of it); -1 / 0 otherwise.
   int64_t stepBuffer = -1, statsBuffer = -1, microBatches = 0;
   std::vector<PlanStep> steps;

@@ -73,7 +73,8 @@ public:
   /// Runs the optimizer entry (moec compile --optimizer) for update `step`
   /// (from 1): the weights change in place from the gradients the train
   /// steps since the last update added up. `stats`: [lr, grad_norm,
-  /// clip_coef, 0] of the update.
+  /// clip_coef, skipped] of the update (skipped: 1 when the gradient was not
+  /// finite and no weight moved).
   void optimizerStep(int64_t step, std::vector<float> &stats);
   /// The rank's weight i (program.weights[i]) as f32 in its local shape (an
   /// expert stack's experts one after another).

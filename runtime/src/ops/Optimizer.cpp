@@ -5,6 +5,7 @@
 
 #include "moert/cpu/Optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace moert::ops {
@@ -104,6 +105,8 @@ int64_t runGradNorm(cpu::StepContext &c) {
   float *stats = c.out(0);
   stats[1] = static_cast<float>(norm);
   stats[2] = static_cast<float>(cpu::clipCoefficient(norm, s.optimizer.maxNorm));
+  // A gradient that is not finite moves no weight: the update is skipped.
+  stats[3] = std::isfinite(norm) ? 0.0f : 1.0f;
   return c.rows;
 }
 
@@ -154,6 +157,10 @@ int64_t runAdamW(cpu::StepContext &c) {
   step.weightDecay = s.optimizer.weightDecay;
   step.gradScale = static_cast<double>(stats[2]) / static_cast<double>(s.optimizer.microBatches);
   float *sum = c.in(2), *m = c.in(3), *v = c.in(4);
+  if (stats[3] != 0) { // grad_norm found it not finite: skipped, the sum cleared
+    std::fill(sum, sum + c.bufferRows(s.in[2]) * c.width(s.in[2]), 0.0f);
+    return c.rows;
+  }
   float *master = s.in.size() > 5 ? c.in(5) : nullptr; // a bf16 weight's
   // The device owns a plan's weights when it has an optimizer: written in place.
   auto update = [&](const void *data, int64_t n, int64_t offset) {

@@ -96,7 +96,9 @@ def MoEAppendOptimizer : Pass<"moe-append-optimizer", "mlir::ModuleOp"> {
     `adamw` per weight (torch.optim.AdamW: decoupled weight decay, bias
     correction; the moments in state buffers `exp_avg:` / `exp_avg_sq:`;
     the weight written in place, `updates_weights`; the gradient sum reset
-    to zero). The program returns its `stats` [lr, grad_norm, clip_coef, 0].
+    to zero). The program returns its `stats` [lr, grad_norm, clip_coef,
+    skipped]: a gradient norm that is not finite skips every `adamw` (no
+    weight moves, the sums are cleared).
     Every weight with a gradient is a parameter, an all-zero gradient
     included (its moments decay and the weight decays: never "missing").
     A routing with a score-correction bias (DeepSeek-V3's

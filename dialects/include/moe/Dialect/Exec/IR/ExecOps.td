@@ -82,7 +82,7 @@ def Exec_ReturnOp : Exec_Op<"return", [Terminator, HasParent<"ProgramOp">,
     program's [loss, ce, aux, z] (moe.lm_loss); `gradients`: a
     differentiated training program's f32 gradient of each weight of
     `of` (moe-differentiate), in the weight's local shape; `stats`: an
-    optimizer program's [lr, grad_norm, clip_coef, 0] of its update.
+    optimizer program's [lr, grad_norm, clip_coef, skipped] of its update.
   }];
   let arguments = (ins Optional<Exec_BufferType>:$logits, Optional<Exec_BufferType>:$loss,
                        Variadic<Exec_BufferType>:$gradients,
