@@ -40,7 +40,7 @@ const char *kUsage = R"(usage: moert run PLAN --weights DIR --prompt TEXT [--pro
        moert tokenize --tokenizer PATH --input FILE [--input FILE ...] --output PREFIX
        moert detokenize --tokenizer PATH IDS [IDS ...]
        moert train PLAN --weights DIR --data TOKENS [--micro-batches N] [--metrics-out F]
-                   [--grads-out F.safetensors] [--profile] [--device cpu|cuda]
+                   [--grads-out F.safetensors] [--profile] [--report-memory] [--device cpu|cuda]
                    [--steps N [--weights-out F] [--save CKPT [--save-every K]] [--resume CKPT]
                     [--shuffle-seed S]] [--tokenizer PATH]
        moert convert PLAN --weights HF_DIR --out CKPT

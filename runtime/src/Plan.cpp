@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <set>
 #include <cmath>
 #include <fstream>
 #include <initializer_list>
@@ -612,8 +613,14 @@ Plan Plan::load(const std::string &path) {
     const PlanProgram &program = plan.programs[rank.program];
     rank.predictedPeakBytes = program.weightBytes + program.cacheBytes;
     plan.ranks.push_back(std::move(rank));
-    for (const PlanProgram *entry : plan.entriesOf(static_cast<int64_t>(ri)))
+    // Each entry's buffers; a state buffer once however many entries name it.
+    std::set<std::string> states;
+    for (const PlanProgram *entry : plan.entriesOf(static_cast<int64_t>(ri))) {
       plan.ranks.back().predictedPeakBytes += entry->activationBytes;
+      for (const PlanBuffer &b : entry->buffers)
+        if (!b.state.empty() && states.insert(b.state).second)
+          plan.ranks.back().predictedPeakBytes += b.bytes;
+    }
   }
   return plan;
 }

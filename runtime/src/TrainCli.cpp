@@ -108,6 +108,17 @@ void appendByName(const PlanWeight &w, const std::vector<float> &values,
     tensors.push_back({w.expertName(e), dtype, shape, fill(e * size, size)});
 }
 
+/// --report-memory: what the device holds at its peak (weights, every
+/// entry's buffers, the state buffers, the KV caches and the device's
+/// scratch) against the compiled programs' figures (all but the scratch).
+void printTrainingMemory(const Plan &plan, const RankExecutor &executor) {
+  const double measured = static_cast<double>(executor.peakBytes()),
+               predicted = static_cast<double>(plan.ranks.at(0).predictedPeakBytes);
+  fmt::print("memory: weights {} bytes, peak measured {:.2f} MiB, predicted {:.2f} MiB ({:+.1f}%)\n",
+             executor.weightBytes(), measured / 1048576, predicted / 1048576,
+             100 * (measured - predicted) / predicted);
+}
+
 /// The run's micro-batches (docs/training.md, "Data and windows"): pass p
 /// over the data is P = W / B micro-batches (W windows of L + 1 tokens),
 /// micro-batch g of the run is micro-batch g mod P of pass g / P, its
@@ -377,7 +388,7 @@ int trainCommand(int argc, char **argv, Comm &comm) {
   std::string save, resume, tokenizerPath;
   int64_t saveEvery = 0, shuffleSeed = -1;
   int64_t steps = 0, batches = 1;
-  bool profile = false;
+  bool profile = false, reportMemory = false;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
@@ -396,6 +407,7 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     else if (arg == "--shuffle-seed") shuffleSeed = integerOption(arg, value(), 0);
     else if (arg == "--tokenizer") tokenizerPath = value();
     else if (arg == "--profile") profile = true;
+    else if (arg == "--report-memory") reportMemory = true;
     else if (arg == "--device") deviceName = value();
     else if (!arg.empty() && arg[0] == '-') inputError("unknown option '{}' (see moert --help)", arg);
     else if (planPath.empty()) planPath = arg;
@@ -503,6 +515,8 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     if (profile) // the train program's steps, over the micro-batches this run ran
       printProfile(program, executor->stepSeconds(),
                    (steps - run.start.step) * optimizer.microBatches);
+    if (reportMemory)
+      printTrainingMemory(plan, *executor);
     return 0;
   }
 
@@ -547,6 +561,8 @@ int trainCommand(int argc, char **argv, Comm &comm) {
   }
   if (profile)
     printProfile(program, executor->stepSeconds(), batches);
+  if (reportMemory)
+    printTrainingMemory(plan, *executor);
   if (!metricsOut.empty())
     writeFileAtomically(metricsOut, metrics);
   if (!gradsOut.empty()) {
