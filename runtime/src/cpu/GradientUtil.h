@@ -8,6 +8,13 @@
 #include <cstdint>
 #include <vector>
 
+namespace moert::cpu {
+/// The forward kernels' g = act(g) * u over n values (Linear.cpp: the
+/// vectorised activation of mlp and experts, whose bits a recomputation must
+/// repeat).
+void forwardGatedProduct(Activation act, float *g, const float *u, int64_t n);
+} // namespace moert::cpu
+
 namespace moert::cpu::grad {
 
 /// The calling thread's reusable buffers, one per slot. A training step

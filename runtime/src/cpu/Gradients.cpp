@@ -289,8 +289,19 @@ void expertsGrad(const float *dy, const float *x, int64_t tokens, int64_t hidden
       linear(xe, n, up[e], nullptr, u);
     }
     gatedProduct(a, u, n, I, act, h);
-    if (!saved)
-      linear(h, n, down[e], nullptr, ye);
+    if (!saved) {
+      // The forward's output as experts computed it (its activation's
+      // arithmetic, not h's), so that the routing weights' gradient dy . y
+      // has the bits of a plan that saved it. (kMlpDh is free until
+      // mlpBackward.)
+      float *hf = workspace(kMlpDh, inner);
+      std::copy_n(a, inner, hf);
+      parallelFor(n, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          forwardGatedProduct(act, hf + r * I, u + r * I, I);
+      }, 4);
+      linear(hf, n, down[e], nullptr, ye);
+    }
     parallelFor(n, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const float *g = dy + (rows[r] / k) * H;

@@ -358,14 +358,18 @@ void savingExpertMlps(const std::vector<ExpertRows> &groups, Activation act,
     linear(g.x, n, *g.up, nullptr, u);
     parallelFor(n, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
-        std::copy_n(a + r * I, I, saved.gate + order[row + r] * I);
-        std::copy_n(u + r * I, I, saved.up + order[row + r] * I);
+        if (saved.gate) {
+          std::copy_n(a + r * I, I, saved.gate + order[row + r] * I);
+          std::copy_n(u + r * I, I, saved.up + order[row + r] * I);
+        }
         gatedProduct(act, a + r * I, u + r * I, I);
       }
     }, 4);
     linear(a, n, *g.down, nullptr, g.y);
     row += n;
   }
+  if (!saved.output)
+    return; // (the saving path's arithmetic, nothing kept: --recompute experts)
   const int64_t H = groups.empty() ? 0 : groups[0].down->rows;
   parallelFor(row, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i)
@@ -393,7 +397,7 @@ void experts(const float *x, int64_t tokens, int64_t hidden, const float *weight
   const auto [start, order] =
       assignmentsByExpert(experts, tokens, k, E, capacityFactor, "experts");
   const int64_t kept = start[E];
-  if (saved && kept < pairs) {
+  if (saved && saved->output && kept < pairs) {
     std::fill_n(saved->gate, pairs * gate[0].rows, 0.0f);
     std::fill_n(saved->up, pairs * gate[0].rows, 0.0f);
     std::fill_n(saved->output, pairs * hidden, 0.0f);
@@ -529,6 +533,10 @@ int64_t argmax(const float *x, int64_t n) {
     if (x[i] > x[best])
       best = i;
   return best;
+}
+
+void forwardGatedProduct(Activation act, float *g, const float *u, int64_t n) {
+  gatedProduct(act, g, u, n);
 }
 
 } // namespace moert::cpu

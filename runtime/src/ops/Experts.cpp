@@ -108,8 +108,12 @@ void checkExperts(const StepChecker &c, const PlanStep &step) {
 }
 
 int64_t runExperts(cpu::StepContext &c) {
+  // In a training plan (--recompute experts) the arithmetic of experts_saved,
+  // so that recomputing gives the gradients of saving, bit for bit.
+  static const cpu::ExpertsSaved kNothingKept;
   cpu::experts(c.in(0), c.rows, c.inWidth(0), c.in(1), c.inInts(2), c.inWidth(1), c.experts(0),
-               c.experts(1), c.experts(2), c.step->activation, c.out(0));
+               c.experts(1), c.experts(2), c.step->activation, c.out(0),
+               c.plan->training ? &kNothingKept : nullptr);
   return c.rows;
 }
 

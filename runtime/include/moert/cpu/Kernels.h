@@ -223,7 +223,10 @@ struct ExpertAssignments {
 ExpertAssignments assignmentsByExpert(const int32_t *experts, int64_t tokens, int64_t k,
                                       int64_t numExperts, double capacityFactor,
                                       const char *what);
-/// With `saved`, also writes them (zero for a dropped assignment). With
+/// With `saved`, also writes them (zero for a dropped assignment); a
+/// `saved` of null pointers keeps none but computes as the saving path does
+/// (a training plan's experts whose backward recomputes them: the same bits
+/// as a plan that saves them). With
 /// capacityFactor > 0, each expert takes only its first stepCapacity(cf, T,
 /// k, E, T) assignments in (t, j) order (the position drop policy of
 /// moe.dispatch: a dropped one contributes nothing).
