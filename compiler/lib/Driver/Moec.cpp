@@ -126,10 +126,17 @@ cl::opt<bool> lossOnly("loss-only",
 cl::opt<std::string> recompute(
     "recompute",
     cl::desc("With --train: what the backward pass recomputes instead of keeping from the "
-             "forward pass: none (default: the experts' gate/up products and outputs are "
-             "kept, 2 x k x intermediate + k x hidden floats per token and MoE layer) or "
-             "experts (recomputed: three more products per expert, less memory)"),
-    cl::init("none"), cl::sub(compileCommand), cl::cat(training));
+             "forward pass: auto (default: none when the rank's training memory fits "
+             "--memory-budget, else selective), none (the experts' gate/up products and "
+             "outputs are kept, 2 x k x intermediate + k x hidden floats per token and MoE "
+             "layer), selective or experts (those recomputed: three more products per "
+             "expert, the same gradients bit for bit), full (not supported yet)"),
+    cl::init("auto"), cl::sub(compileCommand), cl::cat(training));
+cl::opt<int64_t> memoryBudget(
+    "memory-budget",
+    cl::desc("With --train and --recompute auto: the bytes the rank may hold (default: 90% "
+             "of the 24 GiB of the CPU machine the planner assumes)"),
+    cl::init(0), cl::sub(compileCommand), cl::cat(training));
 cl::opt<int64_t> seqLen("seq-len", cl::desc("With --train: tokens of one training sequence"),
                         cl::init(0), cl::sub(compileCommand), cl::cat(training));
 cl::opt<int64_t> microBatchSize("micro-batch-size",
@@ -420,6 +427,7 @@ int runImport() {
 }
 
 Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config, bool distribution);
+Error chooseRecompute(mlir::MLIRContext &context, mlir::ModuleOp module, CompileOptions &options);
 
 int runCompile() {
   const bool kernelsOnly = compileTo == "kernels";
@@ -517,6 +525,9 @@ int runCompile() {
     sys::path::append(dir, "plan.json");
     options.output = dir.str().str();
   }
+  if (options.train && !options.lossOnly && recompute == "auto" && options.capacityFactor == 0)
+    if (Error e = chooseRecompute(context, *module, options))
+      return fail(std::move(e));
   mlir::PassManager pm(&context);
   buildPipeline(pm, options, *last);
   if (mlir::failed(pm.run(*module)))
@@ -527,6 +538,36 @@ int runCompile() {
     if (Error e = moe::writePlanReport(options.output, "", compileReport))
       return fail(std::move(e));
   return kExitOk;
+}
+
+/// --recompute auto: the training memory model (the exec programs' bytes,
+/// moe::rankProgramBytes) with every intermediate saved; recompute the
+/// experts' (selective) when that exceeds the budget.
+Error chooseRecompute(mlir::MLIRContext &context, mlir::ModuleOp module,
+                      CompileOptions &options) {
+  mlir::OwningOpRef<mlir::ModuleOp> probe = module.clone();
+  CompileOptions saving = options;
+  saving.recomputeExperts = false;
+  saving.output.clear();
+  saving.target = "cpu"; // (the memory is the programs', whatever the target)
+  mlir::PassManager pm(&context);
+  buildPipeline(pm, saving, Phase::Exec);
+  if (mlir::failed(pm.run(*probe)))
+    return createStringError(inconvertibleErrorCode(),
+                             "--recompute auto: the training programs do not compile");
+  Expected<int64_t> bytes = moe::rankProgramBytes(*probe);
+  if (!bytes)
+    return bytes.takeError();
+  const int64_t budget = memoryBudget.getNumOccurrences()
+                             ? int64_t(memoryBudget)
+                             : int64_t(0.9 * double(sharding::builtinCluster("cpu")->memoryBytes));
+  options.recomputeExperts = *bytes > budget;
+  if (options.recomputeExperts)
+    WithColor::note(errs(), "moec")
+        << "--recompute auto: the training programs hold " << *bytes
+        << " bytes with the experts' intermediates saved, over the budget of " << budget
+        << ": they are recomputed (selective)\n";
+  return Error::success();
 }
 
 /// --train: the workload of one step (micro-batch-size sequences of
@@ -543,7 +584,7 @@ Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config,
   if (!train) {
     for (cl::Option *o : std::initializer_list<cl::Option *>{
              &seqLen, &microBatchSize, &auxLossCoef, &routerZLossCoef, &lossOnly, &recompute,
-             &optimizerKind})
+             &optimizerKind, &memoryBudget})
       if (o->getNumOccurrences())
         return refuse("--" + o->ArgStr + ": expected --train");
   }
@@ -568,8 +609,9 @@ Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config,
   if (distribution)
     return refuse("not supported yet: --train with distribution options (training plans run "
                   "on one rank)");
-  if (options.capacityFactor > 0 && recompute == "experts")
-    return refuse("not supported yet: --recompute experts with --capacity-factor");
+  const bool selective = recompute == "selective" || recompute == "experts";
+  if (options.capacityFactor > 0 && selective)
+    return refuse("not supported yet: --recompute " + recompute + " with --capacity-factor");
   // A capacity factor alone: one rank, the experts' drops in the training
   // program itself (moe-differentiate's capacity-factor).
   options.layout.reset();
@@ -577,13 +619,18 @@ Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config,
     return refuse("--aux-loss-coef: expected a value >= 0");
   if (routerZLossCoef < 0)
     return refuse("--router-z-loss-coef: expected a value >= 0");
-  if (recompute != "none" && recompute != "experts")
-    return refuse("--recompute " + recompute + ": expected none or experts");
+  if (recompute == "full")
+    return refuse("not supported yet: --recompute full (whole layers recomputed in the "
+                  "backward pass); selective recomputes the experts' intermediates");
+  if (recompute != "auto" && recompute != "none" && !selective)
+    return refuse("--recompute " + recompute + ": expected auto, none, selective or experts");
   if (lossOnly && recompute.getNumOccurrences())
     return refuse("--recompute: --loss-only computes no backward pass");
+  if (memoryBudget.getNumOccurrences() && (memoryBudget <= 0 || recompute != "auto"))
+    return refuse("--memory-budget: expected a positive number of bytes, with --recompute auto");
   options.train = true;
   options.lossOnly = lossOnly;
-  options.recomputeExperts = recompute == "experts";
+  options.recomputeExperts = selective;
   options.maxBatchTokens = seqLen * microBatchSize;
   options.maxSeqLen = seqLen;
   options.maxSequences = microBatchSize;

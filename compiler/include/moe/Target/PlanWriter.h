@@ -29,6 +29,13 @@ llvm::Expected<llvm::json::Value> buildPlan(mlir::ModuleOp module);
 llvm::Expected<llvm::json::Object> programPlan(exec::ProgramOp program, int64_t maxSeqLen,
                                                int64_t maxSequences);
 
+/// The bytes one rank holds for a single-stage module's exec programs: its
+/// weights and KV caches once, every program's buffers, each state buffer
+/// once by name (what moert's --report-memory compares with, less the
+/// device's scratch); the training memory model of moec compile --recompute
+/// auto.
+llvm::Expected<int64_t> rankProgramBytes(mlir::ModuleOp module);
+
 /// A plain attribute (exec::isPlainConstant) as JSON: integers, floats,
 /// strings, booleans (unit: true), arrays and dictionaries.
 llvm::json::Value attributeJson(mlir::Attribute a);
