@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "moe/Driver/Moec.h"
+#include "MoecOptions.h"
 #include "moe/Dialect/MoE/IR/MoEDialect.h"
 #include "moe/Frontend/HF/Importer.h"
 #include "moe/InitAll.h"
@@ -54,14 +55,13 @@ cl::opt<bool> inspectJson(
              "active, ...}) instead of text"),
     cl::sub(inspectCommand));
 
-cl::SubCommand compileCommand(
-    "compile", "Compile a Hugging Face config.json into a plan that moert runs");
+
 cl::opt<std::string> compileConfig(cl::Positional, cl::Required,
                                    cl::desc("<config.json>"),
-                                   cl::sub(compileCommand));
+                                   cl::sub(driver::compileSubcommand()));
 cl::opt<std::string> compileOutput(
     "o", cl::desc("Write the plan (or, with --compile-to, the IR) to <file>"),
-    cl::value_desc("file"), cl::sub(compileCommand));
+    cl::value_desc("file"), cl::sub(driver::compileSubcommand()));
 cl::opt<std::string> compileTo(
     "compile-to",
     cl::desc("Stop after this phase and print its IR: import, workload, "
@@ -69,40 +69,40 @@ cl::opt<std::string> compileTo(
              "kernels: with --target cuda, write the CUDA sources (and the plan "
              "with its kernel tables) to the -o directory, or the sources to "
              "standard output, without running nvcc"),
-    cl::value_desc("phase"), cl::init("plan"), cl::sub(compileCommand));
+    cl::value_desc("phase"), cl::init("plan"), cl::sub(driver::compileSubcommand()));
 cl::opt<std::string> compileTarget(
     "target",
     cl::desc("What the plan runs on: cpu (default) or cuda (each program's kernels "
              "emitted as CUDA C++ and compiled by nvcc into a fatbin, both carried in the plan; "
              "docs/cuda.md)"),
-    cl::value_desc("target"), cl::init("cpu"), cl::sub(compileCommand));
+    cl::value_desc("target"), cl::init("cpu"), cl::sub(driver::compileSubcommand()));
 cl::opt<std::string> cudaArchs(
     "cuda-arch",
     cl::desc("With --target cuda: the GPU architectures to compile SASS for, plus PTX "
              "(comma-separated, default sm_80,sm_90)"),
-    cl::value_desc("sm_XY,..."), cl::init("sm_80,sm_90"), cl::sub(compileCommand));
+    cl::value_desc("sm_XY,..."), cl::init("sm_80,sm_90"), cl::sub(driver::compileSubcommand()));
 cl::opt<int64_t> maxBatchTokens(
     "max-batch-tokens",
     cl::desc("Most tokens processed in one step; prompts longer than this are "
              "prefilled in chunks (default 512)"),
-    cl::init(512), cl::sub(compileCommand));
+    cl::init(512), cl::sub(driver::compileSubcommand()));
 cl::opt<int64_t> maxSeqLen(
     "max-seq-len",
     cl::desc("Longest sequence, prompt plus generated tokens; sizes the KV "
              "cache (at most the model's max_position_embeddings; default: "
              "that, capped at 4096)"),
-    cl::init(0), cl::sub(compileCommand));
+    cl::init(0), cl::sub(driver::compileSubcommand()));
 cl::opt<int64_t> maxSequences(
     "max-sequences",
     cl::desc("Most sequences decoded together (KV-cache slots, default 8)"),
-    cl::init(8), cl::sub(compileCommand));
+    cl::init(8), cl::sub(driver::compileSubcommand()));
 
 cl::opt<double> capacityFactor(
     "capacity-factor",
     cl::desc("Expert capacity: each expert takes at most ceil(F x tokens x k / "
              "experts) tokens of a step, the rest are dropped (pass through the "
              "residual); default 0: dropless (docs/partitioned-execution.md)"),
-    cl::init(0.0), cl::sub(compileCommand));
+    cl::init(0.0), cl::sub(driver::compileSubcommand()));
 
 cl::opt<bool> decodeEntry(
     "decode-entry",
@@ -110,151 +110,60 @@ cl::opt<bool> decodeEntry(
              "most one token per sequence (--max-sequences), so its dispatch blocks and "
              "buffers are that small; moert runs prompts with the prefill entry and "
              "generated tokens with the decode entry (docs/plan-format.md, schedule)"),
-    cl::init(false), cl::sub(compileCommand));
-
-// Training (docs/training.md).
-cl::OptionCategory training("Training (--train)");
-cl::opt<bool> train("train",
-                    cl::desc("A training plan: the model followed by its loss (cross-entropy of "
-                             "the next token, the family's balancing loss, the router z-loss); "
-                             "moert train runs it"),
-                    cl::init(false), cl::sub(compileCommand), cl::cat(training));
-cl::opt<bool> lossOnly("loss-only",
-                       cl::desc("With --train: the loss without the backward pass (an "
-                                "evaluation plan: no gradients)"),
-                       cl::init(false), cl::sub(compileCommand), cl::cat(training));
-cl::opt<std::string> recompute(
-    "recompute",
-    cl::desc("With --train: what the backward pass recomputes instead of keeping from the "
-             "forward pass: auto (default: none when the rank's training memory fits "
-             "--memory-budget, else selective), none (the experts' gate/up products and "
-             "outputs are kept, 2 x k x intermediate + k x hidden floats per token and MoE "
-             "layer), selective or experts (those recomputed: three more products per "
-             "expert, the same gradients bit for bit), full (not supported yet)"),
-    cl::init("auto"), cl::sub(compileCommand), cl::cat(training));
-cl::opt<int64_t> memoryBudget(
-    "memory-budget",
-    cl::desc("With --train and --recompute auto: the bytes the rank may hold (default: 90% "
-             "of the 24 GiB of the CPU machine the planner assumes)"),
-    cl::init(0), cl::sub(compileCommand), cl::cat(training));
-cl::opt<int64_t> seqLen("seq-len", cl::desc("With --train: tokens of one training sequence"),
-                        cl::init(0), cl::sub(compileCommand), cl::cat(training));
-cl::opt<int64_t> microBatchSize("micro-batch-size",
-                                cl::desc("With --train: sequences of one step (default 1)"),
-                                cl::init(1), cl::sub(compileCommand), cl::cat(training));
-cl::opt<double> auxLossCoef(
-    "aux-loss-coef",
-    cl::desc("With --train: the balancing loss's coefficient (default: config.json's "
-             "router_aux_loss_coef for the families transformers computes it for)"),
-    cl::init(-1.0), cl::sub(compileCommand), cl::cat(training));
-cl::opt<double> routerZLossCoef("router-z-loss-coef",
-                                cl::desc("With --train: the router z-loss's coefficient "
-                                         "(mean logsumexp^2 of the router logits, summed over "
-                                         "the MoE layers; default 0)"),
-                                cl::init(0.0), cl::sub(compileCommand), cl::cat(training));
-
-// The optimizer program (docs/training.md, "The optimizer").
-cl::opt<std::string> optimizerKind(
-    "optimizer",
-    cl::desc("With --train: none (default: the plan computes the loss and the gradients) or "
-             "adamw (an optimizer program beside the train program: torch.optim.AdamW with "
-             "the options below; moert train --steps N trains)"),
-    cl::init("none"), cl::sub(compileCommand), cl::cat(training));
-cl::opt<double> learningRate("lr", cl::desc("With --optimizer: the peak learning rate (1e-3)"),
-                             cl::init(1e-3), cl::sub(compileCommand), cl::cat(training));
-cl::opt<double> minLr("min-lr",
-                      cl::desc("With --lr-schedule cosine: the final learning rate (0)"),
-                      cl::init(0.0), cl::sub(compileCommand), cl::cat(training));
-cl::opt<std::string> lrSchedule(
-    "lr-schedule",
-    cl::desc("With --optimizer: constant (default) or cosine (decay to --min-lr at "
-             "--lr-decay-steps); both after --warmup-steps of linear warmup"),
-    cl::init("constant"), cl::sub(compileCommand), cl::cat(training));
-cl::opt<int64_t> warmupSteps("warmup-steps",
-                             cl::desc("With --optimizer: steps of linear warmup (0)"),
-                             cl::init(0), cl::sub(compileCommand), cl::cat(training));
-cl::opt<int64_t> lrDecaySteps("lr-decay-steps",
-                              cl::desc("With --lr-schedule cosine: the step where the decay "
-                                       "reaches --min-lr"),
-                              cl::init(0), cl::sub(compileCommand), cl::cat(training));
-cl::opt<double> adamBeta1("adam-beta1", cl::desc("With --optimizer: AdamW's beta1 (0.9)"),
-                          cl::init(0.9), cl::sub(compileCommand), cl::cat(training));
-cl::opt<double> adamBeta2("adam-beta2", cl::desc("With --optimizer: AdamW's beta2 (0.999)"),
-                          cl::init(0.999), cl::sub(compileCommand), cl::cat(training));
-cl::opt<double> adamEps("adam-eps", cl::desc("With --optimizer: AdamW's epsilon (1e-8)"),
-                        cl::init(1e-8), cl::sub(compileCommand), cl::cat(training));
-cl::opt<double> weightDecay("weight-decay",
-                            cl::desc("With --optimizer: AdamW's decoupled weight decay, on "
-                                     "every weight as torch's default (0.01)"),
-                            cl::init(0.01), cl::sub(compileCommand), cl::cat(training));
-cl::opt<double> clipGradNorm("clip-grad-norm",
-                             cl::desc("With --optimizer: clip the gradients to this global "
-                                      "norm, as clip_grad_norm_ (0: no clipping)"),
-                             cl::init(0.0), cl::sub(compileCommand), cl::cat(training));
-cl::opt<double> expertBiasUpdateRate(
-    "expert-bias-update-rate",
-    cl::desc("With --optimizer: DeepSeek-V3's auxiliary-loss-free balancing: each update "
-             "moves every routing correction bias (e_score_correction_bias) by this much "
-             "towards the mean expert load (default 1e-3; 0: none)"),
-    cl::init(1e-3), cl::sub(compileCommand), cl::cat(training));
-cl::opt<int64_t> globalBatchSize(
-    "global-batch-size",
-    cl::desc("With --optimizer: sequences per update, a multiple of --micro-batch-size (the "
-             "gradients of its micro-batches are averaged; default: one micro-batch)"),
-    cl::init(0), cl::sub(compileCommand), cl::cat(training));
+    cl::init(false), cl::sub(driver::compileSubcommand()));
 
 cl::opt<bool> noFuse(
     "no-fuse",
     cl::desc("Skip the fusion passes (moe-fuse-router): every op of the model runs as its own "
              "step, to tell a fusion's numbers from the unfused ones"),
-    cl::init(false), cl::sub(compileCommand));
+    cl::init(false), cl::sub(driver::compileSubcommand()));
 
 // Distribution (the sharding planner).
 cl::OptionCategory distribution("Distribution (any of these runs the sharding planner)");
 cl::opt<int64_t> worldSize("world-size", cl::desc("Number of ranks (devices) to plan for"),
-                           cl::init(0), cl::sub(compileCommand), cl::cat(distribution));
+                           cl::init(0), cl::sub(driver::compileSubcommand()), cl::cat(distribution));
 cl::opt<std::string> gpu("gpu",
                          cl::desc("Device kind of a built-in machine: h100, h200, a100, "
                                   "b200 or cpu (figures and sources: compiler/machines/)"),
-                         cl::sub(compileCommand), cl::cat(distribution));
+                         cl::sub(driver::compileSubcommand()), cl::cat(distribution));
 cl::opt<std::string> clusterFile(
     "cluster", cl::desc("A cluster description (JSON, see compiler/machines/README.md)"),
-    cl::value_desc("file"), cl::sub(compileCommand), cl::cat(distribution));
+    cl::value_desc("file"), cl::sub(driver::compileSubcommand()), cl::cat(distribution));
 cl::opt<int64_t> fixedDp("dp", cl::desc("Fix the data-parallel degree"), cl::init(0),
-                         cl::sub(compileCommand), cl::cat(distribution));
+                         cl::sub(driver::compileSubcommand()), cl::cat(distribution));
 cl::opt<int64_t> fixedPp("pp", cl::desc("Fix the pipeline-parallel degree"), cl::init(0),
-                         cl::sub(compileCommand), cl::cat(distribution));
+                         cl::sub(driver::compileSubcommand()), cl::cat(distribution));
 cl::opt<int64_t> fixedTp("tp", cl::desc("Fix the tensor-parallel degree (divides the heads)"),
-                         cl::init(0), cl::sub(compileCommand), cl::cat(distribution));
+                         cl::init(0), cl::sub(driver::compileSubcommand()), cl::cat(distribution));
 cl::opt<int64_t> fixedEp("ep", cl::desc("Fix the expert-parallel degree (divides the experts)"),
-                         cl::init(0), cl::sub(compileCommand), cl::cat(distribution));
+                         cl::init(0), cl::sub(driver::compileSubcommand()), cl::cat(distribution));
 cl::opt<int64_t> fixedEtp("etp",
                           cl::desc("Fix the expert tensor-parallel degree (divides the "
                                    "expert width)"),
-                          cl::init(0), cl::sub(compileCommand), cl::cat(distribution));
+                          cl::init(0), cl::sub(driver::compileSubcommand()), cl::cat(distribution));
 cl::opt<int64_t> vocabPadTo(
     "vocab-pad-to",
     cl::desc("Pad the vocabulary to a multiple of this x tp (default 64); the padding "
              "never reaches logits or checkpoints"),
-    cl::init(64), cl::sub(compileCommand), cl::cat(distribution));
+    cl::init(64), cl::sub(driver::compileSubcommand()), cl::cat(distribution));
 cl::opt<std::string> planDtype(
     "dtype",
     cl::desc("Weight dtype the planner counts: bf16, f16, f32 or fp8 (default: the "
              "config's torch_dtype; DeepSeek-V3 publishes fp8 weights)"),
-    cl::sub(compileCommand), cl::cat(distribution));
+    cl::sub(driver::compileSubcommand()), cl::cat(distribution));
 cl::opt<bool> explain("explain",
                       cl::desc("Print the chosen layout, the best alternatives with "
                                "per-rank memory and time, and why the rest were rejected"),
-                      cl::sub(compileCommand), cl::cat(distribution));
+                      cl::sub(driver::compileSubcommand()), cl::cat(distribution));
 cl::opt<bool> printJson("json",
                         cl::desc("Print the layout as one JSON object (world_size, degrees, "
                                  "vocab, ranks with their memory and weight slices)"),
-                        cl::sub(compileCommand), cl::cat(distribution));
+                        cl::sub(driver::compileSubcommand()), cl::cat(distribution));
 
 cl::opt<std::string> compileReport(
     "report",
     cl::desc("Also write the plan's report, one HTML page (as moec report does; needs -o)"),
-    cl::value_desc("report.html"), cl::sub(compileCommand));
+    cl::value_desc("report.html"), cl::sub(driver::compileSubcommand()));
 
 cl::SubCommand reportCommand(
     "report", "Draw a plan as one self-contained HTML page: mesh, experts, memory, "
@@ -426,8 +335,6 @@ int runImport() {
   return writeIR(*imported->module, importOutput);
 }
 
-Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config, bool distribution);
-Error chooseRecompute(mlir::MLIRContext &context, mlir::ModuleOp module, CompileOptions &options);
 
 int runCompile() {
   const bool kernelsOnly = compileTo == "kernels";
@@ -512,7 +419,8 @@ int runCompile() {
   options.cudaArch = cudaArchs;
   options.kernelsOnly = kernelsOnly;
   options.decodeEntry = decodeEntry;
-  if (Error e = trainingOptions(options, *config, distribution))
+  if (Error e = driver::trainingOptions(options, *config, distribution,
+                                         {&maxBatchTokens, &maxSeqLen, &maxSequences, &decodeEntry}))
     return fail(std::move(e));
   // Where the plan goes: -o, or DIR/plan.json for --compile-to=kernels -o DIR
   // (the sources beside it).
@@ -525,9 +433,8 @@ int runCompile() {
     sys::path::append(dir, "plan.json");
     options.output = dir.str().str();
   }
-  if (options.train && !options.lossOnly && recompute == "auto" && options.capacityFactor == 0)
-    if (Error e = chooseRecompute(context, *module, options))
-      return fail(std::move(e));
+  if (Error e = driver::chooseRecompute(context, *module, options))
+    return fail(std::move(e));
   mlir::PassManager pm(&context);
   buildPipeline(pm, options, *last);
   if (mlir::failed(pm.run(*module)))
@@ -538,143 +445,6 @@ int runCompile() {
     if (Error e = moe::writePlanReport(options.output, "", compileReport))
       return fail(std::move(e));
   return kExitOk;
-}
-
-/// --recompute auto: the training memory model (the exec programs' bytes,
-/// moe::rankProgramBytes) with every intermediate saved; recompute the
-/// experts' (selective) when that exceeds the budget.
-Error chooseRecompute(mlir::MLIRContext &context, mlir::ModuleOp module,
-                      CompileOptions &options) {
-  mlir::OwningOpRef<mlir::ModuleOp> probe = module.clone();
-  CompileOptions saving = options;
-  saving.recomputeExperts = false;
-  saving.output.clear();
-  saving.target = "cpu"; // (the memory is the programs', whatever the target)
-  mlir::PassManager pm(&context);
-  buildPipeline(pm, saving, Phase::Exec);
-  if (mlir::failed(pm.run(*probe)))
-    return createStringError(inconvertibleErrorCode(),
-                             "--recompute auto: the training programs do not compile");
-  Expected<int64_t> bytes = moe::rankProgramBytes(*probe);
-  if (!bytes)
-    return bytes.takeError();
-  const int64_t budget = memoryBudget.getNumOccurrences()
-                             ? int64_t(memoryBudget)
-                             : int64_t(0.9 * double(sharding::builtinCluster("cpu")->memoryBytes));
-  options.recomputeExperts = *bytes > budget;
-  if (options.recomputeExperts)
-    WithColor::note(errs(), "moec")
-        << "--recompute auto: the training programs hold " << *bytes
-        << " bytes with the experts' intermediates saved, over the budget of " << budget
-        << ": they are recomputed (selective)\n";
-  return Error::success();
-}
-
-/// --train: the workload of one step (micro-batch-size sequences of
-/// seq-len tokens) and the loss; what training does not do yet is refused.
-Error trainingOptions(CompileOptions &options, const hf::ModelConfig &config,
-                      bool distribution) {
-  auto refuse = [](const Twine &message) {
-    return createStringError(inconvertibleErrorCode(), "%s", message.str().c_str());
-  };
-  const std::initializer_list<cl::Option *> optimizerOptions{
-      &learningRate, &minLr,     &lrSchedule,  &warmupSteps,  &lrDecaySteps,   &adamBeta1,
-      &adamBeta2,    &adamEps,   &weightDecay, &clipGradNorm, &globalBatchSize,
-      &expertBiasUpdateRate};
-  if (!train) {
-    for (cl::Option *o : std::initializer_list<cl::Option *>{
-             &seqLen, &microBatchSize, &auxLossCoef, &routerZLossCoef, &lossOnly, &recompute,
-             &optimizerKind, &memoryBudget})
-      if (o->getNumOccurrences())
-        return refuse("--" + o->ArgStr + ": expected --train");
-  }
-  if (optimizerKind != "none" && optimizerKind != "adamw")
-    return refuse("--optimizer " + optimizerKind + ": expected none or adamw");
-  if (optimizerKind == "none")
-    for (cl::Option *o : optimizerOptions)
-      if (o->getNumOccurrences())
-        return refuse("--" + o->ArgStr + ": expected --optimizer adamw");
-  if (!train)
-    return Error::success();
-  if (seqLen < 1 || microBatchSize < 1)
-    return refuse("--train: expected --seq-len >= 1 and --micro-batch-size >= 1");
-  if (seqLen > config.maxPositionEmbeddings)
-    return refuse("--seq-len " + Twine(int64_t(seqLen)) + ": more than the model's " +
-                  "max_position_embeddings (" + Twine(config.maxPositionEmbeddings) + ")");
-  for (cl::Option *o : std::initializer_list<cl::Option *>{&maxBatchTokens, &maxSeqLen,
-                                                          &maxSequences, &decodeEntry})
-    if (o->getNumOccurrences())
-      return refuse("--train: --" + o->ArgStr +
-                    " does not apply (a step is --micro-batch-size x --seq-len tokens)");
-  if (distribution)
-    return refuse("not supported yet: --train with distribution options (training plans run "
-                  "on one rank)");
-  const bool selective = recompute == "selective" || recompute == "experts";
-  if (options.capacityFactor > 0 && selective)
-    return refuse("not supported yet: --recompute " + recompute + " with --capacity-factor");
-  // A capacity factor alone: one rank, the experts' drops in the training
-  // program itself (moe-differentiate's capacity-factor).
-  options.layout.reset();
-  if (auxLossCoef.getNumOccurrences() && auxLossCoef < 0)
-    return refuse("--aux-loss-coef: expected a value >= 0");
-  if (routerZLossCoef < 0)
-    return refuse("--router-z-loss-coef: expected a value >= 0");
-  if (recompute == "full")
-    return refuse("not supported yet: --recompute full (whole layers recomputed in the "
-                  "backward pass); selective recomputes the experts' intermediates");
-  if (recompute != "auto" && recompute != "none" && !selective)
-    return refuse("--recompute " + recompute + ": expected auto, none, selective or experts");
-  if (lossOnly && recompute.getNumOccurrences())
-    return refuse("--recompute: --loss-only computes no backward pass");
-  if (memoryBudget.getNumOccurrences() && (memoryBudget <= 0 || recompute != "auto"))
-    return refuse("--memory-budget: expected a positive number of bytes, with --recompute auto");
-  options.train = true;
-  options.lossOnly = lossOnly;
-  options.recomputeExperts = selective;
-  options.maxBatchTokens = seqLen * microBatchSize;
-  options.maxSeqLen = seqLen;
-  options.maxSequences = microBatchSize;
-  options.auxLossCoef = auxLossCoef;
-  options.zLossCoef = routerZLossCoef;
-  if (optimizerKind == "none")
-    return Error::success();
-  if (lossOnly)
-    return refuse("--optimizer: --loss-only computes no gradients");
-  if (options.target != "cpu")
-    return refuse("not supported yet: --optimizer with --target " + options.target +
-                  " (the optimizer's kernels are the CPU's for now)");
-  if (globalBatchSize.getNumOccurrences() &&
-      (globalBatchSize < 1 || globalBatchSize % microBatchSize != 0))
-    return refuse("--global-batch-size " + Twine(int64_t(globalBatchSize)) +
-                  ": expected a positive multiple of --micro-batch-size (" +
-                  Twine(int64_t(microBatchSize)) + ")");
-  if (lrSchedule != "constant" && lrSchedule != "cosine")
-    return refuse("--lr-schedule " + lrSchedule + ": expected constant or cosine");
-  if (lrSchedule == "cosine" && lrDecaySteps <= warmupSteps)
-    return refuse("--lr-schedule cosine: expected --lr-decay-steps greater than --warmup-steps");
-  if (!(learningRate > 0) || !(minLr >= 0) || minLr > learningRate)
-    return refuse("--lr / --min-lr: expected --lr > 0 and 0 <= --min-lr <= --lr");
-  if (warmupSteps < 0 || !(adamBeta1 >= 0 && adamBeta1 < 1) ||
-      !(adamBeta2 >= 0 && adamBeta2 < 1) || !(adamEps > 0) || !(weightDecay >= 0) ||
-      !(clipGradNorm >= 0) || !(expertBiasUpdateRate >= 0))
-    return refuse("--optimizer adamw: expected --warmup-steps >= 0, betas in [0, 1), "
-                  "--adam-eps > 0, --weight-decay >= 0, --clip-grad-norm >= 0 and "
-                  "--expert-bias-update-rate >= 0");
-  CompileOptions::Optimizer adamw;
-  adamw.lr = learningRate;
-  adamw.minLr = minLr;
-  adamw.schedule = lrSchedule;
-  adamw.warmupSteps = warmupSteps;
-  adamw.decaySteps = lrDecaySteps;
-  adamw.beta1 = adamBeta1;
-  adamw.beta2 = adamBeta2;
-  adamw.eps = adamEps;
-  adamw.weightDecay = weightDecay;
-  adamw.clipGradNorm = clipGradNorm;
-  adamw.expertBiasUpdateRate = expertBiasUpdateRate;
-  adamw.microBatches = globalBatchSize.getNumOccurrences() ? globalBatchSize / microBatchSize : 1;
-  options.optimizer = adamw;
-  return Error::success();
 }
 
 int runPlanInfo() {
@@ -733,6 +503,11 @@ int runPlanInfo() {
 
 } // namespace
 
+cl::SubCommand &moe::driver::compileSubcommand() {
+  static cl::SubCommand command("compile", "Compile a Hugging Face config.json into a plan that moert runs");
+  return command;
+}
+
 int moe::moecMain(int argc, char **argv) {
   InitLLVM init(argc, argv);
   cl::ParseCommandLineOptions(
@@ -751,7 +526,7 @@ int moe::moecMain(int argc, char **argv) {
     return runInspect();
   if (importCommand)
     return runImport();
-  if (compileCommand)
+  if (driver::compileSubcommand())
     return runCompile();
   if (planInfoCommand)
     return runPlanInfo();
