@@ -15,6 +15,10 @@
 #include "moert/TokenData.h"
 #include "moert/cpu/Peak.h"
 
+#include "checkpoint/Progress.h"
+
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -265,6 +269,10 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
   std::string metrics;
   std::vector<float> loss, stats;
   int64_t consumed = run.start.microBatchesDone;
+  // A bar on stderr while the update lines go elsewhere (a log file): on a
+  // terminal the lines themselves show the progress.
+  Progress progress("train", static_cast<uint64_t>(run.steps - run.start.step),
+                    !::isatty(STDOUT_FILENO), "updates");
   constexpr int64_t kMaxSkipped = 5;
   int64_t skipped = 0; // updates skipped in a row
   for (int64_t step = run.start.step; step < run.steps; ++step) {
@@ -315,7 +323,9 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
     if (!run.save.empty() &&
         ((run.saveEvery > 0 && (step + 1) % run.saveEvery == 0) || step + 1 == run.steps))
       saveCheckpoint(executor, program, run, {step + 1, consumed, M, L, B, run.start.shuffleSeed});
+    progress.add(1);
   }
+  progress.finish();
   if (!run.metricsOut.empty())
     writeFileAtomically(run.metricsOut, metrics);
   if (!run.weightsOut.empty()) {

@@ -33,8 +33,8 @@ std::string secondsText(double s) {
 
 } // namespace
 
-Progress::Progress(std::string label, uint64_t totalBytes, bool show)
-    : label(std::move(label)), total(totalBytes) {
+Progress::Progress(std::string label, uint64_t totalBytes, bool show, std::string unit)
+    : label(std::move(label)), unit(std::move(unit)), total(totalBytes) {
   start = last = std::chrono::steady_clock::now();
   const char *env = std::getenv("MOERT_PROGRESS");
   if (!show || (env && !std::strcmp(env, "0")))
@@ -83,9 +83,13 @@ void Progress::print(bool final) {
                      : rate > 0 ? fmt::format("{} left",
                                               secondsText(static_cast<double>(total - std::min(done, total)) / rate))
                                 : std::string("? left");
-  std::string figures = fmt::format("{} / {} ({:.0f}%), {}/s, {}", bytesText(static_cast<double>(done)),
-                                    bytesText(static_cast<double>(total)), 100 * fraction,
-                                    bytesText(rate), left);
+  std::string figures =
+      unit.empty()
+          ? fmt::format("{} / {} ({:.0f}%), {}/s, {}", bytesText(static_cast<double>(done)),
+                        bytesText(static_cast<double>(total)), 100 * fraction, bytesText(rate),
+                        left)
+          : fmt::format("{} / {} {} ({:.0f}%), {:.2f} {}/s, {}", done, total, unit,
+                        100 * fraction, rate, unit, left);
   if (mode == Mode::Bar) {
     constexpr int kWidth = 30;
     int filled = static_cast<int>(fraction * kWidth);

@@ -1,5 +1,5 @@
-// Progress of long checkpoint operations (convert, export, load): bytes
-// done, rate and time left, on stderr.
+// Progress of long operations (convert, export, load: bytes; moert train:
+// updates) done, rate and time left, on stderr.
 //
 // - stderr is a terminal: a bar redrawn in place (at most every 0.2 s) and
 //   a final line, for operations that take more than 0.5 s;
@@ -17,7 +17,9 @@ namespace moert {
 
 class Progress {
 public:
-  Progress(std::string label, uint64_t totalBytes, bool show = true);
+  /// `unit` empty: the amounts are bytes; else they count `unit`s
+  /// ("updates").
+  Progress(std::string label, uint64_t totalBytes, bool show = true, std::string unit = {});
   ~Progress();
   void add(uint64_t bytes);
   /// Prints the final line (once; the destructor calls it too).
@@ -26,7 +28,7 @@ public:
 private:
   enum class Mode { Off, Bar, Lines };
   void print(bool final);
-  std::string label;
+  std::string label, unit;
   uint64_t total, done = 0;
   Mode mode = Mode::Off;
   bool printed = false, finished = false;
