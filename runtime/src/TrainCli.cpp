@@ -13,6 +13,7 @@
 #include "moert/ShardedCheckpoint.h"
 #include "moert/StepTimes.h"
 #include "moert/TokenData.h"
+#include "moert/cpu/Optimizer.h"
 #include "moert/cpu/Peak.h"
 
 #include "checkpoint/Progress.h"
@@ -39,31 +40,13 @@ int64_t integerOption(const std::string &option, const char *text, int64_t min) 
   return value;
 }
 
-/// Micro-batch `m`: windows m * B .. m * B + B - 1, one sequence (KV-cache
-/// slot) each, positions from 0, the labels the next tokens.
-/// sum += g (sum starts empty: = g); returns the sum of g's squares, added
-/// per block of 64 Ki elements in block order (the same bits for any
-/// thread count).
+/// sum += g (sum starts empty: = g); returns the sum of g's squares
+/// (cpu::sumOfSquares: the same bits for any thread count).
 double accumulate(const std::vector<float> &g, std::vector<float> &sum) {
-  constexpr int64_t kBlock = 1 << 16;
-  const int64_t n = static_cast<int64_t>(g.size()), blocks = (n + kBlock - 1) / kBlock;
-  const bool first = sum.empty();
-  sum.resize(g.size());
-  std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
-  parallelFor(blocks, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      double squares = 0;
-      for (int64_t j = b * kBlock; j < std::min(n, (b + 1) * kBlock); ++j) {
-        squares += static_cast<double>(g[j]) * g[j];
-        sum[j] = first ? g[j] : sum[j] + g[j];
-      }
-      partial[b] = squares;
-    }
-  });
-  double squares = 0;
-  for (double p : partial)
-    squares += p;
-  return squares;
+  if (sum.empty())
+    sum.assign(g.size(), 0.0f);
+  cpu::accumulate(g.data(), sum.data(), static_cast<int64_t>(g.size()));
+  return cpu::sumOfSquares(g.data(), static_cast<int64_t>(g.size()));
 }
 
 /// --profile: the seconds per micro-batch of each op kind, largest first.
