@@ -419,7 +419,12 @@ int runCompile() {
   options.cudaArch = cudaArchs;
   options.kernelsOnly = kernelsOnly;
   options.decodeEntry = decodeEntry;
-  if (Error e = driver::trainingOptions(options, *config, distribution,
+  // (--explain with --train prints the training memory model instead of
+  // the planner's choice.)
+  const bool plannerOptions = worldSize || !gpu.empty() || !clusterFile.empty() || fixedDp ||
+                              !planDtype.empty() || fixedPp || fixedTp || fixedEp || fixedEtp ||
+                              printJson;
+  if (Error e = driver::trainingOptions(options, *config, plannerOptions,
                                          {&maxBatchTokens, &maxSeqLen, &maxSequences, &decodeEntry}))
     return fail(std::move(e));
   // Where the plan goes: -o, or DIR/plan.json for --compile-to=kernels -o DIR

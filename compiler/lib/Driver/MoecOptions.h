@@ -31,7 +31,7 @@ llvm::Error trainingOptions(CompileOptions &options, const hf::ModelConfig &conf
                             llvm::ArrayRef<llvm::cl::Option *> workloadOptions);
 
 /// --recompute auto for a training plan: the training memory model
-/// (moe::rankProgramBytes of the programs compiled with every intermediate
+/// (moe::rankProgramMemory of the programs compiled with every intermediate
 /// saved) against --memory-budget sets options.recomputeExperts. Nothing for
 /// another choice or plan.
 llvm::Error chooseRecompute(mlir::MLIRContext &context, mlir::ModuleOp module,

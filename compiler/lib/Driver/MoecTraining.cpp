@@ -11,6 +11,7 @@
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/PassManager.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/WithColor.h"
 
 using namespace llvm;
@@ -112,7 +113,7 @@ cl::opt<int64_t> globalBatchSize(
 } // namespace
 
 /// --recompute auto: the training memory model (the exec programs' bytes,
-/// moe::rankProgramBytes) with every intermediate saved; recompute the
+/// moe::rankProgramMemory) with every intermediate saved; recompute the
 /// experts' (selective) when that exceeds the budget.
 Error driver::chooseRecompute(mlir::MLIRContext &context, mlir::ModuleOp module,
                               CompileOptions &options) {
@@ -128,18 +129,31 @@ Error driver::chooseRecompute(mlir::MLIRContext &context, mlir::ModuleOp module,
   if (mlir::failed(pm.run(*probe)))
     return createStringError(inconvertibleErrorCode(),
                              "--recompute auto: the training programs do not compile");
-  Expected<int64_t> bytes = moe::rankProgramBytes(*probe);
-  if (!bytes)
-    return bytes.takeError();
+  Expected<moe::RankProgramMemory> memory = moe::rankProgramMemory(*probe);
+  if (!memory)
+    return memory.takeError();
+  const int64_t bytes = memory->total();
   const int64_t budget = memoryBudget.getNumOccurrences()
                              ? int64_t(memoryBudget)
                              : int64_t(0.9 * double(sharding::builtinCluster("cpu")->memoryBytes));
-  options.recomputeExperts = *bytes > budget;
+  options.recomputeExperts = bytes > budget;
   if (options.recomputeExperts)
     WithColor::note(errs(), "moec")
-        << "--recompute auto: the training programs hold " << *bytes
+        << "--recompute auto: the training programs hold " << bytes
         << " bytes with the experts' intermediates saved, over the budget of " << budget
         << ": they are recomputed (selective)\n";
+  if (options.explain) {
+    // The training memory model, as moert --report-memory measures it.
+    outs() << "training memory of the rank (its compiled programs, the experts' "
+              "intermediates saved; bytes):\n";
+    outs() << formatv("  {0,-28} {1,14}\n", "weights", memory->weights);
+    outs() << formatv("  {0,-28} {1,14}\n", "KV caches", memory->kvCache);
+    outs() << formatv("  {0,-28} {1,14}\n", "buffers (activations, grads)", memory->buffers);
+    for (const auto &[kind, kindBytes] : memory->state)
+      outs() << formatv("  {0,-28} {1,14}\n", "state " + kind, kindBytes);
+    outs() << formatv("  {0,-28} {1,14}   budget {2}: recompute {3}\n", "total", bytes, budget,
+                      options.recomputeExperts ? "selective" : "none");
+  }
   return Error::success();
 }
 

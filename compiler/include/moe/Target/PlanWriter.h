@@ -14,6 +14,10 @@
 #include "llvm/Support/Error.h"
 #include "llvm/Support/JSON.h"
 
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace moe {
 
 constexpr int kPlanFormatVersion = plan::kFormatVersion;
@@ -29,12 +33,23 @@ llvm::Expected<llvm::json::Value> buildPlan(mlir::ModuleOp module);
 llvm::Expected<llvm::json::Object> programPlan(exec::ProgramOp program, int64_t maxSeqLen,
                                                int64_t maxSequences);
 
-/// The bytes one rank holds for a single-stage module's exec programs: its
+/// What one rank holds for a single-stage module's exec programs: its
 /// weights and KV caches once, every program's buffers, each state buffer
-/// once by name (what moert's --report-memory compares with, less the
-/// device's scratch); the training memory model of moec compile --recompute
-/// auto.
-llvm::Expected<int64_t> rankProgramBytes(mlir::ModuleOp module);
+/// once by name, summed by kind (the name before ':': grad_sum, exp_avg,
+/// ...). total() is what moert's --report-memory compares with, less the
+/// device's scratch: the training memory model of moec compile --recompute
+/// auto and --explain.
+struct RankProgramMemory {
+  int64_t weights = 0, kvCache = 0, buffers = 0;
+  std::vector<std::pair<std::string, int64_t>> state; ///< by kind, in first-seen order
+  int64_t total() const {
+    int64_t t = weights + kvCache + buffers;
+    for (const auto &kind : state)
+      t += kind.second;
+    return t;
+  }
+};
+llvm::Expected<RankProgramMemory> rankProgramMemory(mlir::ModuleOp module);
 
 /// A plain attribute (exec::isPlainConstant) as JSON: integers, floats,
 /// strings, booleans (unit: true), arrays and dictionaries.

@@ -220,35 +220,42 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
   return plan;
 }
 
-llvm::Expected<int64_t> moe::rankProgramBytes(ModuleOp module) {
+llvm::Expected<moe::RankProgramMemory> moe::rankProgramMemory(ModuleOp module) {
   auto workload = module->getAttrOfType<DictionaryAttr>("moe.workload");
   auto value = [&](StringRef key) {
     auto a = workload ? workload.getAs<IntegerAttr>(key) : IntegerAttr();
     return a ? a.getInt() : int64_t(0);
   };
-  int64_t bytes = 0;
+  RankProgramMemory memory;
   bool first = true;
   llvm::StringSet<> states;
   for (auto program : module.getOps<moe::exec::ProgramOp>()) {
     if (program.getStageAttr().getInt() != 0)
-      return planError("rankProgramBytes: expected the programs of one stage");
+      return planError("rankProgramMemory: expected the programs of one stage");
     llvm::Expected<Object> plan =
         programPlan(program, value("max_seq_len"), value("max_sequences"));
     if (!plan)
       return plan.takeError();
-    const Object *memory = plan->getObject("memory");
-    if (first) // the weights and caches a rank's entries share
-      bytes += *memory->getInteger("weights") + *memory->getInteger("kv_cache");
+    const Object *figures = plan->getObject("memory");
+    if (first) { // the weights and caches a rank's entries share
+      memory.weights = *figures->getInteger("weights");
+      memory.kvCache = *figures->getInteger("kv_cache");
+    }
     first = false;
-    bytes += *memory->getInteger("activations");
+    memory.buffers += *figures->getInteger("activations");
     for (const llvm::json::Value &b : *plan->getArray("buffers")) {
       const Object &buffer = *b.getAsObject();
-      if (std::optional<StringRef> state = buffer.getString("state"))
-        if (states.insert(*state).second)
-          bytes += *buffer.getInteger("bytes");
+      std::optional<StringRef> state = buffer.getString("state");
+      if (!state || !states.insert(*state).second)
+        continue;
+      const std::string kind = state->split(':').first.str();
+      auto it = llvm::find_if(memory.state, [&](const auto &k) { return k.first == kind; });
+      if (it == memory.state.end())
+        it = memory.state.insert(memory.state.end(), {kind, 0});
+      it->second += *buffer.getInteger("bytes");
     }
   }
-  return bytes;
+  return memory;
 }
 
 llvm::json::Array moe::logicalWeights(ModuleOp module) {
