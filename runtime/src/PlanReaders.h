@@ -25,6 +25,13 @@ struct PlanDocument {
 };
 PlanDocument readPlanDocument(const std::string &path);
 
+/// The programs' entries (the first program's, one program per stage, then
+/// each other entry's) and the schedule that runs them (PlanEntries.cpp): a
+/// rank binds its weights once and shares its KV caches between its
+/// entries, so the entries of a stage declare the same ones. InputError
+/// naming the field.
+void readEntries(const JsonFields &r, Plan &plan);
+
 /// The program's "cuda" object, checked field by field against `program`
 /// (its steps, buffers, weights and KV caches read already); InputError
 /// naming the field.

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 namespace moert {
@@ -178,10 +179,15 @@ std::vector<int32_t> tokenizeInputs(const Tokenizer &tokenizer,
 bool isPromptResponseJsonl(const std::string &path) {
   if (path.size() <= 6 || path.compare(path.size() - 6, 6, ".jsonl") != 0)
     return false;
-  const std::vector<std::pair<int64_t, nlohmann::json>> objects =
-      jsonLines(path, readInputFile(path, uint64_t(1) << 40, "a text input"));
-  return !objects.empty() && objects[0].second.is_object() &&
-         objects[0].second.contains("prompt") && objects[0].second.contains("response");
+  // The first non-empty line decides (the file is read whole once, later).
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line) && (line.empty() || line == "\r"))
+    ;
+  if (line.empty())
+    return false;
+  const nlohmann::json object = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  return object.is_object() && object.contains("prompt") && object.contains("response");
 }
 
 std::vector<int32_t> tokenizePromptResponses(const Tokenizer &tokenizer, const std::string &path,

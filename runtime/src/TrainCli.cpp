@@ -25,7 +25,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -355,25 +354,6 @@ TrainingProgress resumeFrom(const std::string &dir, const Checkpoint &checkpoint
   return p;
 }
 
-/// The model as --save's manifest records it: the config.json of the
-/// weights' directory (or of the checkpoint they came from, or the plan's
-/// source) and the experts' layout.
-CheckpointModel checkpointModel(const Plan &plan, const Checkpoint &checkpoint,
-                                const std::string &weightsPath) {
-  CheckpointModel model{plan.modelType, plan.layout->source, "", "per-expert"};
-  if (const ShardedCheckpoint *sharded = checkpoint.shardedCheckpoint()) {
-    model.configJson = sharded->configJson();
-    model.expertLayout = sharded->expertLayout();
-    return model;
-  }
-  model.expertLayout = checkpoint.hasFusedExperts() ? "fused" : "per-expert";
-  std::string config = weightsPath + "/config.json";
-  if (!std::ifstream(config))
-    config = plan.layout->source;
-  model.configJson = readInputFile(config, 1 << 24, "config.json");
-  return model;
-}
-
 } // namespace
 
 int trainCommand(int argc, char **argv, Comm &comm) {
@@ -499,7 +479,7 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     run.save = save;
     run.saveEvery = saveEvery;
     run.planPath = planPath;
-    run.model = checkpointModel(plan, *checkpoint, weightsPath);
+    run.model = checkpointModel(*checkpoint, weightsPath, plan.modelType, plan.layout->source);
     const PlanProgram &optimizer = *plan.entriesOf(0).back();
     run.start.shuffleSeed = shuffleSeed;
     if (!resume.empty())

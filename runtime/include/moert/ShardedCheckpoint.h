@@ -123,6 +123,13 @@ struct CheckpointModel {
   std::string modelType, source, configJson, expertLayout = "per-expert";
 };
 
+/// What a checkpoint written from `source` (read from directory `dir`)
+/// records of the model: its config.json (the sharded source's, else
+/// dir/config.json, else the plan's `planSource`, verbatim) and its experts'
+/// layout (moert convert and moert train --save).
+CheckpointModel checkpointModel(const Checkpoint &source, const std::string &dir,
+                                const std::string &modelType, const std::string &planSource);
+
 /// `moert train --save`: one process's training checkpoint in `outDir`, a
 /// sharded checkpoint of one rank file (the model's tensors, which moert
 /// run, train and export read as any sharded checkpoint's, then the

@@ -82,6 +82,22 @@ void sharded::collectBeforeSave(const std::string &dir) {
   collectStaleFiles(dir, keep);
 }
 
+CheckpointModel checkpointModel(const Checkpoint &source, const std::string &dir,
+                                const std::string &modelType, const std::string &planSource) {
+  CheckpointModel model{modelType, planSource, "", source.hasFusedExperts() ? "fused" : "per-expert"};
+  if (const ShardedCheckpoint *sharded = source.shardedCheckpoint()) {
+    model.configJson = sharded->configJson();
+    model.expertLayout = sharded->expertLayout();
+    return model;
+  }
+  std::error_code ec;
+  std::string configPath = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(configPath, ec))
+    configPath = planSource;
+  model.configJson = readText(configPath);
+  return model;
+}
+
 void convertCheckpoint(const std::string &planPath, const std::string &hfDir,
                        const std::string &outDir, Comm *comm) {
   PlanLayout layout = PlanLayout::load(planPath);
@@ -162,18 +178,8 @@ void convertCheckpoint(const std::string &planPath, const std::string &hfDir,
       inputError("{}: tensor '{}': expected dtype {} (the plan's) but found {}",
                  hf->fileOf(l.name), l.name, dtypeName(l.dtype), dtypeName(view.dtype));
   }
-  std::error_code ec;
-  std::string config;
-  std::string expertLayout = hf->hasFusedExperts() ? "fused" : "per-expert";
-  if (hf->isSharded()) {
-    config = hf->shardedCheckpoint()->configJson();
-    expertLayout = hf->shardedCheckpoint()->expertLayout();
-  } else {
-    std::string configPath = (fs::path(hfDir) / "config.json").string();
-    if (!fs::exists(configPath, ec))
-      configPath = layout.source;
-    config = readText(configPath);
-  }
+  const CheckpointModel model = checkpointModel(*hf, hfDir, layout.modelType, layout.source);
+  const std::string &config = model.configJson, &expertLayout = model.expertLayout;
 
   makeDirectory(outDir);
   const std::string manifestPath = (fs::path(outDir) / "manifest.json").string();
