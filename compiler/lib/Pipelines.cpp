@@ -165,6 +165,10 @@ static void addEntryPasses(OpPassManager &pm, const moe::CompileOptions &o, bool
   // Dead weights and ops (e.g. a tied head imported twice) go before buffers
   // are assigned, so that no buffer is reserved for them.
   pm.addPass(createCSEPass());
+  // Whole layers recomputed in the backward pass: after the last CSE (which
+  // would merge the clones with their originals).
+  if (o.train && !o.lossOnly && o.recomputeLayers)
+    pm.addPass(createMoERecomputeLayers());
   // Fusions of the rank-local programs (partitioning places its all_reduces
   // at the plain adds).
   if (o.fuse)
@@ -220,6 +224,9 @@ struct CompilePipelineOptions : public PassPipelineOptions<CompilePipelineOption
   Option<bool> recomputeExperts{*this, "recompute-experts", llvm::cl::init(false),
                                 llvm::cl::desc("with train: recompute the experts' "
                                                "intermediates in the backward pass")};
+  Option<bool> recomputeLayers{*this, "recompute-layers", llvm::cl::init(false),
+                               llvm::cl::desc("with train: recompute whole layers in the "
+                                              "backward pass")};
   Option<double> auxLossCoef{*this, "aux-loss-coef", llvm::cl::init(-1.0),
                              llvm::cl::desc("balancing-loss coefficient (< 0: the config's)")};
   Option<double> zLossCoef{*this, "z-loss-coef", llvm::cl::init(0.0),
@@ -260,6 +267,7 @@ void moe::registerPipelines() {
         o.train = p.train;
         o.lossOnly = p.lossOnly;
         o.recomputeExperts = p.recomputeExperts;
+        o.recomputeLayers = p.recomputeLayers;
         o.auxLossCoef = p.auxLossCoef;
         o.zLossCoef = p.zLossCoef;
         buildPipeline(pm, o, Phase::Plan);

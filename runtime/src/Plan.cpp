@@ -311,6 +311,7 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
     if (a.has("kv_heads")) step.kvHeads = a.integer("kv_heads", 1);
     if (a.has("sliding_window")) step.slidingWindow = a.integer("sliding_window", 0);
     if (a.has("kv_cache")) step.kvCache = a.integer("kv_cache", 0);
+    if (a.has("recompute")) step.recompute = a.boolean("recompute");
     if (a.has("rope")) step.rope = parseRope(a.child("rope"));
     if (a.has("routing")) step.routing = parseRouting(a.child("routing"));
     if (a.has("activation")) step.activation = parseActivation(a);

@@ -133,11 +133,19 @@ void checkDataFlow(const PlanProgram &program, const JsonFields &pr) {
     for (int64_t id : step.out)
       lastWriter[id] = static_cast<int64_t>(i);
     if (step.kvCache >= 0) {
-      if (cacheStep[step.kvCache] >= 0)
-        s.fail("attrs.kv_cache", fmt::format("KV cache {} is also step {}'s", step.kvCache,
-                                             cacheStep[step.kvCache]));
-      cacheStep[step.kvCache] = static_cast<int64_t>(i);
+      // One attention step per cache, but for a recomputed attention, which
+      // writes its forward step's cache again.
+      const int64_t first = cacheStep[step.kvCache];
+      if (first >= 0 && !(step.recompute && program.steps[first].op == step.op))
+        s.fail("attrs.kv_cache", fmt::format("KV cache {} is also step {}'s", step.kvCache, first));
+      if (first < 0 && step.recompute)
+        s.fail("attrs.kv_cache", fmt::format("KV cache {}: a recomputed step's cache is an "
+                                             "earlier step's", step.kvCache));
+      if (first < 0)
+        cacheStep[step.kvCache] = static_cast<int64_t>(i);
     }
+    if (step.recompute && program.entry != "train")
+      s.fail("attrs.recompute", "only a train program recomputes steps");
   }
 }
 
@@ -185,11 +193,14 @@ void checkWeightBinding(const PlanProgram &program, const JsonFields &pr) {
         ++next;
         continue;
       }
+      // Bound again: by the LM head of a tied table, or by a recomputed
+      // forward step (a norm of a fused add_norm's sum recomputes as a norm).
       const PlanStep &first = program.steps[firstStep[id]];
-      if (!(first.op->has(OpDef::TiedTable) && step.head))
+      if (!(first.op->has(OpDef::TiedTable) && step.head) && !step.recompute)
         pr.element("steps", i).fail(
             "weights", fmt::format("weight {} ('{}') is already bound by step {}; only a tied "
-                                   "embedding table is shared (with the LM head)",
+                                   "embedding table is shared (with the LM head), or a "
+                                   "recomputed step's",
                                    id, w.name, firstStep[id]));
     }
   }

@@ -45,8 +45,9 @@ struct CompileOptions {
   /// its coefficients (auxLossCoef < 0: the config's), then moe-differentiate
   /// unless lossOnly (--loss-only: the loss without the backward pass).
   /// recomputeExperts: moe-differentiate's recompute-experts (moec compile
-  /// --recompute experts).
-  bool train = false, lossOnly = false, recomputeExperts = false;
+  /// --recompute experts); recomputeLayers: moe-recompute-layers on the
+  /// partitioned programs (--recompute full).
+  bool train = false, lossOnly = false, recomputeExperts = false, recomputeLayers = false;
   double auxLossCoef = -1, zLossCoef = 0;
   /// The optimizer program of a training plan (moec compile --optimizer
   /// adamw): moe-append-optimizer's options.

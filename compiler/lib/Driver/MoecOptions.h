@@ -32,8 +32,9 @@ llvm::Error trainingOptions(CompileOptions &options, const hf::ModelConfig &conf
 
 /// --recompute auto for a training plan: the training memory model
 /// (moe::rankProgramMemory of the programs compiled with every intermediate
-/// saved) against --memory-budget sets options.recomputeExperts. Nothing for
-/// another choice or plan.
+/// saved, then selective, then full) against --memory-budget sets
+/// options.recomputeExperts / recomputeLayers; with --explain, the model of
+/// the choice is printed (of a given choice too). Nothing for other plans.
 llvm::Error chooseRecompute(mlir::MLIRContext &context, mlir::ModuleOp module,
                             CompileOptions &options);
 

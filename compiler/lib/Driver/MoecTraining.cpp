@@ -34,10 +34,12 @@ cl::opt<std::string> recompute(
     "recompute",
     cl::desc("With --train: what the backward pass recomputes instead of keeping from the "
              "forward pass: auto (default: none when the rank's training memory fits "
-             "--memory-budget, else selective), none (the experts' gate/up products and "
-             "outputs are kept, 2 x k x intermediate + k x hidden floats per token and MoE "
-             "layer), selective or experts (those recomputed: three more products per "
-             "expert, the same gradients bit for bit), full (not supported yet)"),
+             "--memory-budget, else selective when that fits, else full), none (the "
+             "experts' gate/up products and outputs are kept, 2 x k x intermediate + k x "
+             "hidden floats per token and MoE layer), selective or experts (those "
+             "recomputed: three more products per expert), full (each decoder layer's "
+             "forward run again in the backward pass from its saved input: one layer's "
+             "activations alive at a time); all give the same gradients bit for bit"),
     cl::init("auto"), cl::sub(driver::compileSubcommand()), cl::cat(training));
 cl::opt<int64_t> memoryBudget(
     "memory-budget",
@@ -113,46 +115,78 @@ cl::opt<int64_t> globalBatchSize(
 } // namespace
 
 /// --recompute auto: the training memory model (the exec programs' bytes,
-/// moe::rankProgramMemory) with every intermediate saved; recompute the
-/// experts' (selective) when that exceeds the budget.
+/// moe::rankProgramMemory) with every intermediate saved; when that exceeds
+/// the budget, with the experts' intermediates recomputed (selective, where
+/// the experts have no capacity factor), then with whole layers (full).
 Error driver::chooseRecompute(mlir::MLIRContext &context, mlir::ModuleOp module,
                               CompileOptions &options) {
-  if (!options.train || options.lossOnly || recompute != "auto" || options.capacityFactor > 0)
+  if (!options.train || options.lossOnly || (recompute != "auto" && !options.explain))
     return Error::success();
-  mlir::OwningOpRef<mlir::ModuleOp> probe = module.clone();
-  CompileOptions saving = options;
-  saving.recomputeExperts = false;
-  saving.output.clear();
-  saving.target = "cpu"; // (the memory is the programs', whatever the target)
-  mlir::PassManager pm(&context);
-  buildPipeline(pm, saving, Phase::Exec);
-  if (mlir::failed(pm.run(*probe)))
-    return createStringError(inconvertibleErrorCode(),
-                             "--recompute auto: the training programs do not compile");
-  Expected<moe::RankProgramMemory> memory = moe::rankProgramMemory(*probe);
-  if (!memory)
-    return memory.takeError();
-  const int64_t bytes = memory->total();
+  auto measure = [&](bool experts, bool layers) -> Expected<moe::RankProgramMemory> {
+    mlir::OwningOpRef<mlir::ModuleOp> probe = module.clone();
+    CompileOptions trial = options;
+    trial.recomputeExperts = experts;
+    trial.recomputeLayers = layers;
+    trial.output.clear();
+    trial.target = "cpu"; // (the memory is the programs', whatever the target)
+    mlir::PassManager pm(&context);
+    buildPipeline(pm, trial, Phase::Exec);
+    if (mlir::failed(pm.run(*probe)))
+      return createStringError(inconvertibleErrorCode(),
+                               "--recompute auto: the training programs do not compile");
+    return moe::rankProgramMemory(*probe);
+  };
   const int64_t budget = memoryBudget.getNumOccurrences()
                              ? int64_t(memoryBudget)
                              : int64_t(0.9 * double(sharding::builtinCluster("cpu")->memoryBytes));
-  options.recomputeExperts = bytes > budget;
-  if (options.recomputeExperts)
+  // The choices from the cheapest in time; the first that fits, else the last.
+  struct Choice {
+    const char *name, *what;
+    bool experts, layers;
+  };
+  const Choice none{"none", "every intermediate saved", false, false},
+      selective{"selective", "the experts' intermediates recomputed", true, false},
+      full{"full", "whole layers recomputed", false, true};
+  SmallVector<Choice> choices;
+  if (recompute != "auto") // (--explain of the given choice)
+    choices.push_back(options.recomputeLayers    ? full
+                      : options.recomputeExperts ? selective
+                                                 : none);
+  else if (options.capacityFactor == 0)
+    choices = {none, selective, full};
+  else
+    choices = {none, full};
+  Expected<moe::RankProgramMemory> memory = measure(choices[0].experts, choices[0].layers);
+  if (!memory)
+    return memory.takeError();
+  size_t chosen = 0;
+  while (memory->total() > budget && chosen + 1 < choices.size()) {
     WithColor::note(errs(), "moec")
-        << "--recompute auto: the training programs hold " << bytes
-        << " bytes with the experts' intermediates saved, over the budget of " << budget
-        << ": they are recomputed (selective)\n";
+        << "--recompute auto: the training programs hold " << memory->total() << " bytes with "
+        << choices[chosen].what << ", over the budget of " << budget << "\n";
+    ++chosen;
+    memory = measure(choices[chosen].experts, choices[chosen].layers);
+    if (!memory)
+      return memory.takeError();
+  }
+  options.recomputeExperts = choices[chosen].experts;
+  options.recomputeLayers = choices[chosen].layers;
+  if (chosen > 0)
+    WithColor::note(errs(), "moec")
+        << "--recompute auto: " << choices[chosen].name << " (" << choices[chosen].what << ": "
+        << memory->total() << " bytes"
+        << (memory->total() > budget ? ", still over the budget" : "") << ")\n";
   if (options.explain) {
     // The training memory model, as moert --report-memory measures it.
-    outs() << "training memory of the rank (its compiled programs, the experts' "
-              "intermediates saved; bytes):\n";
+    outs() << "training memory of the rank (its compiled programs, " << choices[chosen].what
+           << "; bytes):\n";
     outs() << formatv("  {0,-28} {1,14}\n", "weights", memory->weights);
     outs() << formatv("  {0,-28} {1,14}\n", "KV caches", memory->kvCache);
     outs() << formatv("  {0,-28} {1,14}\n", "buffers (activations, grads)", memory->buffers);
     for (const auto &[kind, kindBytes] : memory->state)
       outs() << formatv("  {0,-28} {1,14}\n", "state " + kind, kindBytes);
-    outs() << formatv("  {0,-28} {1,14}   budget {2}: recompute {3}\n", "total", bytes, budget,
-                      options.recomputeExperts ? "selective" : "none");
+    outs() << formatv("  {0,-28} {1,14}   budget {2}: recompute {3}\n", "total",
+                      memory->total(), budget, choices[chosen].name);
   }
   return Error::success();
 }
@@ -195,7 +229,8 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
   if (distribution)
     return refuse("not supported yet: --train with distribution options (training plans run "
                   "on one rank)");
-  const bool selective = recompute == "selective" || recompute == "experts";
+  const bool selective = recompute == "selective" || recompute == "experts",
+             full = recompute == "full";
   if (options.capacityFactor > 0 && selective)
     return refuse("not supported yet: --recompute " + recompute + " with --capacity-factor");
   // A capacity factor alone: one rank, the experts' drops in the training
@@ -205,11 +240,9 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
     return refuse("--aux-loss-coef: expected a value >= 0");
   if (routerZLossCoef < 0)
     return refuse("--router-z-loss-coef: expected a value >= 0");
-  if (recompute == "full")
-    return refuse("not supported yet: --recompute full (whole layers recomputed in the "
-                  "backward pass); selective recomputes the experts' intermediates");
-  if (recompute != "auto" && recompute != "none" && !selective)
-    return refuse("--recompute " + recompute + ": expected auto, none, selective or experts");
+  if (recompute != "auto" && recompute != "none" && !selective && !full)
+    return refuse("--recompute " + recompute +
+                  ": expected auto, none, selective, experts or full");
   if (lossOnly && recompute.getNumOccurrences())
     return refuse("--recompute: --loss-only computes no backward pass");
   if (memoryBudget.getNumOccurrences() && (memoryBudget <= 0 || recompute != "auto"))
@@ -217,6 +250,7 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
   options.train = true;
   options.lossOnly = lossOnly;
   options.recomputeExperts = selective;
+  options.recomputeLayers = full;
   options.maxBatchTokens = seqLen * microBatchSize;
   options.maxSeqLen = seqLen;
   options.maxSequences = microBatchSize;

@@ -116,12 +116,16 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       sums.push_back(state(b, train.getLoc(), "grad_sum", w));
     // DeepSeek's bias update: each routing with a correction bias counts its
     // selections into a state buffer right after it routes.
+    // (Once per bias: a routing recomputed in the backward pass,
+    // moe-recompute-layers, repeats the forward's choices.)
     SmallVector<std::pair<exec::WeightOp, Value>> biases; // the bias, its load
     for (auto route : llvm::to_vector(body.getOps<exec::LaunchOp>())) {
       const size_t withBias = route.getKernel() == "route" ? 1 : route.getKernel() == "router" ? 2 : 0;
       if (expertBiasUpdateRate == 0 || withBias == 0 || route.getWeights().size() != withBias)
         continue;
       auto bias = route.getWeights().back().getDefiningOp<exec::WeightOp>();
+      if (llvm::any_of(biases, [&](auto counted) { return counted.first == bias; }))
+        continue;
       if (!cast<RankedTensorType>(bias.getTensorType()).getElementType().isF32())
         return train.emitError("moe-append-optimizer: '")
                << bias.getTensor() << "' is not f32: not supported yet: its bias update";

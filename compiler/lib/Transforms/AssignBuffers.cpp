@@ -75,8 +75,14 @@ public:
       // Weights, and their sharding annotations, are not activations.
       if (isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp>(op))
         continue;
-      if (isa<moe::AttentionOp, moe::MLAttentionOp>(op))
-        op.setAttr("moe.kv_cache", b.getI64IntegerAttr(caches++));
+      if (isa<moe::AttentionOp, moe::MLAttentionOp>(op)) {
+        // A recomputed attention (moe-recompute-layers) writes its
+        // original's cache again, with the same keys and values.
+        auto of = op.getAttrOfType<IntegerAttr>("moe.recomputes_cache_of");
+        if (of && (of.getInt() < 0 || of.getInt() >= caches))
+          return op.emitOpError("recomputes KV cache ") << of.getInt() << " of " << caches;
+        op.setAttr("moe.kv_cache", of ? of : b.getI64IntegerAttr(caches++));
+      }
       int64_t at = index[&op];
       std::optional<int64_t> reused;
       if (mayWriteOverOperand(&op)) {

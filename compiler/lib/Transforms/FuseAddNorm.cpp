@@ -61,6 +61,9 @@ struct FuseAddNormPass : moe::impl::MoEFuseAddNormBase<FuseAddNormPass> {
                                          layer.getWeight(), layer.getBias(),
                                          layer.getEpsilonAttr(), b.getUnitAttr());
       }
+      // (A layer recomputed in the backward pass stays marked so.)
+      if (norm->hasAttr("moe.recomputed"))
+        fused->setAttr("moe.recomputed", b.getUnitAttr());
       norm->getResult(0).replaceAllUsesWith(fused.getResult());
       norm->erase();
       add.getResult().replaceAllUsesWith(fused.getSum());

@@ -73,6 +73,8 @@ NamedAttrList kernelConstants(Builder &b, Operation *op) {
   auto i64 = [&](int64_t v) { return b.getI64IntegerAttr(v); };
   if (auto kv = op->getAttrOfType<IntegerAttr>("moe.kv_cache"))
     a.set("kv_cache", i64(kv.getInt()));
+  if (op->hasAttr("moe.recomputed"))
+    a.set("recompute", b.getBoolAttr(true));
   llvm::TypeSwitch<Operation *>(op)
       .Case([&](moe::RMSNormOp o) { a.set("eps", f64(o.getEpsilon())); })
       .Case([&](moe::LayerNormOp o) { a.set("eps", f64(o.getEpsilon())); })
@@ -286,7 +288,7 @@ struct Lowering {
     int64_t caches = 0;
     for (Operation &op : body) {
       auto kv = op.getAttrOfType<IntegerAttr>("moe.kv_cache");
-      if (!kv)
+      if (!kv || (op.hasAttr("moe.recomputes_cache_of") && kv.getInt() < caches))
         continue;
       if (kv.getInt() != caches)
         return op.emitError("moe-lower-to-exec: expected KV cache ")

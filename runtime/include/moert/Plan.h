@@ -97,6 +97,10 @@ struct PlanStep {
   bool vocabShard = false;     ///< embedding: this rank's rows of the padded vocabulary
   bool head = false;           ///< linear: the LM head (computes the logit rows only)
   bool layerNorm = false;      ///< add_norm: its norm is a layer_norm (else rms_norm)
+  /// A train program's forward step computed again in the backward pass
+  /// (--recompute full): it binds the weights of the step it repeats and an
+  /// attention writes that step's KV cache again.
+  bool recompute = false;
   LossParams loss;             ///< cross_entropy, router_stats, lm_loss
   OptimizerParams optimizer;   ///< lr_schedule, grad_norm, adamw
   /// add of two static tensors (weight gradients): their elements (0: an

@@ -82,6 +82,31 @@ def MoEDifferentiate : Pass<"moe-differentiate", "mlir::ModuleOp"> {
   ];
 }
 
+def MoERecomputeLayers : Pass<"moe-recompute-layers", "mlir::ModuleOp"> {
+  let summary = "recompute each decoder layer's activations in the backward pass (--recompute full)";
+  let description = [{
+    On each differentiated per-rank train program (after moe-partition, the
+    last CSE and before moe-fuse-add-norm and moe-assign-buffers): the
+    forward values that only their own decoder layer reads (a layer is the
+    ops of one `layer N` weight set and the weightless ops fed by them; the
+    embedding before and the final norm, head and loss after are not
+    layers) are no longer read by the backward pass. Instead, before the
+    first gradient op that reads one, the ops that compute it from the
+    values that cross a layer boundary (the residual stream, the routing
+    statistics the loss reads) are cloned, and the gradient ops read the
+    clones. What stays alive between the passes is then the boundary
+    values; one layer's activations are alive at a time in the backward
+    pass. The clones compute exactly what the originals did (the same ops
+    on the same operands), so the gradients equal those of saving
+    everything bit for bit. Ops with side effects (collectives) are never
+    cloned: their results stay saved. Each clone is marked `moe.recomputed`
+    (a step's `recompute` in the plan). A cloned attention writes its
+    original's KV cache (`moe.recomputes_cache_of`: the original's place
+    among the program's attentions, which moe-assign-buffers turns into
+    the same cache).
+  }];
+}
+
 def MoEAppendOptimizer : Pass<"moe-append-optimizer", "mlir::ModuleOp"> {
   let summary = "give each differentiated train program its optimizer program (AdamW)";
   let description = [{
