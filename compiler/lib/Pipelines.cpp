@@ -75,6 +75,7 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
   if (o.train && !o.layout) {
     MoEChooseLayoutOptions choose;
     choose.worldSize = 1;
+    choose.dtype = o.checkpointDtype;
     pm.addPass(createMoEChooseLayout(choose));
   } else if (o.layout) {
     MoEChooseLayoutOptions choose;

@@ -4,6 +4,7 @@
 #include "StepLoop.h"
 #include "moert/Error.h"
 
+#include <algorithm>
 #include <set>
 
 namespace moert {
@@ -19,6 +20,36 @@ std::unique_ptr<RankExecutor> RankExecutor::create(DeviceKind kind) {
 
 std::string RankExecutor::deviceName() const { return device->name(); }
 
+namespace {
+
+/// Weight `w`'s values as the checkpoint stores them, widened to f32 (the
+/// rank's whole tensors; an expert stack's experts one after another).
+std::vector<float> checkpointValues(const Plan &plan, int64_t rank, const Checkpoint &ckpt,
+                                    const PlanWeight &w) {
+  std::vector<std::string> names;
+  for (int64_t l = 0; l < std::max<int64_t>(w.experts, 1); ++l)
+    names.push_back(w.experts ? w.expertName(plan.ranks.at(rank).coords.ep * w.experts + l)
+                              : w.name);
+  const std::vector<int64_t> shape = w.experts ? w.tensorShape() : w.shape;
+  std::vector<float> values;
+  for (const std::string &name : names) {
+    const std::vector<PlanSlice> &slices = plan.layout->ranks.at(rank);
+    auto slice = std::find_if(slices.begin(), slices.end(),
+                              [&](const PlanSlice &s) { return s.name == name; });
+    if (slice == slices.end() || slice->shape != shape ||
+        std::any_of(slice->offset.begin(), slice->offset.end(), [](int64_t o) { return o; }))
+      runtimeError("'{}': master weights of a part of a tensor: not supported yet", name);
+    std::vector<char> raw(TensorView{slice->dtype, shape, nullptr}.bytes());
+    ckpt.readBox(name, slice->offset, shape, slice->dtype, raw.data(), shape);
+    const TensorView box{slice->dtype, shape, raw.data()};
+    for (int64_t i = 0; i < box.numel(); ++i)
+      values.push_back(box.at(i));
+  }
+  return values;
+}
+
+} // namespace
+
 void RankExecutor::prepare(const Plan &plan, int64_t rank, const Checkpoint &weights,
                            Comm &comm) {
   device->open(plan, rank, weights, comm);
@@ -32,6 +63,12 @@ void RankExecutor::prepare(const Plan &plan, int64_t rank, const Checkpoint &wei
     device->bind(*programs.back());
     seconds.emplace_back(entry->steps.size(), 0.0);
   }
+  // A bf16 weight's f32 master starts as the checkpoint's values (exact for
+  // a bf16 checkpoint; an f32 one's, before the rounding the weight holds).
+  const std::vector<std::string> states = stateNames();
+  for (const PlanWeight &w : programs.front()->program().weights)
+    if (std::binary_search(states.begin(), states.end(), "master:" + w.name))
+      writeState("master:" + w.name, checkpointValues(plan, rank, weights, w));
 }
 
 size_t RankExecutor::entryIndex(const std::string &entry) const {

@@ -127,16 +127,19 @@ TensorView RankWeights::bindOne(const Checkpoint &ckpt, const std::string &name,
     inputError("{}: rank {}'s slice of '{}' is of a tensor of shape {} but the plan's weight has "
                "shape {}",
                plan->path, rank, name, shapeString(slice.globalShape), shapeString(globalShape));
-  if (slice.dtype != dtype)
+  // A weight computes in its slice's dtype, or in bf16 from an f32 slice
+  // (moec compile --param-dtype bf16: rounded here, to nearest even).
+  const bool rounded = slice.dtype == DType::F32 && dtype == DType::BF16;
+  if (slice.dtype != dtype && !rounded)
     inputError("{}: rank {}'s slice of '{}' is of a {} tensor but the plan's weight is {}",
                plan->path, rank, name, dtypeName(slice.dtype), dtypeName(dtype));
   // The plan's dtype is part of its memory figures: a checkpoint in
   // another dtype is another model file.
   TensorView whole = ckpt.info(name, globalShape);
-  if (whole.dtype != dtype)
+  if (whole.dtype != slice.dtype)
     inputError("{}: tensor '{}': expected dtype {} (the plan's) but found {}", ckpt.fileOf(name),
-               name, dtypeName(dtype), dtypeName(whole.dtype));
-  TensorView box{dtype, slice.shape, nullptr};
+               name, dtypeName(slice.dtype), dtypeName(whole.dtype));
+  TensorView box{slice.dtype, slice.shape, nullptr};
   loaded += static_cast<int64_t>(box.bytes());
 
   // A whole tensor of a Hugging Face checkpoint is used in place (a view
@@ -146,7 +149,7 @@ TensorView RankWeights::bindOne(const Checkpoint &ckpt, const std::string &name,
       std::all_of(slice.offset.begin(), slice.offset.end(), [](int64_t o) { return o == 0; });
   // (A plan with an optimizer writes its weights: always copies.)
   if (ckpt.hasViews() && atOrigin && slice.shape == globalShape && localShape == globalShape &&
-      !plan->optimizer) {
+      !plan->optimizer && !rounded) {
     whole = ckpt.tensor(name, globalShape);
     bound += static_cast<int64_t>(whole.bytes());
     onBytes(static_cast<int64_t>(whole.bytes()));
@@ -157,6 +160,15 @@ TensorView RankWeights::bindOne(const Checkpoint &ckpt, const std::string &name,
       inputError("{}: rank {}'s box {} of '{}' does not fit the program's {} tensor", plan->path,
                  rank, shapeString(slice.shape), name, shapeString(localShape));
   TensorView copy = ownedCopy(localView);
+  if (rounded) {
+    std::vector<float> values(static_cast<size_t>(localView.numel()));
+    ckpt.readBox(name, slice.offset, slice.shape, DType::F32,
+                 reinterpret_cast<char *>(values.data()), localShape);
+    auto *to = static_cast<uint16_t *>(const_cast<void *>(copy.data));
+    for (size_t i = 0; i < values.size(); ++i)
+      to[i] = floatToBf16(values[i]);
+    return copy;
+  }
   ckpt.readBox(name, slice.offset, slice.shape, dtype,
                static_cast<char *>(const_cast<void *>(copy.data)), localShape);
   return copy;

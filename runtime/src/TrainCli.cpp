@@ -8,6 +8,7 @@
 #include "moert/Error.h"
 #include "moert/Parallel.h"
 #include "moert/Plan.h"
+#include "moert/PlanLayout.h"
 #include "moert/RankExecutor.h"
 #include "moert/SafetensorsWriter.h"
 #include "moert/ShardedCheckpoint.h"
@@ -157,31 +158,47 @@ struct TrainRun {
   std::string metricsOut, weightsOut, save, planPath;
   int64_t saveEvery = 0;      ///< 0: --save only after the last update
   CheckpointModel model;      ///< what --save's manifest says of the model
+  std::shared_ptr<const PlanLayout> layout; ///< the plan's (--save: the weights' dtypes)
 };
 
-/// The trained weights by checkpoint name (`values` keeps them): f32, or
-/// with `planDtypes` each in the plan's dtype (a checkpoint the plan loads).
+/// The dtype the checkpoint holds weight `w` in (its slices').
+DType storedDtype(const PlanLayout &layout, const PlanWeight &w) {
+  const std::string first = w.experts ? w.expertName(0) : w.name;
+  for (const PlanSlice &s : layout.ranks.at(0))
+    if (s.name == first)
+      return s.dtype;
+  return w.dtype;
+}
+
+/// The trained weights by checkpoint name (`values` keeps them; a bf16
+/// weight's are its f32 master's): f32, or with `layout` each in the dtype
+/// of its slices (a checkpoint the plan loads: f32 for --param-dtype bf16).
 std::vector<TensorToWrite> trainedWeights(RankExecutor &executor, const PlanProgram &program,
                                           std::vector<std::vector<float>> &values,
-                                          bool planDtypes = false) {
+                                          const PlanLayout *layout = nullptr) {
   std::vector<TensorToWrite> tensors;
   values.assign(program.weights.size(), {});
+  const std::vector<std::string> states = executor.stateNames();
   for (size_t i = 0; i < program.weights.size(); ++i) {
-    executor.readWeight(i, values[i]);
     const PlanWeight &w = program.weights[i];
-    appendByName(w, values[i], tensors, planDtypes ? w.dtype : DType::F32);
+    if (std::binary_search(states.begin(), states.end(), "master:" + w.name))
+      executor.readState("master:" + w.name, values[i]);
+    else
+      executor.readWeight(i, values[i]);
+    appendByName(w, values[i], tensors, layout ? storedDtype(*layout, w) : DType::F32);
   }
   return tensors;
 }
 
-/// --save: the weights (in the plan's dtypes: a bf16 weight's f32 master is
-/// a state), and every state buffer that is not all zeros (a
+/// --save: the weights (in their slices' dtypes: a bf16 weight's f32 master
+/// is a state, or, in an f32 checkpoint (--param-dtype bf16), the weight
+/// itself), and every other state buffer that is not all zeros (a
 /// state the checkpoint lacks starts as zeros: the gradient sums and expert
 /// loads between two updates), each in its weight's shape.
 void saveCheckpoint(RankExecutor &executor, const PlanProgram &program, const TrainRun &run,
                     const TrainingProgress &progress) {
   std::vector<std::vector<float>> values;
-  std::vector<TensorToWrite> tensors = trainedWeights(executor, program, values, true);
+  std::vector<TensorToWrite> tensors = trainedWeights(executor, program, values, run.layout.get());
   std::vector<TensorToWrite> state;
   std::vector<std::vector<float>> stateValues;
   for (const std::string &name : executor.stateNames()) {
@@ -191,9 +208,15 @@ void saveCheckpoint(RankExecutor &executor, const PlanProgram &program, const Tr
       continue;
     std::vector<int64_t> shape{static_cast<int64_t>(v.size())};
     const std::string of = name.substr(name.find(':') + 1);
+    bool weightsAreMasters = false; // (an f32 checkpoint of bf16 weights holds the masters)
     for (const PlanWeight &w : program.weights)
-      if (w.name == of && TensorView{DType::F32, w.shape, nullptr}.numel() == shape[0])
+      if (w.name == of && TensorView{DType::F32, w.shape, nullptr}.numel() == shape[0]) {
         shape = w.shape;
+        weightsAreMasters = name.rfind("master:", 0) == 0 &&
+                            storedDtype(*run.layout, w) == DType::F32;
+      }
+    if (weightsAreMasters)
+      continue;
     stateValues.push_back(std::move(v));
     state.push_back({name, DType::F32, shape, [&stateValues, i = stateValues.size() - 1](char *to) {
                        std::memcpy(to, stateValues[i].data(), stateValues[i].size() * 4);
@@ -479,6 +502,7 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     run.save = save;
     run.saveEvery = saveEvery;
     run.planPath = planPath;
+    run.layout = plan.layout;
     run.model = checkpointModel(*checkpoint, weightsPath, plan.modelType, plan.layout->source);
     const PlanProgram &optimizer = *plan.entriesOf(0).back();
     run.start.shuffleSeed = shuffleSeed;

@@ -119,10 +119,12 @@ TEST(OptimizerTest, Bf16WeightsFollowTheirF32Master) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
   std::vector<uint16_t> w(n);
-  std::vector<float> p(n), master(n, 123.0f), m(n, 0), v(n, 0), sum(n), m2(n, 0), v2(n, 0);
+  // The master starts as the checkpoint's f32 values, the weight as their
+  // rounding (moec compile --param-dtype bf16 of an f32 checkpoint).
+  std::vector<float> p(n), master(n), m(n, 0), v(n, 0), sum(n), m2(n, 0), v2(n, 0);
   for (int64_t i = 0; i < n; ++i) {
-    w[i] = floatToBf16(normal(rng));
-    p[i] = bf16ToFloat(w[i]);
+    p[i] = master[i] = normal(rng);
+    w[i] = floatToBf16(p[i]);
   }
   cpu::AdamWStep s = testStep();
   for (int64_t t = 1; t <= 3; ++t) {

@@ -48,6 +48,11 @@ struct CompileOptions {
   /// --recompute experts); recomputeLayers: moe-recompute-layers on the
   /// partitioned programs (--recompute full).
   bool train = false, lossOnly = false, recomputeExperts = false, recomputeLayers = false;
+  /// A training plan whose weights compute in another dtype than the
+  /// checkpoint's (moec compile --param-dtype bf16 on an f32 checkpoint):
+  /// the checkpoint's dtype, which the weight slices keep (moe-choose-layout's
+  /// dtype), while the imported module's weights are in the compute dtype.
+  std::string checkpointDtype;
   double auxLossCoef = -1, zLossCoef = 0;
   /// The optimizer program of a training plan (moec compile --optimizer
   /// adamw): moe-append-optimizer's options.

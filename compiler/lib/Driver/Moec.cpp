@@ -427,6 +427,17 @@ int runCompile() {
   if (Error e = driver::trainingOptions(options, *config, plannerOptions,
                                          {&maxBatchTokens, &maxSeqLen, &maxSequences, &decodeEntry}))
     return fail(std::move(e));
+  if (!options.checkpointDtype.empty()) {
+    // --param-dtype bf16: the model's weights in bf16 (their slices in the
+    // checkpoint's dtype).
+    hf::ModelConfig compute = *config;
+    compute.dtype = "bfloat16";
+    compute.correctionBiasF32 = true;
+    auto converted = hf::importModel(compute, context);
+    if (!converted)
+      return fail(converted.takeError());
+    module = std::move(*converted);
+  }
   // Where the plan goes: -o, or DIR/plan.json for --compile-to=kernels -o DIR
   // (the sources beside it).
   options.output = compileOutput;

@@ -63,6 +63,13 @@ cl::opt<double> routerZLossCoef("router-z-loss-coef",
                                 cl::init(0.0), cl::sub(driver::compileSubcommand()), cl::cat(training));
 
 // The optimizer program (docs/training.md, "The optimizer").
+cl::opt<std::string> paramDtype(
+    "param-dtype",
+    cl::desc("With --optimizer: the dtype the weights compute in: bf16 trains an f32 "
+             "checkpoint with bf16 weights (rounded at load) and f32 master weights (the "
+             "checkpoint's values) that AdamW updates; f32 or the checkpoint's dtype: as "
+             "stored (default)"),
+    cl::init(""), cl::sub(driver::compileSubcommand()), cl::cat(training));
 cl::opt<std::string> optimizerKind(
     "optimizer",
     cl::desc("With --train: none (default: the plan computes the loss and the gradients) or "
@@ -201,7 +208,7 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
   const std::initializer_list<cl::Option *> optimizerOptions{
       &learningRate, &minLr,     &lrSchedule,  &warmupSteps,  &lrDecaySteps,   &adamBeta1,
       &adamBeta2,    &adamEps,   &weightDecay, &clipGradNorm, &globalBatchSize,
-      &expertBiasUpdateRate};
+      &expertBiasUpdateRate, &paramDtype};
   if (!train) {
     for (cl::Option *o : std::initializer_list<cl::Option *>{
              &seqLen, &microBatchSize, &auxLossCoef, &routerZLossCoef, &lossOnly, &recompute,
@@ -280,6 +287,20 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
     return refuse("--optimizer adamw: expected --warmup-steps >= 0, betas in [0, 1), "
                   "--adam-eps > 0, --weight-decay >= 0, --clip-grad-norm >= 0 and "
                   "--expert-bias-update-rate >= 0");
+  // --param-dtype: bf16 compute weights for an f32 checkpoint (its
+  // slices stay f32: moert rounds them at load and starts the masters from
+  // them); the checkpoint's own dtype changes nothing.
+  const std::string stored = config.dtype == "bfloat16" ? "bf16"
+                             : config.dtype == "float16" ? "f16"
+                                                         : "f32";
+  if (!paramDtype.empty() && paramDtype != "bf16" && paramDtype != "f32")
+    return refuse("--param-dtype " + paramDtype + ": expected bf16 or f32");
+  if (!paramDtype.empty() && paramDtype != stored && stored != "f32")
+    return refuse("not supported yet: --param-dtype " + paramDtype + " for a checkpoint of " +
+                  config.dtype + " (" + config.path + ": dtype): the weights train in the "
+                  "checkpoint's dtype or, from f32, in bf16");
+  if (paramDtype == "bf16" && stored == "f32")
+    options.checkpointDtype = "f32";
   CompileOptions::Optimizer adamw;
   adamw.lr = learningRate;
   adamw.minLr = minLr;

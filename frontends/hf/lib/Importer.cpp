@@ -50,7 +50,7 @@ private:
   }
   /// A checkpoint tensor with its role and layer (checkpointTensors': the
   /// planner, the partitioner and the slices read them from the op).
-  Value weight(const std::string &name, ArrayRef<int64_t> shape) {
+  Value weight(const std::string &name, ArrayRef<int64_t> shape, Type element = nullptr) {
     const TensorSpec *spec = specOf(name);
     moe::WeightRoleAttr role;
     if (spec && spec->role == TensorRole::Embedding)
@@ -61,8 +61,8 @@ private:
       role = moe::WeightRoleAttr::get(&ctx, moe::WeightRole::column);
     else if (spec && spec->tpSplit == TensorSplit::Row)
       role = moe::WeightRoleAttr::get(&ctx, moe::WeightRole::row);
-    return b.create<moe::WeightOp>(loc, RankedTensorType::get(shape, act), name, role,
-                                   layerAttr(spec));
+    return b.create<moe::WeightOp>(loc, RankedTensorType::get(shape, element ? element : act),
+                                   name, role, layerAttr(spec));
   }
   /// A stack of every routed expert's tensor `name` (with `{e}`).
   Value expertWeight(const std::string &name, ArrayRef<int64_t> shape) {
@@ -228,7 +228,8 @@ Value ModelImporter::moeBlock(Value x, const std::string &layer) {
   std::string p = layer + (mixtral ? ".block_sparse_moe" : ".mlp");
   Value gate = weight(p + ".gate.weight", {e, h});
   Value bias = c.scoreCorrectionBias
-                   ? weight(p + ".gate.e_score_correction_bias", {e})
+                   ? weight(p + ".gate.e_score_correction_bias", {e},
+                            c.correctionBiasF32 ? f32 : Type())
                    : Value();
   Type computeType = c.routerInF32 ? f32 : act;
   auto routing = moe::RoutingAttr::get(

@@ -86,8 +86,8 @@ inline uint16_t roundToBf16(float f) {
 }
 
 /// AdamW over n parameters in one pass; with `weight`, param is a bf16
-/// weight's master: widened from the weight at step 1, rounded into it
-/// after the update.
+/// weight's master (which starts as the checkpoint's values: RankExecutor),
+/// rounded into the weight after the update.
 template <bool Bf16>
 void adamwPass(float *param, float *m, float *v, float *gradSum, uint16_t *weight, int64_t n,
                const AdamWStep &s) {
@@ -99,11 +99,6 @@ void adamwPass(float *param, float *m, float *v, float *gradSum, uint16_t *weigh
   const float stepSize = static_cast<float>(-(s.lr / (1.0 - std::pow(s.beta1, t))));
   const float correction2 = static_cast<float>(std::sqrt(1.0 - std::pow(s.beta2, t)));
   const float eps = static_cast<float>(s.eps);
-  if (Bf16 && s.step == 1) // the master starts as the weight
-    blocks(n, [&](int64_t, int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i)
-        param[i] = bf16ToFloat(weight[i]);
-    });
   // (The constants by value and the buffers as distinct pointers: the loop
   // vectorizes.)
   blocks(n, [=](int64_t, int64_t begin, int64_t end) {

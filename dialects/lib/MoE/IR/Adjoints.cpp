@@ -183,7 +183,7 @@ LogicalResult SplitOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
   if (llvm::is_contained(resultGrads, Value()))
     return emitOpError("not supported yet: the gradient of a split with a part nothing reads");
   operandGrads.assign(
-      {b.create<ConcatOp>(getLoc(), f32Like(getInput()), resultGrads).getResult()});
+      {b.create<ConcatOp>(getLoc(), getInput().getType(), resultGrads).getResult()});
   return success();
 }
 
@@ -191,7 +191,7 @@ LogicalResult ConcatOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
                                      SmallVectorImpl<Value> &operandGrads) {
   SmallVector<Type> parts;
   for (Value input : getInputs())
-    parts.push_back(f32Like(input));
+    parts.push_back(input.getType()); // (an activation's gradient has its type)
   auto split = b.create<SplitOp>(getLoc(), parts, resultGrads[0]);
   operandGrads.assign(split.getResults().begin(), split.getResults().end());
   return success();

@@ -44,9 +44,9 @@ struct AdamWStep {
   int64_t step = 1; ///< t, from 1
 };
 void adamw(float *param, float *m, float *v, float *gradSum, int64_t n, const AdamWStep &s);
-/// The same on the f32 master weights of a bf16 weight: `master` (its
-/// values at step 1 are the weight's, widened) is updated and `weight`
-/// becomes its rounding to bf16 (nearest even).
+/// The same on the f32 master weights of a bf16 weight: `master` (which
+/// starts as the checkpoint's values: RankExecutor::prepare) is updated and
+/// `weight` becomes its rounding to bf16 (nearest even).
 void adamwBf16(uint16_t *weight, float *master, float *m, float *v, float *gradSum, int64_t n,
                const AdamWStep &s);
 

@@ -103,6 +103,9 @@ struct ModelConfig {
   GroupScoring groupScoring = GroupScoring::Top2Sum;
   bool scoreCorrectionBias = false;
   bool routerInF32 = false; ///< DeepSeek computes router logits in fp32
+  /// e_score_correction_bias imported as f32 whatever `dtype` (moec compile
+  /// --param-dtype bf16 of an f32 checkpoint: the bias update needs f32)
+  bool correctionBiasF32 = false;
   /// Per layer: true when its feed-forward is the routed-expert block.
   std::vector<bool> moeLayers;
   int64_t numMTPLayers = 0; ///< DeepSeek-V3 multi-token prediction modules
