@@ -15,6 +15,7 @@
 // the CPU computes as exactly 0 must be 0). Exit 0 when every step matched.
 #include "moert/Checkpoint.h"
 #include "moert/Plan.h"
+#include "moert/cpu/Isa.h"
 #include "moert/cpu/Kernels.h"
 #include "moert/cpu/StepContext.h"
 
@@ -583,6 +584,12 @@ int main(int argc, char **argv) {
       // A training plan: one step of max_sequences whole sequences of
       // max_seq_len tokens (positions from 0), every row a logit row, the
       // labels random ids with one -100 (ignored) per sequence.
+      // The products with BF16 weights in f32 on both sides: the CPU
+      // backend's backward pass rounds its gradient products to bf16 at the
+      // avx512bf16 level (as PyTorch's BF16 autograd), the emitted backward
+      // GEMMs (the general form above) do not; the kernels' logic is what
+      // is compared here (the bf16 forward products: host-mixtral-bf16).
+      cpu::setMatmulPrecision(cpu::MatmulPrecision::F32);
       BatchInput step;
       for (int64_t b = 0; b < plan.maxSequences; ++b)
         for (int64_t p = 0; p < plan.maxSeqLen; ++p) {

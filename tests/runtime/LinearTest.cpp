@@ -190,11 +190,15 @@ TEST(LinearTest, TransposedViews) {
           const int64_t ldx = strided ? K + 2 : K, ldy = strided ? N + 1 : N;
           std::vector<float> x = randomVector(T * ldx, rng), y(static_cast<size_t>(T * ldy));
           linear(x.data(), T, w, nullptr, y.data(), ldx, ldy);
+          // (A transposed bf16 view takes the bf16 products too: the
+          // backward's dx = dy w with a BF16 weight.)
+          const bool roundX = gemm::roundsToBf16(dtype);
           for (int64_t t = 0; t < T; ++t)
             for (int64_t n = 0; n < N; ++n) {
               double ref = 0, absSum = 0;
               for (int64_t k = 0; k < K; ++k) {
-                const double p = static_cast<double>(x[t * ldx + k]) * stored.at(k, n);
+                const float xk = x[t * ldx + k];
+                const double p = static_cast<double>(roundX ? roundBf16(xk) : xk) * stored.at(k, n);
                 ref += p;
                 absSum += std::fabs(p);
               }

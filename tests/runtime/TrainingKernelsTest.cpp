@@ -9,6 +9,7 @@
 #include "GradientCheck.h"
 #include "moert/Error.h"
 #include "moert/cpu/Gradients.h"
+#include "moert/cpu/Isa.h"
 
 #include <gtest/gtest.h>
 
@@ -168,6 +169,54 @@ TEST(GradientsTest, Linear) {
               1e-5, "dx");
   expectClose(dw.data(), numericGradient(w, [&](const std::vector<double> &v) { return f(xd, v); }),
               1e-5, "dw");
+}
+
+TEST(GradientsTest, LinearWithBf16WeightsTakesBf16Products) {
+  // At the avx512bf16 level a BF16 weight's gradient products round their
+  // operands to bf16 as its forward products do (PyTorch's BF16 autograd):
+  // dx = round(dy) w and dw = round(dy)^T round(x), f32 sums.
+  if (!cpu::bf16Products())
+    GTEST_SKIP() << "bf16 products need avx512bf16; this level is "
+                 << cpu::isaName(cpu::activeIsa());
+  const int64_t T = 45, in = 70, out = 37;
+  std::vector<float> x = randomValues(T * in, 5), dy = randomValues(T * out, 6),
+                     wf = randomValues(out * in, 7);
+  std::vector<uint16_t> w16(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i)
+    w16[i] = floatToBf16(wf[i]);
+  cpu::Matrix w = matrixOf(wf, out, in);
+  w.dtype = DType::BF16;
+  w.data = w16.data();
+  std::vector<float> dx(T * in), dw(out * in), dx32(T * in), dw32(out * in);
+  cpu::linearGrad(dy.data(), x.data(), T, w, dx.data(), dw.data());
+  auto r = [](float v) { return static_cast<double>(roundBf16(v)); };
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < in; ++i) {
+      double ref = 0, absSum = 0;
+      for (int64_t o = 0; o < out; ++o) {
+        const double p = r(dy[t * out + o]) * bf16ToFloat(w16[o * in + i]);
+        ref += p;
+        absSum += std::fabs(p);
+      }
+      ASSERT_NEAR(dx[t * in + i], ref, 1e-6 * absSum + 1e-30) << "dx t=" << t << " i=" << i;
+    }
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i) {
+      double ref = 0, absSum = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        const double p = r(dy[t * out + o]) * r(x[t * in + i]);
+        ref += p;
+        absSum += std::fabs(p);
+      }
+      ASSERT_NEAR(dw[o * in + i], ref, 1e-6 * absSum + 1e-30) << "dw o=" << o << " i=" << i;
+    }
+  // Not the f32 products (which the same weight takes at f32 precision).
+  const cpu::MatmulPrecision saved = cpu::requestedMatmulPrecision();
+  cpu::setMatmulPrecision(cpu::MatmulPrecision::F32);
+  cpu::linearGrad(dy.data(), x.data(), T, w, dx32.data(), dw32.data());
+  cpu::setMatmulPrecision(saved);
+  EXPECT_NE(dx, dx32);
+  EXPECT_NE(dw, dw32);
 }
 
 TEST(GradientsTest, RmsNormInGroups) {

@@ -386,6 +386,34 @@ MOERT_AVX512 void gemm(const float *x, int64_t ldx, int64_t tokens, const Matrix
 MOERT_AVX512_BF16 void packWeightsBf16(const Matrix &w, int64_t n0, int64_t nc, int64_t k0,
                                        int64_t kc, uint32_t *out) {
   const int64_t rowBytes = w.rowStride * 2;
+  if (w.transposed) {
+    // A transposed view (the backward's w^T, a gradient's b^T): one k's
+    // columns are consecutive in storage row k, so a pair of k is two
+    // storage rows' words interleaved (vpermt2w), kNR columns at a time.
+    const char *base = static_cast<const char *>(w.data) + (k0 * w.rowStride + n0) * 2;
+    const int64_t pairs = (kc + 1) / 2;
+    alignas(64) static constexpr uint16_t lo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                                    37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                                    11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    alignas(64) static constexpr uint16_t hi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21,
+                                                    53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58,
+                                                    27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+    const __m512i idxLo = _mm512_load_si512(lo), idxHi = _mm512_load_si512(hi);
+    for (int64_t first = 0; first < nc; first += kNR) {
+      const int64_t valid = std::min<int64_t>(kNR, nc - first);
+      const __mmask32 mask = valid >= 32 ? ~__mmask32(0) : (__mmask32(1) << valid) - 1;
+      uint32_t *dst = out + first * pairs;
+      for (int64_t p = 0; p < pairs; ++p) {
+        const char *row = base + 2 * p * rowBytes + first * 2;
+        const __m512i a = _mm512_maskz_loadu_epi16(mask, row);
+        const __m512i b =
+            2 * p + 1 < kc ? _mm512_maskz_loadu_epi16(mask, row + rowBytes) : _mm512_setzero_si512();
+        _mm512_store_si512(dst + p * kNR, _mm512_permutex2var_epi16(a, idxLo, b));
+        _mm512_store_si512(dst + p * kNR + 16, _mm512_permutex2var_epi16(a, idxHi, b));
+      }
+    }
+    return;
+  }
   const char *base = static_cast<const char *>(w.data) + (n0 * w.rowStride + k0) * 2;
   const int64_t pairs = (kc + 1) / 2, tiles = (kc + 31) / 32;
   for (int64_t first = 0; first < nc; first += 16) {
@@ -486,7 +514,7 @@ void columnsAvx512(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
                    const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
   if (tokens <= kGemvMaxTokens && !w.transposed)
     gemvAvx512(x, ldx, tokens, w, bias, n0, n1, y, ldy);
-  else if (roundsToBf16(D) && !w.transposed)
+  else if (roundsToBf16(D))
     gemm<Bf16Path, D>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
   else
     gemm<F32Path<D>, D>(x, ldx, tokens, w, bias, n0, n1, y, ldy);

@@ -1,5 +1,6 @@
 // Reusable buffers and transposes of the backward kernels (GradientUtil.h).
 #include "GradientUtil.h"
+#include "Gemm.h"
 #include "moert/Parallel.h"
 
 #include <algorithm>
@@ -47,12 +48,28 @@ Matrix f32Matrix(const float *data, int64_t rows, int64_t cols, int64_t ld) {
   return m;
 }
 
+bool bf16Products(const Matrix &w) { return gemm::roundsToBf16(w.dtype); }
+
 void matmulTN(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t t, int64_t m,
-              int64_t n, float *c, int64_t ldc) {
+              int64_t n, float *c, int64_t ldc, bool bf16) {
   float *aT = workspace(kLeftT, static_cast<size_t>(m * t));
   transpose(a, t, m, lda, aT, t);
   // b [t, n] is the storage of b^T [n, t]: the GEMM packs it as it is.
-  linear(aT, m, f32Matrix(b, t, n, ldb).transpose(), nullptr, c, 0, ldc);
+  if (!bf16) {
+    linear(aT, m, f32Matrix(b, t, n, ldb).transpose(), nullptr, c, 0, ldc);
+    return;
+  }
+  // The same with b rounded to bf16 (the GEMM rounds aT as it packs it).
+  auto *rounded = reinterpret_cast<uint16_t *>(workspace(kRightBf16, static_cast<size_t>(t * n + 1) / 2));
+  parallelFor(t, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t i = 0; i < n; ++i)
+        rounded[r * n + i] = floatToBf16(b[r * ldb + i]);
+  }, 8);
+  Matrix bf16Rows = f32Matrix(nullptr, t, n);
+  bf16Rows.dtype = DType::BF16;
+  bf16Rows.data = rounded;
+  linear(aT, m, bf16Rows.transpose(), nullptr, c, 0, ldc);
 }
 
 } // namespace moert::cpu::grad

@@ -24,6 +24,7 @@ namespace moert::cpu::grad {
 /// slots it holds at once.
 enum Slot {
   kLeftT,        // matmulTN's transposed left operand
+  kRightBf16,    // matmulTN's right operand rounded to bf16
   kMlpA,         // mlpBackward / expertsGrad: activations and their gradients
   kMlpU,
   kMlpH,
@@ -58,7 +59,15 @@ Matrix f32Matrix(const float *data, int64_t rows, int64_t cols, int64_t ld = 0);
 
 /// c [m, n] (row stride ldc) = a^T b for a [t, m] (row stride lda) and
 /// b [t, n] (row stride ldb): sums over the rows t. Uses the kLeftT slot.
+/// With `bf16`, the products of bf16 values (a and b rounded to nearest
+/// even, f32 sums: vdpbf16ps), as PyTorch's BF16 autograd computes a BF16
+/// weight's gradient; b's rounding uses the kRightBf16 slot.
 void matmulTN(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t t, int64_t m,
-              int64_t n, float *c, int64_t ldc = 0);
+              int64_t n, float *c, int64_t ldc = 0, bool bf16 = false);
+
+/// Whether the gradient products of weight `w` round to bf16 as its forward
+/// products do (BF16 weights at the avx512bf16 level: gemm::roundsToBf16);
+/// dx = dy w takes that path by itself (a transposed bf16 view).
+bool bf16Products(const Matrix &w);
 
 } // namespace moert::cpu::grad

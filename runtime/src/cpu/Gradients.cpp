@@ -60,7 +60,7 @@ void mlpBackward(const float *dy, const float *x, int64_t T, const Matrix &gate,
                  const float *u, const float *h, float *dx, float *dgate, float *dup,
                  float *ddown) {
   const int64_t H = gate.cols, I = gate.rows;
-  matmulTN(dy, H, h, I, T, H, I, ddown);
+  matmulTN(dy, H, h, I, T, H, I, ddown, 0, bf16Products(down));
   float *dh = workspace(kMlpDh, static_cast<size_t>(T * I));
   linear(dy, T, down.transpose(), nullptr, dh);
   // [da | du] [T, 2I].
@@ -75,8 +75,8 @@ void mlpBackward(const float *dy, const float *x, int64_t T, const Matrix &gate,
         dadu[2 * at - i + I] = static_cast<float>(dh[at] * value);
       }
   }, 4);
-  matmulTN(dadu, 2 * I, x, H, T, I, H, dgate);
-  matmulTN(dadu + I, 2 * I, x, H, T, I, H, dup);
+  matmulTN(dadu, 2 * I, x, H, T, I, H, dgate, 0, bf16Products(gate));
+  matmulTN(dadu + I, 2 * I, x, H, T, I, H, dup, 0, bf16Products(up));
   // dx = da gate + du up.
   float *part = workspace(kMlpPart, static_cast<size_t>(T * H));
   linear(dadu, T, gate.transpose(), nullptr, dx, 2 * I);
@@ -113,7 +113,7 @@ void crossEntropyGrad(const float *logits, int64_t tokens, int64_t width, int64_
 void linearGrad(const float *dy, const float *x, int64_t tokens, const Matrix &w, float *dx,
                 float *dw) {
   linear(dy, tokens, w.transpose(), nullptr, dx);
-  matmulTN(dy, w.rows, x, w.cols, tokens, w.rows, w.cols, dw);
+  matmulTN(dy, w.rows, x, w.cols, tokens, w.rows, w.cols, dw, 0, bf16Products(w));
 }
 
 void rmsNormGrad(const float *dy, const float *x, int64_t tokens, int64_t width,
