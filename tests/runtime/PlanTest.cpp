@@ -711,7 +711,8 @@ TEST(PlanLoad, WeightsAreBoundOnceInOrder) {
   // The experts' gate stack [2, 3, 4] in place of the up stack.
   EXPECT_EQ(loadError([](json &p) { p["programs"][0]["steps"][3]["weights"] = {2, 2, 4}; }),
             "PLAN: programs[0].steps[3].weights: weight 2 ('e.{e}.w1') is already bound by "
-            "step 3; only a tied embedding table is shared (with the LM head)");
+            "step 3; only a tied embedding table is shared (with the LM head), or a "
+            "recomputed step's");
   EXPECT_EQ(loadError([](json &p) { p["programs"][0]["steps"][5]["weights"] = {0}; }),
             "PLAN: programs[0].weights: weight 5 ('head') is bound by no step");
   // Tied embeddings: the LM head reuses the embedding table.
