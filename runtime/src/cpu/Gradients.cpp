@@ -1,6 +1,8 @@
 // The backward pass's CPU kernels (moert/cpu/Gradients.h).
 #include "moert/cpu/Gradients.h"
 #include "GradientUtil.h"
+#include "Gemm.h"
+#include "VectorMath.h"
 #include "moert/Error.h"
 #include "moert/Parallel.h"
 
@@ -41,16 +43,68 @@ void activationAndSlope(Activation act, double a, double &value, double &slope) 
   }
 }
 
-/// h [T, I] = act(a) * u.
+/// h [T, I] = act(a) * u, with the forward kernels' arithmetic (the bits
+/// of the h the forward multiplied by down: a recomputed expert output
+/// equals the saved one).
 void gatedProduct(const float *a, const float *u, int64_t T, int64_t I, Activation act,
                   float *h) {
   parallelFor(T, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin * I; i < end * I; ++i) {
-      double value, slope;
-      activationAndSlope(act, a[i], value, slope);
-      h[i] = static_cast<float>(value * u[i]);
-    }
+    std::copy(a + begin * I, a + end * I, h + begin * I);
+    forwardGatedProduct(act, h + begin * I, u + begin * I, (end - begin) * I);
   }, 4);
+}
+
+#ifdef MOERT_X86
+/// da = dh u silu'(a) and du = dh silu(a) over n values in f32, as torch's
+/// SiLU backward: s = sigmoid(a), silu' = s + silu (1 - s).
+MOERT_AVX512 void siluGradAvx512(const float *a, const float *u, const float *dh, float *da,
+                                 float *du, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1);
+    const __m512 x = _mm512_maskz_loadu_ps(m, a + i), g = _mm512_maskz_loadu_ps(m, dh + i);
+    const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+    const __m512 value = _mm512_mul_ps(x, s);
+    const __m512 slope = _mm512_fmadd_ps(value, _mm512_sub_ps(one, s), s);
+    _mm512_mask_storeu_ps(da + i, m, _mm512_mul_ps(_mm512_mul_ps(g, _mm512_maskz_loadu_ps(m, u + i)), slope));
+    _mm512_mask_storeu_ps(du + i, m, _mm512_mul_ps(g, value));
+  }
+}
+
+/// siluGradAvx512 for AVX2 (8 lanes; the tail in f64).
+MOERT_AVX2 int64_t siluGradAvx2(const float *a, const float *u, const float *dh, float *da,
+                                float *du, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(a + i), g = _mm256_loadu_ps(dh + i);
+    const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+    const __m256 value = _mm256_mul_ps(x, s);
+    const __m256 slope = _mm256_fmadd_ps(value, _mm256_sub_ps(one, s), s);
+    _mm256_storeu_ps(da + i, _mm256_mul_ps(_mm256_mul_ps(g, _mm256_loadu_ps(u + i)), slope));
+    _mm256_storeu_ps(du + i, _mm256_mul_ps(g, value));
+  }
+  return i;
+}
+#endif
+
+/// The gated product's gradient over n values: da = dh u act'(a), du = dh
+/// act(a) (SiLU vectorised in f32 where the level has it; f64 otherwise).
+void gatedProductGrad(Activation act, const float *a, const float *u, const float *dh, float *da,
+                      float *du, int64_t n) {
+  int64_t i = 0;
+#ifdef MOERT_X86
+  if (act == Activation::Silu && gemm::haveAvx512())
+    return siluGradAvx512(a, u, dh, da, du, n);
+  if (act == Activation::Silu && gemm::haveAvx2())
+    i = siluGradAvx2(a, u, dh, da, du, n);
+#endif
+  for (; i < n; ++i) {
+    double value, slope;
+    activationAndSlope(act, a[i], value, slope);
+    da[i] = static_cast<float>(static_cast<double>(dh[i]) * u[i] * slope);
+    du[i] = static_cast<float>(dh[i] * value);
+  }
 }
 
 /// The gated MLP's gradients given its recomputed a = x gate^T, u = x up^T
@@ -67,13 +121,8 @@ void mlpBackward(const float *dy, const float *x, int64_t T, const Matrix &gate,
   float *dadu = workspace(kMlpDaDu, static_cast<size_t>(2 * T * I));
   parallelFor(T, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
-      for (int64_t i = 0; i < I; ++i) {
-        const int64_t at = t * I + i;
-        double value, slope;
-        activationAndSlope(act, a[at], value, slope);
-        dadu[2 * at - i] = static_cast<float>(static_cast<double>(dh[at]) * u[at] * slope);
-        dadu[2 * at - i + I] = static_cast<float>(dh[at] * value);
-      }
+      gatedProductGrad(act, a + t * I, u + t * I, dh + t * I, dadu + 2 * t * I,
+                       dadu + 2 * t * I + I, I);
   }, 4);
   matmulTN(dadu, 2 * I, x, H, T, I, H, dgate, 0, bf16Products(gate));
   matmulTN(dadu + I, 2 * I, x, H, T, I, H, dup, 0, bf16Products(up));
@@ -289,19 +338,11 @@ void expertsGrad(const float *dy, const float *x, int64_t tokens, int64_t hidden
       linear(xe, n, up[e], nullptr, u);
     }
     gatedProduct(a, u, n, I, act, h);
-    if (!saved) {
-      // The forward's output as experts computed it (its activation's
-      // arithmetic, not h's), so that the routing weights' gradient dy . y
-      // has the bits of a plan that saved it. (kMlpDh is free until
-      // mlpBackward.)
-      float *hf = workspace(kMlpDh, inner);
-      std::copy_n(a, inner, hf);
-      parallelFor(n, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r)
-          forwardGatedProduct(act, hf + r * I, u + r * I, I);
-      }, 4);
-      linear(hf, n, down[e], nullptr, ye);
-    }
+    // The forward's output as experts computed it (h has the forward's
+    // arithmetic), so that the routing weights' gradient dy . y has the
+    // bits of a plan that saved it.
+    if (!saved)
+      linear(h, n, down[e], nullptr, ye);
     parallelFor(n, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const float *g = dy + (rows[r] / k) * H;
