@@ -64,6 +64,17 @@ void printProfile(const PlanProgram &program, const std::vector<double> &seconds
     if (k.seconds > 0)
       fmt::print("  {:<22} {:8.3f} s {:5.1f}%\n", k.op, k.seconds / static_cast<double>(batches),
                  100 * k.seconds / total);
+  // What --recompute full costs: the forward steps run again (of the above).
+  double recomputed = 0;
+  bool any = false;
+  for (size_t i = 0; i < program.steps.size() && i < seconds.size(); ++i)
+    if (program.steps[i].recompute) {
+      recomputed += seconds[i];
+      any = true;
+    }
+  if (any)
+    fmt::print("  of which recomputed forward steps {:.3f} s {:5.1f}%\n",
+               recomputed / static_cast<double>(batches), 100 * recomputed / total);
 }
 
 /// `values` (f32, weight w's local shape) as the checkpoint's tensors of w:
