@@ -88,6 +88,58 @@ MOERT_AVX2 int64_t siluGradAvx2(const float *a, const float *u, const float *dh,
 }
 #endif
 
+#ifdef MOERT_X86
+/// o[v] = e^(x[v] - peak) over n values in f32; returns their sum in f64.
+MOERT_AVX512 double expShiftedAvx512(const float *x, int64_t n, float peak, float *o) {
+  const __m512 shift = _mm512_set1_ps(peak);
+  __m512d sum = _mm512_setzero_pd();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), shift)));
+    _mm512_mask_storeu_ps(o + i, m, e);
+    sum = _mm512_add_pd(sum, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    sum = _mm512_add_pd(sum, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+  }
+  return _mm512_reduce_add_pd(sum);
+}
+
+/// expShiftedAvx512 for AVX2 (8 lanes; returns how many it did).
+MOERT_AVX2 int64_t expShiftedAvx2(const float *x, int64_t n, float peak, float *o, double &total) {
+  const __m256 shift = _mm256_set1_ps(peak);
+  __m256d sum = _mm256_setzero_pd();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), shift));
+    _mm256_storeu_ps(o + i, e);
+    sum = _mm256_add_pd(sum, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    sum = _mm256_add_pd(sum, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, sum);
+  total = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  return i;
+}
+#endif
+
+/// o[v] = e^(x[v] - peak) over n values (f32, the softmax's numerators, as
+/// torch's f32 softmax; f64 on the portable level); returns their sum (f64).
+double expShifted(const float *x, int64_t n, float peak, float *o) {
+  double sum = 0;
+  int64_t i = 0;
+#ifdef MOERT_X86
+  if (gemm::haveAvx512())
+    return expShiftedAvx512(x, n, peak, o);
+  if (gemm::haveAvx2())
+    i = expShiftedAvx2(x, n, peak, o, sum);
+#endif
+  for (; i < n; ++i) {
+    const double e = std::exp(static_cast<double>(x[i]) - peak);
+    o[i] = static_cast<float>(e);
+    sum += e;
+  }
+  return sum;
+}
+
 /// The gated product's gradient over n values: da = dh u act'(a), du = dh
 /// act(a) (SiLU vectorised in f32 where the level has it; f64 otherwise).
 void gatedProductGrad(Activation act, const float *a, const float *u, const float *dh, float *da,
@@ -149,11 +201,10 @@ void crossEntropyGrad(const float *logits, int64_t tokens, int64_t width, int64_
         inputError("cross_entropy_grad: label {} of row {} is outside [0, {})", labels[t], t,
                    vocab);
       const float peak = *std::max_element(row, row + vocab);
-      double sum = 0;
+      const double sum = expShifted(row, vocab, peak, o);
+      const float factor = static_cast<float>(scale / sum);
       for (int64_t v = 0; v < vocab; ++v)
-        sum += std::exp(static_cast<double>(row[v]) - peak);
-      for (int64_t v = 0; v < vocab; ++v)
-        o[v] = static_cast<float>(std::exp(static_cast<double>(row[v]) - peak) / sum * scale);
+        o[v] *= factor;
       o[labels[t]] -= static_cast<float>(scale);
     }
   }, 4);
