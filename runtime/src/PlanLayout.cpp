@@ -87,6 +87,13 @@ PlanDocument readPlanDocument(const std::string &path) {
   return doc;
 }
 
+const PlanSlice *PlanLayout::slice(int64_t rank, const std::string &name) const {
+  for (const PlanSlice &s : ranks.at(static_cast<size_t>(rank)))
+    if (s.name == name)
+      return &s;
+  return nullptr;
+}
+
 PlanLayout PlanLayout::load(const std::string &path) {
   PlanDocument doc = readPlanDocument(path);
   return readPlanLayout(JsonFields(doc.root, path, ""), path);

@@ -3,6 +3,7 @@
 #include "RankProgram.h"
 #include "StepLoop.h"
 #include "moert/Error.h"
+#include "moert/PlanLayout.h"
 
 #include <algorithm>
 #include <set>
@@ -22,28 +23,23 @@ std::string RankExecutor::deviceName() const { return device->name(); }
 
 namespace {
 
-/// Weight `w`'s values as the checkpoint stores them, widened to f32 (the
-/// rank's whole tensors; an expert stack's experts one after another).
+/// Weight `w`'s f32 values as the checkpoint stores them (the rank's whole
+/// tensors; an expert stack's experts one after another).
 std::vector<float> checkpointValues(const Plan &plan, int64_t rank, const Checkpoint &ckpt,
                                     const PlanWeight &w) {
-  std::vector<std::string> names;
-  for (int64_t l = 0; l < std::max<int64_t>(w.experts, 1); ++l)
-    names.push_back(w.experts ? w.expertName(plan.ranks.at(rank).coords.ep * w.experts + l)
-                              : w.name);
   const std::vector<int64_t> shape = w.experts ? w.tensorShape() : w.shape;
   std::vector<float> values;
-  for (const std::string &name : names) {
-    const std::vector<PlanSlice> &slices = plan.layout->ranks.at(rank);
-    auto slice = std::find_if(slices.begin(), slices.end(),
-                              [&](const PlanSlice &s) { return s.name == name; });
-    if (slice == slices.end() || slice->shape != shape ||
+  for (int64_t l = 0; l < std::max<int64_t>(w.experts, 1); ++l) {
+    const std::string name =
+        w.experts ? w.expertName(plan.ranks.at(rank).coords.ep * w.experts + l) : w.name;
+    const PlanSlice *slice = plan.layout->slice(rank, name);
+    if (!slice || slice->dtype != DType::F32 || slice->shape != shape ||
         std::any_of(slice->offset.begin(), slice->offset.end(), [](int64_t o) { return o; }))
       runtimeError("'{}': master weights of a part of a tensor: not supported yet", name);
-    std::vector<char> raw(TensorView{slice->dtype, shape, nullptr}.bytes());
-    ckpt.readBox(name, slice->offset, shape, slice->dtype, raw.data(), shape);
-    const TensorView box{slice->dtype, shape, raw.data()};
-    for (int64_t i = 0; i < box.numel(); ++i)
-      values.push_back(box.at(i));
+    const size_t at = values.size();
+    values.resize(at + static_cast<size_t>(TensorView{DType::F32, shape, nullptr}.numel()));
+    ckpt.readBox(name, slice->offset, shape, DType::F32,
+                 reinterpret_cast<char *>(values.data() + at), shape);
   }
   return values;
 }
@@ -63,12 +59,23 @@ void RankExecutor::prepare(const Plan &plan, int64_t rank, const Checkpoint &wei
     device->bind(*programs.back());
     seconds.emplace_back(entry->steps.size(), 0.0);
   }
-  // A bf16 weight's f32 master starts as the checkpoint's values (exact for
-  // a bf16 checkpoint; an f32 one's, before the rounding the weight holds).
+  // A bf16 weight's f32 master starts as the checkpoint's values: the
+  // weight widened (exact) when the checkpoint holds it in bf16, the f32
+  // values it was rounded from when in f32 (--param-dtype bf16).
   const std::vector<std::string> states = stateNames();
-  for (const PlanWeight &w : programs.front()->program().weights)
-    if (std::binary_search(states.begin(), states.end(), "master:" + w.name))
-      writeState("master:" + w.name, checkpointValues(plan, rank, weights, w));
+  const std::vector<PlanWeight> &bound = programs.front()->program().weights;
+  for (size_t i = 0; i < bound.size(); ++i) {
+    const PlanWeight &w = bound[i];
+    if (!std::binary_search(states.begin(), states.end(), "master:" + w.name))
+      continue;
+    const PlanSlice *slice = plan.layout->slice(rank, w.experts ? w.expertName(0) : w.name);
+    std::vector<float> values;
+    if (slice && slice->dtype == DType::F32)
+      values = checkpointValues(plan, rank, weights, w);
+    else
+      readWeight(i, values);
+    writeState("master:" + w.name, values);
+  }
 }
 
 size_t RankExecutor::entryIndex(const std::string &entry) const {

@@ -174,11 +174,8 @@ struct TrainRun {
 
 /// The dtype the checkpoint holds weight `w` in (its slices').
 DType storedDtype(const PlanLayout &layout, const PlanWeight &w) {
-  const std::string first = w.experts ? w.expertName(0) : w.name;
-  for (const PlanSlice &s : layout.ranks.at(0))
-    if (s.name == first)
-      return s.dtype;
-  return w.dtype;
+  const PlanSlice *s = layout.slice(0, w.experts ? w.expertName(0) : w.name);
+  return s ? s->dtype : w.dtype;
 }
 
 /// The trained weights by checkpoint name (`values` keeps them; a bf16
@@ -213,21 +210,21 @@ void saveCheckpoint(RankExecutor &executor, const PlanProgram &program, const Tr
   std::vector<TensorToWrite> state;
   std::vector<std::vector<float>> stateValues;
   for (const std::string &name : executor.stateNames()) {
+    // A state in a weight's shape; a master is none when the checkpoint
+    // holds that weight in f32 (--param-dtype bf16: the weight is the master).
+    const std::string of = name.substr(name.find(':') + 1);
+    const auto w = std::find_if(program.weights.begin(), program.weights.end(),
+                                [&](const PlanWeight &p) { return p.name == of; });
+    if (w != program.weights.end() && name.rfind("master:", 0) == 0 &&
+        storedDtype(*run.layout, *w) == DType::F32)
+      continue;
     std::vector<float> v;
     executor.readState(name, v);
     if (std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; }))
       continue;
     std::vector<int64_t> shape{static_cast<int64_t>(v.size())};
-    const std::string of = name.substr(name.find(':') + 1);
-    bool weightsAreMasters = false; // (an f32 checkpoint of bf16 weights holds the masters)
-    for (const PlanWeight &w : program.weights)
-      if (w.name == of && TensorView{DType::F32, w.shape, nullptr}.numel() == shape[0]) {
-        shape = w.shape;
-        weightsAreMasters = name.rfind("master:", 0) == 0 &&
-                            storedDtype(*run.layout, w) == DType::F32;
-      }
-    if (weightsAreMasters)
-      continue;
+    if (w != program.weights.end() && TensorView{DType::F32, w->shape, nullptr}.numel() == shape[0])
+      shape = w->shape;
     stateValues.push_back(std::move(v));
     state.push_back({name, DType::F32, shape, [&stateValues, i = stateValues.size() - 1](char *to) {
                        std::memcpy(to, stateValues[i].data(), stateValues[i].size() * 4);

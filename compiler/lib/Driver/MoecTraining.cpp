@@ -290,16 +290,15 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
   // --param-dtype: bf16 compute weights for an f32 checkpoint (its
   // slices stay f32: moert rounds them at load and starts the masters from
   // them); the checkpoint's own dtype changes nothing.
-  const std::string stored = config.dtype == "bfloat16" ? "bf16"
-                             : config.dtype == "float16" ? "f16"
-                                                         : "f32";
+  const std::optional<sharding::DType> stored = sharding::parseDType(config.dtype);
   if (!paramDtype.empty() && paramDtype != "bf16" && paramDtype != "f32")
     return refuse("--param-dtype " + paramDtype + ": expected bf16 or f32");
-  if (!paramDtype.empty() && paramDtype != stored && stored != "f32")
+  const bool fromF32 = stored == sharding::DType::F32;
+  if (!paramDtype.empty() && sharding::parseDType(paramDtype) != stored && !fromF32)
     return refuse("not supported yet: --param-dtype " + paramDtype + " for a checkpoint of " +
                   config.dtype + " (" + config.path + ": dtype): the weights train in the "
                   "checkpoint's dtype or, from f32, in bf16");
-  if (paramDtype == "bf16" && stored == "f32")
+  if (paramDtype == "bf16" && fromF32)
     options.checkpointDtype = "f32";
   CompileOptions::Optimizer adamw;
   adamw.lr = learningRate;

@@ -37,6 +37,9 @@ struct PlanLayout {
   /// whole-tensor primary slice per checkpoint tensor (expert stacks
   /// expanded). InputError naming the plan and the field.
   static PlanLayout load(const std::string &path);
+
+  /// Rank `rank`'s slice of checkpoint tensor `name`; null when it has none.
+  const PlanSlice *slice(int64_t rank, const std::string &name) const;
 };
 
 } // namespace moert
