@@ -72,7 +72,7 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
   // the one distributed training extends.
   const bool partition =
       o.train || (o.layout && (worldOf(*o.layout) > 1 || o.capacityFactor > 0));
-  if (o.train && !o.layout) {
+  if ((o.train || o.storedSlices) && !o.layout) {
     MoEChooseLayoutOptions choose;
     choose.worldSize = 1;
     choose.dtype = o.checkpointDtype;

@@ -165,11 +165,14 @@ public:
     }
     return out;
   }
-  /// A floating-point dtype: F32, BF16 or F16.
-  DType dtype(const std::string &field) const {
+  /// A floating-point dtype: F32, BF16 or F16 (or, with `fp8`, the F8_E4M3
+  /// of FP8 block-scaled weight slices).
+  DType dtype(const std::string &field, bool fp8 = false) const {
     DType t;
-    if (!parseDType(string(field), t) || (t != DType::F32 && t != DType::BF16 && t != DType::F16))
-      fail(field, fmt::format("unsupported dtype '{}' (expected F32, BF16 or F16)", string(field)));
+    if (!parseDType(string(field), t) ||
+        (t != DType::F32 && t != DType::BF16 && t != DType::F16 && !(fp8 && t == DType::F8E4M3)))
+      fail(field, fmt::format("unsupported dtype '{}' (expected F32, BF16{})", string(field),
+                              fp8 ? ", F16 or F8_E4M3" : " or F16"));
     return t;
   }
   const json &array(const std::string &field) const {

@@ -574,6 +574,12 @@ void checkNoUnexpectedTensors(const Plan &plan, const Checkpoint &checkpoint) {
     for (int64_t e = 0; e < w.experts; ++e)
       add(w.expertName(e));
   }
+  // Tensors only the layout names: the block scales of FP8 weights.
+  if (plan.layout)
+    for (const std::vector<PlanSlice> &rank : plan.layout->ranks)
+      for (const PlanSlice &s : rank)
+        if (!s.block.empty())
+          known.insert(s.name + "_scale_inv");
   for (const std::string &name : checkpoint.names()) {
     if (known.count(name))
       continue;

@@ -37,7 +37,7 @@ PlanSlice readSlice(const JsonFields &w) {
   s.globalShape = w.integers("global_shape", 0);
   s.offset = w.integers("offset", 0);
   s.shape = w.integers("shape", 0);
-  s.dtype = w.dtype("dtype");
+  s.dtype = w.dtype("dtype", /*fp8=*/true);
   if (s.offset.size() != s.globalShape.size() || s.shape.size() != s.globalShape.size())
     w.fail("shape", fmt::format("offset {} and shape {} must have the rank of global_shape {}",
                                 shapeString(s.offset), shapeString(s.shape),
@@ -54,6 +54,13 @@ PlanSlice readSlice(const JsonFields &w) {
   if (bytes != n * static_cast<int64_t>(dtypeSize(s.dtype)))
     w.fail("bytes", fmt::format("expected {} (shape x dtype size) but got {}",
                                 n * static_cast<int64_t>(dtypeSize(s.dtype)), bytes));
+  // An FP8 weight names the block of its `<name>_scale_inv` (2-D only).
+  if (s.dtype == DType::F8E4M3 || w.has("block")) {
+    s.block = w.integers("block", 0);
+    if (s.dtype != DType::F8E4M3 || s.globalShape.size() != 2 || s.block.size() != 2 ||
+        s.block[0] <= 0 || s.block[1] <= 0)
+      w.fail("block", "expected [rows, cols] > 0 for a 2-D F8_E4M3 weight, and only there");
+  }
   if (w.has("primary")) {
     if (!w.get("primary").is_boolean())
       w.fail("primary", "expected true or false");

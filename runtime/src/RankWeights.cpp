@@ -8,6 +8,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -51,6 +52,7 @@ void RankWeights::bind(const Plan &thePlan, int64_t rankIndex, const Checkpoint 
       used[w] = true;
   weights_.assign(program->weights.size(), {});
   owned.clear();
+  blockScales.clear();
   bound = loaded = 0;
   // Bytes this rank reads (progress), and the resident memory loading
   // adds (MOERT_LOAD_REPORT=1 prints it against the rank's shard bytes).
@@ -130,7 +132,13 @@ TensorView RankWeights::bindOne(const Checkpoint &ckpt, const std::string &name,
   // A weight computes in its slice's dtype, or in bf16 from an f32 slice
   // (moec compile --param-dtype bf16: rounded here, to nearest even).
   const bool rounded = slice.dtype == DType::F32 && dtype == DType::BF16;
-  if (slice.dtype != dtype && !rounded)
+  // An FP8 slice computes as the plan's dtype through its block scales.
+  const bool fp8 = slice.dtype == DType::F8E4M3 &&
+                   (dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16);
+  if (fp8 && slice.shape != localShape)
+    inputError("{}: rank {}'s box {} of FP8 weight '{}' differs from the program's {} tensor",
+               plan->path, rank, shapeString(slice.shape), name, shapeString(localShape));
+  if (slice.dtype != dtype && !rounded && !fp8)
     inputError("{}: rank {}'s slice of '{}' is of a {} tensor but the plan's weight is {}",
                plan->path, rank, name, dtypeName(slice.dtype), dtypeName(dtype));
   // The plan's dtype is part of its memory figures: a checkpoint in
@@ -153,6 +161,8 @@ TensorView RankWeights::bindOne(const Checkpoint &ckpt, const std::string &name,
     whole = ckpt.tensor(name, globalShape);
     bound += static_cast<int64_t>(whole.bytes());
     onBytes(static_cast<int64_t>(whole.bytes()));
+    if (fp8)
+      whole.blocks = bindScales(ckpt, slice, dtype);
     return whole;
   }
   for (size_t d = 0; d < localShape.size(); ++d)
@@ -169,9 +179,68 @@ TensorView RankWeights::bindOne(const Checkpoint &ckpt, const std::string &name,
       to[i] = floatToBf16(values[i]);
     return copy;
   }
+  if (fp8) {
+    copy.dtype = DType::F8E4M3;
+    ckpt.readBox(name, slice.offset, slice.shape, DType::F8E4M3,
+                 static_cast<char *>(const_cast<void *>(copy.data)), localShape);
+    copy.blocks = bindScales(ckpt, slice, dtype);
+    return copy;
+  }
   ckpt.readBox(name, slice.offset, slice.shape, dtype,
                static_cast<char *>(const_cast<void *>(copy.data)), localShape);
   return copy;
+}
+
+/// The block scales of FP8 weight slice `weight` (which computes as
+/// `computeDtype`): the rank's box of `<name>_scale_inv`, which must cover
+/// every block the weight's box touches.
+const BlockScales *RankWeights::bindScales(const Checkpoint &ckpt, const PlanSlice &weight,
+                                           DType computeDtype) {
+  const std::string name = weight.name + "_scale_inv";
+  auto found = slices.find(name);
+  if (found == slices.end())
+    inputError("{}: rank {} holds FP8 weight '{}' but no slice of its scales '{}'", plan->path,
+               rank, weight.name, name);
+  const PlanSlice &scales = *found->second;
+  const int64_t br = weight.block[0], bc = weight.block[1];
+  const std::vector<int64_t> grid{(weight.globalShape[0] + br - 1) / br,
+                                  (weight.globalShape[1] + bc - 1) / bc};
+  if (scales.dtype != DType::F32 || scales.globalShape != grid)
+    inputError("{}: rank {}'s slice of '{}' is {} {}, but blocks of {}x{} of '{}' {} need F32 {}",
+               plan->path, rank, name, dtypeName(scales.dtype), shapeString(scales.globalShape),
+               br, bc, weight.name, shapeString(weight.globalShape), shapeString(grid));
+  for (int d = 0; d < 2; ++d) {
+    const int64_t block = d == 0 ? br : bc;
+    const int64_t first = weight.offset[d] / block,
+                  last = (weight.offset[d] + weight.shape[d] + block - 1) / block;
+    if (scales.offset[d] > first || scales.offset[d] + scales.shape[d] < last)
+      inputError("{}: rank {}'s box {} at {} of '{}' does not cover the blocks [{}, {}) of "
+                 "dimension {} that its weight's box uses",
+                 plan->path, rank, shapeString(scales.shape), shapeString(scales.offset), name,
+                 first, last, d);
+  }
+  TensorView info = ckpt.info(name, scales.globalShape);
+  if (info.dtype != DType::F32)
+    inputError("{}: tensor '{}': expected dtype F32 (FP8 block scales) but found {}",
+               ckpt.fileOf(name), name, dtypeName(info.dtype));
+  TensorView box = ownedCopy(TensorView{DType::F32, scales.shape, nullptr});
+  loaded += static_cast<int64_t>(box.bytes());
+  auto *values = static_cast<float *>(const_cast<void *>(box.data));
+  ckpt.readBox(name, scales.offset, scales.shape, DType::F32, reinterpret_cast<char *>(values),
+               scales.shape);
+  for (int64_t i = 0; i < box.numel(); ++i)
+    if (!std::isfinite(values[i]))
+      inputError("{}: tensor '{}': block scale {} is {} (expected a finite value)",
+                 ckpt.fileOf(name), name, i, values[i]);
+  BlockScales &b = blockScales.emplace_back();
+  b.data = values;
+  b.stride = scales.shape[1];
+  b.blockRows = br;
+  b.blockCols = bc;
+  b.rowOrigin = weight.offset[0] - scales.offset[0] * br;
+  b.colOrigin = weight.offset[1] - scales.offset[1] * bc;
+  b.computeDtype = computeDtype == DType::F32 ? DType::F32 : DType::BF16;
+  return &b;
 }
 
 /// A zeroed tensor of `view`'s dtype and shape that the device owns.

@@ -14,6 +14,7 @@ size_t dtypeSize(DType t) {
   case DType::F16: return 2;
   case DType::I32: return 4;
   case DType::I64: return 8;
+  case DType::F8E4M3: return 1;
   }
   return 0;
 }
@@ -25,6 +26,7 @@ const char *dtypeName(DType t) {
   case DType::F16: return "F16";
   case DType::I32: return "I32";
   case DType::I64: return "I64";
+  case DType::F8E4M3: return "F8_E4M3";
   }
   return "?";
 }
@@ -36,7 +38,7 @@ bool parseDType(std::string_view name, DType &out) {
       {"BF16", DType::BF16},   {"bf16", DType::BF16},     {"bfloat16", DType::BF16},
       {"F16", DType::F16},     {"f16", DType::F16},       {"float16", DType::F16},
       {"I32", DType::I32},     {"i32", DType::I32},       {"I64", DType::I64},
-      {"i64", DType::I64}};
+      {"i64", DType::I64},     {"F8_E4M3", DType::F8E4M3}};
   for (const Spelling &s : spellings)
     if (s.name == name) {
       out = s.type;
@@ -66,6 +68,16 @@ uint16_t floatToF16(float f) {
   return bits;
 }
 
+float e4m3ToFloat(uint8_t v) {
+  const int exponent = (v >> 3) & 0xf, mantissa = v & 7;
+  if (exponent == 0xf && mantissa == 7)
+    return NAN;
+  // Subnormals (exponent 0): mantissa / 8 * 2^-6.
+  float value = exponent == 0 ? std::ldexp(static_cast<float>(mantissa), -9)
+                              : std::ldexp(static_cast<float>(8 + mantissa), exponent - 10);
+  return (v & 0x80) ? -value : value;
+}
+
 float TensorView::at(int64_t i) const {
   switch (dtype) {
   case DType::F32: return static_cast<const float *>(data)[i];
@@ -73,6 +85,12 @@ float TensorView::at(int64_t i) const {
   case DType::F16: return f16ToFloat(static_cast<const uint16_t *>(data)[i]);
   case DType::I32: return static_cast<float>(static_cast<const int32_t *>(data)[i]);
   case DType::I64: return static_cast<float>(static_cast<const int64_t *>(data)[i]);
+  case DType::F8E4M3: {
+    float q = e4m3ToFloat(static_cast<const uint8_t *>(data)[i]);
+    if (!blocks || shape.size() != 2)
+      return q;
+    return q * blocks->at(i / shape[1], i % shape[1]);
+  }
   }
   return 0;
 }

@@ -53,6 +53,11 @@ struct CompileOptions {
   /// the checkpoint's dtype, which the weight slices keep (moe-choose-layout's
   /// dtype), while the imported module's weights are in the compute dtype.
   std::string checkpointDtype;
+  /// The checkpoint stores weights in FP8 blocks (config.json's
+  /// quantization_config): the plan always lists each rank's slices, since
+  /// only they say how each weight is stored (moe-choose-layout runs for one
+  /// rank when no layout is asked for).
+  bool storedSlices = false;
   double auxLossCoef = -1, zLossCoef = 0;
   /// The optimizer program of a training plan (moec compile --optimizer
   /// adamw): moe-append-optimizer's options.

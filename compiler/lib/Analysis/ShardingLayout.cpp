@@ -159,7 +159,9 @@ Expected<ModelInfo> ModelInfo::build(const hf::ModelConfig &config,
   m.tensors.reserve(specs.size());
   for (hf::TensorSpec &spec : specs) {
     PlannedTensor t;
-    int64_t bytes = spec.numel() * wb;
+    // FP8 weights and their f32 block scales keep their own sizes.
+    t.elementBytes = spec.isFp8() ? 1 : spec.blockScales ? 4 : wb;
+    int64_t bytes = spec.numel() * t.elementBytes;
     m.totalBytes += bytes;
     int32_t index = int32_t(m.tensors.size());
     t.spec = std::move(spec);
@@ -194,6 +196,7 @@ Expected<ModelInfo> ModelInfo::build(const hf::ModelConfig &config,
         // gate/up ([I, h]) split their output rows by ETP, down ([h, I])
         // its input columns.
         t.etpDim = s.etpDim;
+        t.wholeInEtpGroup = s.blockScales;
         m.expertTensors[s.layer][e].push_back(index);
       } else {
         if (s.shape.empty() || s.shape[0] != config.numExperts)

@@ -89,7 +89,10 @@ void forEachBox(const ModelInfo &m, const ShardingLayout &layout,
       vocab(idx, true);
       break;
     case Split::Expert:
-      split(idx, t.etpDim, d.etp, rc.etp);
+      if (t.wholeInEtpGroup)
+        f(whole(idx, rc.etp == 0));
+      else
+        split(idx, t.etpDim, d.etp, rc.etp);
       break;
     case Split::FusedExperts:
       split(idx, 0, d.ep, rc.ep);
@@ -149,7 +152,6 @@ moe::sharding::weightSlices(const ModelInfo &m, const ShardingLayout &layout,
   });
   std::vector<WeightSlice> out;
   out.reserve(boxes.size());
-  int64_t wb = dtypeBytes(m.weightDtype);
   for (const Box &b : boxes) {
     const PlannedTensor &t = m.tensors[b.tensor];
     WeightSlice s;
@@ -157,8 +159,10 @@ moe::sharding::weightSlices(const ModelInfo &m, const ShardingLayout &layout,
     s.globalShape = t.spec.shape;
     s.offset.assign(b.off, b.off + b.dims);
     s.shape.assign(b.len, b.len + b.dims);
-    s.dtype = m.weightDtype;
-    s.bytes = b.numel() * wb;
+    s.dtype = t.spec.isFp8() ? DType::FP8 : t.spec.blockScales ? DType::F32 : m.weightDtype;
+    s.bytes = b.numel() * t.elementBytes;
+    if (t.spec.isFp8())
+      s.block = {t.spec.fp8BlockRows, t.spec.fp8BlockCols};
     s.split = t.split;
     s.primary = b.primary;
     out.push_back(std::move(s));
@@ -169,10 +173,11 @@ moe::sharding::weightSlices(const ModelInfo &m, const ShardingLayout &layout,
 int64_t moe::sharding::rankWeightBytes(const ModelInfo &m,
                                        const ShardingLayout &layout,
                                        int64_t rank) {
-  int64_t elements = 0;
-  forEachBox(m, layout, rankCoords(layout.degrees, rank),
-             [&](const Box &b) { elements += b.numel(); });
-  return elements * dtypeBytes(m.weightDtype);
+  int64_t bytes = 0;
+  forEachBox(m, layout, rankCoords(layout.degrees, rank), [&](const Box &b) {
+    bytes += b.numel() * m.tensors[b.tensor].elementBytes;
+  });
+  return bytes;
 }
 
 Expected<CoverageReport>

@@ -416,6 +416,12 @@ int runCompile() {
   options.explain = explain;
   options.json = printJson;
   options.target = compileTarget;
+  options.storedSlices = config->fp8.has_value();
+  if (config->fp8 && cudaTarget)
+    return fail(createStringError(inconvertibleErrorCode(),
+                                  "%s: not supported yet: FP8 weights (quantization_config) with "
+                                  "--target cuda; the CPU target dequantises them in its GEMMs",
+                                  config->path.c_str()));
   options.cudaArch = cudaArchs;
   options.kernelsOnly = kernelsOnly;
   options.decodeEntry = decodeEntry;

@@ -224,6 +224,9 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
         return refuse("--" + o->ArgStr + ": expected --optimizer adamw");
   if (!train)
     return Error::success();
+  if (config.fp8)
+    return refuse(config.path + ": not supported yet: training a model whose checkpoint stores "
+                  "FP8 weights (quantization_config)");
   if (seqLen < 1 || microBatchSize < 1)
     return refuse("--train: expected --seq-len >= 1 and --micro-batch-size >= 1");
   if (seqLen > config.maxPositionEmbeddings)

@@ -24,7 +24,7 @@ namespace {
 /// One weight's entry: a plain tensor, or each expert's of a stack.
 void addWeight(std::vector<moe::hf::TensorSpec> &out, llvm::StringSet<> &seen, StringRef name,
                RankedTensorType type, moe::WeightRole role, std::optional<int64_t> layer,
-               int64_t etpDim) {
+               int64_t etpDim, DenseI64ArrayAttr fp8Block) {
   using moe::hf::TensorRole;
   using moe::hf::TensorSplit;
   if (!seen.insert(name).second)
@@ -32,6 +32,16 @@ void addWeight(std::vector<moe::hf::TensorSpec> &out, llvm::StringSet<> &seen, S
   moe::hf::TensorSpec spec;
   spec.layer = layer.value_or(-1);
   spec.shape.assign(type.getShape().begin(), type.getShape().end());
+  // An FP8 weight is followed by its block scales (checkpoint order).
+  if (fp8Block && fp8Block.size() == 2) {
+    spec.fp8BlockRows = fp8Block[0];
+    spec.fp8BlockCols = fp8Block[1];
+  }
+  auto push = [&](moe::hf::TensorSpec s) {
+    out.push_back(s);
+    if (s.isFp8())
+      out.push_back(moe::hf::blockScalesOf(s));
+  };
   switch (role) {
   case moe::WeightRole::embedding: spec.role = TensorRole::Embedding; break;
   case moe::WeightRole::lm_head: spec.role = TensorRole::LMHead; break;
@@ -48,13 +58,13 @@ void addWeight(std::vector<moe::hf::TensorSpec> &out, llvm::StringSet<> &seen, S
       moe::hf::TensorSpec one = spec;
       one.expert = e;
       one.name = (name.take_front(at) + std::to_string(e) + name.drop_front(at + 3)).str();
-      out.push_back(std::move(one));
+      push(std::move(one));
     }
     return;
   }
   }
   spec.name = name.str();
-  out.push_back(std::move(spec));
+  push(std::move(spec));
 }
 
 } // namespace
@@ -67,7 +77,8 @@ llvm::Expected<std::vector<moe::hf::TensorSpec>> moe::modelWeights(ModuleOp modu
       auto stack = dyn_cast<moe::ExpertWeightOp>(w.getOperation());
       addWeight(out, seen, w.getTensorName(),
                 cast<RankedTensorType>(w->getResult(0).getType()), w.getWeightRole(),
-                w.getDecoderLayer(), stack ? stack.getEtpDimOrDefault() : 0);
+                w.getDecoderLayer(), stack ? stack.getEtpDimOrDefault() : 0,
+                w->getAttrOfType<DenseI64ArrayAttr>("moe.fp8_block"));
     });
     return out;
   }
@@ -90,7 +101,7 @@ llvm::Expected<std::vector<moe::hf::TensorSpec>> moe::modelWeights(ModuleOp modu
                                                : moe::WeightRole::replicated;
     addWeight(out, seen, name.getValue(), ranked, r,
               layer ? std::optional<int64_t>(layer.getInt()) : std::nullopt,
-              etpDim ? etpDim.getInt() : 0);
+              etpDim ? etpDim.getInt() : 0, entry.getAs<DenseI64ArrayAttr>("fp8_block"));
   }
   return out;
 }
@@ -442,6 +453,8 @@ ArrayAttr moe::logicalWeightsAttr(func::FuncOp forward) {
     // The planner's inputs after partitioning (moe::modelWeights).
     if (auto layer = cast<moe::WeightOpInterface>(op).getDecoderLayer())
       e.push_back(b.getNamedAttr("layer", b.getI64IntegerAttr(*layer)));
+    if (auto block = op->getAttrOfType<DenseI64ArrayAttr>("moe.fp8_block"))
+      e.push_back(b.getNamedAttr("fp8_block", block));
     entries.push_back(b.getDictionaryAttr(e));
   });
   return b.getArrayAttr(entries);

@@ -21,6 +21,17 @@ int64_t TensorSpec::numel() const {
   return n;
 }
 
+TensorSpec moe::hf::blockScalesOf(const TensorSpec &weight) {
+  TensorSpec s = weight;
+  s.name += "_scale_inv";
+  s.shape = {(weight.shape[0] + weight.fp8BlockRows - 1) / weight.fp8BlockRows,
+             (weight.shape[1] + weight.fp8BlockCols - 1) / weight.fp8BlockCols};
+  s.fp8BlockRows = s.fp8BlockCols = 0;
+  s.blockScales = true;
+  s.tpSplit = TensorSplit::Replicated;
+  return s;
+}
+
 namespace {
 
 /// "model.layers.3.mlp.experts.17.up_proj.weight" -> 17; -1 when the name
@@ -70,7 +81,8 @@ void classify(const ModelConfig &c, std::vector<TensorSpec> &specs) {
 
 class LayoutBuilder {
 public:
-  explicit LayoutBuilder(std::vector<TensorSpec> &out) : out(out) {}
+  LayoutBuilder(std::vector<TensorSpec> &out, const ModelConfig &c)
+      : out(out), fp8(c.fp8 ? &*c.fp8 : nullptr) {}
 
   void add(std::string name, std::vector<int64_t> shape,
            TensorRole role = TensorRole::Other) {
@@ -85,6 +97,12 @@ public:
   void linear(const std::string &prefix, int64_t out, int64_t in, bool bias,
               TensorRole role = TensorRole::Other) {
     add(prefix + ".weight", {out, in}, role);
+    // An FP8 checkpoint stores each nn.Linear's weight in blocks (the LM
+    // head stays in the model's dtype).
+    if (fp8 && role != TensorRole::LMHead && fp8->quantizes(this->out.back().name)) {
+      this->out.back().fp8BlockRows = fp8->blockRows;
+      this->out.back().fp8BlockCols = fp8->blockCols;
+    }
     if (bias)
       add(prefix + ".bias", {out}, role);
   }
@@ -101,6 +119,7 @@ public:
 
 private:
   std::vector<TensorSpec> &out;
+  const ModelConfig::Fp8Quantization *fp8;
 };
 
 std::string layerPrefix(int64_t i) { return formatv("model.layers.{0}", i).str(); }
@@ -168,7 +187,12 @@ void decoderLayer(LayoutBuilder &b, const ModelConfig &c, int64_t i) {
     routedExperts(b, c, p + ".block_sparse_moe", "w1", "w3", "w2");
     return;
   }
-  b.linear(p + ".mlp.gate", c.numExperts, h, false);
+  // DeepSeek's router weight is a parameter of its gate module, not an
+  // nn.Linear (never FP8).
+  if (type.starts_with("deepseek"))
+    b.add(p + ".mlp.gate.weight", {c.numExperts, h});
+  else
+    b.linear(p + ".mlp.gate", c.numExperts, h, false);
   if (c.scoreCorrectionBias)
     b.add(p + ".mlp.gate.e_score_correction_bias", {c.numExperts});
   routedExperts(b, c, p + ".mlp", "gate_proj", "up_proj", "down_proj");
@@ -283,7 +307,7 @@ void switchLayout(LayoutBuilder &b, const ModelConfig &c) {
 
 std::vector<TensorSpec> moe::hf::checkpointTensors(const ModelConfig &c) {
   std::vector<TensorSpec> out;
-  LayoutBuilder b(out);
+  LayoutBuilder b(out, c);
   StringRef type = c.modelType;
   if (type == "dbrx") {
     dbrxLayout(b, c);
@@ -324,7 +348,7 @@ std::vector<TensorSpec> moe::hf::mtpTensors(const ModelConfig &c) {
   ModelConfig extended = c;
   extended.numLayers = c.numLayers + c.numMTPLayers;
   extended.moeLayers.resize(extended.numLayers, true);
-  LayoutBuilder b(out);
+  LayoutBuilder b(out, c);
   for (int64_t i = c.numLayers; i < extended.numLayers; ++i) {
     decoderLayer(b, extended, i);
     std::string p = layerPrefix(i);

@@ -61,8 +61,18 @@ private:
       role = moe::WeightRoleAttr::get(&ctx, moe::WeightRole::column);
     else if (spec && spec->tpSplit == TensorSplit::Row)
       role = moe::WeightRoleAttr::get(&ctx, moe::WeightRole::row);
-    return b.create<moe::WeightOp>(loc, RankedTensorType::get(shape, element ? element : act),
-                                   name, role, layerAttr(spec));
+    auto op = b.create<moe::WeightOp>(loc, RankedTensorType::get(shape, element ? element : act),
+                                      name, role, layerAttr(spec));
+    markFp8(op, spec);
+    return op;
+  }
+  /// An FP8-stored weight (TensorSpec::isFp8) carries its block as
+  /// `moe.fp8_block = array<i64: rows, cols>`: the IR computes with the
+  /// dequantised weight; the block says how the checkpoint stores it.
+  void markFp8(Operation *op, const TensorSpec *spec) {
+    if (spec && spec->isFp8())
+      op->setAttr("moe.fp8_block",
+                  b.getDenseI64ArrayAttr({spec->fp8BlockRows, spec->fp8BlockCols}));
   }
   /// A stack of every routed expert's tensor `name` (with `{e}`).
   Value expertWeight(const std::string &name, ArrayRef<int64_t> shape) {
@@ -70,8 +80,10 @@ private:
     first.replace(first.find("{e}"), 3, "0");
     const TensorSpec *spec = specOf(first);
     IntegerAttr etpDim = spec && spec->etpDim ? b.getI64IntegerAttr(spec->etpDim) : nullptr;
-    return b.create<moe::ExpertWeightOp>(loc, RankedTensorType::get(shape, act), name, etpDim,
-                                         layerAttr(spec));
+    auto op = b.create<moe::ExpertWeightOp>(loc, RankedTensorType::get(shape, act), name, etpDim,
+                                            layerAttr(spec));
+    markFp8(op, spec);
+    return op;
   }
   const TensorSpec *specOf(const std::string &name) {
     auto found = specs.find(name);

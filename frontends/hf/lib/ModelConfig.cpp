@@ -54,6 +54,8 @@ FamilyDefaults familyDefaults(StringRef type) {
 }
 
 /// Fields shared by the Llama-style families.
+Error parseFp8(const Fields &q, ModelConfig &c);
+
 Error parseDecoderCommon(const Fields &f, ModelConfig &c) {
   const FamilyDefaults d = familyDefaults(c.modelType);
   MOE_ASSIGN(c.vocabSize, f.positive("vocab_size"));
@@ -113,20 +115,63 @@ Error parseDecoderCommon(const Fields &f, ModelConfig &c) {
                                      clip(c.dtype) + "'");
   // Quantized checkpoints: transformers dequantizes (or runs) them by
   // quantization_config. FP8 block-scaled weights (DeepSeek-V3, FP8 Qwen3)
-  // are planned (--dtype fp8 counts their bytes); moert refuses their F8
-  // tensors by name until it reads them. Other kinds would load tensors of
-  // another layout: refused here.
+  // are read as published (docs/quantization.md); other kinds would load
+  // tensors of another layout: refused here.
   std::optional<Fields> quantization;
   MOE_ASSIGN(quantization, f.nested("quantization_config"));
   if (quantization) {
     std::string method;
     MOE_ASSIGN(method, quantization->string("quant_method", ""));
-    if (method != "fp8")
+    if (method != "fp8") {
       c.unsupportedFeature =
           "quantization " + (method.empty() ? std::string("without a quant_method") : clip(method)) +
           " (quantization_config.quant_method)";
+    } else if (Error e = parseFp8(*quantization, c)) {
+      return e;
+    }
   }
   return parseRopeScaling(f, c);
+}
+
+/// quantization_config of quant_method fp8 (transformers'
+/// FineGrainedFP8Config): e4m3 weights with one scale per weight block.
+/// What would change the math another way is refused.
+Error parseFp8(const Fields &q, ModelConfig &c) {
+  ModelConfig::Fp8Quantization fp8;
+  std::string fmt, activations;
+  MOE_ASSIGN(fmt, q.string("fmt", "e4m3"));
+  if (fmt != "e4m3")
+    c.unsupportedFeature = "quantization fp8 of fmt '" + clip(fmt) + "' (quantization_config.fmt)";
+  // dynamic: activations are not stored; DeepSeek's reference forward
+  // (gemm_impl bf16) dequantises the weights and keeps activations as they are.
+  MOE_ASSIGN(activations, q.string("activation_scheme", "dynamic"));
+  if (activations != "dynamic" && c.unsupportedFeature.empty())
+    c.unsupportedFeature = "quantization fp8 with activation_scheme '" + clip(activations) +
+                           "' (quantization_config.activation_scheme)";
+  if (q.has("weight_block_size")) {
+    std::vector<int64_t> block;
+    MOE_ASSIGN(block, q.integers("weight_block_size"));
+    if (block.size() != 2 || block[0] <= 0 || block[1] <= 0)
+      return q.fail("weight_block_size", "expected two positive integers [rows, cols]");
+    fp8.blockRows = block[0];
+    fp8.blockCols = block[1];
+  } else if (c.unsupportedFeature.empty()) {
+    // Per-tensor FP8 (no blocks) keeps one scale per tensor: another layout.
+    c.unsupportedFeature = "quantization fp8 without weight_block_size (per-tensor scales)";
+  }
+  if (q.has("modules_to_not_convert")) {
+    const json::Array *names = q.array("modules_to_not_convert");
+    if (!names)
+      return q.fail("modules_to_not_convert", "expected a list of module names");
+    for (const json::Value &v : *names) {
+      std::optional<StringRef> name = v.getAsString();
+      if (!name)
+        return q.fail("modules_to_not_convert", "expected a list of module names (strings)");
+      fp8.notConverted.push_back(name->str());
+    }
+  }
+  c.fp8 = std::move(fp8);
+  return Error::success();
 }
 
 Error parseExperts(const Fields &f, ModelConfig &c, StringRef expertsField) {
@@ -548,4 +593,16 @@ Expected<ModelConfig> moe::hf::loadModelConfig(StringRef path) {
   if (!buffer)
     return buffer.takeError();
   return parseModelConfig((*buffer)->getBuffer(), path);
+}
+
+bool ModelConfig::Fp8Quantization::quantizes(StringRef weightName) const {
+  StringRef module = weightName;
+  if (!module.consume_back(".weight"))
+    return false;
+  StringRef last = module.rsplit('.').second.empty() ? module : module.rsplit('.').second;
+  if (last == "lm_head")
+    return false;
+  return llvm::none_of(notConverted, [&](const std::string &entry) {
+    return last == entry || module.contains(entry);
+  });
 }

@@ -17,6 +17,9 @@ struct PlanSlice {
   std::vector<int64_t> globalShape; ///< the whole tensor's (unpadded) shape
   std::vector<int64_t> offset, shape;
   DType dtype = DType::F32;
+  /// F8E4M3 weights: the [rows, cols] of one block of the scales in the
+  /// checkpoint tensor `<name>_scale_inv` (a slice of the rank's too).
+  std::vector<int64_t> block;
   /// false: a copy that another rank of the same replica owns.
   bool primary = true;
 };

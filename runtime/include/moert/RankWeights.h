@@ -12,6 +12,7 @@
 #include "moert/Plan.h"
 #include "moert/PlanLayout.h"
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <unordered_map>
@@ -45,6 +46,8 @@ private:
                      const std::vector<int64_t> &globalShape,
                      const std::vector<int64_t> &localShape, DType dtype);
   TensorView ownedCopy(TensorView view);
+  const BlockScales *bindScales(const Checkpoint &ckpt, const PlanSlice &weight,
+                                DType computeDtype);
 
   const Plan *plan = nullptr;
   int64_t rank = 0;
@@ -53,6 +56,7 @@ private:
   std::unordered_map<std::string, const PlanSlice *> slices; // during bind()
   std::vector<Weight> weights_;
   std::vector<std::unique_ptr<char[]>> owned;
+  std::deque<BlockScales> blockScales; ///< of FP8 weights (stable addresses)
   int64_t loaded = 0, bound = 0;
 };
 

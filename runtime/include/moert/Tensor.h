@@ -10,7 +10,9 @@
 
 namespace moert {
 
-enum class DType : uint8_t { F32, BF16, F16, I32, I64 };
+/// F8E4M3: float8_e4m3fn (safetensors' F8_E4M3), the storage of FP8
+/// block-scaled weights; it computes only through its BlockScales.
+enum class DType : uint8_t { F32, BF16, F16, I32, I64, F8E4M3 };
 
 /// Bytes per element.
 size_t dtypeSize(DType t);
@@ -37,15 +39,40 @@ inline uint16_t floatToBf16(float f) {
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 float f16ToFloat(uint16_t v);
+/// float8_e4m3fn (1 sign, 4 exponent bits of bias 7, 3 mantissa bits; no
+/// infinities, 0x7f / 0xff are NaN) to float, exactly.
+float e4m3ToFloat(uint8_t v);
 uint16_t floatToF16(float f);
 /// Rounds an f32 value through bf16 and back (models computed in bf16).
 inline float roundBf16(float f) { return bf16ToFloat(floatToBf16(f)); }
+
+/// The scales of an FP8 weight (a rank's box of its `<weight>_scale_inv`,
+/// f32, one value per block of blockRows x blockCols elements): element
+/// (r, c) of the weight's view is e4m3(r, c) * data[((rowOrigin + r) /
+/// blockRows) * stride + (colOrigin + c) / blockCols], where the origins
+/// place the view's first element in the box's first block (a slice of the
+/// weight need not start at a block's edge).
+struct BlockScales {
+  const float *data = nullptr;
+  int64_t stride = 0;
+  int64_t blockRows = 0, blockCols = 0;
+  int64_t rowOrigin = 0, colOrigin = 0;
+  /// What the weight computes as: the plan's dtype of the weight (F32, or
+  /// BF16 whose dequantised values are rounded to bf16 as DeepSeek's
+  /// reference dequantisation writes them).
+  DType computeDtype = DType::F32;
+  float at(int64_t r, int64_t c) const {
+    return data[((rowOrigin + r) / blockRows) * stride + (colOrigin + c) / blockCols];
+  }
+};
 
 /// A read-only view of a tensor's bytes with its element type and shape.
 struct TensorView {
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
   const void *data = nullptr;
+  /// F8E4M3 weights: their block scales (owned by whoever bound the view).
+  const BlockScales *blocks = nullptr;
 
   int64_t numel() const {
     int64_t n = 1;
@@ -54,7 +81,7 @@ struct TensorView {
     return n;
   }
   size_t bytes() const { return static_cast<size_t>(numel()) * dtypeSize(dtype); }
-  /// Element i as float (any float dtype).
+  /// Element i as float (any float dtype; an FP8 weight's dequantised value).
   float at(int64_t i) const;
 };
 

@@ -248,9 +248,11 @@ TensorView Checkpoint::info(const std::string &name, const std::vector<int64_t> 
   if (view.shape != shape)
     inputError("{}: tensor '{}: expected shape {} but found {}", file, what, shapeString(shape),
                shapeString(view.shape));
-  if (view.dtype != DType::F32 && view.dtype != DType::BF16 && view.dtype != DType::F16)
-    inputError("{}: tensor '{}: dtype {} is not a float type (expected F32, BF16 or F16)", file,
-               what, dtypeName(view.dtype));
+  if (view.dtype != DType::F32 && view.dtype != DType::BF16 && view.dtype != DType::F16 &&
+      view.dtype != DType::F8E4M3)
+    inputError("{}: tensor '{}: dtype {} is not a float type (expected F32, BF16, F16 or "
+               "F8_E4M3)",
+               file, what, dtypeName(view.dtype));
   return view;
 }
 

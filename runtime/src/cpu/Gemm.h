@@ -83,6 +83,12 @@ void widenAvx2(DType dtype, const void *src, int64_t n, float *out);
 void gemvAvx512(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
                 int64_t n0, int64_t n1, float *y, int64_t ldy);
 
+/// columns() for FP8 block-scaled weights (GemmFp8.cpp): rows dequantised
+/// chunk by chunk into the weight's compute dtype, then multiplied by the
+/// kernels of that dtype.
+void columnsFp8(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
+                int64_t n0, int64_t n1, float *y, int64_t ldy);
+
 /// y[t, n] = x[t, :] . w[n, :] (+ bias[n]) for every token t and the output
 /// columns n in [n0, n1), on the calling thread only. x has row stride ldx,
 /// y row stride ldy; bias (f32, indexed by n) may be null. Few tokens take a

@@ -182,9 +182,12 @@ void downProjection(const float *h, int64_t tokens, int64_t I, const Matrix &dow
 Matrix Matrix::of(const TensorView &view) {
   if (view.shape.size() != 2)
     runtimeError("a weight matrix must be 2-D, got {}", shapeString(view.shape));
-  if (!isFloat(view.dtype))
-    runtimeError("a weight matrix must be F32, BF16 or F16, got {}", dtypeName(view.dtype));
+  if (!isFloat(view.dtype) && !(view.dtype == DType::F8E4M3 && view.blocks))
+    runtimeError("a weight matrix must be F32, BF16, F16 or block-scaled F8_E4M3, got {}",
+                 dtypeName(view.dtype));
   Matrix m;
+  if (view.blocks)
+    m.fp8 = *view.blocks;
   m.dtype = view.dtype;
   m.data = view.data;
   m.rows = view.shape[0];
@@ -196,6 +199,8 @@ Matrix Matrix::of(const TensorView &view) {
 Matrix Matrix::transpose() const {
   if (transposed)
     runtimeError("the transpose of a transposed view");
+  if (dtype == DType::F8E4M3)
+    runtimeError("not supported yet: products with the transpose of an FP8 weight (training)");
   Matrix m = *this;
   m.rows = cols;
   m.cols = rows;
@@ -212,6 +217,7 @@ Matrix Matrix::sliceRows(int64_t begin, int64_t count) const {
   m.data = static_cast<const char *>(data) +
            begin * rowStride * static_cast<int64_t>(dtypeSize(dtype));
   m.rows = count;
+  m.fp8.rowOrigin += begin;
   return m;
 }
 

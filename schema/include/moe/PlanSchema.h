@@ -73,8 +73,8 @@ inline constexpr const char *kCoords[] = {"dp", "pp", "tp", "edp", "ep", "etp"};
 inline constexpr const char *kRankMemory[] = {"weights", "kv_cache", "activations", "workspace",
                                               "state", "peak"};
 /// One slice of a rank's checkpoint (ranks[].weights[]).
-inline constexpr const char *kSlice[] = {"name",  "global_shape", "offset", "shape",
-                                         "dtype", "bytes",        "primary"};
+inline constexpr const char *kSlice[] = {"name",  "global_shape", "offset",  "shape",
+                                         "dtype", "bytes",        "primary", "block"};
 } // namespace members
 
 /// FNV-1a, 64 bits, of `size` bytes, continuing from `h`.

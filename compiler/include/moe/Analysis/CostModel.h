@@ -132,6 +132,10 @@ struct PlannedTensor {
   Place place = Place::Layer;
   int64_t expert = -1; ///< Split::Expert: the expert index
   int etpDim = 0;      ///< Split::Expert: the dimension ETP splits
+  /// Split::Expert: held whole by each rank of the expert's ETP group (FP8
+  /// block scales: a block may span the ETP parts).
+  bool wholeInEtpGroup = false;
+  int64_t elementBytes = 2; ///< weightDtype's, or FP8's 1 / block scales' 4
   /// The input embedding when the LM head is tied to it: also needed on the
   /// last stage (a non-primary copy when pp > 1).
   bool alsoOnLastStage = false;

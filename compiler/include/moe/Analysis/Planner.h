@@ -92,6 +92,9 @@ struct WeightSlice {
   std::vector<int64_t> shape;       ///< box size, per dimension
   DType dtype = DType::BF16;
   int64_t bytes = 0; ///< elements of the box x dtype size (exact)
+  /// FP8 weights: the [rows, cols] of a block of the `<name>_scale_inv`
+  /// tensor beside them; empty otherwise.
+  std::vector<int64_t> block;
   Split split = Split::Replicated;
   /// True on exactly one rank per model replica for every element (the
   /// copy a sharded checkpoint save writes): TP rank 0 for replicated

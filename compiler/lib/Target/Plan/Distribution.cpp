@@ -116,8 +116,16 @@ void moe::writeDistribution(json::OStream &J, const sharding::ModelInfo &model,
               J.attributeBegin("shape");
               writeInts(J, w.shape);
               J.attributeEnd();
-              J.attribute("dtype", sharding::dtypeName(w.dtype));
+              // (FP8 in safetensors' spelling, with its scales' block.)
+              J.attribute("dtype", w.dtype == sharding::DType::FP8
+                                       ? StringRef("F8_E4M3")
+                                       : sharding::dtypeName(w.dtype));
               J.attribute("bytes", w.bytes);
+              if (!w.block.empty()) {
+                J.attributeBegin("block");
+                writeInts(J, w.block);
+                J.attributeEnd();
+              }
               // A copy of a slice another rank of the replica owns (norms,
               // routers, MLA's down-projections across TP).
               if (!w.primary)

@@ -14,8 +14,9 @@
 
 namespace moert::cpu {
 
-/// A 2-D weight matrix [rows, cols] (rows = out features) of any float dtype,
-/// with a row stride in elements (== cols unless it is a slice).
+/// A 2-D weight matrix [rows, cols] (rows = out features) of any float dtype
+/// (or FP8 with block scales), with a row stride in elements (== cols unless
+/// it is a slice).
 struct Matrix {
   DType dtype = DType::F32;
   const void *data = nullptr;
@@ -24,6 +25,8 @@ struct Matrix {
   /// takes such a view (the backward's products with a weight's transpose,
   /// packed straight from the weight instead of a transposed copy).
   bool transposed = false;
+  /// F8E4M3 weights: their block scales, origins relative to this view.
+  BlockScales fp8;
   static Matrix of(const TensorView &view); ///< a [rows, cols] view
   /// The [cols, rows] transpose of a row-major matrix, as a view.
   Matrix transpose() const;

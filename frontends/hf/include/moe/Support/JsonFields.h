@@ -347,6 +347,11 @@ public:
     return std::optional<Fields>(std::move(*f));
   }
 
+  /// The list at `field`; null when it is absent or not a list.
+  const llvm::json::Array *array(llvm::StringRef field) const {
+    const llvm::json::Value *v = get(field);
+    return v ? v->getAsArray() : nullptr;
+  }
   /// An integer or a list of integers (absent: empty).
   llvm::Expected<std::vector<int64_t>> integers(llvm::StringRef field) const {
     std::vector<int64_t> out;

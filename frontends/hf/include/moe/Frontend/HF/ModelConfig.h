@@ -110,6 +110,22 @@ struct ModelConfig {
   std::vector<bool> moeLayers;
   int64_t numMTPLayers = 0; ///< DeepSeek-V3 multi-token prediction modules
 
+  /// quantization_config of an FP8 block-scaled checkpoint (DeepSeek-V3, the
+  /// FP8 Qwen3 releases): every nn.Linear weight but the excluded ones is
+  /// stored as float8_e4m3fn with a float32 `<weight>_scale_inv` of one
+  /// value per block beside it (weight = q * scale_inv over its block).
+  struct Fp8Quantization {
+    int64_t blockRows = 128, blockCols = 128; ///< weight_block_size
+    /// modules_to_not_convert, as transformers matches them: a module stays
+    /// in `dtype` when an entry equals its name's last component or is a
+    /// substring of its full name (lm_head is always excluded).
+    std::vector<std::string> notConverted;
+    /// Whether the nn.Linear of weight `name` ("<module>.weight") is stored
+    /// in FP8.
+    bool quantizes(llvm::StringRef weightName) const;
+  };
+  std::optional<Fp8Quantization> fp8;
+
   std::string hiddenAct = "silu"; ///< silu | gelu | gelu_pytorch_tanh | relu
   bool tieWordEmbeddings = false;
   std::string dtype = "bfloat16"; ///< `torch_dtype`: float32|bfloat16|float16
@@ -157,8 +173,19 @@ struct TensorSpec {
   int etpDim = 0;
   /// Other tensors of the decoder layers: how tensor parallelism splits them.
   TensorSplit tpSplit = TensorSplit::Replicated;
+  /// An nn.Linear weight the checkpoint stores as float8_e4m3fn blocks
+  /// (ModelConfig::fp8): the block's rows and columns; 0 otherwise.
+  int64_t fp8BlockRows = 0, fp8BlockCols = 0;
+  /// The `<weight>_scale_inv` of an FP8 weight (float32, one value per
+  /// block): whole on every rank that holds a part of its weight.
+  bool blockScales = false;
+  bool isFp8() const { return fp8BlockRows > 0; }
   int64_t numel() const;
 };
+
+/// The `<weight>_scale_inv` tensor of FP8 weight `weight`: [ceil(rows /
+/// block rows), ceil(cols / block cols)], the weight's role, layer and expert.
+TensorSpec blockScalesOf(const TensorSpec &weight);
 
 /// Every tensor of the checkpoint in its order, per-expert tensors expanded.
 /// MTP modules are listed separately by `mtpTensors`.
