@@ -350,6 +350,12 @@ std::vector<int64_t> transfers(const PlanProgram &program, Collective op) {
   return widths;
 }
 
+
+/// What the rank's FP8 weights hold beyond the program's figure, which
+/// counts them in their compute dtype: minus the bytes they save, plus their
+/// block scales (negative for a plan with FP8 weights).
+int64_t storedWeightBytesDelta(const Plan &plan, int64_t rank);
+
 } // namespace
 
 std::string PlanWeight::expertName(int64_t e) const {
@@ -509,7 +515,8 @@ Plan Plan::load(const std::string &path) {
     // rank's entries share, and each entry's buffers.
     rank.predictedWeightBytes = memory.integer("weights", 0);
     const PlanProgram &program = plan.programs[rank.program];
-    rank.predictedPeakBytes = program.weightBytes + program.cacheBytes;
+    rank.predictedPeakBytes = program.weightBytes + program.cacheBytes +
+                              storedWeightBytesDelta(plan, static_cast<int64_t>(ri));
     plan.ranks.push_back(std::move(rank));
     // Each entry's buffers; a state buffer once however many entries name it.
     std::set<std::string> states;
@@ -558,6 +565,30 @@ int64_t Plan::stageRank(int64_t rank, int64_t stage) const {
   c.pp = stage;
   return attentionRank(degrees, c);
 }
+
+namespace {
+int64_t storedWeightBytesDelta(const Plan &plan, int64_t rank) {
+  if (!plan.layout)
+    return 0;
+  std::unordered_map<std::string, DType> computeDtype;
+  for (const PlanWeight &w : plan.weights)
+    for (int64_t e = 0; e < std::max<int64_t>(w.experts, 1); ++e)
+      computeDtype.emplace(w.experts ? w.expertName(e) : w.name, w.dtype);
+  int64_t delta = 0;
+  for (const PlanSlice &s : plan.layout->ranks.at(static_cast<size_t>(rank))) {
+    if (s.block.empty())
+      continue;
+    auto found = computeDtype.find(s.name);
+    const int64_t n = TensorView{s.dtype, s.shape, nullptr}.numel();
+    if (found != computeDtype.end())
+      delta += n * (static_cast<int64_t>(dtypeSize(s.dtype)) -
+                    static_cast<int64_t>(dtypeSize(found->second)));
+    if (const PlanSlice *scales = plan.layout->slice(rank, s.name + "_scale_inv"))
+      delta += TensorView{scales->dtype, scales->shape, nullptr}.bytes();
+  }
+  return delta;
+}
+} // namespace
 
 void checkNoUnexpectedTensors(const Plan &plan, const Checkpoint &checkpoint) {
   std::unordered_set<std::string> known;

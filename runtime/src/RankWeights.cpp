@@ -169,6 +169,8 @@ TensorView RankWeights::bindOne(const Checkpoint &ckpt, const std::string &name,
     if (slice.shape.size() != localShape.size() || slice.shape[d] > localShape[d])
       inputError("{}: rank {}'s box {} of '{}' does not fit the program's {} tensor", plan->path,
                  rank, shapeString(slice.shape), name, shapeString(localShape));
+  if (fp8)
+    localView.dtype = DType::F8E4M3; // one byte per element in memory too
   TensorView copy = ownedCopy(localView);
   if (rounded) {
     std::vector<float> values(static_cast<size_t>(localView.numel()));
@@ -180,7 +182,6 @@ TensorView RankWeights::bindOne(const Checkpoint &ckpt, const std::string &name,
     return copy;
   }
   if (fp8) {
-    copy.dtype = DType::F8E4M3;
     ckpt.readBox(name, slice.offset, slice.shape, DType::F8E4M3,
                  static_cast<char *>(const_cast<void *>(copy.data)), localShape);
     copy.blocks = bindScales(ckpt, slice, dtype);

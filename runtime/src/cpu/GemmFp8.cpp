@@ -51,7 +51,7 @@ void columnsFp8(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, co
   // Rows per chunk: few tokens (the GEMV) keep the chunk in L2 next to the
   // stream; the packed GEMM gets whole column blocks.
   const int64_t bytesPerRow = K * static_cast<int64_t>(sizeof(float));
-  int64_t chunk = std::max<int64_t>(1, (int64_t(256) << 10) / bytesPerRow);
+  int64_t chunk = std::max<int64_t>(1, (int64_t(64) << 10) / bytesPerRow);
   if (tokens > 32)
     chunk = std::max<int64_t>(kColumnBlock, std::min<int64_t>(512, (int64_t(2) << 20) / bytesPerRow) /
                                                 kColumnBlock * kColumnBlock);
