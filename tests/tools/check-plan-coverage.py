@@ -17,7 +17,7 @@ from collections import defaultdict
 plan = json.load(open(sys.argv[1]))
 d = plan["degrees"]
 dp, edp = d["dp"], d.get("edp", 1)
-sizes = {"F32": 4, "BF16": 2, "F16": 2, "FP8": 1}
+sizes = {"F32": 4, "BF16": 2, "F16": 2, "FP8": 1, "F8_E4M3": 1}
 ranks = {r["rank"]: r for r in plan["ranks"]}
 boxes = defaultdict(lambda: defaultdict(int))  # name -> box -> owners
 shapes, dtypes = {}, {}

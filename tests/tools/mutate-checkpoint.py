@@ -7,6 +7,8 @@ ACTION: drop NAME       remove tensor NAME
         reshape NAME    swap the two dims of tensor NAME (same bytes)
         truncate        cut the file in the middle of its data
         bad-header      replace the JSON header with garbage of the same size
+        nan NAME        set the first element of F32 tensor NAME to NaN
+        retype NAME     relabel F8_E4M3 tensor NAME as U8 (same bytes)
 Standard library only.
 """
 import json
@@ -37,6 +39,11 @@ elif action == "extra":
     data += b"\0" * 16
 elif action == "reshape":
     header[name]["shape"] = header[name]["shape"][::-1]
+elif action == "nan":
+    b = header[name]["data_offsets"][0]
+    data = data[:b] + struct.pack("<f", float("nan")) + data[b + 4:]
+elif action == "retype":
+    header[name]["dtype"] = "U8"
 elif action == "truncate":
     data = data[: len(data) // 2]
 elif action == "bad-header":

@@ -3,6 +3,7 @@
 #include "moe/Frontend/HF/ModelConfig.h"
 
 #include "gtest/gtest.h"
+#include <map>
 
 using namespace moe::hf;
 
@@ -136,3 +137,69 @@ TEST(ModelConfig, ErrorsNameFileAndField) {
 }
 
 } // namespace
+
+namespace {
+
+/// The tiny Mixtral with `quantization` as its quantization_config.
+ModelConfig fp8Mixtral(const std::string &quantization) {
+  std::string text = kTinyMixtral;
+  text.insert(text.rfind('}'), ", \"quantization_config\": " + quantization);
+  return parse(text);
+}
+
+} // namespace
+
+// FP8 checkpoints store every nn.Linear weight in blocks but those
+// modules_to_not_convert names, matched as transformers matches them (the
+// module's last name, or a substring of its full name), and the LM head.
+TEST(ModelConfig, Fp8WeightsAsTransformersConvertsThem) {
+  ModelConfig c = fp8Mixtral(R"({"quant_method": "fp8", "weight_block_size": [64, 32],
+      "modules_to_not_convert": ["model.layers.1.self_attn", "gate"]})");
+  ASSERT_TRUE(c.fp8.has_value());
+  EXPECT_EQ(c.fp8->blockRows, 64);
+  EXPECT_EQ(c.fp8->blockCols, 32);
+  EXPECT_TRUE(c.unsupportedFeature.empty()) << c.unsupportedFeature;
+  std::map<std::string, const TensorSpec *> byName;
+  std::vector<TensorSpec> specs = checkpointTensors(c);
+  for (const TensorSpec &s : specs)
+    byName[s.name] = &s;
+  auto fp8 = [&](const std::string &name) {
+    EXPECT_TRUE(byName.count(name)) << name;
+    return byName.count(name) && byName[name]->isFp8();
+  };
+  EXPECT_TRUE(fp8("model.layers.0.self_attn.q_proj.weight"));
+  EXPECT_TRUE(fp8("model.layers.0.block_sparse_moe.experts.3.w2.weight"));
+  EXPECT_FALSE(fp8("model.layers.1.self_attn.q_proj.weight")); // substring of the full name
+  EXPECT_FALSE(fp8("model.layers.0.block_sparse_moe.gate.weight")); // the module's own name
+  EXPECT_FALSE(fp8("lm_head.weight"));
+  EXPECT_FALSE(fp8("model.embed_tokens.weight"));
+  EXPECT_FALSE(fp8("model.layers.0.input_layernorm.weight"));
+  // The scales beside an FP8 weight: one per block, ragged edges rounded up.
+  const TensorSpec &w2 = *byName["model.layers.0.block_sparse_moe.experts.3.w2.weight"];
+  TensorSpec scales = blockScalesOf(w2);
+  EXPECT_EQ(scales.name, "model.layers.0.block_sparse_moe.experts.3.w2.weight_scale_inv");
+  EXPECT_EQ(scales.shape, (std::vector<int64_t>{1, 3})); // [64, 96] in blocks of 64 x 32
+  EXPECT_EQ(scales.expert, 3);
+  EXPECT_TRUE(scales.blockScales);
+  EXPECT_FALSE(scales.isFp8());
+  // Parameter counts are those of the logical model (scales are not
+  // parameters).
+  EXPECT_EQ(countParameters(c).total, countParameters(parse(kTinyMixtral)).total);
+}
+
+TEST(ModelConfig, Fp8LayoutsNotSupportedYet) {
+  EXPECT_EQ(fp8Mixtral(R"({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]})")
+                .unsupportedFeature,
+            "quantization fp8 of fmt 'e5m2' (quantization_config.fmt)");
+  EXPECT_EQ(fp8Mixtral(R"({"quant_method": "fp8"})").unsupportedFeature,
+            "quantization fp8 without weight_block_size (per-tensor scales)");
+  EXPECT_EQ(fp8Mixtral(R"({"quant_method": "mxfp4"})").unsupportedFeature,
+            "quantization mxfp4 (quantization_config.quant_method)");
+  std::string text = kTinyMixtral;
+  text.insert(text.rfind('}'),
+              R"(, "quantization_config": {"quant_method": "fp8", "weight_block_size": [0, 128]})");
+  EXPECT_NE(parseError(text).find("field 'quantization_config.weight_block_size': expected two "
+                                  "positive integers"),
+            std::string::npos)
+      << parseError(text);
+}

@@ -114,7 +114,7 @@ DType parseEntryDType(const std::string &path, const std::string &name, const js
   const std::string &text = value.get_ref<const std::string &>();
   DType dtype;
   if (!parseDType(text, dtype) || text != dtypeName(dtype))
-    inputError("{}: tensor '{}': unsupported dtype '{}' (expected F32, BF16, F16, I32 or I64)",
+    inputError("{}: tensor '{}': unsupported dtype '{}' (expected F32, BF16, F16, F8_E4M3, I32 or I64)",
                path, name, text);
   return dtype;
 }
