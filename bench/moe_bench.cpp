@@ -3,6 +3,7 @@
 //
 //   moe-bench weights PLAN DIR [--dtype bf16|f32] [--seed S]
 //       writes DIR/model.safetensors with random weights for PLAN's model
+//       (FP8 blocks and their scales where PLAN's slices say F8_E4M3)
 //   moe-bench run PLAN DIR [--threads N]
 //       prefill of 512 and 128 tokens (last position's logits only, as
 //       llama.cpp measures), decode of 128 tokens, peak RSS
@@ -78,6 +79,25 @@ int makeWeights(int argc, char **argv) {
       bool isNorm = shape.size() == 1;
       double scale = isNorm ? 0 : std::sqrt(3.0 / shape.back());
       uint64_t tensorSeed = seed * 1000003 + tensors.size();
+      // An FP8 plan's weight (a config with quantization_config): e4m3
+      // values of U(-a, a) with one scale a / 448 for every block.
+      const PlanSlice *slice = plan.layout ? plan.layout->slice(0, name) : nullptr;
+      if (slice && !slice->block.empty()) {
+        const float blockScale = static_cast<float>(scale / 448);
+        tensors.push_back({name, DType::F8E4M3, shape, [=](char *out) {
+          std::mt19937_64 rng(tensorSeed);
+          std::uniform_real_distribution<float> uniform(-448.0f, 448.0f);
+          for (int64_t i = 0; i < shape[0] * shape[1]; ++i)
+            out[i] = static_cast<char>(floatToE4m3(uniform(rng)));
+        }});
+        std::vector<int64_t> grid{(shape[0] + slice->block[0] - 1) / slice->block[0],
+                                  (shape[1] + slice->block[1] - 1) / slice->block[1]};
+        tensors.push_back({name + "_scale_inv", DType::F32, grid, [=](char *out) {
+          for (int64_t i = 0; i < grid[0] * grid[1]; ++i)
+            std::memcpy(out + 4 * i, &blockScale, 4);
+        }});
+        continue;
+      }
       tensors.push_back({name, dtype, shape, [=](char *out) {
         std::mt19937_64 rng(tensorSeed);
         std::uniform_real_distribution<float> uniform(-scale, scale);
@@ -191,13 +211,20 @@ double tokenElements(const PlanProgram &program, const PlanStep &s, size_t j) {
   return numel;
 }
 
+/// The bytes of one element of program weight `w` as stored: its dtype's, or
+/// an FP8 slice's (plus its block scales, ignored).
+double storedElementBytes(const Plan &plan, const PlanWeight &w) {
+  const PlanSlice *slice =
+      plan.layout ? plan.layout->slice(0, w.experts ? w.expertName(0) : w.name) : nullptr;
+  return static_cast<double>(dtypeSize(slice && !slice->block.empty() ? slice->dtype : w.dtype));
+}
+
 /// Bytes of weights step `i` reads for one token.
-double stepWeightBytes(const PlanProgram &program, size_t i) {
+double stepWeightBytes(const Plan &plan, const PlanProgram &program, size_t i) {
   const PlanStep &s = program.steps[i];
   double bytes = 0;
   for (size_t j = 0; j < s.weights.size(); ++j)
-    bytes += tokenElements(program, s, j) *
-             static_cast<double>(dtypeSize(program.weights[s.weights[j]].dtype));
+    bytes += tokenElements(program, s, j) * storedElementBytes(plan, program.weights[s.weights[j]]);
   return bytes;
 }
 
@@ -210,10 +237,16 @@ double activeParams(const PlanProgram &program) {
       n += tokenElements(program, s, j);
   return n;
 }
-double activeBytes(const PlanProgram &program) {
+double totalParams(const PlanProgram &program) {
+  double n = 0;
+  for (const PlanWeight &w : program.weights)
+    n += static_cast<double>(TensorView{w.dtype, w.shape, nullptr}.numel());
+  return n;
+}
+double activeBytes(const Plan &plan, const PlanProgram &program) {
   double bytes = 0;
   for (size_t i = 0; i < program.steps.size(); ++i)
-    bytes += stepWeightBytes(program, i);
+    bytes += stepWeightBytes(plan, program, i);
   return bytes;
 }
 
@@ -221,10 +254,10 @@ double activeBytes(const PlanProgram &program) {
 /// between two readings of the device's per-step seconds (`since` empty:
 /// from the start). With `tokens`, each kind also says at what rate it read
 /// its weights for that many tokens, one token at a time (decode).
-std::string opSplit(const PlanProgram &program, const std::vector<double> &now,
+std::string opSplit(const Plan &plan, const PlanProgram &program, const std::vector<double> &now,
                     const std::vector<double> &since, int64_t tokens = 0) {
   const std::vector<OpTime> kinds = timeByOp(program, now, since, [&](size_t i) {
-    return stepWeightBytes(program, i) * static_cast<double>(tokens);
+    return stepWeightBytes(plan, program, i) * static_cast<double>(tokens);
   });
   double total = 0;
   for (const OpTime &k : kinds)
@@ -265,7 +298,7 @@ int runModel(int argc, char **argv) {
   std::string dtype = dtypeName(plan.weights[0].dtype);
   fmt::print("model: {} ({} weights, {:.0f} M parameters, {:.0f} M active per token), "
              "dtype {}, {} threads\n",
-             plan.modelType, plan.weights.size(), device->weightBytes() / 1e6 / (dtype == "BF16" ? 2 : 4),
+             plan.modelType, plan.weights.size(), totalParams(program) / 1e6,
              activeParams(program) / 1e6, dtype, threads);
   device->forward(prompt(16), logits); // warm-up: page in the weights
   for (int64_t n : {512, 128}) {
@@ -281,7 +314,7 @@ int runModel(int argc, char **argv) {
     fmt::print("prefill {:4} tokens: {:7.1f} tok/s\n", n, n / best);
   }
   // Where prefill time goes (the runs above), by op kind.
-  fmt::print("  prefill time by op:{}\n", opSplit(program, device->stepSeconds(), {}));
+  fmt::print("  prefill time by op:{}\n", opSplit(plan, program, device->stepSeconds(), {}));
   // Decode 128 tokens after a 16-token prompt, one token per step.
   device->forward(prompt(16), logits);
   const int64_t steps = 128;
@@ -298,9 +331,9 @@ int runModel(int argc, char **argv) {
     token = static_cast<int32_t>(cpu::argmax(logits.data(), plan.vocabSize));
   }
   double s = seconds(t0, Clock::now());
-  std::string decodeSplit = opSplit(program, device->stepSeconds(), before, steps);
+  std::string decodeSplit = opSplit(plan, program, device->stepSeconds(), before, steps);
   fmt::print("decode  {:4} tokens: {:7.1f} tok/s ({:.1f} GB/s of active weights)\n", steps,
-             steps / s, activeBytes(program) * steps / s / 1e9);
+             steps / s, activeBytes(plan, program) * steps / s / 1e9);
   // Each kind's share of the time and the rate at which it read its weights.
   fmt::print("  decode time by op:{}\n", decodeSplit);
   fmt::print("peak RSS: {:.0f} MiB (weights {:.0f} MiB mapped, buffers + KV cache {:.0f} MiB)\n",

@@ -78,6 +78,24 @@ float e4m3ToFloat(uint8_t v) {
   return (v & 0x80) ? -value : value;
 }
 
+uint8_t floatToE4m3(float f) {
+  if (std::isnan(f))
+    return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  const float a = std::fabs(f);
+  // The 127 finite magnitudes increase with their codes: the nearest one.
+  uint8_t lo = 0, hi = 0x7e;
+  if (a >= e4m3ToFloat(hi))
+    return sign | hi;
+  while (hi - lo > 1) {
+    uint8_t mid = static_cast<uint8_t>((lo + hi) / 2);
+    (e4m3ToFloat(mid) <= a ? lo : hi) = mid;
+  }
+  const float below = a - e4m3ToFloat(lo), above = e4m3ToFloat(hi) - a;
+  const uint8_t code = below < above ? lo : above < below ? hi : (lo % 2 == 0 ? lo : hi);
+  return sign | code;
+}
+
 float TensorView::at(int64_t i) const {
   switch (dtype) {
   case DType::F32: return static_cast<const float *>(data)[i];

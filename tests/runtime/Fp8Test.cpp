@@ -43,7 +43,7 @@ TEST(Fp8Test, DecodesE4m3) {
 
 /// An FP8 weight [rows, cols] with scales per block, whose first element is
 /// at (rowOrigin, colOrigin) of its first block; `values` is what each
-/// element dequantises to in `compute`.
+/// element's products take in a model computing in `compute`.
 struct Fp8Matrix {
   int64_t rows, cols;
   std::vector<uint8_t> q;
@@ -73,7 +73,9 @@ struct Fp8Matrix {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) {
         float w = e4m3ToFloat(q[static_cast<size_t>(r * cols + c)]) * blocks.at(r, c);
-        values[static_cast<size_t>(r * cols + c)] = compute == DType::BF16 ? roundBf16(w) : w;
+        // The kernels' contract: bf16 products where BF16 weights take them.
+        const bool bf16 = compute == DType::BF16 && gemm::roundsToBf16(DType::BF16);
+        values[static_cast<size_t>(r * cols + c)] = bf16 ? roundBf16(w) : w;
       }
   }
   TensorView view() const { return TensorView{DType::F8E4M3, {rows, cols}, q.data(), &blocks}; }
@@ -123,6 +125,7 @@ TEST(Fp8Test, LinearWithBlockScales) {
   Threads pool(2);
   for (DType compute : {DType::F32, DType::BF16})
     for (int64_t origin : {0, 5}) {
+      SCOPED_TRACE(::testing::Message() << "compute " << dtypeName(compute) << " origin " << origin);
       // Blocks of 16 x 32 (the fixtures use DeepSeek's 128 x 128): odd
       // sizes leave ragged last blocks; a non-zero origin is a TP slice.
       Fp8Matrix m(67, 251, 16, 32, origin, origin + 2, compute, rng);

@@ -42,6 +42,9 @@ float f16ToFloat(uint16_t v);
 /// float8_e4m3fn (1 sign, 4 exponent bits of bias 7, 3 mantissa bits; no
 /// infinities, 0x7f / 0xff are NaN) to float, exactly.
 float e4m3ToFloat(uint8_t v);
+/// float to the nearest float8_e4m3fn (ties to even), saturating at +-448;
+/// NaN stays NaN.
+uint8_t floatToE4m3(float f);
 uint16_t floatToF16(float f);
 /// Rounds an f32 value through bf16 and back (models computed in bf16).
 inline float roundBf16(float f) { return bf16ToFloat(floatToBf16(f)); }
@@ -57,9 +60,9 @@ struct BlockScales {
   int64_t stride = 0;
   int64_t blockRows = 0, blockCols = 0;
   int64_t rowOrigin = 0, colOrigin = 0;
-  /// What the weight computes as: the plan's dtype of the weight (F32, or
-  /// BF16 whose dequantised values are rounded to bf16 as DeepSeek's
-  /// reference dequantisation writes them).
+  /// The plan's dtype of the weight: a BF16 model's FP8 weights round their
+  /// dequantised values to bf16 where its BF16 weights take bf16 products
+  /// (src/cpu/GemmFp8.cpp); otherwise they multiply as exact f32 values.
   DType computeDtype = DType::F32;
   float at(int64_t r, int64_t c) const {
     return data[((rowOrigin + r) / blockRows) * stride + (colOrigin + c) / blockCols];

@@ -1,20 +1,38 @@
 // FP8 block-scaled weights under `linear` (float8_e4m3fn with one f32 scale
-// per block, as DeepSeek-V3 and the FP8 Qwen3 releases publish them): the
-// rows a thread computes are dequantised, a chunk at a time, into scratch
-// of the weight's compute dtype (f32; or bf16, rounded as DeepSeek's
-// reference weight_dequant writes them), which the GEMM or GEMV of that dtype
-// multiplies. The products are exactly those of the dequantised weight; the
+// per block, as DeepSeek-V3 and the FP8 Qwen3 releases publish them); the
 // weight stays one byte per element in memory.
+//
+// What is computed: a BF16 model's FP8 weights take bf16 products exactly
+// where its BF16 weights would (roundsToBf16, the avx512bf16 level): each
+// dequantised value rounded to bf16, as DeepSeek's reference weight_dequant
+// writes it, times x rounded to bf16. Everywhere else (F32 models, the lower
+// levels, --matmul-precision f32) the products are exact f32 ones of the
+// dequantised weight.
+//
+// Decode (up to kFusedMaxTokens tokens): a GEMV that reads each row once and
+// widens its bytes on the fly: e4m3 -> f16 by shifts (the sign into bit 15,
+// exponent and mantissa below it: the f16 of the value / 2^8, subnormals
+// included) -> f32 by vcvtph2ps; exact products are summed per block and
+// scaled once, bf16 ones go through vdpbf16ps. Otherwise the rows a thread
+// computes are dequantised a chunk at a time into f32 (or bf16) scratch,
+// which the GEMM or GEMV of that dtype multiplies.
 #include "Gemm.h"
+#include "LoadAvx512.h"
 
 #include "moert/Error.h"
 
+#ifdef MOERT_X86
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
+#include <cstdint>
 
 namespace moert::cpu::gemm {
 namespace {
 
-thread_local Scratch dequantised;
+constexpr int64_t kFusedMaxTokens = 4;
+thread_local Scratch dequantised, roundedTokens;
 
 /// e4m3 -> float for every byte (exact).
 struct E4m3Table {
@@ -25,19 +43,237 @@ struct E4m3Table {
   }
 };
 
-/// Row r of w, dequantised: out[c] = e4m3(w[r, c]) * scale of its block.
-void dequantiseRow(const Matrix &w, int64_t r, float *out) {
-  static const E4m3Table table;
-  const auto *q = static_cast<const uint8_t *>(w.data) + r * w.rowStride;
-  const BlockScales &b = w.fp8;
-  const float *scales = b.data + ((b.rowOrigin + r) / b.blockRows) * b.stride;
-  for (int64_t c = 0; c < w.cols;) {
-    const int64_t block = (b.colOrigin + c) / b.blockCols;
-    const int64_t end = std::min(w.cols, (block + 1) * b.blockCols - b.colOrigin);
-    const float s = scales[block];
-    for (; c < end; ++c)
-      out[c] = table.value[q[c]] * s;
+/// The runs [c0, c1) of row r's columns that share a block, with its scale:
+/// for (Blocks b(w, r); b.next();) ... (a plain loop: the kernels' bodies
+/// must not sit in lambdas, which lose the functions' target attributes).
+class Blocks {
+public:
+  Blocks(const Matrix &w, int64_t r)
+      : b(w.fp8), cols(w.cols),
+        scales(b.data + ((b.rowOrigin + r) / b.blockRows) * b.stride) {}
+  bool next() {
+    c0 = c1;
+    if (c0 >= cols)
+      return false;
+    const int64_t block = (b.colOrigin + c0) / b.blockCols;
+    c1 = std::min(cols, (block + 1) * b.blockCols - b.colOrigin);
+    scale = scales[block];
+    return true;
   }
+  int64_t c0 = 0, c1 = 0;
+  float scale = 0;
+
+private:
+  const BlockScales &b;
+  int64_t cols;
+  const float *scales;
+};
+
+const uint8_t *rowBytes(const Matrix &w, int64_t r) {
+  return static_cast<const uint8_t *>(w.data) + r * w.rowStride;
+}
+
+void dequantiseRowScalar(const Matrix &w, int64_t r, float *out) {
+  static const E4m3Table table;
+  const uint8_t *q = rowBytes(w, r);
+  for (Blocks b(w, r); b.next();)
+    for (int64_t c = b.c0; c < b.c1; ++c)
+      out[c] = table.value[q[c]] * b.scale;
+}
+
+#ifdef MOERT_X86
+/// 16 e4m3 bytes as the f32 of their value / 2^8 (exact).
+MOERT_AVX512 inline __m512 e4m3x16(__m128i bytes) {
+  const __m256i words = _mm256_cvtepi8_epi16(bytes); // sign-extended
+  const __m256i half = _mm256_and_si256(_mm256_slli_epi16(words, 7), _mm256_set1_epi16(-16385));
+  return _mm512_cvtph_ps(half);
+}
+/// 32 e4m3 bytes as the f16 bits of their value / 2^8 (for two vcvtph2ps).
+MOERT_AVX512 inline __m512i e4m3Halves(__m256i bytes) {
+  const __m512i words = _mm512_cvtepi8_epi16(bytes);
+  return _mm512_and_si512(_mm512_slli_epi16(words, 7), _mm512_set1_epi16(-16385));
+}
+/// 8 e4m3 bytes (the low 8 of `bytes`), the same on 8 lanes.
+MOERT_AVX2 inline __m256 e4m3x8(__m128i bytes) {
+  const __m128i words = _mm_cvtepi8_epi16(bytes);
+  const __m128i half = _mm_and_si128(_mm_slli_epi16(words, 7), _mm_set1_epi16(-16385));
+  return _mm256_cvtph_ps(half);
+}
+
+MOERT_AVX512 void dequantiseRowAvx512(const Matrix &w, int64_t r, float *out) {
+  const uint8_t *q = rowBytes(w, r);
+  for (Blocks b(w, r); b.next();) {
+    const __m512 scale = _mm512_set1_ps(b.scale * 256.0f);
+    for (int64_t c = b.c0; c < b.c1; c += 16) {
+      const __mmask16 mask = firstLanes(b.c1 - c);
+      _mm512_mask_storeu_ps(out + c, mask,
+                            _mm512_mul_ps(e4m3x16(_mm_maskz_loadu_epi8(mask, q + c)), scale));
+    }
+  }
+}
+
+MOERT_AVX2 void dequantiseRowAvx2(const Matrix &w, int64_t r, float *out) {
+  const uint8_t *q = rowBytes(w, r);
+  for (Blocks b(w, r); b.next();) {
+    const __m256 scale = _mm256_set1_ps(b.scale * 256.0f);
+    int64_t c = b.c0;
+    for (; c + 8 <= b.c1; c += 8)
+      _mm256_storeu_ps(out + c,
+                       _mm256_mul_ps(e4m3x8(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(q + c))),
+                                     scale));
+    for (; c < b.c1; ++c)
+      out[c] = e4m3ToFloat(q[c]) * b.scale;
+  }
+}
+
+/// y[t, n] for the fused GEMV: TG tokens (x rows at stride ldx), one row,
+/// exact f32 products: 32 bytes at a time (one sign extension to words for
+/// both halves), each block's sum scaled once.
+template <int TG>
+MOERT_AVX512 void fusedRowAvx512(const float *x, int64_t ldx, const Matrix &w, int64_t r,
+                                 const float *bias, float *y, int64_t ldy) {
+  const uint8_t *q = rowBytes(w, r);
+  __m512 acc[TG];
+  for (int t = 0; t < TG; ++t)
+    acc[t] = _mm512_setzero_ps();
+  for (Blocks b(w, r); b.next();) {
+    const int64_t c1 = b.c1;
+    __m512 part[2][TG];
+    for (int t = 0; t < TG; ++t)
+      part[0][t] = part[1][t] = _mm512_setzero_ps();
+    int64_t c = b.c0;
+    for (; c + 32 <= c1; c += 32) {
+      if (((reinterpret_cast<uintptr_t>(q + c)) & 63) < 32)
+        _mm_prefetch(reinterpret_cast<const char *>(q + c) + kRowPrefetchBytes, _MM_HINT_T1);
+      const __m512i half = e4m3Halves(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(q + c)));
+      const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(half)),
+                   hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(half, 1));
+      for (int t = 0; t < TG; ++t) {
+        part[0][t] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + t * ldx + c), part[0][t]);
+        part[1][t] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + t * ldx + c + 16), part[1][t]);
+      }
+    }
+    for (; c < c1; c += 16) {
+      const __mmask16 mask = firstLanes(c1 - c);
+      const __m512 wv = e4m3x16(_mm_maskz_loadu_epi8(mask, q + c));
+      for (int t = 0; t < TG; ++t)
+        part[0][t] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(mask, x + t * ldx + c), part[0][t]);
+    }
+    const __m512 scale = _mm512_set1_ps(b.scale * 256.0f);
+    for (int t = 0; t < TG; ++t)
+      acc[t] = _mm512_fmadd_ps(_mm512_add_ps(part[0][t], part[1][t]), scale, acc[t]);
+  }
+  for (int t = 0; t < TG; ++t)
+    y[t * ldy] = _mm512_reduce_add_ps(acc[t]) + (bias ? *bias : 0.0f);
+}
+
+/// The same with bf16 products (roundsToBf16: the avx512bf16 level): each
+/// dequantised value rounded to bf16 (DeepSeek's reference weight_dequant
+/// writes them so) and dotted with x already rounded to bf16 (xb: TG rows
+/// of ldxb bf16 values, zero past K) by vdpbf16ps, 32 products a time.
+template <int TG>
+MOERT_AVX512_BF16 void fusedRowBf16(const uint16_t *xb, int64_t ldxb, const Matrix &w, int64_t r,
+                                    const float *bias, float *y, int64_t ldy) {
+  const uint8_t *q = rowBytes(w, r);
+  __m512 acc[TG];
+  for (int t = 0; t < TG; ++t)
+    acc[t] = _mm512_setzero_ps();
+  for (Blocks b(w, r); b.next();) {
+    const __m512 scale = _mm512_set1_ps(b.scale * 256.0f);
+    for (int64_t c = b.c0; c < b.c1; c += 32) {
+      if (((reinterpret_cast<uintptr_t>(q + c)) & 63) < 32)
+        _mm_prefetch(reinterpret_cast<const char *>(q + c) + kRowPrefetchBytes, _MM_HINT_T1);
+      const int64_t n = b.c1 - c;
+      const __mmask32 mask = n >= 32 ? __mmask32(~0u) : __mmask32((1u << n) - 1);
+      const __m512i half = e4m3Halves(_mm256_maskz_loadu_epi8(mask, q + c));
+      const __m512 lo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(half)), scale),
+                   hi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(half, 1)), scale);
+      const __m512bh wv = _mm512_cvtne2ps_pbh(hi, lo);
+      for (int t = 0; t < TG; ++t)
+        acc[t] = _mm512_dpbf16_ps(
+            acc[t], wv, reinterpret_cast<__m512bh>(_mm512_loadu_si512(xb + t * ldxb + c)));
+    }
+  }
+  for (int t = 0; t < TG; ++t)
+    y[t * ldy] = _mm512_reduce_add_ps(acc[t]) + (bias ? *bias : 0.0f);
+}
+
+MOERT_AVX2 inline float sum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+template <int TG>
+MOERT_AVX2 void fusedRowAvx2(const float *x, int64_t ldx, const Matrix &w, int64_t r,
+                             const float *bias, float *y, int64_t ldy) {
+  const uint8_t *q = rowBytes(w, r);
+  __m256 acc[TG];
+  float tail[TG] = {};
+  for (int t = 0; t < TG; ++t)
+    acc[t] = _mm256_setzero_ps();
+  for (Blocks b(w, r); b.next();) {
+    const int64_t c1 = b.c1;
+    const float s = b.scale;
+    __m256 part[2][TG];
+    for (int t = 0; t < TG; ++t)
+      part[0][t] = part[1][t] = _mm256_setzero_ps();
+    int64_t c = b.c0;
+    for (; c + 16 <= c1; c += 16) {
+      if ((c & 63) == 0)
+        _mm_prefetch(reinterpret_cast<const char *>(q + c) + kRowPrefetchBytes, _MM_HINT_T1);
+      for (int h = 0; h < 2; ++h) {
+        const __m256 wv =
+            e4m3x8(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(q + c + 8 * h)));
+        for (int t = 0; t < TG; ++t)
+          part[h][t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + t * ldx + c + 8 * h), part[h][t]);
+      }
+    }
+    for (; c + 8 <= c1; c += 8) {
+      const __m256 wv = e4m3x8(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(q + c)));
+      for (int t = 0; t < TG; ++t)
+        part[0][t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + t * ldx + c), part[0][t]);
+    }
+    const __m256 scale = _mm256_set1_ps(s * 256.0f);
+    for (int t = 0; t < TG; ++t) {
+      acc[t] = _mm256_fmadd_ps(_mm256_add_ps(part[0][t], part[1][t]), scale, acc[t]);
+      for (int64_t k = c; k < c1; ++k)
+        tail[t] += x[t * ldx + k] * (e4m3ToFloat(q[k]) * s);
+    }
+  }
+  for (int t = 0; t < TG; ++t)
+    y[t * ldy] = sum8(acc[t]) + tail[t] + (bias ? *bias : 0.0f);
+}
+
+/// The fused kernel's per-row function for `tokens` (<= 4) tokens.
+template <typename Row, template <int> class Kernel>
+Row pick(int64_t tokens) {
+  switch (tokens) {
+  case 1: return Kernel<1>::f;
+  case 2: return Kernel<2>::f;
+  case 3: return Kernel<3>::f;
+  default: return Kernel<4>::f;
+  }
+}
+using ExactRow = void (*)(const float *, int64_t, const Matrix &, int64_t, const float *, float *,
+                          int64_t);
+using Bf16Row = void (*)(const uint16_t *, int64_t, const Matrix &, int64_t, const float *,
+                         float *, int64_t);
+template <int TG> struct Avx512Row { static constexpr ExactRow f = fusedRowAvx512<TG>; };
+template <int TG> struct Avx2Row { static constexpr ExactRow f = fusedRowAvx2<TG>; };
+template <int TG> struct Bf16RowOf { static constexpr Bf16Row f = fusedRowBf16<TG>; };
+#endif // MOERT_X86
+
+/// Row r of w dequantised to f32 at the best level the CPU runs.
+void dequantiseRow(const Matrix &w, int64_t r, float *out) {
+#ifdef MOERT_X86
+  if (haveAvx512())
+    return dequantiseRowAvx512(w, r, out);
+  if (haveAvx2())
+    return dequantiseRowAvx2(w, r, out);
+#endif
+  dequantiseRowScalar(w, r, out);
 }
 
 } // namespace
@@ -47,7 +283,31 @@ void columnsFp8(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, co
   if (w.transposed)
     runtimeError("not supported yet: products with the transpose of an FP8 weight");
   const int64_t K = w.cols;
-  const bool bf16 = w.fp8.computeDtype == DType::BF16;
+  // A BF16 model's FP8 weights take bf16 products exactly where BF16
+  // weights do (roundsToBf16): the dequantised values and x rounded to bf16.
+  // Elsewhere (F32 models, the lower levels, --matmul-precision f32) the
+  // products are exact f32 ones of the dequantised weight.
+  const bool bf16 = w.fp8.computeDtype == DType::BF16 && roundsToBf16(DType::BF16);
+#ifdef MOERT_X86
+  if (tokens <= kFusedMaxTokens && bf16) {
+    const int64_t ldxb = (K + 31) / 32 * 32;
+    auto *xb = reinterpret_cast<uint16_t *>(roundedTokens.get(static_cast<size_t>(tokens * ldxb / 2)));
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t k = 0; k < ldxb; ++k)
+        xb[t * ldxb + k] = k < K ? floatToBf16(x[t * ldx + k]) : 0;
+    const Bf16Row row = pick<Bf16Row, Bf16RowOf>(tokens);
+    for (int64_t n = n0; n < n1; ++n)
+      row(xb, ldxb, w, n, bias ? bias + n : nullptr, y + n, ldy);
+    return;
+  }
+  if (tokens <= kFusedMaxTokens && (haveAvx512() || haveAvx2())) {
+    const ExactRow row = haveAvx512() ? pick<ExactRow, Avx512Row>(tokens)
+                                      : pick<ExactRow, Avx2Row>(tokens);
+    for (int64_t n = n0; n < n1; ++n)
+      row(x, ldx, w, n, bias ? bias + n : nullptr, y + n, ldy);
+    return;
+  }
+#endif
   // Rows per chunk: few tokens (the GEMV) keep the chunk in L2 next to the
   // stream; the packed GEMM gets whole column blocks.
   const int64_t bytesPerRow = K * static_cast<int64_t>(sizeof(float));
