@@ -1,4 +1,5 @@
-// Microbenchmark of moert::cpu::linear with bf16 (or f32) weights of a
+// Microbenchmark of moert::cpu::linear with bf16 (or f32, or FP8 e4m3 with
+// 128 x 128 block scales, as a BF16 model's) weights of a
 // Mixtral-layout MLP (hidden 1024, intermediate 2816): GFLOP/s of the
 // prefill GEMM (512 tokens) and GB/s of weights read by the decode GEMV
 // (1..8 tokens), on 1 and 2 threads. Decode cycles through enough weight
@@ -6,7 +7,7 @@
 // the weights live in a file mapped read-only (page-cache pages, as moert
 // maps a checkpoint) instead of heap memory.
 //
-//   moe-gemm-bench [repetitions] [--f32] [--mmap]
+//   moe-gemm-bench [repetitions] [--f32 | --fp8] [--mmap]
 #include "moert/Parallel.h"
 #include "moert/Tensor.h"
 #include "moert/cpu/Kernels.h"
@@ -37,8 +38,11 @@ struct Weights {
   int64_t rows, cols;
   DType dtype;
   const void *data = nullptr;
+  const BlockScales *blocks = nullptr; ///< FP8
   cpu::Matrix matrix() const {
     cpu::Matrix m;
+    if (blocks)
+      m.fp8 = *blocks;
     m.dtype = dtype;
     m.data = data;
     m.rows = rows;
@@ -57,7 +61,10 @@ struct WeightStore {
   WeightStore(size_t bytes, DType dtype, bool useMmap, std::mt19937 &rng) : bytes(bytes) {
     std::vector<char> values(bytes);
     std::uniform_real_distribution<float> dist(-0.05f, 0.05f);
-    if (dtype == DType::F32)
+    if (dtype == DType::F8E4M3)
+      for (size_t i = 0; i < bytes; ++i)
+        values[i] = static_cast<char>(floatToE4m3(dist(rng) * 448 / 0.05f));
+    else if (dtype == DType::F32)
       for (size_t i = 0; i < bytes / 4; ++i) {
         const float v = dist(rng);
         std::memcpy(values.data() + 4 * i, &v, 4);
@@ -114,13 +121,19 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--f32"))
       dtype = DType::F32;
+    else if (!std::strcmp(argv[i], "--fp8"))
+      dtype = DType::F8E4M3;
     else if (!std::strcmp(argv[i], "--mmap"))
       useMmap = true;
     else
       reps = std::max(1, std::atoi(argv[i]));
   }
-  const char *dtypeName = dtype == DType::F32 ? "f32" : "bf16";
-  const int64_t size = dtype == DType::F32 ? 4 : 2;
+  const char *dtypeName = dtype == DType::F32 ? "f32" : dtype == DType::F8E4M3 ? "fp8" : "bf16";
+  const int64_t size = static_cast<int64_t>(dtypeSize(dtype));
+  // FP8: one scale (0.05 / 448) per 128 x 128 block of a BF16 model's weight.
+  std::vector<float> scales(22 * 22, 0.05f / 448);
+  const BlockScales blocks[2] = {{scales.data(), 8, 128, 128, 0, 0, DType::BF16},
+                                 {scales.data(), 22, 128, 128, 0, 0, DType::BF16}};
   std::mt19937 rng(42);
   const int64_t shapes[][2] = {{2816, 1024}, {1024, 2816}}; // [out, in]
   // 24 copies of each matrix (132 MiB in bf16), well past a 32 MiB L3.
@@ -129,8 +142,11 @@ int main(int argc, char **argv) {
   WeightStore store(2 * copies * matrixBytes, dtype, useMmap, rng);
   std::vector<Weights> up, down;
   for (int c = 0; c < copies; ++c) {
-    up.push_back({shapes[0][0], shapes[0][1], dtype, store.data() + (2 * c) * matrixBytes});
-    down.push_back({shapes[1][0], shapes[1][1], dtype, store.data() + (2 * c + 1) * matrixBytes});
+    const bool fp8 = dtype == DType::F8E4M3;
+    up.push_back({shapes[0][0], shapes[0][1], dtype, store.data() + (2 * c) * matrixBytes,
+                  fp8 ? &blocks[0] : nullptr});
+    down.push_back({shapes[1][0], shapes[1][1], dtype, store.data() + (2 * c + 1) * matrixBytes,
+                    fp8 ? &blocks[1] : nullptr});
   }
   std::printf("weights: %s, %s\n", dtypeName, useMmap ? "mmapped file (page cache)" : "heap");
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);

@@ -46,27 +46,27 @@ struct E4m3Table {
 /// The runs [c0, c1) of row r's columns that share a block, with its scale:
 /// for (Blocks b(w, r); b.next();) ... (a plain loop: the kernels' bodies
 /// must not sit in lambdas, which lose the functions' target attributes).
-class Blocks {
-public:
+struct Blocks {
   Blocks(const Matrix &w, int64_t r)
-      : b(w.fp8), cols(w.cols),
-        scales(b.data + ((b.rowOrigin + r) / b.blockRows) * b.stride) {}
+      : cols(w.cols), blockCols(w.fp8.blockCols),
+        scales(w.fp8.data + ((w.fp8.rowOrigin + r) / w.fp8.blockRows) * w.fp8.stride +
+               w.fp8.colOrigin / w.fp8.blockCols),
+        c1(-(w.fp8.colOrigin % w.fp8.blockCols)) {}
+  /// The next run: one division per row, none per block (a block's run of
+  /// 128 bytes is short next to a division).
   bool next() {
-    c0 = c1;
-    if (c0 >= cols)
+    if (c1 >= cols)
       return false;
-    const int64_t block = (b.colOrigin + c0) / b.blockCols;
-    c1 = std::min(cols, (block + 1) * b.blockCols - b.colOrigin);
-    scale = scales[block];
+    c0 = std::max<int64_t>(c1, 0);
+    c1 = std::min(cols, c1 + blockCols);
+    scale = *scales++;
     return true;
   }
-  int64_t c0 = 0, c1 = 0;
-  float scale = 0;
 
-private:
-  const BlockScales &b;
-  int64_t cols;
+  const int64_t cols, blockCols;
   const float *scales;
+  int64_t c1, c0 = 0; ///< the run (c1 starts at the first block's start)
+  float scale = 0;
 };
 
 const uint8_t *rowBytes(const Matrix &w, int64_t r) {
