@@ -138,6 +138,23 @@ TEST(Fp8Test, LinearWithBlockScales) {
     }
 }
 
+// DeepSeek's 128 x 128 blocks, views starting at a block edge or 64 columns
+// into one (the table GEMV's cases where the CPU has AVX512_VBMI) and at 32
+// (the shift GEMV's), rows inside a block, a ragged last block.
+TEST(Fp8Test, LinearWithPublishedBlocks) {
+  std::mt19937 rng(22);
+  Threads pool(2);
+  for (DType compute : {DType::BF16, DType::F32})
+    for (int64_t colOrigin : {0, 64, 32}) {
+      SCOPED_TRACE(::testing::Message() << "compute " << dtypeName(compute) << " colOrigin "
+                                        << colOrigin);
+      Fp8Matrix m(150, 300, 128, 128, 100, colOrigin, compute, rng);
+      const Matrix w = Matrix::of(m.view());
+      for (int64_t T : {1, 2, 4, 9})
+        checkFp8Linear(m, w, 0, T, rng);
+    }
+}
+
 TEST(Fp8Test, ViewsAndRefusals) {
   std::mt19937 rng(21);
   Fp8Matrix m(9, 40, 4, 16, 1, 3, DType::F32, rng);

@@ -106,7 +106,8 @@ TEST(PlanLayout, BadFieldsAreNamed) {
             "global_shape [5, 4]");
   EXPECT_EQ(loadError(multiRank(R"([{"name": "w", "global_shape": [5, 4], "offset": [0, 0],
       "shape": [3, 4], "dtype": "I32", "bytes": 48}])")),
-            "PLAN: ranks[0].weights[0].dtype: unsupported dtype 'I32' (expected F32, BF16 or F16)");
+            "PLAN: ranks[0].weights[0].dtype: unsupported dtype 'I32' (expected F32, BF16, F16 or "
+            "F8_E4M3)");
   EXPECT_EQ(loadError(R"("world_size": 2, "ranks": [{"rank": 0, "weights_of_rank": 1},
       {"rank": 1, "weights": []}])"),
             "PLAN: ranks[0].weights_of_rank: expected an earlier rank with a weights list but "

@@ -337,7 +337,8 @@ TEST(Planner, ImpossibleFixedDegreesAreRejected) {
   f.ep = 7;
   EXPECT_EQ(planError(ds, 56, f),
             "--ep 7: expected a divisor of n_routed_experts (256)");
-  // Too few ranks: 1.34 TB of bf16 weights do not fit in 8 or 16 H100s.
+  // Too few ranks: 0.67 TB of its published FP8 weights do not fit in 8
+  // H100s; 1.34 TB of bf16 ones not in 16 either, the FP8 ones do.
   std::string eight = planError(ds, 8, {});
   EXPECT_EQ(eight.rfind("no layout of 8 x h100 fits: the smallest need is ", 0),
             0u)
@@ -346,7 +347,10 @@ TEST(Planner, ImpossibleFixedDegreesAreRejected) {
                        "a device with more memory"),
             std::string::npos)
       << eight;
-  EXPECT_EQ(planError(ds, 16, {}).rfind("no layout of 16 x h100 fits", 0), 0u);
+  std::optional<ModelInfo> dsBf16 = loadModel("DeepSeek-V3", DType::BF16);
+  ASSERT_TRUE(dsBf16.has_value());
+  EXPECT_EQ(planError(*dsBf16, 16, {}).rfind("no layout of 16 x h100 fits", 0), 0u);
+  EXPECT_EQ(planError(ds, 16, {}).rfind("(planned ", 0), 0u) << planError(ds, 16, {});
   // A fixed layout that cannot fit on its own.
   f = {};
   f.pp = 1;
@@ -501,8 +505,15 @@ TEST(Planner, EveryReferenceConfigPlansAndCovers) {
       continue;
     }
     ASSERT_TRUE(static_cast<bool>(m)) << llvm::toString(m.takeError());
-    EXPECT_EQ(m->totalBytes,
-              hf::countParameters(*c).total * dtypeBytes(m->weightDtype));
+    // Every tensor at its stored size: the dtype's, FP8 blocks' one byte
+    // plus their f32 scales (DeepSeek-V3's published checkpoint).
+    int64_t stored = 0;
+    for (const hf::TensorSpec &s : hf::withBlockScales(hf::checkpointTensors(*c)))
+      stored += s.numel() * (s.isFp8() ? 1 : s.blockScales ? 4 : dtypeBytes(m->weightDtype));
+    EXPECT_EQ(m->totalBytes, stored);
+    if (!c->fp8)
+      EXPECT_EQ(m->totalBytes, hf::countParameters(*c).total * dtypeBytes(m->weightDtype));
+    EXPECT_EQ(m->fp8Blocks, c->fp8.has_value());
     for (int64_t world : {8, 32}) {
       llvm::Expected<PlanResult> r =
           planSharding(*m, cluster("h100", world), Workload(), PlanOptions());

@@ -323,9 +323,10 @@ std::string moe::sharding::explainPlan(const ModelInfo &m,
                 si(cluster.memoryBandwidth), si(cluster.intraNode.bandwidth),
                 si(cluster.interNode.bandwidth));
   os << formatv("workload: prefill of {0} tokens per DP rank at context {1}, "
-                "KV cache for {2} sequences per DP rank; weights {3}\n",
+                "KV cache for {2} sequences per DP rank; weights {3}{4}\n",
                 w.maxBatchTokens, w.maxSeqLen, w.maxSequences,
-                dtypeName(m.weightDtype));
+                dtypeName(m.weightDtype),
+                m.fp8Blocks ? " (FP8 blocks where the checkpoint stores them)" : "");
   os << formatv("search: {0} layouts, {1} fit, {2} rejected, {3}\n",
                 r.layoutsConsidered, r.ranked.size(), r.rejected.size(),
                 seconds(r.searchSeconds));

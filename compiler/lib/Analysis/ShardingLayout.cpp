@@ -118,7 +118,7 @@ std::string ModelInfo::sharedWidthField() const {
 
 Expected<ModelInfo> ModelInfo::build(const hf::ModelConfig &config,
                                      std::optional<DType> weightDtype) {
-  return build(config, hf::checkpointTensors(config), weightDtype);
+  return build(config, hf::withBlockScales(hf::checkpointTensors(config)), weightDtype);
 }
 
 Expected<ModelInfo> ModelInfo::build(const hf::ModelConfig &config,
@@ -158,6 +158,14 @@ Expected<ModelInfo> ModelInfo::build(const hf::ModelConfig &config,
 
   m.tensors.reserve(specs.size());
   for (hf::TensorSpec &spec : specs) {
+    // An explicit dtype counts every weight in it (an FP8 checkpoint planned
+    // as if dequantised, or everything as FP8): no blocks, no scales.
+    if (weightDtype) {
+      if (spec.blockScales)
+        continue;
+      spec.fp8BlockRows = spec.fp8BlockCols = 0;
+    }
+    m.fp8Blocks |= spec.isFp8();
     PlannedTensor t;
     // FP8 weights and their f32 block scales keep their own sizes.
     t.elementBytes = spec.isFp8() ? 1 : spec.blockScales ? 4 : wb;

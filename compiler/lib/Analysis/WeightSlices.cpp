@@ -261,6 +261,8 @@ moe::sharding::checkCoverage(const ModelInfo &m, const ShardingLayout &layout) {
     int64_t expected = 1;
     if (t.split == Split::Replicated)
       expected = d.tp;
+    else if (t.wholeInEtpGroup)
+      expected = d.etp;
     else if (t.alsoOnLastStage && d.pp > 1)
       expected = 2;
     for (int64_t cell = 0; cell < cells; ++cell) {

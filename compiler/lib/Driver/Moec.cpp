@@ -416,8 +416,10 @@ int runCompile() {
   options.explain = explain;
   options.json = printJson;
   options.target = compileTarget;
-  options.storedSlices = config->fp8.has_value();
-  if (config->fp8 && cudaTarget)
+  // An FP8 checkpoint is planned as stored unless --dtype counts it in
+  // another dtype (as if dequantised).
+  options.storedSlices = config->fp8.has_value() && planDtype.empty();
+  if (options.storedSlices && cudaTarget)
     return fail(createStringError(inconvertibleErrorCode(),
                                   "%s: not supported yet: FP8 weights (quantization_config) with "
                                   "--target cuda; the CPU target dequantises them in its GEMMs",

@@ -38,9 +38,10 @@ void addWeight(std::vector<moe::hf::TensorSpec> &out, llvm::StringSet<> &seen, S
     spec.fp8BlockCols = fp8Block[1];
   }
   auto push = [&](moe::hf::TensorSpec s) {
-    out.push_back(s);
-    if (s.isFp8())
-      out.push_back(moe::hf::blockScalesOf(s));
+    const bool fp8 = s.isFp8();
+    out.push_back(std::move(s));
+    if (fp8)
+      out.push_back(moe::hf::blockScalesOf(out.back()));
   };
   switch (role) {
   case moe::WeightRole::embedding: spec.role = TensorRole::Embedding; break;

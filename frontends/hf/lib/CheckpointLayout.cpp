@@ -32,6 +32,18 @@ TensorSpec moe::hf::blockScalesOf(const TensorSpec &weight) {
   return s;
 }
 
+std::vector<TensorSpec> moe::hf::withBlockScales(std::vector<TensorSpec> specs) {
+  std::vector<TensorSpec> out;
+  out.reserve(specs.size());
+  for (TensorSpec &s : specs) {
+    const bool fp8 = s.isFp8();
+    out.push_back(std::move(s));
+    if (fp8)
+      out.push_back(blockScalesOf(out.back()));
+  }
+  return out;
+}
+
 namespace {
 
 /// "model.layers.3.mlp.experts.17.up_proj.weight" -> 17; -1 when the name

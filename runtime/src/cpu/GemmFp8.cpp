@@ -13,7 +13,11 @@
 // widens its bytes on the fly: e4m3 -> f16 by shifts (the sign into bit 15,
 // exponent and mantissa below it: the f16 of the value / 2^8, subnormals
 // included) -> f32 by vcvtph2ps; exact products are summed per block and
-// scaled once, bf16 ones go through vdpbf16ps. Otherwise the rows a thread
+// scaled once, bf16 ones go through vdpbf16ps. Where the CPU has
+// AVX512_VBMI (Zen 4, Sapphire Rapids), the bf16 values come from byte
+// tables instead: per block, bf16(e4m3(m) * scale) for the 128 magnitudes,
+// looked up 64 bytes at a time by vpermt2b (rebuilt every 128 rows: cheap
+// next to the 128 x 128 weights they serve). Otherwise the rows a thread
 // computes are dequantised a chunk at a time into f32 (or bf16) scratch,
 // which the GEMM or GEMV of that dtype multiplies.
 #include "Gemm.h"
@@ -27,6 +31,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace moert::cpu::gemm {
 namespace {
@@ -198,6 +203,106 @@ MOERT_AVX512_BF16 void fusedRowBf16(const uint16_t *xb, int64_t ldxb, const Matr
     y[t * ldy] = _mm512_reduce_add_ps(acc[t]) + (bias ? *bias : 0.0f);
 }
 
+#define MOERT_AVX512_VBMI_BF16                                                                     \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,fma")))
+
+/// Whether the CPU has AVX512_VBMI (vpermt2b) for the table GEMV below.
+bool haveVbmi() {
+  static const bool has = __builtin_cpu_supports("avx512vbmi");
+  return has;
+}
+
+/// The e4m3 magnitudes 0..127 as f32 (127: NaN), for the tables.
+struct Magnitudes {
+  alignas(64) float value[128];
+  Magnitudes() {
+    for (int i = 0; i < 128; ++i)
+      value[i] = e4m3ToFloat(static_cast<uint8_t>(i));
+  }
+};
+
+/// For `count` blocks (scales): bf16(e4m3(m) * scale) for the 128
+/// magnitudes m, as 128 high bytes then 128 low bytes (256 bytes a block:
+/// the byte tables of vpermt2b). The sign is the e4m3 byte's own bit 7.
+MOERT_AVX512_VBMI_BF16 void buildTables(const float *scales, int64_t count, uint8_t *out) {
+  static const Magnitudes magnitudes;
+  for (int64_t i = 0; i < count; ++i, out += 256) {
+    const __m512 scale = _mm512_set1_ps(scales[i]);
+    for (int j = 0; j < 128; j += 16) {
+      const __m256i h = reinterpret_cast<__m256i>(
+          _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(magnitudes.value + j), scale)));
+      _mm_storeu_si128(reinterpret_cast<__m128i *>(out + j),
+                       _mm256_cvtepi16_epi8(_mm256_srli_epi16(h, 8)));
+      _mm_storeu_si128(reinterpret_cast<__m128i *>(out + 128 + j), _mm256_cvtepi16_epi8(h));
+    }
+  }
+}
+
+/// x rounded to bf16 in the table GEMV's order: per 64 values at c, the 32
+/// that vpunpcklbw pairs (c + 16 l + i, l = 0..3, i = 0..7), then the 32 of
+/// vpunpckhbw (c + 16 l + 8 + i); zero past K.
+void packTableTokens(const float *x, int64_t ldx, int64_t tokens, int64_t K, int64_t ldxp,
+                     uint16_t *out) {
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t c = 0; c < ldxp; c += 64)
+      for (int h = 0; h < 2; ++h)
+        for (int l = 0; l < 4; ++l)
+          for (int i = 0; i < 8; ++i) {
+            const int64_t k = c + 16 * l + 8 * h + i;
+            out[t * ldxp + c + 32 * h + 8 * l + i] = k < K ? floatToBf16(x[t * ldx + k]) : 0;
+          }
+}
+
+/// fusedRowBf16's result from byte tables (buildTables: `tables` is the
+/// row's first block's): 64 weights a step by two vpermt2b lookups (high and
+/// low bytes of their bf16 values, the sign or-ed in) and two byte
+/// interleaves, then vdpbf16ps with x in the matching order
+/// (packTableTokens). Blocks of a multiple of 64 columns that start at a
+/// multiple of 64.
+template <int TG>
+MOERT_AVX512_VBMI_BF16 void tableRow(const uint16_t *xp, int64_t ldxp, const uint8_t *q, int64_t K,
+                                     const uint8_t *tables, int64_t firstEnd, int64_t blockCols,
+                                     const float *bias, float *y, int64_t ldy) {
+  __m512 acc[TG];
+  for (int t = 0; t < TG; ++t)
+    acc[t] = _mm512_setzero_ps();
+  const __m512i sign = _mm512_set1_epi8(char(0x80));
+  for (int64_t c0 = 0, c1 = std::min(K, firstEnd); c0 < K;
+       c0 = c1, c1 = std::min(K, c1 + blockCols), tables += 256) {
+    const __m512i hi0 = _mm512_loadu_si512(tables), hi1 = _mm512_loadu_si512(tables + 64),
+                  lo0 = _mm512_loadu_si512(tables + 128), lo1 = _mm512_loadu_si512(tables + 192);
+    for (int64_t c = c0; c < c1; c += 64) {
+      _mm_prefetch(reinterpret_cast<const char *>(q + c) + kRowPrefetchBytes, _MM_HINT_T1);
+      const __mmask64 mask = c1 - c >= 64 ? ~__mmask64(0) : (__mmask64(1) << (c1 - c)) - 1;
+      const __m512i b = _mm512_maskz_loadu_epi8(mask, q + c);
+      const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, b, hi1), b, sign,
+                                                   0xf8); // table | (b & 0x80)
+      const __m512i lo = _mm512_permutex2var_epi8(lo0, b, lo1);
+      const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi8(lo, hi)),
+                     w1 = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi8(lo, hi));
+      for (int t = 0; t < TG; ++t) {
+        const uint16_t *xt = xp + t * ldxp + c;
+        acc[t] = _mm512_dpbf16_ps(acc[t], w0, reinterpret_cast<__m512bh>(_mm512_loadu_si512(xt)));
+        acc[t] = _mm512_dpbf16_ps(acc[t], w1,
+                                  reinterpret_cast<__m512bh>(_mm512_loadu_si512(xt + 32)));
+      }
+    }
+  }
+  for (int t = 0; t < TG; ++t)
+    y[t * ldy] = _mm512_reduce_add_ps(acc[t]) + (bias ? *bias : 0.0f);
+}
+
+using TableRow = void (*)(const uint16_t *, int64_t, const uint8_t *, int64_t, const uint8_t *,
+                          int64_t, int64_t, const float *, float *, int64_t);
+template <int TG> struct TableRowOf { static constexpr TableRow f = tableRow<TG>; };
+
+thread_local std::vector<uint8_t> rowTables;
+
+/// The bf16-product GEMV by tables, where it applies: rows [n0, n1), the
+/// tables rebuilt whenever the rows enter another block row.
+bool tableGemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
+               int64_t n0, int64_t n1, float *y, int64_t ldy);
+
 MOERT_AVX2 inline float sum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -263,6 +368,32 @@ using Bf16Row = void (*)(const uint16_t *, int64_t, const Matrix &, int64_t, con
 template <int TG> struct Avx512Row { static constexpr ExactRow f = fusedRowAvx512<TG>; };
 template <int TG> struct Avx2Row { static constexpr ExactRow f = fusedRowAvx2<TG>; };
 template <int TG> struct Bf16RowOf { static constexpr Bf16Row f = fusedRowBf16<TG>; };
+
+bool tableGemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
+               int64_t n0, int64_t n1, float *y, int64_t ldy) {
+  const BlockScales &b = w.fp8;
+  if (!haveVbmi() || b.blockCols % 64 || b.colOrigin % 64)
+    return false;
+  const int64_t K = w.cols, ldxp = (K + 63) / 64 * 64;
+  auto *xp = reinterpret_cast<uint16_t *>(roundedTokens.get(static_cast<size_t>(tokens * ldxp / 2)));
+  packTableTokens(x, ldx, tokens, K, ldxp, xp);
+  const int64_t firstBlock = b.colOrigin / b.blockCols,
+                blocks = (b.colOrigin + K + b.blockCols - 1) / b.blockCols - firstBlock,
+                firstEnd = (firstBlock + 1) * b.blockCols - b.colOrigin;
+  rowTables.resize(static_cast<size_t>(blocks * 256));
+  const TableRow row = pick<TableRow, TableRowOf>(tokens);
+  int64_t tablesOf = -1; // the block row rowTables hold
+  for (int64_t n = n0; n < n1; ++n) {
+    const int64_t blockRow = (b.rowOrigin + n) / b.blockRows;
+    if (blockRow != tablesOf) {
+      buildTables(b.data + blockRow * b.stride + firstBlock, blocks, rowTables.data());
+      tablesOf = blockRow;
+    }
+    row(xp, ldxp, rowBytes(w, n), K, rowTables.data(), firstEnd, b.blockCols,
+        bias ? bias + n : nullptr, y + n, ldy);
+  }
+  return true;
+}
 #endif // MOERT_X86
 
 /// Row r of w dequantised to f32 at the best level the CPU runs.
@@ -290,7 +421,11 @@ void columnsFp8(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, co
   const bool bf16 = w.fp8.computeDtype == DType::BF16 && roundsToBf16(DType::BF16);
 #ifdef MOERT_X86
   if (tokens <= kFusedMaxTokens && bf16) {
-    const int64_t ldxb = (K + 31) / 32 * 32;
+    if (tableGemv(x, ldx, tokens, w, bias, n0, n1, y, ldy))
+      return;
+    // (A block run may start anywhere: its last 32-value load may reach 32
+    // values past K, all zero.)
+    const int64_t ldxb = (K + 31) / 32 * 32 + 32;
     auto *xb = reinterpret_cast<uint16_t *>(roundedTokens.get(static_cast<size_t>(tokens * ldxb / 2)));
     for (int64_t t = 0; t < tokens; ++t)
       for (int64_t k = 0; k < ldxb; ++k)

@@ -147,6 +147,9 @@ struct ModelInfo {
   hf::ModelConfig config;
   DType weightDtype = DType::BF16;     ///< checkpoint / GEMM dtype
   DType activationDtype = DType::BF16; ///< activations, KV cache, dispatch
+  /// Some weights are stored as FP8 blocks (the config's quantization_config,
+  /// no explicit dtype): each tensor counts its own bytes.
+  bool fp8Blocks = false;
   std::vector<PlannedTensor> tensors;  ///< checkpoint order
 
   /// Per decoder layer: indices into `tensors` of its non-expert tensors and
@@ -171,11 +174,12 @@ struct ModelInfo {
   bool fusedExpertTensors = false;
   int64_t totalBytes = 0; ///< the whole checkpoint in weightDtype
 
-  /// Classifies `config`'s checkpoint (hf::checkpointTensors; DeepSeek's MTP
-  /// module is not placed). `weightDtype` defaults to config.json's
-  /// torch_dtype: DeepSeek-V3's published checkpoint is fp8 with block
-  /// scales, but its torch_dtype says bfloat16 and so it is counted as bf16
-  /// unless FP8 is asked for (scales are then ignored: 1/16384 of the size).
+  /// Classifies `config`'s checkpoint (hf::checkpointTensors with the block
+  /// scales of FP8 weights; DeepSeek's MTP module is not placed).
+  /// `weightDtype` defaults to config.json's torch_dtype, with the weights a
+  /// quantization_config stores as FP8 blocks at one byte per element plus
+  /// their f32 scales (DeepSeek-V3's published checkpoint); an explicit
+  /// dtype counts every weight in it, without blocks.
   /// Fails for families the planner cannot shard yet (dbrx's fused Wqkv,
   /// switch_transformers' encoder-decoder).
   static llvm::Expected<ModelInfo>

@@ -186,6 +186,9 @@ struct TensorSpec {
 /// The `<weight>_scale_inv` tensor of FP8 weight `weight`: [ceil(rows /
 /// block rows), ceil(cols / block cols)], the weight's role, layer and expert.
 TensorSpec blockScalesOf(const TensorSpec &weight);
+/// `specs` with each FP8 weight followed by its block scales: the tensors an
+/// FP8 checkpoint stores.
+std::vector<TensorSpec> withBlockScales(std::vector<TensorSpec> specs);
 
 /// Every tensor of the checkpoint in its order, per-expert tensors expanded.
 /// MTP modules are listed separately by `mtpTensors`.
