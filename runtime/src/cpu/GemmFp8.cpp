@@ -253,43 +253,60 @@ void packTableTokens(const float *x, int64_t ldx, int64_t tokens, int64_t K, int
           }
 }
 
+/// One 64-weight step of tableRow: the weights at q + c (mask: those
+/// before the block's end) looked up and dotted into acc (two chains).
+template <int TG>
+MOERT_AVX512_VBMI_BF16 inline __attribute__((always_inline)) void
+tableStep(__m512 (&acc)[2][TG], const uint16_t *xp, int64_t ldxp, const uint8_t *q, int64_t c,
+          __mmask64 mask, __m512i hi0, __m512i hi1, __m512i lo0, __m512i lo1) {
+  _mm_prefetch(reinterpret_cast<const char *>(q + c) + kRowPrefetchBytes, _MM_HINT_T1);
+  const __m512i b = _mm512_maskz_loadu_epi8(mask, q + c);
+  const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, b, hi1), b,
+                                               _mm512_set1_epi8(char(0x80)),
+                                               0xf8); // table | (b & 0x80)
+  const __m512i lo = _mm512_permutex2var_epi8(lo0, b, lo1);
+  const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi8(lo, hi)),
+                 w1 = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi8(lo, hi));
+  for (int t = 0; t < TG; ++t) {
+    const uint16_t *xt = xp + t * ldxp + c;
+    acc[0][t] = _mm512_dpbf16_ps(acc[0][t], w0, reinterpret_cast<__m512bh>(_mm512_loadu_si512(xt)));
+    acc[1][t] =
+        _mm512_dpbf16_ps(acc[1][t], w1, reinterpret_cast<__m512bh>(_mm512_loadu_si512(xt + 32)));
+  }
+}
+
 /// fusedRowBf16's result from byte tables (buildTables: `tables` is the
 /// row's first block's): 64 weights a step by two vpermt2b lookups (high and
 /// low bytes of their bf16 values, the sign or-ed in) and two byte
 /// interleaves, then vdpbf16ps with x in the matching order
 /// (packTableTokens). Blocks of a multiple of 64 columns that start at a
-/// multiple of 64.
+/// multiple of 64. Two steps a loop into four chains per token: one chain
+/// would wait on vdpbf16ps's latency.
 template <int TG>
 MOERT_AVX512_VBMI_BF16 void tableRow(const uint16_t *xp, int64_t ldxp, const uint8_t *q, int64_t K,
                                      const uint8_t *tables, int64_t firstEnd, int64_t blockCols,
                                      const float *bias, float *y, int64_t ldy) {
-  __m512 acc[TG];
+  __m512 even[2][TG], odd[2][TG];
   for (int t = 0; t < TG; ++t)
-    acc[t] = _mm512_setzero_ps();
-  const __m512i sign = _mm512_set1_epi8(char(0x80));
+    even[0][t] = even[1][t] = odd[0][t] = odd[1][t] = _mm512_setzero_ps();
   for (int64_t c0 = 0, c1 = std::min(K, firstEnd); c0 < K;
        c0 = c1, c1 = std::min(K, c1 + blockCols), tables += 256) {
     const __m512i hi0 = _mm512_loadu_si512(tables), hi1 = _mm512_loadu_si512(tables + 64),
                   lo0 = _mm512_loadu_si512(tables + 128), lo1 = _mm512_loadu_si512(tables + 192);
-    for (int64_t c = c0; c < c1; c += 64) {
-      _mm_prefetch(reinterpret_cast<const char *>(q + c) + kRowPrefetchBytes, _MM_HINT_T1);
-      const __mmask64 mask = c1 - c >= 64 ? ~__mmask64(0) : (__mmask64(1) << (c1 - c)) - 1;
-      const __m512i b = _mm512_maskz_loadu_epi8(mask, q + c);
-      const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, b, hi1), b, sign,
-                                                   0xf8); // table | (b & 0x80)
-      const __m512i lo = _mm512_permutex2var_epi8(lo0, b, lo1);
-      const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi8(lo, hi)),
-                     w1 = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi8(lo, hi));
-      for (int t = 0; t < TG; ++t) {
-        const uint16_t *xt = xp + t * ldxp + c;
-        acc[t] = _mm512_dpbf16_ps(acc[t], w0, reinterpret_cast<__m512bh>(_mm512_loadu_si512(xt)));
-        acc[t] = _mm512_dpbf16_ps(acc[t], w1,
-                                  reinterpret_cast<__m512bh>(_mm512_loadu_si512(xt + 32)));
-      }
+    int64_t c = c0;
+    for (; c + 128 <= c1; c += 128) {
+      tableStep<TG>(even, xp, ldxp, q, c, ~__mmask64(0), hi0, hi1, lo0, lo1);
+      tableStep<TG>(odd, xp, ldxp, q, c + 64, ~__mmask64(0), hi0, hi1, lo0, lo1);
     }
+    for (; c < c1; c += 64)
+      tableStep<TG>(even, xp, ldxp, q, c,
+                    c1 - c >= 64 ? ~__mmask64(0) : (__mmask64(1) << (c1 - c)) - 1, hi0, hi1, lo0,
+                    lo1);
   }
   for (int t = 0; t < TG; ++t)
-    y[t * ldy] = _mm512_reduce_add_ps(acc[t]) + (bias ? *bias : 0.0f);
+    y[t * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(even[0][t], even[1][t]),
+                                                    _mm512_add_ps(odd[0][t], odd[1][t]))) +
+                 (bias ? *bias : 0.0f);
 }
 
 using TableRow = void (*)(const uint16_t *, int64_t, const uint8_t *, int64_t, const uint8_t *,
@@ -396,6 +413,30 @@ bool tableGemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, con
 }
 #endif // MOERT_X86
 
+#ifdef MOERT_X86
+/// v[0, n) rounded to bf16 in place (to the front half), 16 at a time.
+MOERT_AVX512_BF16 void roundRowsBf16Avx512(float *v, int64_t n) {
+  auto *h = reinterpret_cast<uint16_t *>(v);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) // reads v[i, i+16) before writing h[i, i+16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(h + i),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(v + i))));
+  for (; i < n; ++i)
+    h[i] = floatToBf16(v[i]);
+}
+#endif
+
+/// The bf16 rows of the chunked path (bf16 products: the avx512bf16 level).
+void roundRowsBf16(float *v, int64_t n) {
+#ifdef MOERT_X86
+  if (activeIsa() >= Isa::Avx512Bf16)
+    return roundRowsBf16Avx512(v, n);
+#endif
+  auto *h = reinterpret_cast<uint16_t *>(v);
+  for (int64_t i = 0; i < n; ++i)
+    h[i] = floatToBf16(v[i]);
+}
+
 /// Row r of w dequantised to f32 at the best level the CPU runs.
 void dequantiseRow(const Matrix &w, int64_t r, float *out) {
 #ifdef MOERT_X86
@@ -462,9 +503,7 @@ void columnsFp8(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, co
     d.rows = m;
     d.cols = d.rowStride = K;
     if (bf16) { // rounded in place: the bf16 rows fill the buffer's front half
-      auto *h = reinterpret_cast<uint16_t *>(rows);
-      for (int64_t i = 0; i < m * K; ++i)
-        h[i] = floatToBf16(rows[i]);
+      roundRowsBf16(rows, m * K);
       d.dtype = DType::BF16;
     }
     columns(x, ldx, tokens, d, bias ? bias + n : nullptr, 0, m, y + n, ldy);
