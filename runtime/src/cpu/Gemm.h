@@ -5,6 +5,10 @@
 #include "IsaTarget.h"
 #include "moert/cpu/Kernels.h"
 
+#ifdef MOERT_X86
+#include <immintrin.h>
+#endif
+
 #include <cstdint>
 #include <cstdlib>
 #include <new>
@@ -71,6 +75,16 @@ inline int64_t balancedStep(int64_t total, int64_t maxStep, int64_t unit) {
   int64_t step = (total + parts - 1) / parts;
   return (step + unit - 1) / unit * unit;
 }
+
+#ifdef MOERT_X86
+/// The sum of v's 8 lanes (AVX2 kernels).
+MOERT_AVX2 inline float horizontalSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
 
 /// The AVX2 + FMA (+ F16C) kernels (GemmAvx2.cpp), with the contracts of
 /// columns() and widen() below; called only when haveAvx2().

@@ -82,13 +82,6 @@ MOERT_AVX2 inline void transpose8(__m256 r[8]) {
   }
 }
 
-MOERT_AVX2 inline float horizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 template <DType D>
 MOERT_AVX2 void widen(const void *src, int64_t n, float *out) {
   const char *p = static_cast<const char *>(src);

@@ -320,13 +320,6 @@ thread_local std::vector<uint8_t> rowTables;
 bool tableGemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
                int64_t n0, int64_t n1, float *y, int64_t ldy);
 
-MOERT_AVX2 inline float sum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 template <int TG>
 MOERT_AVX2 void fusedRowAvx2(const float *x, int64_t ldx, const Matrix &w, int64_t r,
                              const float *bias, float *y, int64_t ldy) {
@@ -365,7 +358,7 @@ MOERT_AVX2 void fusedRowAvx2(const float *x, int64_t ldx, const Matrix &w, int64
     }
   }
   for (int t = 0; t < TG; ++t)
-    y[t * ldy] = sum8(acc[t]) + tail[t] + (bias ? *bias : 0.0f);
+    y[t * ldy] = horizontalSum(acc[t]) + tail[t] + (bias ? *bias : 0.0f);
 }
 
 /// The fused kernel's per-row function for `tokens` (<= 4) tokens.
