@@ -581,6 +581,11 @@ Expected<ModelConfig> moe::hf::parseModelConfig(StringRef text, StringRef path) 
     return std::move(e);
   if (c.isMoE() && c.moeIntermediateSize <= 0)
     return f.fail("moe_intermediate_size", "expected a value > 0");
+  // DeepSeek's FP8 releases store the routing correction bias in float32
+  // (their code's Gate keeps it f32 whatever the model dtype), not in
+  // torch_dtype as transformers' save_pretrained would.
+  if (c.fp8 && c.scoreCorrectionBias)
+    c.correctionBiasF32 = true;
   if (Error e = checkLimits(f, c))
     return std::move(e);
   return c;
