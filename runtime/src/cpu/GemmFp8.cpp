@@ -203,9 +203,6 @@ MOERT_AVX512_BF16 void fusedRowBf16(const uint16_t *xb, int64_t ldxb, const Matr
     y[t * ldy] = _mm512_reduce_add_ps(acc[t]) + (bias ? *bias : 0.0f);
 }
 
-#define MOERT_AVX512_VBMI_BF16                                                                     \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,fma")))
-
 /// Whether the CPU has AVX512_VBMI (vpermt2b) for the table GEMV below.
 bool haveVbmi() {
   static const bool has = __builtin_cpu_supports("avx512vbmi");

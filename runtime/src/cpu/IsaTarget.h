@@ -14,6 +14,10 @@
 #define MOERT_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define MOERT_AVX512_BF16                                                                          \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
+/// The same with AVX512_VBMI's byte permutes (the FP8 table GEMV; checked
+/// apart from the levels: Cooper Lake has BF16 without VBMI).
+#define MOERT_AVX512_VBMI_BF16                                                                     \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,fma")))
 #endif
 
 // GCC 12's intrinsic headers start vectors as `__Y = __Y`, which
