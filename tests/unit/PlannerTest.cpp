@@ -506,10 +506,13 @@ TEST(Planner, EveryReferenceConfigPlansAndCovers) {
     }
     ASSERT_TRUE(static_cast<bool>(m)) << llvm::toString(m.takeError());
     // Every tensor at its stored size: the dtype's, FP8 blocks' one byte
-    // plus their f32 scales (DeepSeek-V3's published checkpoint).
+    // plus their f32 scales and the f32 correction bias (DeepSeek-V3's
+    // published checkpoint).
     int64_t stored = 0;
     for (const hf::TensorSpec &s : hf::withBlockScales(hf::checkpointTensors(*c)))
-      stored += s.numel() * (s.isFp8() ? 1 : s.blockScales ? 4 : dtypeBytes(m->weightDtype));
+      stored += s.numel() * (s.isFp8()                      ? 1
+                             : s.blockScales || s.storedF32 ? 4
+                                                            : dtypeBytes(m->weightDtype));
     EXPECT_EQ(m->totalBytes, stored);
     if (!c->fp8)
       EXPECT_EQ(m->totalBytes, hf::countParameters(*c).total * dtypeBytes(m->weightDtype));

@@ -168,7 +168,10 @@ Expected<ModelInfo> ModelInfo::build(const hf::ModelConfig &config,
     m.fp8Blocks |= spec.isFp8();
     PlannedTensor t;
     // FP8 weights and their f32 block scales keep their own sizes.
-    t.elementBytes = spec.isFp8() ? 1 : spec.blockScales ? 4 : wb;
+    t.dtype = spec.isFp8()                           ? DType::FP8
+              : spec.blockScales || (spec.storedF32 && !weightDtype) ? DType::F32
+                                                                    : m.weightDtype;
+    t.elementBytes = dtypeBytes(t.dtype);
     int64_t bytes = spec.numel() * t.elementBytes;
     m.totalBytes += bytes;
     int32_t index = int32_t(m.tensors.size());

@@ -159,7 +159,7 @@ moe::sharding::weightSlices(const ModelInfo &m, const ShardingLayout &layout,
     s.globalShape = t.spec.shape;
     s.offset.assign(b.off, b.off + b.dims);
     s.shape.assign(b.len, b.len + b.dims);
-    s.dtype = t.spec.isFp8() ? DType::FP8 : t.spec.blockScales ? DType::F32 : m.weightDtype;
+    s.dtype = t.dtype;
     s.bytes = b.numel() * t.elementBytes;
     if (t.spec.isFp8())
       s.block = {t.spec.fp8BlockRows, t.spec.fp8BlockCols};

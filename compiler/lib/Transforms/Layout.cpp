@@ -32,6 +32,9 @@ void addWeight(std::vector<moe::hf::TensorSpec> &out, llvm::StringSet<> &seen, S
   moe::hf::TensorSpec spec;
   spec.layer = layer.value_or(-1);
   spec.shape.assign(type.getShape().begin(), type.getShape().end());
+  // (A weight the IR keeps in f32 in a model of another dtype: the
+  // correction bias of DeepSeek's FP8 releases and of --param-dtype bf16.)
+  spec.storedF32 = type.getElementType().isF32();
   // An FP8 weight is followed by its block scales (checkpoint order).
   if (fp8Block && fp8Block.size() == 2) {
     spec.fp8BlockRows = fp8Block[0];

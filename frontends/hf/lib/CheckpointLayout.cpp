@@ -127,6 +127,8 @@ public:
     linear(prefix + "." + down.str(), hidden, inter, bias, role);
   }
 
+  TensorSpec &last() { return out.back(); }
+
   int64_t layer = -1;
 
 private:
@@ -205,8 +207,10 @@ void decoderLayer(LayoutBuilder &b, const ModelConfig &c, int64_t i) {
     b.add(p + ".mlp.gate.weight", {c.numExperts, h});
   else
     b.linear(p + ".mlp.gate", c.numExperts, h, false);
-  if (c.scoreCorrectionBias)
+  if (c.scoreCorrectionBias) {
     b.add(p + ".mlp.gate.e_score_correction_bias", {c.numExperts});
+    b.last().storedF32 = c.correctionBiasF32;
+  }
   routedExperts(b, c, p + ".mlp", "gate_proj", "up_proj", "down_proj");
   if (type == "qwen2_moe") {
     b.mlp(p + ".mlp.shared_expert", h, c.sharedExpertIntermediateSize,

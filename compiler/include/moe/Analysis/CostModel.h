@@ -135,7 +135,10 @@ struct PlannedTensor {
   /// Split::Expert: held whole by each rank of the expert's ETP group (FP8
   /// block scales: a block may span the ETP parts).
   bool wholeInEtpGroup = false;
-  int64_t elementBytes = 2; ///< weightDtype's, or FP8's 1 / block scales' 4
+  /// As the checkpoint stores it: weightDtype, or FP8 blocks, their f32
+  /// scales, an f32 weight of a model of another dtype (no explicit dtype).
+  DType dtype = DType::BF16;
+  int64_t elementBytes = 2; ///< dtype's size
   /// The input embedding when the LM head is tied to it: also needed on the
   /// last stage (a non-primary copy when pp > 1).
   bool alsoOnLastStage = false;

@@ -179,6 +179,9 @@ struct TensorSpec {
   /// The `<weight>_scale_inv` of an FP8 weight (float32, one value per
   /// block): whole on every rank that holds a part of its weight.
   bool blockScales = false;
+  /// Stored in float32 whatever the model's dtype (DeepSeek's FP8 releases'
+  /// e_score_correction_bias: ModelConfig::correctionBiasF32).
+  bool storedF32 = false;
   bool isFp8() const { return fp8BlockRows > 0; }
   int64_t numel() const;
 };
