@@ -514,7 +514,7 @@ void columnsAvx512(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
                    const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
   if (tokens <= kGemvMaxTokens && !w.transposed)
     gemvAvx512(x, ldx, tokens, w, bias, n0, n1, y, ldy);
-  else if (roundsToBf16(w))
+  else if (roundsToBf16(D))
     gemm<Bf16Path, D>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
   else
     gemm<F32Path<D>, D>(x, ldx, tokens, w, bias, n0, n1, y, ldy);

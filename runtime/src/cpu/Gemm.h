@@ -27,8 +27,6 @@ inline bool haveAvx512() { return activeIsa() >= Isa::Avx512; }
 /// (moert/cpu/Isa.h), whose kernels use vdpbf16ps. Otherwise x stays f32 and
 /// the weights are widened.
 inline bool roundsToBf16(DType dtype) { return dtype == DType::BF16 && bf16Products(); }
-/// The same for products with `w`, unless it asks for f32 products.
-inline bool roundsToBf16(const Matrix &w) { return roundsToBf16(w.dtype) && !w.f32Products; }
 /// Whether the AVX2 + FMA kernels run (or better ones).
 inline bool haveAvx2() { return activeIsa() >= Isa::Avx2; }
 

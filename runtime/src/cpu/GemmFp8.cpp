@@ -449,8 +449,7 @@ void columnsFp8(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, co
   // weights do (roundsToBf16): the dequantised values and x rounded to bf16.
   // Elsewhere (F32 models, the lower levels, --matmul-precision f32) the
   // products are exact f32 ones of the dequantised weight.
-  const bool bf16 = w.fp8.computeDtype == DType::BF16 && roundsToBf16(DType::BF16) &&
-                    !w.f32Products;
+  const bool bf16 = w.fp8.computeDtype == DType::BF16 && roundsToBf16(DType::BF16);
 #ifdef MOERT_X86
   if (tokens <= kFusedMaxTokens && bf16) {
     if (tableGemv(x, ldx, tokens, w, bias, n0, n1, y, ldy))

@@ -154,7 +154,7 @@ MOERT_AVX512 void gemv(const float *x, int64_t ldx, int64_t tokens, const Matrix
   constexpr int64_t size = kElementSize<D>;
   const int64_t K = w.cols, rowBytes = w.rowStride * size, xStep = tokens * 16;
   float *packed = packedTokens.get(static_cast<size_t>((K + 15) / 16 * xStep));
-  if (roundsToBf16(w))
+  if (roundsToBf16(D))
     packGemvTokensBf16(x, ldx, tokens, K, packed);
   else
     packGemvTokens(x, ldx, tokens, K, packed);

@@ -48,7 +48,7 @@ Matrix f32Matrix(const float *data, int64_t rows, int64_t cols, int64_t ld) {
   return m;
 }
 
-bool bf16Products(const Matrix &w) { return gemm::roundsToBf16(w); }
+bool bf16Products(const Matrix &w) { return gemm::roundsToBf16(w.dtype); }
 
 void matmulTN(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t t, int64_t m,
               int64_t n, float *c, int64_t ldc, bool bf16) {

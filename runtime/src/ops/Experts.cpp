@@ -67,7 +67,6 @@ void checkRouter(const StepChecker &c, const PlanStep &step) {
 int64_t runRouter(cpu::StepContext &c) {
   const int64_t T = c.rows;
   cpu::Matrix g = cpu::Matrix::of(c.weight(0));
-  g.f32Products = !c.step->routing.computeBf16;
   float *logits = c.scratch(cpu::StepContext::Scratch::Work, T * g.rows);
   cpu::linear(c.in(0), T, g, nullptr, logits);
   cpu::route(logits, T, g.rows, c.optionalWeight(1), c.step->routing, c.out(0), c.outInts(1));

@@ -27,10 +27,6 @@ struct Matrix {
   bool transposed = false;
   /// F8E4M3 weights: their block scales, origins relative to this view.
   BlockScales fp8;
-  /// Products in f32 even where BF16 weights take bf16 ones (a router whose
-  /// logits are computed in f32: DeepSeek's, as transformers' F.linear of
-  /// float32 copies).
-  bool f32Products = false;
   static Matrix of(const TensorView &view); ///< a [rows, cols] view
   /// The [cols, rows] transpose of a row-major matrix, as a view.
   Matrix transpose() const;
