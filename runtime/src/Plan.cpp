@@ -570,12 +570,21 @@ namespace {
 int64_t storedWeightBytesDelta(const Plan &plan, int64_t rank) {
   if (!plan.layout)
     return 0;
+  const std::vector<PlanSlice> &slices = plan.layout->ranks.at(static_cast<size_t>(rank));
+  // Most plans have no FP8 slice: nothing to index (a many-rank DeepSeek
+  // plan has millions of expert tensors).
+  std::unordered_map<std::string, const PlanSlice *> scalesOf;
+  for (const PlanSlice &s : slices)
+    if (s.name.size() > 10 && s.name.compare(s.name.size() - 10, 10, "_scale_inv") == 0)
+      scalesOf.emplace(s.name.substr(0, s.name.size() - 10), &s);
+  if (scalesOf.empty())
+    return 0;
   std::unordered_map<std::string, DType> computeDtype;
   for (const PlanWeight &w : plan.weights)
     for (int64_t e = 0; e < std::max<int64_t>(w.experts, 1); ++e)
       computeDtype.emplace(w.experts ? w.expertName(e) : w.name, w.dtype);
   int64_t delta = 0;
-  for (const PlanSlice &s : plan.layout->ranks.at(static_cast<size_t>(rank))) {
+  for (const PlanSlice &s : slices) {
     if (s.block.empty())
       continue;
     auto found = computeDtype.find(s.name);
@@ -583,8 +592,8 @@ int64_t storedWeightBytesDelta(const Plan &plan, int64_t rank) {
     if (found != computeDtype.end())
       delta += n * (static_cast<int64_t>(dtypeSize(s.dtype)) -
                     static_cast<int64_t>(dtypeSize(found->second)));
-    if (const PlanSlice *scales = plan.layout->slice(rank, s.name + "_scale_inv"))
-      delta += TensorView{scales->dtype, scales->shape, nullptr}.bytes();
+    if (auto scales = scalesOf.find(s.name); scales != scalesOf.end())
+      delta += TensorView{scales->second->dtype, scales->second->shape, nullptr}.bytes();
   }
   return delta;
 }
