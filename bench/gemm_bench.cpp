@@ -42,7 +42,7 @@ struct Weights {
   cpu::Matrix matrix() const {
     cpu::Matrix m;
     if (blocks)
-      m.fp8 = *blocks;
+      m.scales = *blocks;
     m.dtype = dtype;
     m.data = data;
     m.rows = rows;

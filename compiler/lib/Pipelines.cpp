@@ -66,6 +66,11 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
   workload.maxSeqLen = o.maxSeqLen;
   workload.maxSequences = o.maxSequences;
   pm.addPass(createMoESpecializeWorkload(workload));
+  if (!o.weightFormat.empty()) {
+    MoEQuantizeWeightsOptions quantize;
+    quantize.format = o.weightFormat;
+    pm.addPass(createMoEQuantizeWeights(quantize));
+  }
   // The layout (it needs the workload) and the weights' sharding.
   // A training program is always partitioned (on its one rank for now): its
   // per-rank form, with its collectives proven by moe-verify-collectives, is

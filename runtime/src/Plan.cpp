@@ -138,16 +138,22 @@ PlanWeight readWeight(const JsonFields &w) {
   pw.shape = w.shape("shape");
   if (pw.shape.empty())
     w.fail("shape", "expected at least one dimension");
-  if (!parseDType(w.string("dtype"), pw.dtype) || pw.dtype == DType::I32 || pw.dtype == DType::I64)
+  if (!parseDType(w.string("dtype"), pw.dtype) || pw.dtype == DType::I32 || pw.dtype == DType::I64 ||
+      pw.dtype == DType::I8 || pw.dtype == DType::F8E4M3)
     w.fail("dtype", "expected F32, BF16 or F16");
   pw.experts = w.has("experts") ? w.integer("experts", 1) : 0;
   if (pw.experts && (pw.shape[0] != pw.experts || pw.name.find("{e}") == std::string::npos))
     w.fail("experts", "an expert stack needs shape[0] == experts and '{e}' in its name");
+  if (w.has("int8_block")) {
+    pw.int8Block = w.bounded("int8_block", 1, int64_t(1) << 20);
+    if (pw.tensorShape().size() != 2)
+      w.fail("int8_block", "int8 weights are matrices (or stacks of them)");
+  }
   pw.bytes = w.integer("bytes", 0);
-  TensorView view{pw.dtype, pw.shape, nullptr};
-  if (static_cast<size_t>(pw.bytes) != view.bytes())
-    w.fail("bytes", fmt::format("expected {} for {} {}", view.bytes(), dtypeName(pw.dtype),
-                                shapeString(pw.shape)));
+  const int64_t expected = pw.heldBytes();
+  if (pw.bytes != expected)
+    w.fail("bytes", fmt::format("expected {} for {} {}{}", expected, dtypeName(pw.dtype),
+                                shapeString(pw.shape), pw.int8Block ? " in int8 blocks" : ""));
   return pw;
 }
 
@@ -362,6 +368,14 @@ std::string PlanWeight::expertName(int64_t e) const {
   std::string n = name;
   size_t at = n.find("{e}");
   return at == std::string::npos ? n : n.replace(at, 3, std::to_string(e));
+}
+
+int64_t PlanWeight::heldBytes() const {
+  const int64_t n = TensorView{dtype, shape, nullptr}.numel();
+  if (!int8Block)
+    return n * static_cast<int64_t>(dtypeSize(dtype));
+  const int64_t cols = shape.back(), rows = n / std::max<int64_t>(cols, 1);
+  return n + rows * ((cols + int8Block - 1) / int8Block) * static_cast<int64_t>(sizeof(float));
 }
 
 std::vector<int64_t> PlanWeight::tensorShape() const {

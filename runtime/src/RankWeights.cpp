@@ -68,7 +68,8 @@ void RankWeights::bind(const Plan &thePlan, int64_t rankIndex, const Checkpoint 
     const PlanWeight &local = program->weights[i];
     const PlanWeight &global = *logical.at(local.name); // checked by Plan::load
     if (local.experts == 0) {
-      weights_[i].view = bindOne(ckpt, local.name, global.shape, local.shape, local.dtype);
+      weights_[i].view =
+          bindOne(ckpt, local.name, global.shape, local.shape, local.dtype, local.int8Block);
       progress.add(static_cast<uint64_t>(loaded) - progressed);
       progressed = static_cast<uint64_t>(loaded);
       continue;
@@ -79,7 +80,7 @@ void RankWeights::bind(const Plan &thePlan, int64_t rankIndex, const Checkpoint 
         inputError("{}: rank {} (ep {}) would hold expert {} of '{}', a stack of {}", plan->path,
                    rank, coords.ep, e, global.name, global.experts);
       TensorView v = bindOne(ckpt, global.expertName(e), global.tensorShape(), local.tensorShape(),
-                             local.dtype);
+                             local.dtype, local.int8Block);
       weights_[i].experts.push_back(v);
       progress.add(static_cast<uint64_t>(loaded) - progressed);
       progressed = static_cast<uint64_t>(loaded);
@@ -103,10 +104,12 @@ void RankWeights::bind(const Plan &thePlan, int64_t rankIndex, const Checkpoint 
 /// One local tensor `name` of `localShape` from this rank's box of the
 /// checkpoint tensor (of `globalShape`): the tensor itself when the box is
 /// all of it and the local shape is its shape, else an owned copy of the
-/// box at the origin, zero elsewhere (vocabulary padding rows).
+/// box at the origin, zero elsewhere (vocabulary padding rows); int8
+/// weights (int8Block > 0) quantised by bindInt8.
 TensorView RankWeights::bindOne(const Checkpoint &ckpt, const std::string &name,
                                 const std::vector<int64_t> &globalShape,
-                                const std::vector<int64_t> &localShape, DType dtype) {
+                                const std::vector<int64_t> &localShape, DType dtype,
+                                int64_t int8Block) {
   TensorView localView{dtype, localShape, nullptr};
   auto found = slices.find(name);
   if (found == slices.end()) {
@@ -147,6 +150,8 @@ TensorView RankWeights::bindOne(const Checkpoint &ckpt, const std::string &name,
   if (whole.dtype != slice.dtype)
     inputError("{}: tensor '{}': expected dtype {} (the plan's) but found {}", ckpt.fileOf(name),
                name, dtypeName(slice.dtype), dtypeName(whole.dtype));
+  if (int8Block)
+    return bindInt8(ckpt, slice, localShape, dtype, int8Block);
   TensorView box{slice.dtype, slice.shape, nullptr};
   loaded += static_cast<int64_t>(box.bytes());
 
@@ -242,6 +247,76 @@ const BlockScales *RankWeights::bindScales(const Checkpoint &ckpt, const PlanSli
   b.colOrigin = weight.offset[1] - scales.offset[1] * bc;
   b.computeDtype = computeDtype == DType::F32 ? DType::F32 : DType::BF16;
   return &b;
+}
+
+/// Weight slice `slice` quantised to symmetric int8 (moec compile
+/// --weight-format int8): per row, per block of `block` columns counted
+/// from the checkpoint tensor's first column (the same blocks whatever the
+/// layout: a box that starts inside one reads the whole block), scale =
+/// max |w| / 127 and q = round-half-even(w / scale) (0 where the block is
+/// all zero). Rows are read a band at a time (bounded scratch); rows of
+/// `localShape` past the box (vocabulary padding) stay zero.
+TensorView RankWeights::bindInt8(const Checkpoint &ckpt, const PlanSlice &slice,
+                                 const std::vector<int64_t> &localShape, DType dtype,
+                                 int64_t block) {
+  const std::string &name = slice.name;
+  if (slice.dtype != dtype || slice.shape.size() != 2 || localShape.size() != 2 ||
+      localShape[1] != slice.shape[1] || localShape[0] < slice.shape[0])
+    inputError("{}: rank {}'s {} box {} of '{}' cannot be quantised to int8 into the program's "
+               "{} {} tensor",
+               plan->path, rank, dtypeName(slice.dtype), shapeString(slice.shape), name,
+               dtypeName(dtype), shapeString(localShape));
+  if (plan->optimizer)
+    inputError("{}: not supported yet: training int8 weights ('{}')", plan->path, name);
+  const int64_t rows = slice.shape[0], cols = slice.shape[1], K = slice.globalShape[1];
+  const int64_t first = slice.offset[1] / block * block,
+                last = std::min(K, (slice.offset[1] + cols + block - 1) / block * block),
+                width = last - first, blocks = (width + block - 1) / block,
+                skip = slice.offset[1] - first;
+  TensorView q = ownedCopy(TensorView{DType::I8, localShape, nullptr});
+  TensorView s = ownedCopy(TensorView{DType::F32, {localShape[0], blocks}, nullptr});
+  auto *values = static_cast<int8_t *>(const_cast<void *>(q.data));
+  auto *scales = static_cast<float *>(const_cast<void *>(s.data));
+  const int64_t elementBytes = static_cast<int64_t>(dtypeSize(slice.dtype));
+  const int64_t band = std::clamp<int64_t>((int64_t(16) << 20) / (width * elementBytes), 1, rows);
+  std::vector<char> raw(static_cast<size_t>(band * width * elementBytes));
+  std::vector<float> row(static_cast<size_t>(width));
+  for (int64_t r0 = 0; r0 < rows; r0 += band) {
+    const int64_t m = std::min(band, rows - r0);
+    ckpt.readBox(name, {slice.offset[0] + r0, first}, {m, width}, slice.dtype, raw.data());
+    loaded += m * width * elementBytes;
+    const TensorView src{slice.dtype, {m, width}, raw.data()};
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t c = 0; c < width; ++c) {
+        row[c] = src.at(r * width + c);
+        if (!std::isfinite(row[c]))
+          inputError("{}: tensor '{}': element [{}, {}] is {} (int8 weights need finite values)",
+                     ckpt.fileOf(name), name, slice.offset[0] + r0 + r, first + c, row[c]);
+      }
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t c0 = b * block, c1 = std::min(width, c0 + block);
+        float most = 0;
+        for (int64_t c = c0; c < c1; ++c)
+          most = std::max(most, std::fabs(row[c]));
+        const float scale = most / 127.0f;
+        scales[(r0 + r) * blocks + b] = scale;
+        int8_t *out = values + (r0 + r) * cols - skip;
+        for (int64_t c = std::max(c0, skip); c < std::min(c1, skip + cols); ++c)
+          out[c] = scale == 0 ? 0
+                              : static_cast<int8_t>(std::clamp(std::nearbyint(row[c] / scale),
+                                                               -127.0f, 127.0f));
+      }
+    }
+  }
+  BlockScales &b = blockScales.emplace_back();
+  b.data = scales;
+  b.stride = blocks;
+  b.blockRows = 1;
+  b.blockCols = block;
+  b.colOrigin = skip;
+  b.computeDtype = dtype == DType::F32 ? DType::F32 : DType::BF16;
+  q.blocks = &b;
+  return q;
 }
 
 /// A zeroed tensor of `view`'s dtype and shape that the device owns.

@@ -15,6 +15,7 @@ size_t dtypeSize(DType t) {
   case DType::I32: return 4;
   case DType::I64: return 8;
   case DType::F8E4M3: return 1;
+  case DType::I8: return 1;
   }
   return 0;
 }
@@ -27,6 +28,7 @@ const char *dtypeName(DType t) {
   case DType::I32: return "I32";
   case DType::I64: return "I64";
   case DType::F8E4M3: return "F8_E4M3";
+  case DType::I8: return "I8";
   }
   return "?";
 }
@@ -38,7 +40,8 @@ bool parseDType(std::string_view name, DType &out) {
       {"BF16", DType::BF16},   {"bf16", DType::BF16},     {"bfloat16", DType::BF16},
       {"F16", DType::F16},     {"f16", DType::F16},       {"float16", DType::F16},
       {"I32", DType::I32},     {"i32", DType::I32},       {"I64", DType::I64},
-      {"i64", DType::I64},     {"F8_E4M3", DType::F8E4M3}};
+      {"i64", DType::I64},     {"F8_E4M3", DType::F8E4M3},
+      {"I8", DType::I8}};
   for (const Spelling &s : spellings)
     if (s.name == name) {
       out = s.type;
@@ -105,6 +108,12 @@ float TensorView::at(int64_t i) const {
   case DType::I64: return static_cast<float>(static_cast<const int64_t *>(data)[i]);
   case DType::F8E4M3: {
     float q = e4m3ToFloat(static_cast<const uint8_t *>(data)[i]);
+    if (!blocks || shape.size() != 2)
+      return q;
+    return q * blocks->at(i / shape[1], i % shape[1]);
+  }
+  case DType::I8: {
+    float q = static_cast<float>(static_cast<const int8_t *>(data)[i]);
     if (!blocks || shape.size() != 2)
       return q;
     return q * blocks->at(i / shape[1], i % shape[1]);

@@ -162,8 +162,8 @@ TEST(Fp8Test, ViewsAndRefusals) {
   for (int64_t i : {0, 7, 100, 359})
     EXPECT_EQ(v.at(i), static_cast<float>(m.at(i / 40, i % 40))) << i;
   Matrix w = Matrix::of(v);
-  EXPECT_EQ(w.fp8.rowOrigin, 1);
-  EXPECT_EQ(w.sliceRows(2, 3).fp8.rowOrigin, 3);
+  EXPECT_EQ(w.scales.rowOrigin, 1);
+  EXPECT_EQ(w.sliceRows(2, 3).scales.rowOrigin, 3);
   // An FP8 tensor without its scales is no weight; its transpose (training)
   // is not supported.
   EXPECT_THROW(Matrix::of(TensorView{DType::F8E4M3, {9, 40}, m.q.data()}), RuntimeError);

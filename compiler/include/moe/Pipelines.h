@@ -58,6 +58,9 @@ struct CompileOptions {
   /// only they say how each weight is stored (moe-choose-layout runs for one
   /// rank when no layout is asked for).
   bool storedSlices = false;
+  /// "int8" (moec compile --weight-format int8): moe-quantize-weights marks
+  /// the matrices moert keeps as int8.
+  std::string weightFormat;
   double auxLossCoef = -1, zLossCoef = 0;
   /// The optimizer program of a training plan (moec compile --optimizer
   /// adamw): moe-append-optimizer's options.

@@ -151,6 +151,12 @@ cl::opt<std::string> planDtype(
     cl::desc("Weight dtype the planner counts: bf16, f16, f32 or fp8 (default: the "
              "config's torch_dtype; DeepSeek-V3 publishes fp8 weights)"),
     cl::sub(driver::compileSubcommand()), cl::cat(distribution));
+cl::opt<std::string> weightFormat(
+    "weight-format",
+    cl::desc("int8: keep the linear layers' and experts' matrices as symmetric int8 with an "
+             "f32 scale per row and 128 columns, quantised by moert at load (CPU target; "
+             "docs/quantization.md)"),
+    cl::sub(driver::compileSubcommand()));
 cl::opt<bool> explain("explain",
                       cl::desc("Print the chosen layout, the best alternatives with "
                                "per-rank memory and time, and why the rest were rejected"),
@@ -424,6 +430,17 @@ int runCompile() {
                                   "%s: not supported yet: FP8 weights (quantization_config) with "
                                   "--target cuda; the CPU target dequantises them in its GEMMs",
                                   config->path.c_str()));
+  if (!weightFormat.empty()) {
+    const char *refusal = weightFormat != "int8" ? "expected int8"
+                          : cudaTarget           ? "not supported yet with --target cuda"
+                          : config->fp8          ? "not supported yet for FP8 weights "
+                                                   "(quantization_config)"
+                                                 : nullptr;
+    if (refusal)
+      return fail(createStringError(inconvertibleErrorCode(), "%s: --weight-format %s: %s",
+                                    config->path.c_str(), weightFormat.c_str(), refusal));
+    options.weightFormat = weightFormat;
+  }
   options.cudaArch = cudaArchs;
   options.kernelsOnly = kernelsOnly;
   options.decodeEntry = decodeEntry;

@@ -276,6 +276,9 @@ struct Lowering {
             w->getLoc(), b.getType<exec::WeightType>(),
             b.getStringAttr(cast<moe::WeightOpInterface>(w).getTensorName()), TypeAttr::get(type),
             experts);
+        // moe-quantize-weights' mark: moert keeps the weight as int8.
+        if (Attribute block = w->getAttr("moe.int8_block"))
+          weight[w].getDefiningOp()->setAttr("moe.int8_block", block);
       }
     }
     for (Operation &op : body)

@@ -24,9 +24,17 @@ struct PlanWeight {
   std::vector<int64_t> shape;
   DType dtype = DType::F32;
   int64_t experts = 0; ///< > 0: a stack of `experts` per-expert tensors
+  /// > 0 (moec compile --weight-format int8): quantised at load to
+  /// symmetric int8, one f32 scale per `int8Block` columns of each row (the
+  /// blocks start at multiples of it in the checkpoint tensor's columns).
+  int64_t int8Block = 0;
+  /// Bytes held: the dtype's, or the int8 values and their scales.
   int64_t bytes = 0;
   /// The checkpoint name of expert e's tensor.
   std::string expertName(int64_t e) const;
+  /// The bytes `bytes` must say: numel x the dtype's size, or for int8
+  /// weights one byte per element and an f32 scale per block.
+  int64_t heldBytes() const;
   /// Shape of one checkpoint tensor (without the stack dimension).
   std::vector<int64_t> tensorShape() const;
 };

@@ -44,7 +44,9 @@ public:
 private:
   TensorView bindOne(const Checkpoint &ckpt, const std::string &name,
                      const std::vector<int64_t> &globalShape,
-                     const std::vector<int64_t> &localShape, DType dtype);
+                     const std::vector<int64_t> &localShape, DType dtype, int64_t int8Block);
+  TensorView bindInt8(const Checkpoint &ckpt, const PlanSlice &slice,
+                      const std::vector<int64_t> &localShape, DType dtype, int64_t block);
   TensorView ownedCopy(TensorView view);
   const BlockScales *bindScales(const Checkpoint &ckpt, const PlanSlice &weight,
                                 DType computeDtype);
@@ -56,7 +58,7 @@ private:
   std::unordered_map<std::string, const PlanSlice *> slices; // during bind()
   std::vector<Weight> weights_;
   std::vector<std::unique_ptr<char[]>> owned;
-  std::deque<BlockScales> blockScales; ///< of FP8 weights (stable addresses)
+  std::deque<BlockScales> blockScales; ///< of FP8 and int8 weights (stable addresses)
   int64_t loaded = 0, bound = 0;
 };
 

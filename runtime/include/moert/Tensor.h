@@ -11,8 +11,10 @@
 namespace moert {
 
 /// F8E4M3: float8_e4m3fn (safetensors' F8_E4M3), the storage of FP8
-/// block-scaled weights; it computes only through its BlockScales.
-enum class DType : uint8_t { F32, BF16, F16, I32, I64, F8E4M3 };
+/// block-scaled weights; I8: symmetric int8 weights (moec compile
+/// --weight-format int8, quantised at load). Both compute only through
+/// their BlockScales.
+enum class DType : uint8_t { F32, BF16, F16, I32, I64, F8E4M3, I8 };
 
 /// Bytes per element.
 size_t dtypeSize(DType t);
@@ -49,9 +51,10 @@ uint16_t floatToF16(float f);
 /// Rounds an f32 value through bf16 and back (models computed in bf16).
 inline float roundBf16(float f) { return bf16ToFloat(floatToBf16(f)); }
 
-/// The scales of an FP8 weight (a rank's box of its `<weight>_scale_inv`,
-/// f32, one value per block of blockRows x blockCols elements): element
-/// (r, c) of the weight's view is e4m3(r, c) * data[((rowOrigin + r) /
+/// The scales of a block-scaled weight, f32, one value per block of
+/// blockRows x blockCols elements: an FP8 weight's (a rank's box of its
+/// `<weight>_scale_inv`) or an int8 weight's (1 x 128 blocks, computed at
+/// load). Element (r, c) of the weight's view is q(r, c) * data[((rowOrigin + r) /
 /// blockRows) * stride + (colOrigin + c) / blockCols], where the origins
 /// place the view's first element in the box's first block (a slice of the
 /// weight need not start at a block's edge).
@@ -74,7 +77,8 @@ struct TensorView {
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
   const void *data = nullptr;
-  /// F8E4M3 weights: their block scales (owned by whoever bound the view).
+  /// F8E4M3 and I8 weights: their block scales (owned by whoever bound the
+  /// view).
   const BlockScales *blocks = nullptr;
 
   int64_t numel() const {
@@ -84,7 +88,8 @@ struct TensorView {
     return n;
   }
   size_t bytes() const { return static_cast<size_t>(numel()) * dtypeSize(dtype); }
-  /// Element i as float (any float dtype; an FP8 weight's dequantised value).
+  /// Element i as float (any float dtype; an FP8 or int8 weight's
+  /// dequantised value).
   float at(int64_t i) const;
 };
 

@@ -533,8 +533,8 @@ void columns(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const
         y[t * ldy + n] = bias ? bias[n] : 0.0f;
     return;
   }
-  if (w.dtype == DType::F8E4M3)
-    return columnsFp8(x, ldx, tokens, w, bias, n0, n1, y, ldy);
+  if (w.dtype == DType::F8E4M3 || w.dtype == DType::I8)
+    return columnsScaled(x, ldx, tokens, w, bias, n0, n1, y, ldy);
 #ifdef MOERT_X86
   if (haveAvx512())
     switch (w.dtype) {

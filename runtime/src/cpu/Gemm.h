@@ -97,11 +97,17 @@ void widenAvx2(DType dtype, const void *src, int64_t n, float *out);
 void gemvAvx512(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
                 int64_t n0, int64_t n1, float *y, int64_t ldy);
 
-/// columns() for FP8 block-scaled weights (GemmFp8.cpp): rows dequantised
-/// chunk by chunk into the weight's compute dtype, then multiplied by the
-/// kernels of that dtype.
-void columnsFp8(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
-                int64_t n0, int64_t n1, float *y, int64_t ldy);
+/// columns() for block-scaled weights, FP8 and int8 (GemmFp8.cpp): a fused
+/// GEMV for few tokens, else rows dequantised chunk by chunk into the
+/// weight's compute dtype, then multiplied by the kernels of that dtype.
+void columnsScaled(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
+                   const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy);
+/// The int8 GEMV (GemmInt8.cpp) with the contract of columns(), where it
+/// applies (few tokens, AVX2 or better, x finite): false otherwise.
+bool gemvInt8(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
+              int64_t n0, int64_t n1, float *y, int64_t ldy);
+/// Row r of an int8 weight as f32 values (q x scale).
+void dequantiseRowInt8(const Matrix &w, int64_t r, float *out);
 
 /// y[t, n] = x[t, :] . w[n, :] (+ bias[n]) for every token t and the output
 /// columns n in [n0, n1), on the calling thread only. x has row stride ldx,

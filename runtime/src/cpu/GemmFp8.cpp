@@ -20,6 +20,7 @@
 // next to the 128 x 128 weights they serve). Otherwise the rows a thread
 // computes are dequantised a chunk at a time into f32 (or bf16) scratch,
 // which the GEMM or GEMV of that dtype multiplies.
+#include "BlockScaled.h"
 #include "Gemm.h"
 #include "LoadAvx512.h"
 
@@ -47,36 +48,6 @@ struct E4m3Table {
       value[i] = e4m3ToFloat(static_cast<uint8_t>(i));
   }
 };
-
-/// The runs [c0, c1) of row r's columns that share a block, with its scale:
-/// for (Blocks b(w, r); b.next();) ... (a plain loop: the kernels' bodies
-/// must not sit in lambdas, which lose the functions' target attributes).
-struct Blocks {
-  Blocks(const Matrix &w, int64_t r)
-      : cols(w.cols), blockCols(w.fp8.blockCols),
-        scales(w.fp8.data + ((w.fp8.rowOrigin + r) / w.fp8.blockRows) * w.fp8.stride +
-               w.fp8.colOrigin / w.fp8.blockCols),
-        c1(-(w.fp8.colOrigin % w.fp8.blockCols)) {}
-  /// The next run: one division per row, none per block (a block's run of
-  /// 128 bytes is short next to a division).
-  bool next() {
-    if (c1 >= cols)
-      return false;
-    c0 = std::max<int64_t>(c1, 0);
-    c1 = std::min(cols, c1 + blockCols);
-    scale = *scales++;
-    return true;
-  }
-
-  const int64_t cols, blockCols;
-  const float *scales;
-  int64_t c1, c0 = 0; ///< the run (c1 starts at the first block's start)
-  float scale = 0;
-};
-
-const uint8_t *rowBytes(const Matrix &w, int64_t r) {
-  return static_cast<const uint8_t *>(w.data) + r * w.rowStride;
-}
 
 void dequantiseRowScalar(const Matrix &w, int64_t r, float *out) {
   static const E4m3Table table;
@@ -378,7 +349,7 @@ template <int TG> struct Bf16RowOf { static constexpr Bf16Row f = fusedRowBf16<T
 
 bool tableGemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
                int64_t n0, int64_t n1, float *y, int64_t ldy) {
-  const BlockScales &b = w.fp8;
+  const BlockScales &b = w.scales;
   if (!haveVbmi() || b.blockCols % 64 || b.colOrigin % 64)
     return false;
   const int64_t K = w.cols, ldxp = (K + 63) / 64 * 64;
@@ -429,6 +400,8 @@ void roundRowsBf16(float *v, int64_t n) {
 
 /// Row r of w dequantised to f32 at the best level the CPU runs.
 void dequantiseRow(const Matrix &w, int64_t r, float *out) {
+  if (w.dtype == DType::I8)
+    return dequantiseRowInt8(w, r, out);
 #ifdef MOERT_X86
   if (haveAvx512())
     return dequantiseRowAvx512(w, r, out);
@@ -440,18 +413,21 @@ void dequantiseRow(const Matrix &w, int64_t r, float *out) {
 
 } // namespace
 
-void columnsFp8(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
-                int64_t n0, int64_t n1, float *y, int64_t ldy) {
+void columnsScaled(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
+                   const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
   if (w.transposed)
-    runtimeError("not supported yet: products with the transpose of an FP8 weight");
+    runtimeError("not supported yet: products with the transpose of a block-scaled weight");
   const int64_t K = w.cols;
+  if (w.dtype == DType::I8 && gemvInt8(x, ldx, tokens, w, bias, n0, n1, y, ldy))
+    return;
   // A BF16 model's FP8 weights take bf16 products exactly where BF16
   // weights do (roundsToBf16): the dequantised values and x rounded to bf16.
   // Elsewhere (F32 models, the lower levels, --matmul-precision f32) the
   // products are exact f32 ones of the dequantised weight.
-  const bool bf16 = w.fp8.computeDtype == DType::BF16 && roundsToBf16(DType::BF16);
+  const bool bf16 = w.scales.computeDtype == DType::BF16 && roundsToBf16(DType::BF16);
 #ifdef MOERT_X86
-  if (tokens <= kFusedMaxTokens && bf16) {
+  const bool fp8 = w.dtype == DType::F8E4M3;
+  if (fp8 && tokens <= kFusedMaxTokens && bf16) {
     if (tableGemv(x, ldx, tokens, w, bias, n0, n1, y, ldy))
       return;
     // (A block run may start anywhere: its last 32-value load may reach 32
@@ -466,7 +442,7 @@ void columnsFp8(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, co
       row(xb, ldxb, w, n, bias ? bias + n : nullptr, y + n, ldy);
     return;
   }
-  if (tokens <= kFusedMaxTokens && (haveAvx512() || haveAvx2())) {
+  if (fp8 && tokens <= kFusedMaxTokens && (haveAvx512() || haveAvx2())) {
     const ExactRow row = haveAvx512() ? pick<ExactRow, Avx512Row>(tokens)
                                       : pick<ExactRow, Avx2Row>(tokens);
     for (int64_t n = n0; n < n1; ++n)

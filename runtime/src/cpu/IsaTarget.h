@@ -14,6 +14,10 @@
 #define MOERT_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define MOERT_AVX512_BF16                                                                          \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
+/// AVX-512 with VNNI's integer dot products (the int8 GEMV; checked apart
+/// from the levels: Skylake-SP has AVX-512 without them).
+#define MOERT_AVX512_VNNI                                                                          \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")))
 /// The same with AVX512_VBMI's byte permutes (the FP8 table GEMV; checked
 /// apart from the levels: Cooper Lake has BF16 without VBMI).
 #define MOERT_AVX512_VBMI_BF16                                                                     \

@@ -182,12 +182,13 @@ void downProjection(const float *h, int64_t tokens, int64_t I, const Matrix &dow
 Matrix Matrix::of(const TensorView &view) {
   if (view.shape.size() != 2)
     runtimeError("a weight matrix must be 2-D, got {}", shapeString(view.shape));
-  if (!isFloat(view.dtype) && !(view.dtype == DType::F8E4M3 && view.blocks))
-    runtimeError("a weight matrix must be F32, BF16, F16 or block-scaled F8_E4M3, got {}",
+  if (!isFloat(view.dtype) &&
+      !((view.dtype == DType::F8E4M3 || view.dtype == DType::I8) && view.blocks))
+    runtimeError("a weight matrix must be F32, BF16, F16 or block-scaled F8_E4M3 or I8, got {}",
                  dtypeName(view.dtype));
   Matrix m;
   if (view.blocks)
-    m.fp8 = *view.blocks;
+    m.scales = *view.blocks;
   m.dtype = view.dtype;
   m.data = view.data;
   m.rows = view.shape[0];
@@ -199,8 +200,9 @@ Matrix Matrix::of(const TensorView &view) {
 Matrix Matrix::transpose() const {
   if (transposed)
     runtimeError("the transpose of a transposed view");
-  if (dtype == DType::F8E4M3)
-    runtimeError("not supported yet: products with the transpose of an FP8 weight (training)");
+  if (dtype == DType::F8E4M3 || dtype == DType::I8)
+    runtimeError("not supported yet: products with the transpose of an {} weight (training)",
+                 dtype == DType::I8 ? "int8" : "FP8");
   Matrix m = *this;
   m.rows = cols;
   m.cols = rows;
@@ -217,7 +219,7 @@ Matrix Matrix::sliceRows(int64_t begin, int64_t count) const {
   m.data = static_cast<const char *>(data) +
            begin * rowStride * static_cast<int64_t>(dtypeSize(dtype));
   m.rows = count;
-  m.fp8.rowOrigin += begin;
+  m.scales.rowOrigin += begin;
   return m;
 }
 

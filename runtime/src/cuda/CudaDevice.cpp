@@ -401,12 +401,17 @@ private:
   }
 
   void uploadWeights(const Checkpoint &ckpt) {
-    // FP8 slices are CPU-only (moec refuses them with --target cuda): a
-    // plan that asks for them here was not written by moec for this device.
+    // FP8 slices and int8 weights are CPU-only (moec refuses them with
+    // --target cuda): a plan that asks for them here was not written by
+    // moec for this device.
     for (const PlanSlice &s : plan->layout->ranks.at(rank))
       if (s.dtype == DType::F8E4M3)
         inputError("{}: rank {}'s slice of '{}' is F8_E4M3: not supported yet on the CUDA device",
                    plan->path, rank, s.name);
+    for (const PlanWeight &w : plan->programOf(rank).weights)
+      if (w.int8Block)
+        inputError("{}: weight '{}' is int8: not supported yet on the CUDA device", plan->path,
+                   w.name);
     RankWeights host;
     host.bind(*plan, rank, ckpt, [](int64_t) {});
     for (size_t i = 0; i < host.weights().size(); ++i) {

@@ -51,7 +51,8 @@ inline constexpr const char *kWorkload[] = {"max_batch_tokens", "max_seq_len", "
 inline constexpr const char *kDegrees[] = {"dp", "pp", "tp", "ep", "etp", "edp"};
 inline constexpr const char *kVocab[] = {"size", "padded", "pad_to"};
 /// A logical weight (top-level "weights") and a program's local weight.
-inline constexpr const char *kWeight[] = {"name", "shape", "dtype", "bytes", "experts"};
+inline constexpr const char *kWeight[] = {"name", "shape", "dtype", "bytes", "experts",
+                                          "int8_block"};
 inline constexpr const char *kProgram[] = {"stage",  "entry",  "weights", "buffers", "kv_caches",
                                            "inputs", "logits", "memory",  "steps",   "cuda",
                                            "max_batch_tokens", "loss", "gradients", "stats",

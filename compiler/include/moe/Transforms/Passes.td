@@ -174,6 +174,24 @@ def MoEFuseRouter : Pass<"moe-fuse-router", "mlir::ModuleOp"> {
   }];
 }
 
+def MoEQuantizeWeights : Pass<"moe-quantize-weights", "mlir::ModuleOp"> {
+  let summary = "mark the matrices of linear layers and experts for int8 weights";
+  let description = [{
+    `moec compile --weight-format int8`: every weight whose uses are all the
+    matrix of a `moe.linear` (but a router's: a `moe.linear` whose logits
+    feed `moe.route`), of a `moe.mlp` or the stacks of a `moe.experts`
+    gets `moe.int8_block = <block>`: moert quantises it at load to
+    symmetric int8 with one f32 scale per row and block of `block` columns
+    (docs/quantization.md). The IR still computes with the weight as
+    stored; embeddings, norms, routers and biases are left as they are.
+    Refuses FP8-stored weights (`moe.fp8_block`).
+  }];
+  let options = [
+    Option<"format", "format", "std::string", "\"int8\"", "the weight format (int8)">,
+    Option<"block", "block", "int64_t", "128", "columns per scale">,
+  ];
+}
+
 def MoESplitEntries : Pass<"moe-split-entries", "mlir::ModuleOp"> {
   let summary = "one nested module per entry point: prefill and decode";
   let description = [{

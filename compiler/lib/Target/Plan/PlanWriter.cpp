@@ -106,10 +106,18 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
     } else if (auto w = dyn_cast<moe::exec::WeightOp>(op)) {
       auto type = cast<RankedTensorType>(w.getTensorType());
       int64_t bytes = type.getNumElements() * (type.getElementTypeBitWidth() / 8);
+      auto int8Block = w->getAttrOfType<IntegerAttr>("moe.int8_block");
+      if (int8Block) { // held as int8 values and an f32 scale per block
+        const int64_t cols = type.getShape().back(), block = int8Block.getInt();
+        bytes = type.getNumElements() +
+                type.getNumElements() / cols * ((cols + block - 1) / block) * 4;
+      }
       Object entry{{"name", w.getTensor()},
                    {"shape", shapeOf(type)},
                    {"dtype", dtypeName(type.getElementType())},
                    {"bytes", bytes}};
+      if (int8Block)
+        entry["int8_block"] = int8Block.getInt();
       if (auto experts = w.getExpertsAttr())
         entry["experts"] = experts.getInt();
       weightId[w] = int64_t(weights.size());

@@ -25,8 +25,9 @@ struct Matrix {
   /// takes such a view (the backward's products with a weight's transpose,
   /// packed straight from the weight instead of a transposed copy).
   bool transposed = false;
-  /// F8E4M3 weights: their block scales, origins relative to this view.
-  BlockScales fp8;
+  /// F8E4M3 and I8 weights: their block scales, origins relative to this
+  /// view.
+  BlockScales scales;
   static Matrix of(const TensorView &view); ///< a [rows, cols] view
   /// The [cols, rows] transpose of a row-major matrix, as a view.
   Matrix transpose() const;

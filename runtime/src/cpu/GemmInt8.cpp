@@ -1,0 +1,241 @@
+// int8 weights under `linear` (moec compile --weight-format int8: symmetric
+// int8 with one f32 scale per row and block of 128 columns, quantised at
+// load by RankWeights::bindInt8); the weight stays one byte per element.
+//
+// What is computed:
+//  - Decode (up to kMaxTokens tokens, AVX2 and up): x is quantised per token
+//    and per weight block to int16 (xs = max |x| / 32767 over the block,
+//    round half to even: an error below 1/65534 of the block's largest
+//    |x|, next to the weight's 1/254 of its own), each block's integer dot
+//    product is exact in int32 (at most 128 x 127 x 32767 < 2^31), and
+//    converted once: y += float(sum q_w q_x) * (s_w * s_x). vpmovsxbw widens
+//    32 weights a step and vpdpwssd (AVX512_VNNI: every AVX-512 CPU but
+//    Skylake-SP, which takes the AVX2 kernel) multiplies them; at the AVX2
+//    level 16 a step, by vpmaddwd + vpaddd. A token whose x is not finite
+//    takes the exact path below instead.
+//  - Otherwise (prefill, the generic level): rows dequantised to f32
+//    (q x scale, exact products of those) a chunk at a time, as FP8 weights
+//    are (GemmFp8.cpp, which calls dequantiseRowInt8).
+#include "BlockScaled.h"
+#include "Gemm.h"
+#include "LoadAvx512.h"
+
+#ifdef MOERT_X86
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace moert::cpu::gemm {
+namespace {
+
+constexpr int64_t kMaxTokens = 4;
+
+/// x quantised to int16 per token and per weight block (Blocks' runs, the
+/// same for every row of a 1-row-block weight): values [tokens, ld] (zero
+/// past K and up to 64 beyond, for full-width loads), scales [tokens,
+/// blocks].
+struct QuantisedTokens {
+  std::vector<int16_t> values;
+  std::vector<float> scales;
+  int64_t ld = 0, blocks = 0;
+};
+thread_local QuantisedTokens quantised;
+
+/// Fills `quantised` for x; false when some x is not finite.
+bool quantiseTokens(const float *x, int64_t ldx, int64_t tokens, const Matrix &w) {
+  QuantisedTokens &q = quantised;
+  const int64_t K = w.cols;
+  q.ld = (K + 31) / 32 * 32 + 64;
+  q.blocks = (w.scales.colOrigin % w.scales.blockCols + K + w.scales.blockCols - 1) /
+             w.scales.blockCols;
+  q.values.assign(static_cast<size_t>(tokens * q.ld), 0);
+  q.scales.resize(static_cast<size_t>(tokens * q.blocks));
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float *xt = x + t * ldx;
+    int64_t b = 0;
+    for (Blocks run(w, 0); run.next(); ++b) {
+      float most = 0;
+      for (int64_t c = run.c0; c < run.c1; ++c)
+        most = std::max(most, std::fabs(xt[c]));
+      if (!std::isfinite(most))
+        return false;
+      const float scale = most / 32767.0f;
+      q.scales[t * q.blocks + b] = scale;
+      if (scale == 0)
+        continue;
+      const float inverse = 1.0f / scale;
+      for (int64_t c = run.c0; c < run.c1; ++c)
+        q.values[t * q.ld + c] = static_cast<int16_t>(
+            std::clamp(std::nearbyint(xt[c] * inverse), -32767.0f, 32767.0f));
+    }
+  }
+  return true;
+}
+
+#ifdef MOERT_X86
+/// R rows at once (their blocks share columns) times TG tokens: per 32
+/// columns one widening of each row's bytes and R x TG dot steps (R
+/// independent chains hide vpdpwssd's latency); per block the int32 sums
+/// converted and scaled into f32 accumulators.
+template <int R, int TG>
+MOERT_AVX512_VNNI void rowsAvx512(const Matrix &w, int64_t n, const float *bias, float *y, int64_t ldy) {
+  const QuantisedTokens &q = quantised;
+  const uint8_t *rows[R];
+  const float *rowScales[R];
+  __m512 acc[R][TG];
+  for (int i = 0; i < R; ++i) {
+    rows[i] = rowBytes(w, n + i);
+    rowScales[i] = Blocks(w, n + i).scales;
+    for (int t = 0; t < TG; ++t)
+      acc[i][t] = _mm512_setzero_ps();
+  }
+  int64_t b = 0;
+  for (Blocks run(w, n); run.next(); ++b) {
+    __m512i sum[R][TG];
+    for (int i = 0; i < R; ++i)
+      for (int t = 0; t < TG; ++t)
+        sum[i][t] = _mm512_setzero_si512();
+    for (int64_t c = run.c0; c < run.c1; c += 32) {
+      const int64_t left = run.c1 - c;
+      const __mmask32 mask = left >= 32 ? __mmask32(~0u) : __mmask32((1u << left) - 1);
+      __m512i wv[R];
+      for (int i = 0; i < R; ++i) {
+        if (((reinterpret_cast<uintptr_t>(rows[i] + c)) & 63) < 32)
+          _mm_prefetch(reinterpret_cast<const char *>(rows[i] + c) + kRowPrefetchBytes,
+                       _MM_HINT_T1);
+        wv[i] = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask, rows[i] + c));
+      }
+      for (int t = 0; t < TG; ++t) {
+        const __m512i xv = _mm512_loadu_si512(q.values.data() + t * q.ld + c);
+        for (int i = 0; i < R; ++i)
+          sum[i][t] = _mm512_dpwssd_epi32(sum[i][t], wv[i], xv);
+      }
+    }
+    for (int t = 0; t < TG; ++t) {
+      const float xs = q.scales[t * q.blocks + b];
+      for (int i = 0; i < R; ++i)
+        acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[i][t]),
+                                    _mm512_set1_ps(rowScales[i][b] * xs), acc[i][t]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < TG; ++t)
+      y[t * ldy + n + i] = _mm512_reduce_add_ps(acc[i][t]) + (bias ? bias[n + i] : 0.0f);
+}
+
+/// The same at the AVX2 level: 16 columns a step, at most two rows at once.
+template <int R, int TG>
+MOERT_AVX2 void rowsAvx2(const Matrix &w, int64_t n, const float *bias, float *y, int64_t ldy) {
+  const QuantisedTokens &q = quantised;
+  const uint8_t *rows[R];
+  const float *rowScales[R];
+  __m256 acc[R][TG];
+  for (int i = 0; i < R; ++i) {
+    rows[i] = rowBytes(w, n + i);
+    rowScales[i] = Blocks(w, n + i).scales;
+    for (int t = 0; t < TG; ++t)
+      acc[i][t] = _mm256_setzero_ps();
+  }
+  int64_t b = 0;
+  alignas(16) uint8_t tail[R][16];
+  for (Blocks run(w, n); run.next(); ++b) {
+    __m256i sum[R][TG];
+    for (int i = 0; i < R; ++i)
+      for (int t = 0; t < TG; ++t)
+        sum[i][t] = _mm256_setzero_si256();
+    for (int64_t c = run.c0; c < run.c1; c += 16) {
+      const int64_t left = run.c1 - c;
+      __m256i wv[R];
+      for (int i = 0; i < R; ++i) {
+        const uint8_t *from = rows[i] + c;
+        if (left < 16) { // the block's last bytes, zero after them
+          std::fill(tail[i], tail[i] + 16, 0);
+          std::copy(from, from + left, tail[i]);
+          from = tail[i];
+        } else if ((c & 63) == 0) {
+          _mm_prefetch(reinterpret_cast<const char *>(from) + kRowPrefetchBytes, _MM_HINT_T1);
+        }
+        wv[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(from)));
+      }
+      for (int t = 0; t < TG; ++t) {
+        const __m256i xv =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q.values.data() + t * q.ld + c));
+        for (int i = 0; i < R; ++i)
+          sum[i][t] = _mm256_add_epi32(sum[i][t], _mm256_madd_epi16(wv[i], xv));
+      }
+    }
+    for (int t = 0; t < TG; ++t) {
+      const float xs = q.scales[t * q.blocks + b];
+      for (int i = 0; i < R; ++i)
+        acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[i][t]),
+                                    _mm256_set1_ps(rowScales[i][b] * xs), acc[i][t]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < TG; ++t)
+      y[t * ldy + n + i] = horizontalSum(acc[i][t]) + (bias ? bias[n + i] : 0.0f);
+}
+
+using Rows = void (*)(const Matrix &, int64_t, const float *, float *, int64_t);
+
+/// The kernels for `tokens`: R rows at once where R x TG accumulators fit
+/// the registers, and one row (for the last rows of an odd count).
+template <template <int, int> class K>
+std::pair<Rows, Rows> pick(int64_t tokens) {
+  switch (tokens) {
+  case 1: return {K<4, 1>::f, K<1, 1>::f};
+  case 2: return {K<4, 2>::f, K<1, 2>::f};
+  case 3: return {K<2, 3>::f, K<1, 3>::f};
+  default: return {K<2, 4>::f, K<1, 4>::f};
+  }
+}
+template <int R, int TG> struct Avx512 { static constexpr Rows f = rowsAvx512<R, TG>; };
+template <int R, int TG> struct Avx2 { static constexpr Rows f = rowsAvx2<(R > 2 ? 2 : R), TG>; };
+
+bool haveVnni() {
+  static const bool has = __builtin_cpu_supports("avx512vnni");
+  return has;
+}
+#endif // MOERT_X86
+
+} // namespace
+
+bool gemvInt8(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
+              int64_t n0, int64_t n1, float *y, int64_t ldy) {
+#ifdef MOERT_X86
+  if (tokens > kMaxTokens || !haveAvx2() || w.scales.blockRows != 1 ||
+      !quantiseTokens(x, ldx, tokens, w))
+    return false;
+  int width;
+  std::pair<Rows, Rows> kernels;
+  if (haveAvx512() && haveVnni()) {
+    kernels = pick<Avx512>(tokens);
+    width = tokens <= 2 ? 4 : 2;
+  } else {
+    kernels = pick<Avx2>(tokens);
+    width = 2;
+  }
+  int64_t n = n0;
+  for (; n + width <= n1; n += width)
+    kernels.first(w, n, bias, y, ldy);
+  for (; n < n1; ++n)
+    kernels.second(w, n, bias, y, ldy);
+  return true;
+#else
+  (void)x, (void)ldx, (void)tokens, (void)w, (void)bias, (void)n0, (void)n1, (void)y, (void)ldy;
+  return false;
+#endif
+}
+
+void dequantiseRowInt8(const Matrix &w, int64_t r, float *out) {
+  const auto *q = reinterpret_cast<const int8_t *>(rowBytes(w, r));
+  for (Blocks b(w, r); b.next();)
+    for (int64_t c = b.c0; c < b.c1; ++c)
+      out[c] = static_cast<float>(q[c]) * b.scale;
+}
+
+} // namespace moert::cpu::gemm
