@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """moert beside its peers, in the same run on the same machine (issue 13).
 
-For each weight dtype (BF16, F32) of the benchmark model (a random-weight
-model of ../shared/bench/bench-moe/config.json, Mixtral layout):
+For each weight dtype (BF16, F32; int8: the BF16 model compiled with
+--weight-format int8 beside llama.cpp's Q8_0 of the same weights, no
+PyTorch) of the benchmark model (a random-weight model of
+../shared/bench/bench-moe/config.json, Mixtral layout):
   1. moec compiles a plan, moe-bench writes the weights, write_gguf.py the
      same weights as GGUF for llama.cpp;
   2. the peers' logits on a short prompt are checked against moert's before
@@ -48,7 +50,12 @@ PROMPT = [1, 415, 2936, 9060, 285, 1142, 10, 7000, 31999, 3]
 # BF16 peers round activations to BF16 where moert keeps them in F32
 # (llama.cpp's BF16 dot product, PyTorch's BF16 model: ~5% here), so they
 # get more room; a wrongly mapped weight gives ~100%.
-TOLERANCE = {"f32": 1e-5, "bf16": 0.1}
+# int8 (ours: per 128 columns, Q8_0: per 32) differs from the BF16 model by
+# a few percent either way.
+TOLERANCE = {"f32": 1e-5, "bf16": 0.1, "int8": 0.1}
+# Weight bytes per element each dtype streams at decode (int8: its f32 scale
+# per 128 values too).
+BYTES = {"f32": 4, "bf16": 2, "int8": 1 + 4 / 128}
 
 
 def run(cmd, **kw):
@@ -113,7 +120,7 @@ def main():
     p.add_argument("--config", default=os.path.join(HERE, "../../shared/bench/bench-moe/config.json"))
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--dtypes", default="bf16,f32")
+    p.add_argument("--dtypes", default="bf16,f32", help="of bf16, f32, int8")
     p.add_argument("--no-peers", action="store_true")
     p.add_argument("--isa", choices=["native", "avx2"], default="native")
     a = p.parse_args()
@@ -133,6 +140,7 @@ def main():
         # BF16 prefill is held to that peak where the CPU has it.
         b = re.search(r"bf16 dot peak ([\d.]+) GFLOP/s", machine)
         peaks = {"f32": peak, "bf16": max(peak, float(b.group(1)) * 1e9 if b else 0)}
+        peaks["int8"] = peaks["bf16"]  # prefill dequantises to the BF16 model's products
         print(f"== machine: {cpu}, {os.cpu_count()} cores, load {loadavg()}")
         print(machine)
         print(f"moert {version}")
@@ -149,22 +157,22 @@ def main():
 
 def compare_dtype(t, a, work, dtype, peak, triad, isa):
     cfg = json.load(open(a.config))
-    cfg["torch_dtype"] = {"bf16": "bfloat16", "f32": "float32"}[dtype]
+    cfg["torch_dtype"] = {"bf16": "bfloat16", "f32": "float32", "int8": "bfloat16"}[dtype]
     config = os.path.join(work, f"config-{dtype}.json")
     json.dump(cfg, open(config, "w"))
     plan = os.path.join(work, f"{dtype}.plan")
     run([t.moec, "compile", config, "-o", plan, "--max-batch-tokens", "512", "--max-seq-len", "1024",
-         "--max-sequences", "1"])
+         "--max-sequences", "1"] + (["--weight-format", "int8"] if dtype == "int8" else []))
     weights = os.path.join(work, dtype)
     os.makedirs(weights)
-    run([t.bench, "weights", plan, weights, "--dtype", dtype])
+    run([t.bench, "weights", plan, weights, "--dtype", "bf16" if dtype == "int8" else dtype])
     print(f"\n== {dtype.upper()}")
     peers = []
     if not a.no_peers:
         import numpy as np  # the peers' venv has it; moert alone needs no numpy
         gguf = os.path.join(work, f"{dtype}.gguf")
         run([t.python, os.path.join(HERE, "peers/write_gguf.py"), config,
-             os.path.join(weights, "model.safetensors"), gguf])
+             os.path.join(weights, "model.safetensors"), gguf] + (["--q8_0"] if dtype == "int8" else []))
         # Logits agreement on a short prompt first.
         ids = ",".join(map(str, PROMPT))
         ours_path = os.path.join(work, "ours.npy")
@@ -175,10 +183,11 @@ def compare_dtype(t, a, work, dtype, peak, triad, isa):
         out = os.path.join(work, "llama.f32")
         run([os.path.join(t.llama, "llama-logits"), gguf, out, ids])
         theirs["llama.cpp"] = np.fromfile(out, dtype=np.float32).reshape(len(PROMPT), -1)
-        out = os.path.join(work, "torch.f32")
-        run([t.python, os.path.join(HERE, "peers/torch_bench.py"), "logits", config,
-             os.path.join(weights, "model.safetensors"), out, ids])
-        theirs["PyTorch"] = np.fromfile(out, dtype=np.float32).reshape(len(PROMPT), -1)
+        if dtype != "int8":  # (PyTorch eager has no int8-weight CPU path to compare)
+            out = os.path.join(work, "torch.f32")
+            run([t.python, os.path.join(HERE, "peers/torch_bench.py"), "logits", config,
+                 os.path.join(weights, "model.safetensors"), out, ids])
+            theirs["PyTorch"] = np.fromfile(out, dtype=np.float32).reshape(len(PROMPT), -1)
         for name, logits in theirs.items():
             rel, same = agreement(ours, logits)
             ok = rel <= TOLERANCE[dtype]
@@ -201,7 +210,7 @@ def compare_dtype(t, a, work, dtype, peak, triad, isa):
         line = "  ".join(f"{n} {x[-1]['prefill512']:.0f}/{x[-1]['prefill128']:.0f}/{x[-1]['decode128']:.1f}"
                          for n, x in figures.items())
         print(f"round {r + 1}/{a.rounds} (prefill-512/prefill-128/decode tok/s; load {loadavg()}): {line}")
-    bytes_per = 2 if dtype == "bf16" else 4
+    bytes_per = BYTES[dtype]
     bound = {"prefill512": peak / (2 * active), "prefill128": peak / (2 * active),
              "decode128": triad / (active * bytes_per)}
     names = list(figures)
@@ -229,7 +238,7 @@ def compare_dtype(t, a, work, dtype, peak, triad, isa):
     print("moert beside one busy process: " + ", ".join(
         f"{label[k]} {f[k]:.1f} tok/s ({f[k] / med['moert'][k]:.0%} of idle)" for k in bound))
     shutil.rmtree(weights, ignore_errors=True)
-    return len(peers) != (0 if a.no_peers else 2)
+    return len(peers) != (0 if a.no_peers else 1 if dtype == "int8" else 2)
 
 
 if __name__ == "__main__":

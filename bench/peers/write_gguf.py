@@ -12,9 +12,12 @@ layout llama.cpp's own converter produces for MixtralForCausalLM:
   w2 = down); norms and the router (ffn_gate_inp) stored as F32, the other
   matrices in the checkpoint's dtype (BF16 bits are copied, not rounded);
 * a placeholder vocabulary of vocab_size tokens (SentencePiece type), so
-  llama-bench can draw random token ids.
+  llama-bench can draw random token ids;
+* with --q8_0, every matrix but the router quantised to Q8_0 (blocks of 32
+  with an f16 scale: what llama.cpp's `llama-quantize ... Q8_0` writes),
+  by the gguf package's own quantiser.
 
-usage: write_gguf.py CONFIG.json MODEL.safetensors OUT.gguf
+usage: write_gguf.py CONFIG.json MODEL.safetensors OUT.gguf [--q8_0]
 """
 import json
 import sys
@@ -32,6 +35,7 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def main() -> None:
     config_path, model_path, out_path = sys.argv[1:4]
+    q8_0 = "--q8_0" in sys.argv[4:]
     cfg = json.load(open(config_path))
     if cfg.get("model_type") != "mixtral":
         sys.exit(f"write_gguf.py: {config_path}: model_type {cfg.get('model_type')!r}, only mixtral is mapped")
@@ -63,7 +67,8 @@ def main() -> None:
     w.add_expert_count(n_exp)
     w.add_expert_used_count(cfg["num_experts_per_tok"])
     w.add_vocab_size(cfg["vocab_size"])
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if dtype == torch.bfloat16 else gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8_0 else
+                    gguf.LlamaFileType.MOSTLY_BF16 if dtype == torch.bfloat16 else gguf.LlamaFileType.ALL_F32)
     # Placeholder vocabulary: <unk>, <s>, </s>, then one token per id.
     vocab = cfg["vocab_size"]
     w.add_tokenizer_model("llama")
@@ -75,6 +80,10 @@ def main() -> None:
     w.add_unk_token_id(0)
 
     def put(name, t, force_f32=False):
+        if q8_0 and not force_f32:
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(name, gguf.quants.quantize(t.float().numpy(), q8), raw_dtype=q8)
+            return
         data, raw = array(t, force_f32)
         if raw is None:
             w.add_tensor(name, data)

@@ -45,6 +45,13 @@ struct QuantisedTokens {
 };
 thread_local QuantisedTokens quantised;
 
+/// v rounded to the nearest integer, ties to even, for |v| < 2^22 (the
+/// float addition rounds; std::nearbyint is a libm call below SSE4.1).
+inline float roundEven(float v) {
+  constexpr float kShift = 12582912.0f; // 1.5 x 2^23
+  return v >= 0 ? (v + kShift) - kShift : (v - kShift) + kShift;
+}
+
 /// Fills `quantised` for x; false when some x is not finite.
 bool quantiseTokens(const float *x, int64_t ldx, int64_t tokens, const Matrix &w) {
   QuantisedTokens &q = quantised;
@@ -68,9 +75,10 @@ bool quantiseTokens(const float *x, int64_t ldx, int64_t tokens, const Matrix &w
       if (scale == 0)
         continue;
       const float inverse = 1.0f / scale;
+      int16_t *out = q.values.data() + t * q.ld;
       for (int64_t c = run.c0; c < run.c1; ++c)
-        q.values[t * q.ld + c] = static_cast<int16_t>(
-            std::clamp(std::nearbyint(xt[c] * inverse), -32767.0f, 32767.0f));
+        out[c] = static_cast<int16_t>(
+            std::clamp(roundEven(xt[c] * inverse), -32767.0f, 32767.0f));
     }
   }
   return true;
@@ -84,6 +92,9 @@ bool quantiseTokens(const float *x, int64_t ldx, int64_t tokens, const Matrix &w
 template <int R, int TG>
 MOERT_AVX512_VNNI void rowsAvx512(const Matrix &w, int64_t n, const float *bias, float *y, int64_t ldy) {
   const QuantisedTokens &q = quantised;
+  const int16_t *xq = q.values.data();
+  const float *xs = q.scales.data();
+  const int64_t ldq = q.ld, blocks = q.blocks, ahead = R * w.rowStride;
   const uint8_t *rows[R];
   const float *rowScales[R];
   __m512 acc[R][TG];
@@ -104,23 +115,23 @@ MOERT_AVX512_VNNI void rowsAvx512(const Matrix &w, int64_t n, const float *bias,
       const __mmask32 mask = left >= 32 ? __mmask32(~0u) : __mmask32((1u << left) - 1);
       __m512i wv[R];
       for (int i = 0; i < R; ++i) {
+        // The rows a group reads lie apart: each row's stream is fetched
+        // for the next group (the same columns R rows on).
         if (((reinterpret_cast<uintptr_t>(rows[i] + c)) & 63) < 32)
-          _mm_prefetch(reinterpret_cast<const char *>(rows[i] + c) + kRowPrefetchBytes,
-                       _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char *>(rows[i] + c + ahead), _MM_HINT_T0);
         wv[i] = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask, rows[i] + c));
       }
       for (int t = 0; t < TG; ++t) {
-        const __m512i xv = _mm512_loadu_si512(q.values.data() + t * q.ld + c);
+        const __m512i xv = _mm512_loadu_si512(xq + t * ldq + c);
         for (int i = 0; i < R; ++i)
           sum[i][t] = _mm512_dpwssd_epi32(sum[i][t], wv[i], xv);
       }
     }
-    for (int t = 0; t < TG; ++t) {
-      const float xs = q.scales[t * q.blocks + b];
+    for (int t = 0; t < TG; ++t)
       for (int i = 0; i < R; ++i)
         acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[i][t]),
-                                    _mm512_set1_ps(rowScales[i][b] * xs), acc[i][t]);
-    }
+                                    _mm512_set1_ps(rowScales[i][b] * xs[t * blocks + b]),
+                                    acc[i][t]);
   }
   for (int i = 0; i < R; ++i)
     for (int t = 0; t < TG; ++t)
@@ -131,6 +142,9 @@ MOERT_AVX512_VNNI void rowsAvx512(const Matrix &w, int64_t n, const float *bias,
 template <int R, int TG>
 MOERT_AVX2 void rowsAvx2(const Matrix &w, int64_t n, const float *bias, float *y, int64_t ldy) {
   const QuantisedTokens &q = quantised;
+  const int16_t *xq = q.values.data();
+  const float *xs = q.scales.data();
+  const int64_t ldq = q.ld, blocks = q.blocks, ahead = R * w.rowStride;
   const uint8_t *rows[R];
   const float *rowScales[R];
   __m256 acc[R][TG];
@@ -156,24 +170,22 @@ MOERT_AVX2 void rowsAvx2(const Matrix &w, int64_t n, const float *bias, float *y
           std::fill(tail[i], tail[i] + 16, 0);
           std::copy(from, from + left, tail[i]);
           from = tail[i];
-        } else if ((c & 63) == 0) {
-          _mm_prefetch(reinterpret_cast<const char *>(from) + kRowPrefetchBytes, _MM_HINT_T1);
+        } else if ((c & 63) == 0) { // (the next group's rows, as above)
+          _mm_prefetch(reinterpret_cast<const char *>(from + ahead), _MM_HINT_T0);
         }
         wv[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(from)));
       }
       for (int t = 0; t < TG; ++t) {
-        const __m256i xv =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q.values.data() + t * q.ld + c));
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xq + t * ldq + c));
         for (int i = 0; i < R; ++i)
           sum[i][t] = _mm256_add_epi32(sum[i][t], _mm256_madd_epi16(wv[i], xv));
       }
     }
-    for (int t = 0; t < TG; ++t) {
-      const float xs = q.scales[t * q.blocks + b];
+    for (int t = 0; t < TG; ++t)
       for (int i = 0; i < R; ++i)
         acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[i][t]),
-                                    _mm256_set1_ps(rowScales[i][b] * xs), acc[i][t]);
-    }
+                                    _mm256_set1_ps(rowScales[i][b] * xs[t * blocks + b]),
+                                    acc[i][t]);
   }
   for (int i = 0; i < R; ++i)
     for (int t = 0; t < TG; ++t)
