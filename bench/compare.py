@@ -50,9 +50,9 @@ PROMPT = [1, 415, 2936, 9060, 285, 1142, 10, 7000, 31999, 3]
 # BF16 peers round activations to BF16 where moert keeps them in F32
 # (llama.cpp's BF16 dot product, PyTorch's BF16 model: ~5% here), so they
 # get more room; a wrongly mapped weight gives ~100%.
-# int8 (ours: per 128 columns, Q8_0: per 32) differs from the BF16 model by
-# a few percent either way.
-TOLERANCE = {"f32": 1e-5, "bf16": 0.1, "int8": 0.1}
+# int8: ours differs from our BF16 by ~6% on this random model; llama.cpp's
+# Q8_0, which rounds x to 8 bits as well, from its own BF16 by ~9%.
+TOLERANCE = {"f32": 1e-5, "bf16": 0.1, "int8": 0.2}
 # Weight bytes per element each dtype streams at decode (int8: its f32 scale
 # per 128 values too).
 BYTES = {"f32": 4, "bf16": 2, "int8": 1 + 4 / 128}

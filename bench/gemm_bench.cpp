@@ -1,5 +1,6 @@
 // Microbenchmark of moert::cpu::linear with bf16 (or f32, or FP8 e4m3 with
-// 128 x 128 block scales, as a BF16 model's) weights of a
+// 128 x 128 block scales, as a BF16 model's, or int8 with a scale per row and
+// 128 columns, as --weight-format int8 makes them) weights of a
 // Mixtral-layout MLP (hidden 1024, intermediate 2816): GFLOP/s of the
 // prefill GEMM (512 tokens) and GB/s of weights read by the decode GEMV
 // (1..8 tokens), on 1 and 2 threads. Decode cycles through enough weight
@@ -7,7 +8,7 @@
 // the weights live in a file mapped read-only (page-cache pages, as moert
 // maps a checkpoint) instead of heap memory.
 //
-//   moe-gemm-bench [repetitions] [--f32 | --fp8] [--mmap]
+//   moe-gemm-bench [repetitions] [--f32 | --fp8 | --int8] [--mmap]
 #include "moert/Parallel.h"
 #include "moert/Tensor.h"
 #include "moert/cpu/Kernels.h"
@@ -17,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <cstdio>
@@ -64,6 +66,9 @@ struct WeightStore {
     if (dtype == DType::F8E4M3)
       for (size_t i = 0; i < bytes; ++i)
         values[i] = static_cast<char>(floatToE4m3(dist(rng) * 448 / 0.05f));
+    else if (dtype == DType::I8)
+      for (size_t i = 0; i < bytes; ++i)
+        values[i] = static_cast<char>(std::lround(dist(rng) * 127 / 0.05f));
     else if (dtype == DType::F32)
       for (size_t i = 0; i < bytes / 4; ++i) {
         const float v = dist(rng);
@@ -123,17 +128,26 @@ int main(int argc, char **argv) {
       dtype = DType::F32;
     else if (!std::strcmp(argv[i], "--fp8"))
       dtype = DType::F8E4M3;
+    else if (!std::strcmp(argv[i], "--int8"))
+      dtype = DType::I8;
     else if (!std::strcmp(argv[i], "--mmap"))
       useMmap = true;
     else
       reps = std::max(1, std::atoi(argv[i]));
   }
-  const char *dtypeName = dtype == DType::F32 ? "f32" : dtype == DType::F8E4M3 ? "fp8" : "bf16";
+  const char *dtypeName = dtype == DType::F32      ? "f32"
+                          : dtype == DType::F8E4M3 ? "fp8"
+                          : dtype == DType::I8     ? "int8"
+                                                   : "bf16";
   const int64_t size = static_cast<int64_t>(dtypeSize(dtype));
   // FP8: one scale (0.05 / 448) per 128 x 128 block of a BF16 model's weight.
   std::vector<float> scales(22 * 22, 0.05f / 448);
+  // int8: one (0.05 / 127) per row and 128 columns.
+  std::vector<float> rowScales(2816 * 22, 0.05f / 127);
   const BlockScales blocks[2] = {{scales.data(), 8, 128, 128, 0, 0, DType::BF16},
                                  {scales.data(), 22, 128, 128, 0, 0, DType::BF16}};
+  const BlockScales int8Blocks[2] = {{rowScales.data(), 8, 1, 128, 0, 0, DType::BF16},
+                                     {rowScales.data(), 22, 1, 128, 0, 0, DType::BF16}};
   std::mt19937 rng(42);
   const int64_t shapes[][2] = {{2816, 1024}, {1024, 2816}}; // [out, in]
   // 24 copies of each matrix (132 MiB in bf16), well past a 32 MiB L3.
@@ -142,11 +156,13 @@ int main(int argc, char **argv) {
   WeightStore store(2 * copies * matrixBytes, dtype, useMmap, rng);
   std::vector<Weights> up, down;
   for (int c = 0; c < copies; ++c) {
-    const bool fp8 = dtype == DType::F8E4M3;
+    const BlockScales *scaled = dtype == DType::F8E4M3 ? blocks
+                                : dtype == DType::I8   ? int8Blocks
+                                                       : nullptr;
     up.push_back({shapes[0][0], shapes[0][1], dtype, store.data() + (2 * c) * matrixBytes,
-                  fp8 ? &blocks[0] : nullptr});
+                  scaled ? &scaled[0] : nullptr});
     down.push_back({shapes[1][0], shapes[1][1], dtype, store.data() + (2 * c + 1) * matrixBytes,
-                    fp8 ? &blocks[1] : nullptr});
+                    scaled ? &scaled[1] : nullptr});
   }
   std::printf("weights: %s, %s\n", dtypeName, useMmap ? "mmapped file (page cache)" : "heap");
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);

@@ -85,16 +85,37 @@ bool quantiseTokens(const float *x, int64_t ldx, int64_t tokens, const Matrix &w
 }
 
 #ifdef MOERT_X86
-/// R rows at once (their blocks share columns) times TG tokens: per 32
-/// columns one widening of each row's bytes and R x TG dot steps (R
-/// independent chains hide vpdpwssd's latency); per block the int32 sums
-/// converted and scaled into f32 accumulators.
+/// One 32-column step of rowsAvx512 into the sums `sum` (mask: the
+/// columns before the block's end).
 template <int R, int TG>
-MOERT_AVX512_VNNI void rowsAvx512(const Matrix &w, int64_t n, const float *bias, float *y, int64_t ldy) {
+MOERT_AVX512_VNNI inline __attribute__((always_inline)) void
+stepAvx512(__m512i (&sum)[R][TG], const uint8_t *const (&rows)[R], const int16_t *xq, int64_t ldq,
+           int64_t c, __mmask32 mask) {
+  __m512i wv[R];
+  for (int i = 0; i < R; ++i)
+    wv[i] = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask, rows[i] + c));
+  for (int t = 0; t < TG; ++t) {
+    const __m512i xv = _mm512_loadu_si512(xq + t * ldq + c);
+    for (int i = 0; i < R; ++i)
+      sum[i][t] = _mm512_dpwssd_epi32(sum[i][t], wv[i], xv);
+  }
+}
+
+/// y for R rows at once (their blocks share columns) and TG tokens: per 32
+/// columns one widening of each row's bytes and R x TG dot steps, in C
+/// chains (vpdpwssd's latency, for R x TG < 4); per block the int32 sums
+/// converted and scaled into f32 accumulators. The rows two groups on are
+/// prefetched into L2 (as gemvTile's; with one row, kRowPrefetchBytes
+/// ahead). On Zen 4 (moe-gemm-bench --int8, one token, 2 threads) 4 rows
+/// stream 28-31 GB/s where one row in 4 chains streams 20-24.
+template <int R, int TG, int C>
+MOERT_AVX512_VNNI void rowsAvx512(const Matrix &w, int64_t n, const float *bias, float *y,
+                                  int64_t ldy) {
   const QuantisedTokens &q = quantised;
   const int16_t *xq = q.values.data();
   const float *xs = q.scales.data();
-  const int64_t ldq = q.ld, blocks = q.blocks, ahead = R * w.rowStride;
+  const int64_t ldq = q.ld, blocks = q.blocks;
+  const int64_t ahead = R == 1 ? kRowPrefetchBytes : 2 * R * w.rowStride;
   const uint8_t *rows[R];
   const float *rowScales[R];
   __m512 acc[R][TG];
@@ -106,30 +127,31 @@ MOERT_AVX512_VNNI void rowsAvx512(const Matrix &w, int64_t n, const float *bias,
   }
   int64_t b = 0;
   for (Blocks run(w, n); run.next(); ++b) {
-    __m512i sum[R][TG];
-    for (int i = 0; i < R; ++i)
-      for (int t = 0; t < TG; ++t)
-        sum[i][t] = _mm512_setzero_si512();
-    for (int64_t c = run.c0; c < run.c1; c += 32) {
-      const int64_t left = run.c1 - c;
-      const __mmask32 mask = left >= 32 ? __mmask32(~0u) : __mmask32((1u << left) - 1);
-      __m512i wv[R];
-      for (int i = 0; i < R; ++i) {
-        // The rows a group reads lie apart: each row's stream is fetched
-        // for the next group (the same columns R rows on).
-        if (((reinterpret_cast<uintptr_t>(rows[i] + c)) & 63) < 32)
-          _mm_prefetch(reinterpret_cast<const char *>(rows[i] + c + ahead), _MM_HINT_T0);
-        wv[i] = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask, rows[i] + c));
-      }
-      for (int t = 0; t < TG; ++t) {
-        const __m512i xv = _mm512_loadu_si512(xq + t * ldq + c);
-        for (int i = 0; i < R; ++i)
-          sum[i][t] = _mm512_dpwssd_epi32(sum[i][t], wv[i], xv);
-      }
+    __m512i sum[C][R][TG];
+    for (int j = 0; j < C; ++j)
+      for (int i = 0; i < R; ++i)
+        for (int t = 0; t < TG; ++t)
+          sum[j][i][t] = _mm512_setzero_si512();
+    int64_t c = run.c0;
+    for (; c + 32 * C <= run.c1; c += 32 * C) {
+      for (int i = 0; i < R; ++i)
+        for (int64_t line = 0; line < 32 * C; line += 64)
+          _mm_prefetch(reinterpret_cast<const char *>(rows[i] + c + ahead + line), _MM_HINT_T1);
+      for (int j = 0; j < C; ++j)
+        stepAvx512<R, TG>(sum[j], rows, xq, ldq, c + 32 * j, __mmask32(~0u));
     }
+    for (; c < run.c1; c += 32) {
+      const int64_t left = run.c1 - c;
+      stepAvx512<R, TG>(sum[0], rows, xq, ldq, c,
+                        left >= 32 ? __mmask32(~0u) : __mmask32((1u << left) - 1));
+    }
+    for (int j = 1; j < C; ++j)
+      for (int i = 0; i < R; ++i)
+        for (int t = 0; t < TG; ++t)
+          sum[0][i][t] = _mm512_add_epi32(sum[0][i][t], sum[j][i][t]);
     for (int t = 0; t < TG; ++t)
       for (int i = 0; i < R; ++i)
-        acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[i][t]),
+        acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[0][i][t]),
                                     _mm512_set1_ps(rowScales[i][b] * xs[t * blocks + b]),
                                     acc[i][t]);
   }
@@ -194,19 +216,33 @@ MOERT_AVX2 void rowsAvx2(const Matrix &w, int64_t n, const float *bias, float *y
 
 using Rows = void (*)(const Matrix &, int64_t, const float *, float *, int64_t);
 
+/// A kernel for `rows` rows at once, and one for a single row (the last
+/// rows of a range).
+struct Kernels {
+  Rows group;
+  int64_t rows;
+  Rows one;
+};
+
 /// The kernels for `tokens`: R rows at once where R x TG accumulators fit
-/// the registers, and one row (for the last rows of an odd count).
+/// the registers.
 template <template <int, int> class K>
-std::pair<Rows, Rows> pick(int64_t tokens) {
+Kernels pick(int64_t tokens) {
   switch (tokens) {
-  case 1: return {K<4, 1>::f, K<1, 1>::f};
-  case 2: return {K<4, 2>::f, K<1, 2>::f};
-  case 3: return {K<2, 3>::f, K<1, 3>::f};
-  default: return {K<2, 4>::f, K<1, 4>::f};
+  case 1: return {K<4, 1>::f, K<4, 1>::rows, K<1, 1>::f};
+  case 2: return {K<4, 2>::f, K<4, 2>::rows, K<1, 2>::f};
+  case 3: return {K<2, 3>::f, K<2, 3>::rows, K<1, 3>::f};
+  default: return {K<2, 4>::f, K<2, 4>::rows, K<1, 4>::f};
   }
 }
-template <int R, int TG> struct Avx512 { static constexpr Rows f = rowsAvx512<R, TG>; };
-template <int R, int TG> struct Avx2 { static constexpr Rows f = rowsAvx2<(R > 2 ? 2 : R), TG>; };
+template <int R, int TG> struct Avx512 {
+  static constexpr Rows f = rowsAvx512<R, TG, R * TG < 4 ? 4 / (R * TG) : 1>;
+  static constexpr int64_t rows = R;
+};
+template <int R, int TG> struct Avx2 { // (16 registers: at most 2 rows)
+  static constexpr Rows f = rowsAvx2<(R > 2 ? 2 : R), TG>;
+  static constexpr int64_t rows = R > 2 ? 2 : R;
+};
 
 bool haveVnni() {
   static const bool has = __builtin_cpu_supports("avx512vnni");
@@ -222,20 +258,12 @@ bool gemvInt8(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, cons
   if (tokens > kMaxTokens || !haveAvx2() || w.scales.blockRows != 1 ||
       !quantiseTokens(x, ldx, tokens, w))
     return false;
-  int width;
-  std::pair<Rows, Rows> kernels;
-  if (haveAvx512() && haveVnni()) {
-    kernels = pick<Avx512>(tokens);
-    width = tokens <= 2 ? 4 : 2;
-  } else {
-    kernels = pick<Avx2>(tokens);
-    width = 2;
-  }
+  const Kernels kernels = haveAvx512() && haveVnni() ? pick<Avx512>(tokens) : pick<Avx2>(tokens);
   int64_t n = n0;
-  for (; n + width <= n1; n += width)
-    kernels.first(w, n, bias, y, ldy);
+  for (; n + kernels.rows <= n1; n += kernels.rows)
+    kernels.group(w, n, bias, y, ldy);
   for (; n < n1; ++n)
-    kernels.second(w, n, bias, y, ldy);
+    kernels.one(w, n, bias, y, ldy);
   return true;
 #else
   (void)x, (void)ldx, (void)tokens, (void)w, (void)bias, (void)n0, (void)n1, (void)y, (void)ldy;
