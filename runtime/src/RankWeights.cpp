@@ -30,6 +30,33 @@ int64_t residentBytes(const char *key) {
   return kib * 1024;
 }
 
+/// n values of a float dtype as f32.
+void widenRow(DType dtype, const char *src, int64_t n, float *out) {
+  if (dtype == DType::F32) {
+    std::memcpy(out, src, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, 2);
+    out[i] = dtype == DType::BF16 ? bf16ToFloat(h) : f16ToFloat(h);
+  }
+}
+
+/// v rounded to the nearest integer, ties to even (as torch.round), for
+/// |v| < 2^22: the float addition rounds, where std::nearbyint would be a
+/// libm call per element.
+inline float roundHalfEven(float v) {
+  constexpr float kShift = 12582912.0f; // 1.5 x 2^23
+  return std::copysign((std::fabs(v) + kShift) - kShift, v);
+}
+
+inline uint32_t bitsOf(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return bits;
+}
+
 } // namespace
 
 void RankWeights::bind(const Plan &thePlan, int64_t rankIndex, const Checkpoint &ckpt,
@@ -285,26 +312,33 @@ TensorView RankWeights::bindInt8(const Checkpoint &ckpt, const PlanSlice &slice,
     const int64_t m = std::min(band, rows - r0);
     ckpt.readBox(name, {slice.offset[0] + r0, first}, {m, width}, slice.dtype, raw.data());
     loaded += m * width * elementBytes;
-    const TensorView src{slice.dtype, {m, width}, raw.data()};
     for (int64_t r = 0; r < m; ++r) {
-      for (int64_t c = 0; c < width; ++c) {
-        row[c] = src.at(r * width + c);
-        if (!std::isfinite(row[c]))
-          inputError("{}: tensor '{}': element [{}, {}] is {} (int8 weights need finite values)",
-                     ckpt.fileOf(name), name, slice.offset[0] + r0 + r, first + c, row[c]);
-      }
+      widenRow(slice.dtype, raw.data() + r * width * elementBytes, width, row.data());
+      // (Loops the compiler vectorises: the bits of |w|, finite ones
+      // ordered as their values.)
+      uint32_t nonFinite = 0;
+      for (int64_t c = 0; c < width; ++c)
+        nonFinite |= (bitsOf(row[c]) & 0x7f800000u) == 0x7f800000u;
+      if (nonFinite)
+        for (int64_t c = 0; c < width; ++c)
+          if (!std::isfinite(row[c]))
+            inputError("{}: tensor '{}': element [{}, {}] is {} (int8 weights need finite "
+                       "values)",
+                       ckpt.fileOf(name), name, slice.offset[0] + r0 + r, first + c, row[c]);
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t c0 = b * block, c1 = std::min(width, c0 + block);
-        float most = 0;
+        uint32_t most = 0;
         for (int64_t c = c0; c < c1; ++c)
-          most = std::max(most, std::fabs(row[c]));
-        const float scale = most / 127.0f;
+          most = std::max(most, bitsOf(row[c]) & 0x7fffffffu);
+        float largest;
+        std::memcpy(&largest, &most, sizeof largest);
+        const float scale = largest / 127.0f;
         scales[(r0 + r) * blocks + b] = scale;
+        if (scale == 0)
+          continue; // (the values stay zero)
         int8_t *out = values + (r0 + r) * cols - skip;
         for (int64_t c = std::max(c0, skip); c < std::min(c1, skip + cols); ++c)
-          out[c] = scale == 0 ? 0
-                              : static_cast<int8_t>(std::clamp(std::nearbyint(row[c] / scale),
-                                                               -127.0f, 127.0f));
+          out[c] = static_cast<int8_t>(roundHalfEven(row[c] / scale));
       }
     }
   }
