@@ -33,10 +33,12 @@ def main():
     parser.add_argument("--compile-args", default="")
     parser.add_argument("--tokens-only", action="store_true")
     parser.add_argument("--threads", default="2")
-    parser.add_argument("--reference", choices=["logits", "f32compute", "bf16inputs"], default="logits",
+    parser.add_argument("--reference", choices=["logits", "f32compute", "bf16inputs", "int8"],
+                        default="logits",
                         help="compare with the reference's own logits, or (bf16 fixtures) "
                              "with the same weights computed in float32, or in float32 "
-                             "with every linear layer's input rounded to bf16")
+                             "with every linear layer's input rounded to bf16, or (int8) "
+                             "with the weights after int8 quantisation and their greedy tokens")
     args = parser.parse_args()
 
     reference = json.load(open(os.path.join(args.fixture, "reference.json")))
@@ -65,7 +67,7 @@ def main():
         for r, line in zip(group, lines):
             name = r["logits_file"].split("_")[0]
             tokens = [int(t) for t in line.split(",")] if line else []
-            want = r["greedy"][: args.max_new_tokens]
+            want = r.get(f"greedy_{args.reference}", r["greedy"])[: args.max_new_tokens]
             key = "logits_file" if args.reference == "logits" else f"logits_{args.reference}_file"
             shape, ref = read_npy(os.path.join(args.fixture, r[key]))
             n = shape[0] * shape[1]

@@ -53,6 +53,10 @@ def main():
     parser.add_argument("--compile-args", default="")
     parser.add_argument("--mpirun-args", default="")
     parser.add_argument("--cuda-peak", action="store_true")
+    parser.add_argument("--int8-block-edges", action="store_true",
+                        help="int8 plans: a rank whose slice cuts a 128-column block reads the "
+                             "rest of that block too (its scale is the whole block's), so it may "
+                             "load more than its slices, up to twice as much")
     args = parser.parse_args()
 
     reference, prompts = fixture_prompts(args.fixture)
@@ -174,7 +178,9 @@ def main():
             measured, predicted = float(m[4]), float(m[5])
             if args.cuda_peak:
                 predicted += cuda_extra(plan, rank) / (1 << 20)
-            if loaded != planned:
+            if args.int8_block_edges and planned <= loaded <= 2 * planned:
+                pass
+            elif loaded != planned:
                 problems.append(f"rank {rank} loaded {loaded} weight bytes, the plan says {planned}")
             error = abs(measured - predicted) / predicted
             worst = max(worst, error)
@@ -186,7 +192,8 @@ def main():
         print(f"{'ok  ' if ok else 'FAIL'} {degrees_text}: {world} ranks, max |logit diff| "
               f"{diff:.2e} (tolerance {args.tolerance:g}), greedy "
               f"{'identical' if same_tokens else f'differs: {tokens} vs {want_tokens}'}, "
-              f"weights loaded = plan, peak within {100 * worst:.1f}% of predicted"
+              f"weights loaded {'>=' if args.int8_block_edges else '='} plan, "
+              f"peak within {100 * worst:.1f}% of predicted"
               + (" (+ CUDA arena extras)" if args.cuda_peak else "")
               + ("" if not problems else "; " + "; ".join(problems)))
     print(f"{len(args.layouts) - failures} passed, {failures} failed")

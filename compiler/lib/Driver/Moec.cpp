@@ -452,6 +452,10 @@ int runCompile() {
   if (Error e = driver::trainingOptions(options, *config, plannerOptions,
                                          {&maxBatchTokens, &maxSeqLen, &maxSequences, &decodeEntry}))
     return fail(std::move(e));
+  if (options.train && !options.weightFormat.empty())
+    return fail(createStringError(inconvertibleErrorCode(),
+                                  "%s: --weight-format %s: not supported yet with --train",
+                                  config->path.c_str(), weightFormat.c_str()));
   if (!options.checkpointDtype.empty()) {
     // --param-dtype bf16: the model's weights in bf16 (their slices in the
     // checkpoint's dtype).

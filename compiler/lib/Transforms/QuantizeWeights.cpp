@@ -41,11 +41,12 @@ struct QuantizeWeightsPass : moe::impl::MoEQuantizeWeightsBase<QuantizeWeightsPa
   void runOnOperation() override {
     if (format != "int8") {
       getOperation().emitError("moe-quantize-weights: format '")
-          << format << "': expected int8";
+          << static_cast<std::string>(format) << "': expected int8";
       return signalPassFailure();
     }
     if (block < 1) {
-      getOperation().emitError("moe-quantize-weights: block ") << block << ": expected >= 1";
+      getOperation().emitError("moe-quantize-weights: block ")
+          << static_cast<int64_t>(block) << ": expected >= 1";
       return signalPassFailure();
     }
     Builder b(&getContext());
@@ -60,7 +61,7 @@ struct QuantizeWeightsPass : moe::impl::MoEQuantizeWeightsBase<QuantizeWeightsPa
             << "' is stored as FP8 blocks: not supported yet: int8 weights from an FP8 checkpoint";
         return WalkResult::interrupt();
       }
-      op->setAttr("moe.int8_block", b.getI64IntegerAttr(block));
+      op->setAttr("moe.int8_block", b.getI64IntegerAttr(static_cast<int64_t>(block)));
       return WalkResult::advance();
     });
     if (result.wasInterrupted())
