@@ -211,9 +211,12 @@ double tokenElements(const PlanProgram &program, const PlanStep &s, size_t j) {
   return numel;
 }
 
-/// The bytes of one element of program weight `w` as stored: its dtype's, or
-/// an FP8 slice's (plus its block scales, ignored).
+/// The bytes of one element of program weight `w` as held: its dtype's, an
+/// FP8 slice's (plus its block scales, ignored), or an int8 weight's (with
+/// its f32 scale per block).
 double storedElementBytes(const Plan &plan, const PlanWeight &w) {
+  if (w.int8Block)
+    return 1.0 + 4.0 / static_cast<double>(w.int8Block);
   const PlanSlice *slice =
       plan.layout ? plan.layout->slice(0, w.experts ? w.expertName(0) : w.name) : nullptr;
   return static_cast<double>(dtypeSize(slice && !slice->block.empty() ? slice->dtype : w.dtype));

@@ -160,13 +160,13 @@ MOERT_AVX512_VNNI void rowsAvx512(const Matrix &w, int64_t n, const float *bias,
       y[t * ldy + n + i] = _mm512_reduce_add_ps(acc[i][t]) + (bias ? bias[n + i] : 0.0f);
 }
 
-/// The same at the AVX2 level: 16 columns a step, at most two rows at once.
+/// The same at the AVX2 level: 16 columns a step, R x TG <= 4 (16 registers).
 template <int R, int TG>
 MOERT_AVX2 void rowsAvx2(const Matrix &w, int64_t n, const float *bias, float *y, int64_t ldy) {
   const QuantisedTokens &q = quantised;
   const int16_t *xq = q.values.data();
   const float *xs = q.scales.data();
-  const int64_t ldq = q.ld, blocks = q.blocks, ahead = R * w.rowStride;
+  const int64_t ldq = q.ld, blocks = q.blocks, ahead = R == 1 ? kRowPrefetchBytes : 2 * R * w.rowStride;
   const uint8_t *rows[R];
   const float *rowScales[R];
   __m256 acc[R][TG];
@@ -193,7 +193,7 @@ MOERT_AVX2 void rowsAvx2(const Matrix &w, int64_t n, const float *bias, float *y
           std::copy(from, from + left, tail[i]);
           from = tail[i];
         } else if ((c & 63) == 0) { // (the next group's rows, as above)
-          _mm_prefetch(reinterpret_cast<const char *>(from + ahead), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char *>(from + ahead), _MM_HINT_T1);
         }
         wv[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(from)));
       }
@@ -239,9 +239,9 @@ template <int R, int TG> struct Avx512 {
   static constexpr Rows f = rowsAvx512<R, TG, R * TG < 4 ? 4 / (R * TG) : 1>;
   static constexpr int64_t rows = R;
 };
-template <int R, int TG> struct Avx2 { // (16 registers: at most 2 rows)
-  static constexpr Rows f = rowsAvx2<(R > 2 ? 2 : R), TG>;
-  static constexpr int64_t rows = R > 2 ? 2 : R;
+template <int R, int TG> struct Avx2 { // (16 registers: R x TG <= 4)
+  static constexpr int64_t rows = R * TG > 4 ? 4 / TG : R;
+  static constexpr Rows f = rowsAvx2<rows, TG>;
 };
 
 bool haveVnni() {
