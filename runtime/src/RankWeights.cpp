@@ -280,8 +280,9 @@ const BlockScales *RankWeights::bindScales(const Checkpoint &ckpt, const PlanSli
 /// --weight-format int8): per row, per block of `block` columns counted
 /// from the checkpoint tensor's first column (the same blocks whatever the
 /// layout: a box that starts inside one reads the whole block), scale =
-/// max |w| / 127 and q = round-half-even(w / scale) (0 where the block is
-/// all zero). Rows are read a band at a time (bounded scratch); rows of
+/// max |w| / 127 and q = round-half-even(w / scale) in [-127, 127] (0 where
+/// the block is all zero; the clamp only matters where a subnormal scale
+/// lost bits). Rows are read a band at a time (bounded scratch); rows of
 /// `localShape` past the box (vocabulary padding) stay zero.
 TensorView RankWeights::bindInt8(const Checkpoint &ckpt, const PlanSlice &slice,
                                  const std::vector<int64_t> &localShape, DType dtype,
@@ -338,7 +339,7 @@ TensorView RankWeights::bindInt8(const Checkpoint &ckpt, const PlanSlice &slice,
           continue; // (the values stay zero)
         int8_t *out = values + (r0 + r) * cols - skip;
         for (int64_t c = std::max(c0, skip); c < std::min(c1, skip + cols); ++c)
-          out[c] = static_cast<int8_t>(roundHalfEven(row[c] / scale));
+          out[c] = static_cast<int8_t>(std::clamp(roundHalfEven(row[c] / scale), -127.0f, 127.0f));
       }
     }
   }
