@@ -121,23 +121,28 @@ TEST(Int8Test, LinearWithRowBlocks) {
     }
 }
 
-// A token whose x is not finite takes the exact path: what it computes is
-// the IEEE result of its products (here inf or NaN), never a number made of
-// an overflowed int16 scale; other tokens in the same call are unaffected.
+// A token whose x is not finite (an infinity, a NaN, in either block)
+// takes the exact path: what it computes is the IEEE result of its products
+// (inf or NaN), never a number made of an overflowed int16 scale; other
+// tokens in the same call are unaffected.
 TEST(Int8Test, NonFiniteTokens) {
   std::mt19937 rng(81);
   Int8Matrix m(6, 200, 128, 0, DType::F32, rng);
-  std::vector<float> x(2 * 200, 0.5f);
-  x[7] = std::numeric_limits<float>::infinity();
-  std::vector<float> y(2 * 6, 0);
-  linear(x.data(), 2, Matrix::of(m.view()), nullptr, y.data(), 200, 6);
-  for (int n = 0; n < 6; ++n) {
-    EXPECT_FALSE(std::isfinite(y[static_cast<size_t>(n)])) << n;
-    double ref = 0;
-    for (int k = 0; k < 200; ++k)
-      ref += 0.5 * m.at(n, k);
-    EXPECT_NEAR(y[static_cast<size_t>(6 + n)], ref, 1e-4) << n;
-  }
+  for (float bad : {std::numeric_limits<float>::infinity(), std::nanf("")})
+    for (int at : {7, 150}) {
+      SCOPED_TRACE(::testing::Message() << bad << " at " << at);
+      std::vector<float> x(2 * 200, 0.5f);
+      x[static_cast<size_t>(at)] = bad;
+      std::vector<float> y(2 * 6, 0);
+      linear(x.data(), 2, Matrix::of(m.view()), nullptr, y.data(), 200, 6);
+      for (int n = 0; n < 6; ++n) {
+        EXPECT_FALSE(std::isfinite(y[static_cast<size_t>(n)])) << n;
+        double ref = 0;
+        for (int k = 0; k < 200; ++k)
+          ref += 0.5 * m.at(n, k);
+        EXPECT_NEAR(y[static_cast<size_t>(6 + n)], ref, 1e-4) << n;
+      }
+    }
 }
 
 TEST(Int8Test, ViewsAndRefusals) {

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace moert::cpu::gemm {
@@ -45,11 +46,20 @@ struct QuantisedTokens {
 };
 thread_local QuantisedTokens quantised;
 
-/// v rounded to the nearest integer, ties to even, for |v| < 2^22 (the
-/// float addition rounds; std::nearbyint is a libm call below SSE4.1).
+/// v rounded to the nearest integer, ties to even, for |v| < 2^22: the float
+/// addition rounds (std::nearbyint is a libm call below SSE4.1); branch-free,
+/// so that the loops below vectorise.
 inline float roundEven(float v) {
   constexpr float kShift = 12582912.0f; // 1.5 x 2^23
-  return v >= 0 ? (v + kShift) - kShift : (v - kShift) + kShift;
+  return std::copysign((std::fabs(v) + kShift) - kShift, v);
+}
+
+/// |v|'s bits: finite values order as their magnitudes, infinities and NaNs
+/// above them all.
+inline uint32_t magnitudeBits(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return bits & 0x7fffffffu;
 }
 
 /// Fills `quantised` for x; false when some x is not finite.
@@ -65,11 +75,13 @@ bool quantiseTokens(const float *x, int64_t ldx, int64_t tokens, const Matrix &w
     const float *xt = x + t * ldx;
     int64_t b = 0;
     for (Blocks run(w, 0); run.next(); ++b) {
-      float most = 0;
+      uint32_t bits = 0;
       for (int64_t c = run.c0; c < run.c1; ++c)
-        most = std::max(most, std::fabs(xt[c]));
-      if (!std::isfinite(most))
+        bits = std::max(bits, magnitudeBits(xt[c]));
+      if (bits >= 0x7f800000u) // an infinity or a NaN
         return false;
+      float most;
+      std::memcpy(&most, &bits, sizeof most);
       const float scale = most / 32767.0f;
       q.scales[t * q.blocks + b] = scale;
       if (scale == 0)
