@@ -145,7 +145,8 @@ PlanWeight readWeight(const JsonFields &w) {
   if (pw.experts && (pw.shape[0] != pw.experts || pw.name.find("{e}") == std::string::npos))
     w.fail("experts", "an expert stack needs shape[0] == experts and '{e}' in its name");
   if (w.has("int8_block")) {
-    pw.int8Block = w.bounded("int8_block", 1, int64_t(1) << 20);
+    // (The int8 GEMV's int32 block sums are exact up to 4096 columns.)
+    pw.int8Block = w.bounded("int8_block", 1, 4096);
     if (pw.tensorShape().size() != 2)
       w.fail("int8_block", "int8 weights are matrices (or stacks of them)");
   }

@@ -44,9 +44,9 @@ struct QuantizeWeightsPass : moe::impl::MoEQuantizeWeightsBase<QuantizeWeightsPa
           << static_cast<std::string>(format) << "': expected int8";
       return signalPassFailure();
     }
-    if (block < 1) {
+    if (block < 1 || block > 4096) {
       getOperation().emitError("moe-quantize-weights: block ")
-          << static_cast<int64_t>(block) << ": expected >= 1";
+          << static_cast<int64_t>(block) << ": expected 1 to 4096";
       return signalPassFailure();
     }
     Builder b(&getContext());

@@ -7,7 +7,8 @@
 //    and per weight block to int16 (xs = max |x| / 32767 over the block,
 //    round half to even: an error below 1/65534 of the block's largest
 //    |x|, next to the weight's 1/254 of its own), each block's integer dot
-//    product is exact in int32 (at most 128 x 127 x 32767 < 2^31), and
+//    product is exact in int32 (a lane sums at most block / 8 products of
+//    127 x 32767: below 2^31 for the plan's blocks, at most 4096), and
 //    converted once: y += float(sum q_w q_x) * (s_w * s_x). vpmovsxbw widens
 //    32 weights a step and vpdpwssd (AVX512_VNNI: every AVX-512 CPU but
 //    Skylake-SP, which takes the AVX2 kernel) multiplies them; at the AVX2
