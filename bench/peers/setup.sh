@@ -24,7 +24,8 @@ mkdir -p "$cache"
 cd "$cache"
 log() { echo "peers: $*" >&2; }
 
-if [ ! -f venv/.ready ]; then
+# (A venv made before a package joined the list gets it too.)
+if [ ! -f venv/.ready ] || ! venv/bin/python -c "import torch, transformers, safetensors, numpy, gguf" 2> /dev/null; then
   log "creating the Python venv (torch, transformers, gguf) in $cache/venv"
   python3 -m venv venv
   venv/bin/pip install -q torch==2.9.1 transformers==4.57.6 safetensors numpy gguf >&2
