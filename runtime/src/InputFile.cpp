@@ -100,4 +100,12 @@ void writeFileAtomically(const std::string &path, std::string_view head, std::st
   }
 }
 
+std::string temporaryDirectory(const std::string &prefix) {
+  const char *tmp = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/" + prefix + "-XXXXXX";
+  if (!::mkdtemp(pattern.data()))
+    runtimeError("cannot create a temporary directory {}: {}", pattern, std::strerror(errno));
+  return pattern;
+}
+
 } // namespace moert

@@ -28,6 +28,10 @@ void checkJsonDepth(const std::string &text, const std::string &path);
 void writeFileAtomically(const std::string &path, std::string_view head,
                          std::string_view body = {});
 
+/// A fresh directory of this process under $TMPDIR (or /tmp), named
+/// `prefix`-XXXXXX (RuntimeError when it cannot be made).
+std::string temporaryDirectory(const std::string &prefix);
+
 } // namespace moert
 
 #endif // MOERT_SRC_INPUTFILE_H

@@ -43,20 +43,6 @@ void widenRow(DType dtype, const char *src, int64_t n, float *out) {
   }
 }
 
-/// v rounded to the nearest integer, ties to even (as torch.round), for
-/// |v| < 2^22: the float addition rounds, where std::nearbyint would be a
-/// libm call per element.
-inline float roundHalfEven(float v) {
-  constexpr float kShift = 12582912.0f; // 1.5 x 2^23
-  return std::copysign((std::fabs(v) + kShift) - kShift, v);
-}
-
-inline uint32_t bitsOf(float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  return bits;
-}
-
 } // namespace
 
 void RankWeights::bind(const Plan &thePlan, int64_t rankIndex, const Checkpoint &ckpt,
@@ -319,7 +305,7 @@ TensorView RankWeights::bindInt8(const Checkpoint &ckpt, const PlanSlice &slice,
       // ordered as their values.)
       uint32_t nonFinite = 0;
       for (int64_t c = 0; c < width; ++c)
-        nonFinite |= (bitsOf(row[c]) & 0x7f800000u) == 0x7f800000u;
+        nonFinite |= magnitudeBits(row[c]) >= 0x7f800000u;
       if (nonFinite)
         for (int64_t c = 0; c < width; ++c)
           if (!std::isfinite(row[c]))
@@ -330,7 +316,7 @@ TensorView RankWeights::bindInt8(const Checkpoint &ckpt, const PlanSlice &slice,
         const int64_t c0 = b * block, c1 = std::min(width, c0 + block);
         uint32_t most = 0;
         for (int64_t c = c0; c < c1; ++c)
-          most = std::max(most, bitsOf(row[c]) & 0x7fffffffu);
+          most = std::max(most, magnitudeBits(row[c]));
         float largest;
         std::memcpy(&largest, &most, sizeof largest);
         const float scale = largest / 127.0f;

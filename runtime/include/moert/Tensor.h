@@ -2,6 +2,7 @@
 // views point into the mapping).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -50,6 +51,21 @@ uint8_t floatToE4m3(float f);
 uint16_t floatToF16(float f);
 /// Rounds an f32 value through bf16 and back (models computed in bf16).
 inline float roundBf16(float f) { return bf16ToFloat(floatToBf16(f)); }
+/// v rounded to the nearest integer, ties to even (as torch.round), for
+/// |v| < 2^22: the float addition rounds, branch-free, so loops of it
+/// vectorise (std::nearbyint is a libm call below SSE4.1). int8 weights and
+/// their GEMV's int16 x use it.
+inline float roundHalfEven(float v) {
+  constexpr float kShift = 12582912.0f; // 1.5 x 2^23
+  return std::copysign((std::fabs(v) + kShift) - kShift, v);
+}
+/// |v|'s bits: finite values order as their magnitudes, infinities and
+/// NaNs above them all (maxima that find a NaN, in loops that vectorise).
+inline uint32_t magnitudeBits(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return bits & 0x7fffffffu;
+}
 
 /// The scales of a block-scaled weight, f32, one value per block of
 /// blockRows x blockCols elements: an FP8 weight's (a rank's box of its

@@ -47,22 +47,6 @@ struct QuantisedTokens {
 };
 thread_local QuantisedTokens quantised;
 
-/// v rounded to the nearest integer, ties to even, for |v| < 2^22: the float
-/// addition rounds (std::nearbyint is a libm call below SSE4.1); branch-free,
-/// so that the loops below vectorise.
-inline float roundEven(float v) {
-  constexpr float kShift = 12582912.0f; // 1.5 x 2^23
-  return std::copysign((std::fabs(v) + kShift) - kShift, v);
-}
-
-/// |v|'s bits: finite values order as their magnitudes, infinities and NaNs
-/// above them all.
-inline uint32_t magnitudeBits(float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  return bits & 0x7fffffffu;
-}
-
 /// Fills `quantised` for x; false when some x is not finite.
 bool quantiseTokens(const float *x, int64_t ldx, int64_t tokens, const Matrix &w) {
   QuantisedTokens &q = quantised;
@@ -91,7 +75,7 @@ bool quantiseTokens(const float *x, int64_t ldx, int64_t tokens, const Matrix &w
       int16_t *out = q.values.data() + t * q.ld;
       for (int64_t c = run.c0; c < run.c1; ++c)
         out[c] = static_cast<int16_t>(
-            std::clamp(roundEven(xt[c] * inverse), -32767.0f, 32767.0f));
+            std::clamp(roundHalfEven(xt[c] * inverse), -32767.0f, 32767.0f));
     }
   }
   return true;

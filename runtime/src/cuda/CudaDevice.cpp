@@ -30,6 +30,8 @@
 // single-rank run); the GPU e2e tests carry the ctest label `gpu`
 // (docs/cuda.md).
 #include "../Device.h"
+#include "../InputFile.h"
+#include "../PlanChecks.h"
 #include "CudaApi.h"
 #include "CudaGemm.h"
 #include "CudaMemory.h"
@@ -45,7 +47,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <set>
@@ -57,24 +58,6 @@ namespace {
 /// Steps of at most this many tokens are captured into CUDA graphs.
 constexpr int64_t kGraphMaxTokens = 64;
 using cuda::check;
-
-/// A fresh directory of this process under $TMPDIR (or /tmp).
-std::string temporaryDirectory() {
-  const char *tmp = std::getenv("TMPDIR");
-  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/moert-kernels-XXXXXX";
-  if (!::mkdtemp(pattern.data()))
-    runtimeError("cannot create a temporary directory for the plan's kernels ({}): {}", pattern,
-                 std::strerror(errno));
-  return pattern;
-}
-
-void writeFile(const std::string &path, const std::string &bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  out.close();
-  if (!out)
-    runtimeError("{}: cannot write the plan's kernels", path);
-}
 
 class CudaDevice final : public Device {
   /// What the device holds for each program of the rank (one per entry, the
@@ -279,7 +262,7 @@ private:
       inputError("{}: programs[{}].cuda has no fatbin (the plan was compiled without nvcc: "
                  "--compile-to=kernels)",
                  plan->path, p);
-    std::string dir = temporaryDirectory();
+    std::string dir = temporaryDirectory("moert-kernels");
     struct Remove {
       std::string dir;
       ~Remove() {
@@ -288,8 +271,8 @@ private:
       }
     } remove{dir};
     const std::string path = dir + "/kernels.fatbin";
-    writeFile(dir + "/kernels.cu", table->code);
-    writeFile(path, table->fatbin);
+    writeFileAtomically(dir + "/kernels.cu", table->code);
+    writeFileAtomically(path, table->fatbin);
     check(api->cuModuleLoad(&e.module, path.c_str()),
           fmt::format("cuModuleLoad (programs[{}].cuda.fatbin of {})", p, plan->path).c_str());
     auto resolve = [&](const KernelLaunch &launch) {
@@ -402,16 +385,8 @@ private:
 
   void uploadWeights(const Checkpoint &ckpt) {
     // FP8 slices and int8 weights are CPU-only (moec refuses them with
-    // --target cuda): a plan that asks for them here was not written by
-    // moec for this device.
-    for (const PlanSlice &s : plan->layout->ranks.at(rank))
-      if (s.dtype == DType::F8E4M3)
-        inputError("{}: rank {}'s slice of '{}' is F8_E4M3: not supported yet on the CUDA device",
-                   plan->path, rank, s.name);
-    for (const PlanWeight &w : plan->programOf(rank).weights)
-      if (w.int8Block)
-        inputError("{}: weight '{}' is int8: not supported yet on the CUDA device", plan->path,
-                   w.name);
+    // --target cuda).
+    refuseCpuOnlyWeights(*plan, rank, "the CUDA device");
     RankWeights host;
     host.bind(*plan, rank, ckpt, [](int64_t) {});
     for (size_t i = 0; i < host.weights().size(); ++i) {
