@@ -26,9 +26,12 @@ const char *axisName(CollectiveGroup::Axis axis) {
 int64_t widthOf(const Context &c, int64_t id) { return c.program->buffers[id].width; }
 char *bytesOf(const Context &c, int64_t id) { return static_cast<char *>(c.address(id)); }
 
+/// The step's rows, or all of a state buffer (an optimizer program's sum
+/// of the data-parallel replicas' gradients).
 void allReduce(const Context &c, const PlanStep &s, int64_t rows,
                const std::vector<int> &group, const std::string &what) {
-  const int64_t n = rows * widthOf(c, s.in[0]);
+  const PlanBuffer &in = c.program->buffers[s.in[0]];
+  const int64_t n = (in.state.empty() ? rows : in.rows) * in.width;
   if (s.out[0] != s.in[0])
     c.memory->copy2d(c.address(s.out[0]), n * 4, c.address(s.in[0]), n * 4, n * 4, 1);
   c.comm->allReduceSum(static_cast<float *>(c.address(s.out[0])), n, group, what);
@@ -96,8 +99,8 @@ std::string describe(size_t index, const PlanStep &step) {
   return fmt::format("step {} ({})", index, step.op->name);
 }
 
-std::vector<std::vector<int>> groupsOf(const Plan &plan, int64_t rank) {
-  const PlanProgram &program = plan.programOf(rank);
+std::vector<std::vector<int>> groupsOf(const Plan &plan, int64_t rank,
+                                       const PlanProgram &program) {
   std::vector<std::vector<int>> groups(program.steps.size());
   for (size_t i = 0; i < program.steps.size(); ++i) {
     if (program.steps[i].op->has(OpDef::InGroup))

@@ -54,8 +54,9 @@ struct Context {
 /// after it need), else -1.
 int64_t run(const Context &c, size_t index, const PlanStep &step, int64_t rows);
 
-/// Per step of rank `rank`'s program: the world ranks of a collective's
-/// group (the rank is a member), empty for other steps.
-std::vector<std::vector<int>> groupsOf(const Plan &plan, int64_t rank);
+/// Per step of `program`, one of rank `rank`'s entries: the world ranks of a
+/// collective's group (the rank is a member), empty for other steps.
+std::vector<std::vector<int>> groupsOf(const Plan &plan, int64_t rank,
+                                       const PlanProgram &program);
 
 } // namespace moert::collectives

@@ -223,16 +223,16 @@ public:
   /// order, so the blocking creations cannot wait on each other in a cycle.
   void prepare(const Plan &plan) override {
     for (int64_t r = 0; r < static_cast<int64_t>(plan.ranks.size()); ++r) {
-      const PlanProgram &program = plan.programOf(r);
-      for (size_t s = 0; s < program.steps.size(); ++s) {
-        const PlanStep &step = program.steps[s];
-        if (!step.op->has(OpDef::InGroup))
-          continue;
-        std::vector<int> group = plan.groupOf(r, step.group);
-        if (std::find(group.begin(), group.end(), worldRank) != group.end())
-          commOf(group, fmt::format("preparing the group of rank {}'s step {} ({})", r, s,
-                                    step.op->name));
-      }
+      for (const PlanProgram *program : plan.entriesOf(r))
+        for (size_t s = 0; s < program->steps.size(); ++s) {
+          const PlanStep &step = program->steps[s];
+          if (!step.op->has(OpDef::InGroup))
+            continue;
+          std::vector<int> group = plan.groupOf(r, step.group);
+          if (std::find(group.begin(), group.end(), worldRank) != group.end())
+            commOf(group, fmt::format("preparing the group of rank {}'s step {} ({}, entry {})",
+                                      r, s, step.op->name, program->entry));
+        }
     }
   }
 

@@ -58,7 +58,7 @@ void RankProgram::prepare(const Plan &plan, int64_t rank, DeviceMemory &memory_,
   context.rank = rank;
   context.comm = comm;
   context.memory = memory;
-  context.groups = collectives::groupsOf(plan, rank);
+  context.groups = collectives::groupsOf(plan, rank, *program_);
   context.address = [this](int64_t id) { return buffer(id); };
   context.gatherStage = [this, staging](int64_t bytes) {
     if (bytes > gatherBytes) {

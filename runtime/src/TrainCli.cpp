@@ -5,6 +5,7 @@
 #include "TextCli.h"
 #include "TrainCli.h"
 #include "moert/Checkpoint.h"
+#include "moert/Comm.h"
 #include "moert/Error.h"
 #include "moert/Parallel.h"
 #include "moert/Plan.h"
@@ -261,11 +262,21 @@ double activeParameters(const PlanProgram &program) {
 /// moert train --steps N: updates run.start.step + 1 .. N of the plan's
 /// optimizer, each over its micro-batches (the run's micro-batches from
 /// run.start's position, Samples); a line per update, --save every
-/// run.saveEvery updates and after the last.
+/// run.saveEvery updates and after the last. Data-parallel replicas (ranks
+/// of a plan with dp > 1) each run a contiguous share of an update's
+/// micro-batches (replica d the d-th M / dp of them), the optimizer program
+/// adds their gradients; rank 0 prints, writes the metrics, the weights and
+/// the checkpoints (every replica holds the same weights and states).
 void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &program,
                 const PlanProgram &optimizer, const std::vector<int32_t> &tokens,
-                const std::vector<uint8_t> &targets, const TrainRun &run) {
+                const std::vector<uint8_t> &targets, const TrainRun &run, Comm &comm) {
   const int64_t M = optimizer.microBatches, B = plan.maxSequences, L = plan.maxSeqLen;
+  const int64_t replicas = plan.degrees.dp, share = M / replicas,
+                replica = plan.ranks.at(comm.rank()).coords.dp;
+  const bool lead = comm.rank() == 0;
+  std::vector<int> world(static_cast<size_t>(comm.size()));
+  for (int r = 0; r < comm.size(); ++r)
+    world[static_cast<size_t>(r)] = r;
   Samples samples(tokens, targets, B, L, run.start.shuffleSeed);
   // Model FLOP utilisation against the peak measured here: the bf16 dot
   // product's for bf16 weights where the level has one, else the FMA's.
@@ -274,10 +285,14 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
                                 [](const PlanWeight &w) { return w.dtype == DType::BF16; });
   const double peak = bf16 && measured.bf16 > 0 ? measured.bf16 : measured.fma;
   const double flopsPerToken = 6 * activeParameters(program);
-  fmt::print("model FLOPs per token {:.3g} (6 x {:.4g} parameters a token uses); peak {:.0f} "
+  if (lead)
+    fmt::print("model FLOPs per token {:.3g} (6 x {:.4g} parameters a token uses); peak {:.0f} "
              "GFLOP/s ({}, {} threads, measured now)\n",
              flopsPerToken, flopsPerToken / 6, peak / 1e9,
              peak == measured.bf16 ? "bf16 dot" : "fp32 FMA", numThreads());
+  if (lead && replicas > 1)
+    fmt::print("{} data-parallel replicas, {} of the {} micro-batches of an update each\n",
+               replicas, share, M);
   using Clock = std::chrono::steady_clock;
   std::string metrics;
   std::vector<float> loss, stats;
@@ -285,26 +300,38 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
   // A bar on stderr while the update lines go elsewhere (a log file): on a
   // terminal the lines themselves show the progress.
   Progress progress("train", static_cast<uint64_t>(run.steps - run.start.step),
-                    !::isatty(STDOUT_FILENO), "updates");
+                    lead && !::isatty(STDOUT_FILENO), "updates");
   constexpr int64_t kMaxSkipped = 5;
   int64_t skipped = 0; // updates skipped in a row
   for (int64_t step = run.start.step; step < run.steps; ++step) {
     const auto started = Clock::now();
     double terms[4] = {0, 0, 0, 0};
     int64_t count = 0;
-    for (int64_t m = 0; m < M; ++m, ++consumed) {
-      const Batch batch = samples.microBatch(consumed);
+    for (int64_t m = 0; m < share; ++m) {
+      const Batch batch = samples.microBatch(consumed + replica * share + m);
       executor.forward(batch, loss);
       for (int k = 0; k < 4; ++k)
         terms[k] += loss[k];
       count += batch.size();
     }
+    consumed += M;
     executor.optimizerStep(step + 1, stats);
+    if (replicas > 1) { // the loss terms and tokens of the whole update
+      float all[5] = {static_cast<float>(terms[0]), static_cast<float>(terms[1]),
+                      static_cast<float>(terms[2]), static_cast<float>(terms[3]),
+                      static_cast<float>(count)};
+      comm.allReduceSum(all, 5, world, fmt::format("step {}: the loss terms", step + 1));
+      for (int k = 0; k < 4; ++k)
+        terms[k] = all[k];
+      count = static_cast<int64_t>(all[4]);
+    }
     const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
     for (double &t : terms)
       t /= static_cast<double>(M);
-    const double mfu = flopsPerToken * static_cast<double>(count) / seconds / peak;
-    fmt::print("step {}: loss {:.6f} ce {:.6f} aux {:.6f} z {:.6f} grad_norm {:.6f} lr {:.3e} "
+    const double mfu =
+        flopsPerToken * static_cast<double>(count) / seconds / (peak * static_cast<double>(replicas));
+    if (lead)
+      fmt::print("step {}: loss {:.6f} ce {:.6f} aux {:.6f} z {:.6f} grad_norm {:.6f} lr {:.3e} "
                "({} tokens, {:.0f} tokens/s, MFU {:.1f}%)\n",
                step + 1, terms[0], terms[1], terms[2], terms[3], stats[1], stats[0], count,
                static_cast<double>(count) / seconds, 100 * mfu);
@@ -322,23 +349,25 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
     // A gradient that is not finite skips its update (the optimizer moves
     // no weight); a run of them means training diverged.
     skipped = stats[3] != 0 ? skipped + 1 : 0;
-    if (skipped > 0)
+    if (skipped > 0 && lead)
       fmt::print("step {}: the gradient is not finite (norm {}): update skipped, no weight "
                  "moved\n",
                  step + 1, stats[1]);
     if (skipped >= kMaxSkipped) {
-      if (!run.metricsOut.empty())
+      if (!run.metricsOut.empty() && lead)
         writeFileAtomically(run.metricsOut, metrics);
       inputError("step {}: the gradients were not finite for {} updates in a row (loss {}): "
                    "training diverged; lower --lr or resume from an earlier checkpoint",
                    step + 1, skipped, terms[0]);
     }
-    if (!run.save.empty() &&
+    if (!run.save.empty() && lead &&
         ((run.saveEvery > 0 && (step + 1) % run.saveEvery == 0) || step + 1 == run.steps))
       saveCheckpoint(executor, program, run, {step + 1, consumed, M, L, B, run.start.shuffleSeed});
     progress.add(1);
   }
   progress.finish();
+  if (!lead)
+    return;
   if (!run.metricsOut.empty())
     writeFileAtomically(run.metricsOut, metrics);
   if (!run.weightsOut.empty()) {
@@ -449,10 +478,16 @@ int trainCommand(int argc, char **argv, Comm &comm) {
   Plan plan = Plan::load(planPath);
   if (!plan.training)
     inputError("{}: not a training plan (compile one with moec compile --train)", planPath);
-  if (plan.worldSize != 1 || comm.size() != 1)
-    inputError("{}: not supported yet: training on {} ranks (one for now)", planPath,
-               std::max<int64_t>(plan.worldSize, comm.size()));
-  const PlanProgram &program = plan.programOf(0);
+  // Over several ranks: data-parallel replicas of one program, trained by
+  // updates (--steps).
+  if (plan.worldSize != comm.size())
+    inputError("{}: a plan for {} ranks, run on {} (start it with mpirun -np {})", planPath,
+               plan.worldSize, comm.size(), plan.worldSize);
+  if (plan.worldSize > 1 && (plan.degrees.dp != plan.worldSize || steps == 0))
+    inputError("{}: not supported yet: training on {} ranks {}", planPath, plan.worldSize,
+               steps == 0 ? "without --steps (the gradients of one rank's micro-batches)"
+                          : "other than as data-parallel replicas (pp, tp or ep > 1)");
+  const PlanProgram &program = plan.programOf(comm.rank());
   if (steps > 0 && !plan.optimizer)
     inputError("--steps {}: {} has no optimizer (compile it with moec compile --train "
                "--optimizer adamw)",
@@ -512,11 +547,15 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     run.planPath = planPath;
     run.layout = plan.layout;
     run.model = checkpointModel(*checkpoint, weightsPath, plan.modelType, plan.layout->source);
-    const PlanProgram &optimizer = *plan.entriesOf(0).back();
+    const PlanProgram &optimizer = *plan.entriesOf(comm.rank()).back();
     run.start.shuffleSeed = shuffleSeed;
     if (!resume.empty())
       run.start = resumeFrom(resume, *checkpoint, *executor, optimizer, B, L, steps, shuffleSeed);
-    trainSteps(*executor, plan, program, optimizer, tokens, targets, run);
+    if (optimizer.microBatches % plan.degrees.dp)
+      inputError("{}: {} micro-batches of an update do not split between {} data-parallel "
+                 "replicas",
+                 planPath, optimizer.microBatches, plan.degrees.dp);
+    trainSteps(*executor, plan, program, optimizer, tokens, targets, run, comm);
     if (profile) // the train program's steps, over the micro-batches this run ran
       printProfile(program, executor->stepSeconds(),
                    (steps - run.start.step) * optimizer.microBatches);

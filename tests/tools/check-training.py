@@ -5,7 +5,8 @@
 
 Compares the updates `moert train --steps N --metrics-out` logged with a
 reference run (tests/fixtures/training/generate_adamw.py: torch.optim.AdamW
-on transformers' model): the same number of updates, the learning rate of
+on transformers' model), or with a REFERENCE.jsonl another run's
+--metrics-out (a distributed run against one rank's): the same number of updates, the learning rate of
 each within 1e-6 relative, and each update's loss terms (loss, ce, aux, z)
 within a relative error that grows linearly from --first-rtol at the first
 update to --last-rtol at the last (the runs drift apart as f32 rounding
@@ -31,7 +32,10 @@ def main():
     parser.add_argument("--terms", default="loss,ce,aux,z")
     args = parser.parse_args()
     ours = [json.loads(line) for line in open(args.metrics) if line.strip()]
-    ref = json.load(open(args.reference))["updates"]
+    if args.reference.endswith(".jsonl"):  # another run's --metrics-out
+        ref = [json.loads(line) for line in open(args.reference) if line.strip()]
+    else:
+        ref = json.load(open(args.reference))["updates"]
     if len(ours) != len(ref):
         sys.exit(f"{args.metrics}: {len(ours)} updates, the reference has {len(ref)}")
     failed = 0

@@ -236,16 +236,39 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
     if (o->getNumOccurrences())
       return refuse("--train: --" + o->ArgStr +
                     " does not apply (a step is --micro-batch-size x --seq-len tokens)");
-  if (distribution)
-    return refuse("not supported yet: --train with distribution options (training plans run "
-                  "on one rank)");
+  // Distributed training: data-parallel replicas (--dp N, or --world-size N
+  // with --dp N) only, for now.
+  int64_t replicas = 1;
+  if (distribution) {
+    const LayoutRequest &l = *options.layout;
+    for (auto [name, degree] : {std::pair<const char *, int64_t>{"pp", l.pp},
+                                {"tp", l.tp}, {"ep", l.ep}, {"etp", l.etp}})
+      if (degree > 1)
+        return refuse("not supported yet: --train with --" + Twine(name) + " " + Twine(degree) +
+                      " (distributed training: data parallelism only, --dp N)");
+    if (!l.gpu.empty() || !l.cluster.empty() || !l.dtype.empty() || !l.dp)
+      return refuse("not supported yet: --train with the sharding planner's choice (--gpu, "
+                    "--cluster, --dtype, --world-size alone): give the data-parallel degree, "
+                    "--dp N (distributed training: data parallelism only)");
+    if (l.worldSize && l.worldSize != l.dp)
+      return refuse("--train --dp " + Twine(l.dp) + ": expected --world-size " + Twine(l.dp) +
+                    " (data parallelism only), not " + Twine(l.worldSize));
+    replicas = l.dp;
+  }
   const bool selective = recompute == "selective" || recompute == "experts",
              full = recompute == "full";
   if (options.capacityFactor > 0 && selective)
     return refuse("not supported yet: --recompute " + recompute + " with --capacity-factor");
   // A capacity factor alone: one rank, the experts' drops in the training
-  // program itself (moe-differentiate's capacity-factor).
+  // program itself (moe-differentiate's capacity-factor); each replica's
+  // likewise.
   options.layout.reset();
+  if (replicas > 1) {
+    LayoutRequest layout;
+    layout.worldSize = layout.dp = replicas;
+    layout.pp = layout.tp = layout.ep = layout.etp = 1;
+    options.layout = layout;
+  }
   if (auxLossCoef.getNumOccurrences() && auxLossCoef < 0)
     return refuse("--aux-loss-coef: expected a value >= 0");
   if (routerZLossCoef < 0)
@@ -267,7 +290,10 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
   options.auxLossCoef = auxLossCoef;
   options.zLossCoef = routerZLossCoef;
   if (optimizerKind == "none")
-    return Error::success();
+    return replicas > 1 ? refuse("--dp " + Twine(replicas) +
+                                 ": expected --optimizer adamw (the optimizer program adds the "
+                                 "replicas' gradients)")
+                        : Error::success();
   if (lossOnly)
     return refuse("--optimizer: --loss-only computes no gradients");
   if (options.target != "cpu")
@@ -316,6 +342,11 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
   adamw.clipGradNorm = clipGradNorm;
   adamw.expertBiasUpdateRate = expertBiasUpdateRate;
   adamw.microBatches = globalBatchSize.getNumOccurrences() ? globalBatchSize / microBatchSize : 1;
+  if (adamw.microBatches % replicas)
+    return refuse("--global-batch-size " + Twine(adamw.microBatches * microBatchSize) +
+                  ": expected a multiple of --micro-batch-size x --dp (" +
+                  Twine(int64_t(microBatchSize)) + " x " + Twine(replicas) +
+                  "): each data-parallel replica runs the same number of micro-batches");
   options.optimizer = adamw;
   return Error::success();
 }

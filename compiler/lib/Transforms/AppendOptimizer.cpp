@@ -5,7 +5,10 @@
 // adds its gradients into persistent state buffers; the optimizer program,
 // run once per global batch, computes the learning rate of its step, the
 // global gradient norm and clipping coefficient, and updates every weight
-// with AdamW, its moments in state buffers of its own.
+// with AdamW, its moments in state buffers of its own. Over data-parallel
+// replicas (moe.sharding's dp > 1) it first adds the replicas' gradient sums
+// and expert loads (all_reduce over dp): `micro_batches` counts the
+// micro-batches of the whole update, each replica running its share.
 //
 //===----------------------------------------------------------------------===//
 #include "moe/Dialect/Exec/IR/ExecOps.h"
@@ -79,9 +82,21 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     return true;
   }
 
+  /// The data-parallel degree of the module's layout (moe.sharding).
+  static int64_t dataParallel(exec::ProgramOp train) {
+    auto module = train->getParentOfType<ModuleOp>();
+    auto sharding = module->getAttrOfType<DictionaryAttr>("moe.sharding");
+    auto dp = sharding ? sharding.getAs<IntegerAttr>("dp") : IntegerAttr();
+    return dp ? dp.getInt() : 1;
+  }
+
   LogicalResult append(exec::ProgramOp train) {
     Block &body = train.getBody().front();
     auto ret = cast<exec::ReturnOp>(body.getTerminator());
+    if (microBatches % dataParallel(train))
+      return train.emitError("moe-append-optimizer: ")
+             << int64_t(microBatches) << " micro-batches of an update do not split between "
+             << dataParallel(train) << " data-parallel replicas";
     if (ret.getGradients().empty())
       return train.emitError("moe-append-optimizer: @")
              << train.getSymName() << " computes no gradients (compiled with --loss-only?)";
@@ -173,6 +188,18 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       masters.push_back(bf16 ? Value(state(b, loc, "master", w)) : Value());
     }
     b.create<exec::InputsOp>(loc, Value(), Value(), Value(), step);
+    // Data-parallel replicas: the gradient sums and the expert loads of all
+    // of them, added over the dp group before anything reads them (each
+    // replica then takes the same update).
+    if (dataParallel(train) > 1) {
+      auto mesh = FlatSymbolRefAttr::get(ctx, "mesh");
+      SmallVector<Value> summed(optSums);
+      summed.append(loads.begin(), loads.end());
+      for (Value sum : summed)
+        b.create<exec::CollectiveOp>(loc, b.getStringAttr("all_reduce"), mesh,
+                                     b.getStringAttr("dp"), ValueRange{sum}, ValueRange{sum},
+                                     b.getDictionaryAttr({}), StringAttr());
+    }
     auto launch = [&](StringRef kernel, ValueRange ins, ValueRange ws, ValueRange outs,
                       ArrayRef<NamedAttribute> constants, bool updates = false) {
       b.create<exec::LaunchOp>(loc, kernel, ins, ws, outs, b.getDictionaryAttr(constants),

@@ -546,17 +546,20 @@ LogicalResult Partitioner::rewrite(Operation &op) {
     return success();
   }
   // The training program's loss and backward ops (moe-append-loss,
-  // moe-differentiate): on one rank each rank's program is the whole one;
-  // their partitioned forms (vocab-parallel cross-entropy, the backward of
-  // collectives, gradient reduction) come with distributed training.
+  // moe-differentiate): each data-parallel replica's program is the whole
+  // one (its gradients are summed over the replicas by the optimizer
+  // program, moe-append-optimizer); their forms over pp, tp and ep
+  // (vocab-parallel cross-entropy, the backward of collectives) are not
+  // built yet.
   if (isa<moe::CrossEntropyOp, moe::RouterStatsOp, moe::LMLossOp, moe::ExpertsSavedOp,
           moe::CrossEntropyGradOp, moe::LinearGradOp, moe::BiasGradOp, moe::RMSNormGradOp,
           moe::RopeGradOp, moe::AttentionGradOp, moe::MLAttentionGradOp, moe::MLPGradOp,
           moe::EmbeddingGradOp, moe::RouteGradOp, moe::ExpertsGradOp, moe::RouterStatsGradOp,
           moe::SigmoidGateGradOp>(op)) {
-    if (d.dp * d.pp * d.tp != 1)
-      return fail("not supported yet: partitioning a training program over " +
-                  Twine(d.dp * d.pp * d.tp) + " ranks (distributed training)");
+    if (d.pp * d.tp * d.ep != 1)
+      return fail("not supported yet: partitioning a training program with pp=" +
+                  Twine(d.pp) + ", tp=" + Twine(d.tp) + ", ep=" + Twine(d.ep) +
+                  " (distributed training: data parallelism only)");
     if (failed(mapReplicated()))
       return failure();
     cloneAs(Dist::Replicated);
