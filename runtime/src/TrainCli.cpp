@@ -287,9 +287,9 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
   const double flopsPerToken = 6 * activeParameters(program);
   if (lead)
     fmt::print("model FLOPs per token {:.3g} (6 x {:.4g} parameters a token uses); peak {:.0f} "
-             "GFLOP/s ({}, {} threads, measured now)\n",
-             flopsPerToken, flopsPerToken / 6, peak / 1e9,
-             peak == measured.bf16 ? "bf16 dot" : "fp32 FMA", numThreads());
+               "GFLOP/s ({}, {} threads, measured now)\n",
+               flopsPerToken, flopsPerToken / 6, peak / 1e9,
+               peak == measured.bf16 ? "bf16 dot" : "fp32 FMA", numThreads());
   if (lead && replicas > 1)
     fmt::print("{} data-parallel replicas, {} of the {} micro-batches of an update each\n",
                replicas, share, M);
@@ -316,25 +316,32 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
     }
     consumed += M;
     executor.optimizerStep(step + 1, stats);
-    if (replicas > 1) { // the loss terms and tokens of the whole update
-      float all[5] = {static_cast<float>(terms[0]), static_cast<float>(terms[1]),
-                      static_cast<float>(terms[2]), static_cast<float>(terms[3]),
-                      static_cast<float>(count)};
-      comm.allReduceSum(all, 5, world, fmt::format("step {}: the loss terms", step + 1));
-      for (int k = 0; k < 4; ++k)
-        terms[k] = all[k];
-      count = static_cast<int64_t>(all[4]);
+    if (replicas > 1) {
+      // The loss terms and tokens of the whole update: each replica's
+      // (double) sums, added in replica order.
+      const double own[5] = {terms[0], terms[1], terms[2], terms[3], static_cast<double>(count)};
+      std::vector<double> all(5 * world.size());
+      comm.allGather(own, sizeof own, all.data(), world,
+                     fmt::format("step {}: the loss terms", step + 1));
+      for (int k = 0; k < 4; ++k) {
+        terms[k] = 0;
+        for (size_t r = 0; r < world.size(); ++r)
+          terms[k] += all[5 * r + k];
+      }
+      count = 0;
+      for (size_t r = 0; r < world.size(); ++r)
+        count += static_cast<int64_t>(all[5 * r + 4]);
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
     for (double &t : terms)
       t /= static_cast<double>(M);
-    const double mfu =
-        flopsPerToken * static_cast<double>(count) / seconds / (peak * static_cast<double>(replicas));
+    const double mfu = flopsPerToken * static_cast<double>(count) / seconds /
+                       (peak * static_cast<double>(replicas));
     if (lead)
       fmt::print("step {}: loss {:.6f} ce {:.6f} aux {:.6f} z {:.6f} grad_norm {:.6f} lr {:.3e} "
-               "({} tokens, {:.0f} tokens/s, MFU {:.1f}%)\n",
-               step + 1, terms[0], terms[1], terms[2], terms[3], stats[1], stats[0], count,
-               static_cast<double>(count) / seconds, 100 * mfu);
+                 "({} tokens, {:.0f} tokens/s, MFU {:.1f}%)\n",
+                 step + 1, terms[0], terms[1], terms[2], terms[3], stats[1], stats[0], count,
+                 static_cast<double>(count) / seconds, 100 * mfu);
     std::fflush(stdout);
     nlohmann::ordered_json line = {{"step", step + 1}, {"loss", terms[0]}, {"ce", terms[1]},
                                    {"aux", terms[2]},  {"z", terms[3]}};
