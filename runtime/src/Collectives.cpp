@@ -1,6 +1,7 @@
 #include "Collectives.h"
 
 #include "moert/Error.h"
+#include "moert/cpu/Optimizer.h"
 
 #include <fmt/core.h>
 
@@ -26,15 +27,47 @@ const char *axisName(CollectiveGroup::Axis axis) {
 int64_t widthOf(const Context &c, int64_t id) { return c.program->buffers[id].width; }
 char *bytesOf(const Context &c, int64_t id) { return static_cast<char *>(c.address(id)); }
 
-/// The step's rows, or all of a state buffer (an optimizer program's sum
-/// of the data-parallel replicas' gradients).
+/// The step's rows (a state buffer: allReduceState).
 void allReduce(const Context &c, const PlanStep &s, int64_t rows,
                const std::vector<int> &group, const std::string &what) {
-  const PlanBuffer &in = c.program->buffers[s.in[0]];
-  const int64_t n = (in.state.empty() ? rows : in.rows) * in.width;
+  const int64_t n = rows * widthOf(c, s.in[0]);
   if (s.out[0] != s.in[0])
     c.memory->copy2d(c.address(s.out[0]), n * 4, c.address(s.in[0]), n * 4, n * 4, 1);
   c.comm->allReduceSum(static_cast<float *>(c.address(s.out[0])), n, group, what);
+}
+
+/// A state buffer of an optimizer program over the group, whole and in
+/// place: a sum of the replicas' gradients (with its error buffer: a
+/// compensated sum, moert/cpu/Optimizer.h) or expert loads. Every member's
+/// values are gathered, a chunk at a time, and added with compensation in
+/// member order (cpu::combineCompensated): every member computes the same
+/// bits, and the sum is the one a single rank's compensated sum gives. A
+/// buffer without an error buffer gets the compensated sum rounded once.
+/// (Host staging: optimizer programs run on the CPU device.)
+void allReduceState(const Context &c, const PlanStep &s, const std::vector<int> &group,
+                    const std::string &what) {
+  const PlanBuffer &in = c.program->buffers[s.in[0]];
+  const int64_t n = in.rows * in.width, members = static_cast<int64_t>(group.size());
+  const bool paired = s.in.size() == 2;
+  constexpr int64_t kChunk = int64_t(1) << 18; // values
+  std::vector<float> mine(static_cast<size_t>(2 * std::min(n, kChunk)), 0.0f);
+  std::vector<float> all(mine.size() * static_cast<size_t>(members));
+  char *sum = bytesOf(c, s.in[0]), *err = paired ? bytesOf(c, s.in[1]) : nullptr;
+  for (int64_t at = 0; at < n; at += kChunk) {
+    const int64_t m = std::min(kChunk, n - at);
+    c.memory->read(mine.data(), sum + at * 4, m * 4);
+    if (paired)
+      c.memory->read(mine.data() + m, err + at * 4, m * 4);
+    else
+      std::fill(mine.begin() + m, mine.begin() + 2 * m, 0.0f);
+    c.comm->allGather(mine.data(), 2 * m * 4, all.data(), group, what);
+    cpu::combineCompensated(all.data(), members, m, mine.data(), mine.data() + m);
+    if (!paired)
+      cpu::addCompensation(mine.data(), mine.data() + m, m);
+    c.memory->copy2d(sum + at * 4, m * 4, mine.data(), m * 4, m * 4, 1);
+    if (paired)
+      c.memory->copy2d(err + at * 4, m * 4, mine.data() + m, m * 4, m * 4, 1);
+  }
 }
 
 /// Member q's [rows, w] block becomes columns [q w, (q + 1) w) of the
@@ -112,7 +145,10 @@ std::vector<std::vector<int>> groupsOf(const Plan &plan, int64_t rank,
 int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
   switch (s.op->collective) {
   case Collective::AllReduce:
-    allReduce(c, s, rows, c.groups.at(index), describe(index, s));
+    if (!c.program->buffers[s.in[0]].state.empty())
+      allReduceState(c, s, c.groups.at(index), describe(index, s));
+    else
+      allReduce(c, s, rows, c.groups.at(index), describe(index, s));
     return -1;
   case Collective::AllGather:
     allGather(c, s, rows, c.groups.at(index), describe(index, s));

@@ -46,7 +46,7 @@ int64_t integerOption(const std::string &option, const char *text, int64_t min) 
 double accumulate(const std::vector<float> &g, std::vector<float> &sum) {
   if (sum.empty())
     sum.assign(g.size(), 0.0f);
-  cpu::accumulate(g.data(), sum.data(), static_cast<int64_t>(g.size()));
+  cpu::accumulate(g.data(), sum.data(), nullptr, static_cast<int64_t>(g.size()));
   return cpu::sumOfSquares(g.data(), static_cast<int64_t>(g.size()));
 }
 

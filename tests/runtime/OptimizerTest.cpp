@@ -1,7 +1,7 @@
 // The optimizer's kernels (moert/cpu/Optimizer.h) against direct f64
 // implementations of their formulas: the learning-rate schedules at the
 // points transformers' schedules define, the clipping coefficient, the
-// block-ordered sum of squares, and AdamW's update over several steps (with
+// block-ordered sum of squares, the compensated gradient sums, and AdamW's update over several steps (with
 // an all-zero gradient too: the parameter decays, the moments decay).
 #include "moert/Parallel.h"
 #include "moert/Tensor.h"
@@ -73,6 +73,52 @@ TEST(OptimizerTest, SumOfSquaresIsTheSameForAnyThreadCount) {
   const double two = cpu::sumOfSquares(x.data(), static_cast<int64_t>(x.size()));
   EXPECT_EQ(one, two);
   EXPECT_NEAR(one, exact, 1e-9 * exact);
+}
+
+/// Compensated gradient sums: 8 gradients of widely spread magnitudes,
+/// added in one rank's order (accumulate, then addCompensation) and as 2 or
+/// 4 replicas would add them (each its share, then combineCompensated in
+/// replica order), give the correctly rounded sum (the f64 sum of the f32
+/// values, rounded once) in every element, where the plain f32 sum does
+/// not.
+TEST(OptimizerTest, CompensatedSumsAreTheRoundedSumInAnyGrouping) {
+  const int64_t n = 20000, count = 8;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<std::vector<float>> g(count, std::vector<float>(n));
+  for (auto &v : g)
+    for (float &x : v)
+      x = normal(rng) * std::exp(2.0f * normal(rng));
+  auto replicaSums = [&](int64_t replicas) {
+    const int64_t share = count / replicas;
+    std::vector<float> all(static_cast<size_t>(2 * n * replicas), 0.0f);
+    for (int64_t r = 0; r < replicas; ++r)
+      for (int64_t m = 0; m < share; ++m)
+        cpu::accumulate(g[r * share + m].data(), all.data() + 2 * n * r,
+                        all.data() + 2 * n * r + n, n);
+    std::vector<float> sum(n), err(n);
+    cpu::combineCompensated(all.data(), replicas, n, sum.data(), err.data());
+    cpu::addCompensation(sum.data(), err.data(), n);
+    for (float e : err)
+      EXPECT_EQ(e, 0.0f);
+    return sum;
+  };
+  std::vector<float> plain(n, 0.0f);
+  for (auto &v : g)
+    cpu::accumulate(v.data(), plain.data(), nullptr, n);
+  int64_t plainOff = 0;
+  const std::vector<float> one = replicaSums(1), two = replicaSums(2), four = replicaSums(4);
+  for (int64_t i = 0; i < n; ++i) {
+    double exact = 0;
+    for (auto &v : g)
+      exact += v[i];
+    const float rounded = static_cast<float>(exact);
+    ASSERT_EQ(one[i], rounded) << i;
+    ASSERT_EQ(two[i], rounded) << i;
+    ASSERT_EQ(four[i], rounded) << i;
+    plainOff += plain[i] != rounded;
+  }
+  EXPECT_GT(plainOff, n / 10); // (the test would not tell them apart otherwise)
 }
 
 TEST(OptimizerTest, AdamWFollowsTorchsFormula) {

@@ -8,7 +8,10 @@
 // with AdamW, its moments in state buffers of its own. Over data-parallel
 // replicas (moe.sharding's dp > 1) it first adds the replicas' gradient sums
 // and expert loads (all_reduce over dp): `micro_batches` counts the
-// micro-batches of the whole update, each replica running its share.
+// micro-batches of the whole update, each replica running its share. A
+// replica that adds several gradients keeps compensated sums (grad_err
+// states, added back by grad_total), so that an update is the same on every
+// layout.
 //
 //===----------------------------------------------------------------------===//
 #include "moe/Dialect/Exec/IR/ExecOps.h"
@@ -126,9 +129,16 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     auto buffers = body.getOps<exec::BufferOp>();
     OpBuilder b(ctx);
     b.setInsertionPointAfter(*std::prev(buffers.end()));
-    SmallVector<Value> sums;
+    // A replica that adds several micro-batches' gradients keeps each sum
+    // with its rounding error (a compensated sum: the optimizer adds it
+    // back once), so that the update is the same whatever the layout.
+    const bool compensated = microBatches / dataParallel(train) > 1;
+    SmallVector<Value> sums, errs;
     for (exec::WeightOp w : params)
       sums.push_back(state(b, train.getLoc(), "grad_sum", w));
+    if (compensated)
+      for (exec::WeightOp w : params)
+        errs.push_back(state(b, train.getLoc(), "grad_err", w));
     // DeepSeek's bias update: each routing with a correction bias counts its
     // selections into a state buffer right after it routes.
     // (Once per bias: a routing recomputed in the backward pass,
@@ -154,10 +164,15 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       biases.push_back({bias, load});
     }
     b.setInsertionPoint(ret);
-    for (auto [gradient, sum] : llvm::zip(ret.getGradients(), sums))
-      b.create<exec::LaunchOp>(ret.getLoc(), "accumulate", ValueRange{gradient, sum}, ValueRange{},
-                               ValueRange{sum}, b.getDictionaryAttr({}), StringAttr(),
-                               /*updates_weights=*/false);
+    for (auto [i, gradient] : llvm::enumerate(ret.getGradients())) {
+      SmallVector<Value> ins{gradient, sums[i]}, outs{sums[i]};
+      if (compensated) {
+        ins.push_back(errs[i]);
+        outs.push_back(errs[i]);
+      }
+      b.create<exec::LaunchOp>(ret.getLoc(), "accumulate", ins, ValueRange{}, outs,
+                               b.getDictionaryAttr({}), StringAttr(), /*updates_weights=*/false);
+    }
 
     // The optimizer program, right after the train program.
     b.setInsertionPointAfter(train);
@@ -176,7 +191,7 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       b.clone(*cache);
     Value step = b.create<exec::BufferOp>(loc, bufferType, b.getI32Type(), 1, 1, StringAttr());
     Value stats = b.create<exec::BufferOp>(loc, bufferType, f32, 1, 4, StringAttr());
-    SmallVector<Value> optSums, moments, squares, loads, masters;
+    SmallVector<Value> optSums, moments, squares, loads, masters, optErrs;
     for (auto &[bias, load] : biases)
       loads.push_back(state(b, loc, "expert_load", bias));
     for (exec::WeightOp w : params) {
@@ -186,25 +201,37 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       // A bf16 weight is the rounding of its f32 master weight.
       bool bf16 = cast<RankedTensorType>(w.getTensorType()).getElementType().isBF16();
       masters.push_back(bf16 ? Value(state(b, loc, "master", w)) : Value());
+      if (compensated)
+        optErrs.push_back(state(b, loc, "grad_err", w));
     }
     b.create<exec::InputsOp>(loc, Value(), Value(), Value(), step);
-    // Data-parallel replicas: the gradient sums and the expert loads of all
-    // of them, added over the dp group before anything reads them (each
-    // replica then takes the same update).
-    if (dataParallel(train) > 1) {
-      auto mesh = FlatSymbolRefAttr::get(ctx, "mesh");
-      SmallVector<Value> summed(optSums);
-      summed.append(loads.begin(), loads.end());
-      for (Value sum : summed)
-        b.create<exec::CollectiveOp>(loc, b.getStringAttr("all_reduce"), mesh,
-                                     b.getStringAttr("dp"), ValueRange{sum}, ValueRange{sum},
-                                     b.getDictionaryAttr({}), StringAttr());
-    }
     auto launch = [&](StringRef kernel, ValueRange ins, ValueRange ws, ValueRange outs,
                       ArrayRef<NamedAttribute> constants, bool updates = false) {
       b.create<exec::LaunchOp>(loc, kernel, ins, ws, outs, b.getDictionaryAttr(constants),
                                StringAttr(), updates);
     };
+    // Data-parallel replicas: the gradient sums (with their errors) and the
+    // expert loads of all of them, added over the dp group before anything
+    // reads them (each replica then takes the same update).
+    auto sumAndError = [&](size_t i) {
+      return compensated ? SmallVector<Value>{optSums[i], optErrs[i]} : SmallVector<Value>{optSums[i]};
+    };
+    if (dataParallel(train) > 1) {
+      auto mesh = FlatSymbolRefAttr::get(ctx, "mesh");
+      auto allReduce = [&](ValueRange buffers) {
+        b.create<exec::CollectiveOp>(loc, b.getStringAttr("all_reduce"), mesh,
+                                     b.getStringAttr("dp"), buffers, buffers,
+                                     b.getDictionaryAttr({}), StringAttr());
+      };
+      for (size_t i = 0; i < params.size(); ++i)
+        allReduce(sumAndError(i));
+      for (Value load : loads)
+        allReduce(load);
+    }
+    // A compensated sum's error added back, once.
+    if (compensated)
+      for (size_t i = 0; i < params.size(); ++i)
+        launch("grad_total", sumAndError(i), {}, sumAndError(i), {});
     launch("lr_schedule", {step}, {}, {stats},
            {b.getNamedAttr("schedule", b.getStringAttr(schedule)),
             b.getNamedAttr("lr", b.getF64FloatAttr(lr)),

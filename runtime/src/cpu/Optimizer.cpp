@@ -26,10 +26,53 @@ template <typename Body> void blocks(int64_t n, Body body) {
 }
 } // namespace
 
-void accumulate(const float *g, float *sum, int64_t n) {
+namespace {
+/// a + b = s + e exactly, s the rounded sum (Knuth's TwoSum: no branch, any
+/// magnitudes).
+inline void twoSum(float a, float b, float &s, float &e) {
+  s = a + b;
+  const float bv = s - a, av = s - bv;
+  e = (a - av) + (b - bv);
+}
+} // namespace
+
+void accumulate(const float *g, float *sum, float *err, int64_t n) {
   blocks(n, [&](int64_t, int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
-      sum[i] += g[i];
+    if (!err) {
+      for (int64_t i = begin; i < end; ++i)
+        sum[i] += g[i];
+      return;
+    }
+    for (int64_t i = begin; i < end; ++i) {
+      float s, e;
+      twoSum(sum[i], g[i], s, e);
+      sum[i] = s;
+      err[i] += e;
+    }
+  });
+}
+
+void addCompensation(float *sum, float *err, int64_t n) {
+  blocks(n, [&](int64_t, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      sum[i] += err[i];
+      err[i] = 0;
+    }
+  });
+}
+
+void combineCompensated(const float *all, int64_t members, int64_t n, float *sum, float *err) {
+  blocks(n, [&](int64_t, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float s = all[i], lost = all[n + i];
+      for (int64_t q = 1; q < members; ++q) {
+        float e;
+        twoSum(s, all[2 * n * q + i], s, e);
+        lost += all[2 * n * q + n + i] + e;
+      }
+      sum[i] = s;
+      err[i] = lost;
+    }
   });
 }
 

@@ -7,9 +7,20 @@
 namespace moert::ops {
 namespace {
 
-/// Over the step's rows, or in place over a whole state buffer (the
-/// replicas' gradient sums of an optimizer program).
+/// Over the step's rows, or in place over a whole compensated sum (two
+/// state buffers: the replicas' gradient sums and their errors, of an
+/// optimizer program) or state buffer (its expert loads).
 void checkAllReduce(const StepChecker &c, const PlanStep &step) {
+  if (step.in.size() == 2) {
+    c.arity(2, 0, 0, 2);
+    const PlanBuffer &sum = c.program.buffers[step.in[0]], &err = c.program.buffers[step.in[1]];
+    c.expect(step.out[0] == step.in[0] && step.out[1] == step.in[1] && !sum.state.empty() &&
+                 !err.state.empty() && sum.dtype == DType::F32 && err.dtype == DType::F32 &&
+                 sum.rows * sum.width == err.rows * err.width,
+             "an all_reduce of two buffers adds a compensated sum: two f32 state buffers of as "
+             "many values, in place");
+    return;
+  }
   c.arity(1, 0, 0, 1);
   if (!c.program.buffers[step.in[0]].state.empty()) {
     c.width(step.in[0]);

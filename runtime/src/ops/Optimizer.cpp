@@ -20,17 +20,43 @@ bool stateOfWeight(const StepChecker &c, int64_t buffer, const PlanWeight &w) {
   return b.dtype == DType::F32 && b.width == w.shape.back() && b.rows * b.width == elements;
 }
 
-/// in: a gradient and its sum (a state buffer); out: the sum.
+/// in: a gradient and its sum, with or without the sum's error (state
+/// buffers: a compensated sum); out: the sum (and the error).
 void checkAccumulate(const StepChecker &c, const PlanStep &step) {
-  c.arity(2, 0, 0, 1);
+  const bool compensated = step.in.size() == 3;
+  c.arity(compensated ? 3 : 2, 0, 0, compensated ? 2 : 1);
   const PlanBuffer &g = c.program.buffers[step.in[0]], &sum = c.program.buffers[step.in[1]];
   c.expect(step.in[1] == step.out[0] && !sum.state.empty() && g.dtype == DType::F32 &&
                g.rows * g.width == sum.rows * sum.width,
            "expected a gradient and its sum (a state buffer of as many values, in and out)");
+  if (compensated) {
+    const PlanBuffer &err = c.program.buffers[step.in[2]];
+    c.expect(step.in[2] == step.out[1] && !err.state.empty() &&
+                 err.rows * err.width == sum.rows * sum.width,
+             "expected the sum's error after it (a state buffer of as many values, in and out)");
+  }
 }
 
 int64_t runAccumulate(cpu::StepContext &c) {
-  cpu::accumulate(c.in(0), c.out(0), c.bufferRows(c.step->in[1]) * c.width(c.step->in[1]));
+  const int64_t n = c.bufferRows(c.step->in[1]) * c.width(c.step->in[1]);
+  if (c.step->in.size() == 3)
+    cpu::accumulate(c.in(0), c.out(0), c.out(1), n);
+  else
+    cpu::accumulate(c.in(0), c.out(0), nullptr, n);
+  return c.rows;
+}
+
+/// in and out: a compensated gradient sum (sum, error: state buffers).
+void checkGradTotal(const StepChecker &c, const PlanStep &step) {
+  c.arity(2, 0, 0, 2);
+  const PlanBuffer &sum = c.program.buffers[step.in[0]], &err = c.program.buffers[step.in[1]];
+  c.expect(step.in[0] == step.out[0] && step.in[1] == step.out[1] && !sum.state.empty() &&
+               !err.state.empty() && err.rows * err.width == sum.rows * sum.width,
+           "expected a gradient sum and its error (state buffers of as many values, in and out)");
+}
+
+int64_t runGradTotal(cpu::StepContext &c) {
+  cpu::addCompensation(c.out(0), c.out(1), c.bufferRows(c.step->in[0]) * c.width(c.step->in[0]));
   return c.rows;
 }
 
@@ -231,6 +257,8 @@ int64_t runBiasUpdate(cpu::StepContext &c) {
 // (An optimizer program runs with no rows: its steps run empty.)
 const OpDef kAccumulate = {"accumulate", Collective::None, OpDef::RunsEmpty, nullptr, checkAccumulate,
                            runAccumulate};
+const OpDef kGradTotal = {"grad_total", Collective::None, OpDef::RunsEmpty, nullptr, checkGradTotal,
+                          runGradTotal};
 const OpDef kLrSchedule = {"lr_schedule", Collective::None, OpDef::RunsEmpty, parseSchedule, checkSchedule,
                            runSchedule};
 const OpDef kGradNorm = {"grad_norm", Collective::None, OpDef::RunsEmpty, parseGradNorm, checkGradNorm,

@@ -8,8 +8,20 @@
 
 namespace moert::cpu {
 
-/// sum[i] += g[i], i < n.
-void accumulate(const float *g, float *sum, int64_t n);
+/// sum[i] + err[i] += g[i], i < n: the micro-batches' gradients summed with
+/// compensation (Knuth's TwoSum: sum takes the f32 sum, err adds up what
+/// each addition rounded away), so that sum + err, rounded once
+/// (addCompensation), is the correctly rounded sum of the gradients in all
+/// but pathological cases, whatever order they were added in: the update
+/// of data-parallel replicas equals one rank's (docs/training.md). Without
+/// err (null): sum[i] += g[i] (the one gradient of an update).
+void accumulate(const float *g, float *sum, float *err, int64_t n);
+/// sum[i] = sum[i] + err[i] (rounded to f32), err[i] = 0, i < n.
+void addCompensation(float *sum, float *err, int64_t n);
+/// Member sums (sum, err) of `members` ranks, each 2 x n floats (n sums, then
+/// n errors) at all + q 2n, added in member order into `sum` and `err`:
+/// the all_reduce of compensated sums.
+void combineCompensated(const float *all, int64_t members, int64_t n, float *sum, float *err);
 
 /// The sum of x[i]^2 over i < n in double: per block of 64 Ki elements in
 /// eight running sums (element i into sum i mod 8), the blocks added in
