@@ -124,7 +124,10 @@ N (--steps is the last update's number); --shuffle-seed S draws each pass's
 window order from S (default: in order). A .txt or .jsonl --data (any
 file with --tokenizer) is text, encoded with the model's tokenizer
 (--tokenizer PATH, else the weights directory's); a JSONL file of
-{"prompt", "response"} objects trains on the responses only.
+{"prompt", "response"} objects trains on the responses only. A plan
+compiled with --dp N trains under mpirun -np N: data-parallel replicas,
+each running its share of an update's micro-batches, rank 0 printing and
+writing (--collective-timeout as for run).
 docs/training.md.
 
 `moert convert` writes the primary weight slices of every rank of PLAN, read
@@ -148,6 +151,8 @@ Under mpirun, an error on any rank ends the whole job (MPI_Abort with the same s
 after the rank prints it as `moert: error: rank R: ...`.
 )";
 
+} // namespace
+
 double parseDouble(const std::string &option, const char *text) {
   char *end;
   double value = std::strtod(text, &end);
@@ -155,8 +160,6 @@ double parseDouble(const std::string &option, const char *text) {
     inputError("{}: expected a finite number but got '{}'", option, text);
   return value;
 }
-
-} // namespace
 
 int64_t parseInt(const std::string &option, const char *text) {
   int64_t value;

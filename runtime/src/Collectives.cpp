@@ -146,7 +146,8 @@ int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
   switch (s.op->collective) {
   case Collective::AllReduce:
     if (!c.program->buffers[s.in[0]].state.empty())
-      allReduceState(c, s, c.groups.at(index), describe(index, s));
+      allReduceState(c, s, c.groups.at(index),
+                     fmt::format("{} program {}", c.program->entry, describe(index, s)));
     else
       allReduce(c, s, rows, c.groups.at(index), describe(index, s));
     return -1;

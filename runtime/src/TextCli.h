@@ -17,6 +17,8 @@ int tokenizeCommand(int argc, char **argv);
 std::vector<int32_t> parseTokenIds(const char *text, const char *option);
 /// An integer option's value; InputError naming `option` (Cli.cpp).
 int64_t parseInt(const std::string &option, const char *text);
+/// A finite number option's value; InputError naming `option` (Cli.cpp).
+double parseDouble(const std::string &option, const char *text);
 /// The value after option argv[i] (advancing i); InputError naming the
 /// option when it is the last argument (Cli.cpp).
 const char *optionValue(int argc, char **argv, int &i);

@@ -429,6 +429,7 @@ int trainCommand(int argc, char **argv, Comm &comm) {
   int64_t saveEvery = 0, shuffleSeed = -1;
   int64_t steps = 0, batches = 1;
   bool profile = false, reportMemory = false;
+  double collectiveTimeout = 300;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
@@ -449,6 +450,7 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     else if (arg == "--profile") profile = true;
     else if (arg == "--report-memory") reportMemory = true;
     else if (arg == "--device") deviceName = value();
+    else if (arg == "--collective-timeout") collectiveTimeout = parseDouble(arg, value());
     else if (!arg.empty() && arg[0] == '-') inputError("unknown option '{}' (see moert --help)", arg);
     else if (planPath.empty()) planPath = arg;
     else inputError("unexpected argument '{}'", arg);
@@ -480,6 +482,9 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     inputError("--save-every {}: expected --save CKPT", saveEvery);
   if (threads > 1024)
     inputError("--threads: expected a value in [1, 1024] but got {}", threads);
+  if (!(collectiveTimeout > 0))
+    inputError("--collective-timeout: expected a number of seconds > 0");
+  comm.setTimeout(collectiveTimeout);
   setNumThreads(threads);
 
   Plan plan = Plan::load(planPath);
