@@ -94,7 +94,8 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
     choose.etp = o.layout->etp;
     choose.vocabPadTo = o.layout->vocabPadTo;
     choose.dtype = o.layout->dtype;
-    choose.explain = o.explain;
+    // (With --train, --explain prints the training memory model instead.)
+    choose.explain = o.explain && !o.train;
     choose.json = o.json;
     pm.addPass(createMoEChooseLayout(choose));
   }

@@ -110,10 +110,12 @@ void appendByName(const PlanWeight &w, const std::vector<float> &values,
 /// --report-memory: what the device holds at its peak (weights, every
 /// entry's buffers, the state buffers, the KV caches and the device's
 /// scratch) against the compiled programs' figures (all but the scratch).
-void printTrainingMemory(const Plan &plan, const RankExecutor &executor) {
+void printTrainingMemory(const Plan &plan, const RankExecutor &executor, int rank) {
   const double measured = static_cast<double>(executor.peakBytes()),
-               predicted = static_cast<double>(plan.ranks.at(0).predictedPeakBytes);
-  fmt::print("memory: weights {} bytes, peak measured {:.2f} MiB, predicted {:.2f} MiB ({:+.1f}%)\n",
+               predicted = static_cast<double>(plan.ranks.at(rank).predictedPeakBytes);
+  fmt::print("{}memory: weights {} bytes, peak measured {:.2f} MiB, predicted {:.2f} MiB "
+             "({:+.1f}%)\n",
+             plan.worldSize > 1 ? fmt::format("rank {}: ", rank) : std::string(),
              executor.weightBytes(), measured / 1048576, predicted / 1048576,
              100 * (measured - predicted) / predicted);
 }
@@ -572,7 +574,7 @@ int trainCommand(int argc, char **argv, Comm &comm) {
       printProfile(program, executor->stepSeconds(),
                    (steps - run.start.step) * optimizer.microBatches);
     if (reportMemory)
-      printTrainingMemory(plan, *executor);
+      printTrainingMemory(plan, *executor, comm.rank());
     return 0;
   }
 
@@ -618,7 +620,7 @@ int trainCommand(int argc, char **argv, Comm &comm) {
   if (profile)
     printProfile(program, executor->stepSeconds(), batches);
   if (reportMemory)
-    printTrainingMemory(plan, *executor);
+    printTrainingMemory(plan, *executor, comm.rank());
   if (!metricsOut.empty())
     writeFileAtomically(metricsOut, metrics);
   if (!gradsOut.empty()) {
