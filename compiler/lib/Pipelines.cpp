@@ -132,6 +132,7 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
     adamw.clipGradNorm = o.optimizer->clipGradNorm;
     adamw.microBatches = o.optimizer->microBatches;
     adamw.expertBiasUpdateRate = o.optimizer->expertBiasUpdateRate;
+    adamw.zero = o.optimizer->zero;
     pm.addPass(createMoEAppendOptimizer(adamw));
   }
   // The target's own passes on the exec programs (an unknown target is

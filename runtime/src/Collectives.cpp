@@ -70,6 +70,54 @@ void allReduceState(const Context &c, const PlanStep &s, const std::vector<int> 
   }
 }
 
+/// A weight gathered whole, in place, over the group (ZeRO-1): member q
+/// updated rows [q k, (q + 1) k) of its state view (elements as rows of the
+/// last dimension), k = shard_rows; each member's rows go to every member a
+/// chunk at a time. (Host weights: optimizer programs run on the CPU.)
+void allGatherWeight(const Context &c, const PlanStep &s, const std::vector<int> &group,
+                     const std::string &what) {
+  const PlanWeight &w = c.program->weights[s.weights[0]];
+  const std::vector<WeightPart> parts =
+      c.weightParts ? c.weightParts(s.weights[0]) : std::vector<WeightPart>();
+  if (parts.empty())
+    runtimeError("rank {}: {}: the device does not hold '{}' in host memory", c.rank, what,
+                 w.name);
+  const int64_t size = w.dtype == DType::BF16 ? 2 : 4, shard = s.shardRows * w.shape.back();
+  int64_t total = 0;
+  for (const WeightPart &p : parts)
+    total += p.elements;
+  // Elements [from, from + n) of the weight (clipped to its end) to / from `at`.
+  auto copy = [&](int64_t from, int64_t n, char *at, bool out) {
+    int64_t offset = 0;
+    for (const WeightPart &p : parts) {
+      const int64_t a = std::max(from, offset), b = std::min(from + n, offset + p.elements);
+      if (a < b) {
+        char *weight = p.data + (a - offset) * size, *buffer = at + (a - from) * size;
+        if (out)
+          std::memcpy(buffer, weight, static_cast<size_t>((b - a) * size));
+        else
+          std::memcpy(weight, buffer, static_cast<size_t>((b - a) * size));
+      }
+      offset += p.elements;
+    }
+  };
+  const int64_t members = static_cast<int64_t>(group.size());
+  const int64_t me = std::find(group.begin(), group.end(), static_cast<int>(c.rank)) - group.begin();
+  constexpr int64_t kChunk = int64_t(1) << 18; // values
+  const int64_t chunk = std::min(shard, kChunk);
+  std::vector<char> mine(static_cast<size_t>(chunk * size)),
+      all(static_cast<size_t>(chunk * size * members));
+  for (int64_t at = 0; at < shard; at += chunk) {
+    const int64_t m = std::min(chunk, shard - at);
+    std::fill(mine.begin(), mine.end(), char(0));
+    copy(me * shard + at, m, mine.data(), /*out=*/true);
+    c.comm->allGather(mine.data(), m * size, all.data(), group, what);
+    for (int64_t q = 0; q < members; ++q)
+      if (q != me && q * shard + at < total)
+        copy(q * shard + at, m, all.data() + q * m * size, /*out=*/false);
+  }
+}
+
 /// Member q's [rows, w] block becomes columns [q w, (q + 1) w) of the
 /// output [rows, n w].
 void allGather(const Context &c, const PlanStep &s, int64_t rows,
@@ -152,7 +200,11 @@ int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
       allReduce(c, s, rows, c.groups.at(index), describe(index, s));
     return -1;
   case Collective::AllGather:
-    allGather(c, s, rows, c.groups.at(index), describe(index, s));
+    if (!s.weights.empty())
+      allGatherWeight(c, s, c.groups.at(index),
+                      fmt::format("{} program {}", c.program->entry, describe(index, s)));
+    else
+      allGather(c, s, rows, c.groups.at(index), describe(index, s));
     return -1;
   case Collective::AllToAll:
     return allToAll(c, s, c.groups.at(index), describe(index, s));

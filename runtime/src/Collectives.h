@@ -31,6 +31,14 @@ public:
 /// What a step is for, in messages: "step 12 (all_reduce over tp)".
 std::string describe(size_t index, const PlanStep &step);
 
+/// A piece of a weight in host memory: `elements` values of its dtype, the
+/// next ones of the weight's elements in order (an expert stack's experts
+/// one after another).
+struct WeightPart {
+  char *data = nullptr;
+  int64_t elements = 0;
+};
+
 /// One rank's view of its program's collectives.
 struct Context {
   const Plan *plan = nullptr;
@@ -46,6 +54,9 @@ struct Context {
   /// Device memory for all_gather's [n, rows, width] block: at least
   /// `bytes` bytes (the device keeps it).
   std::function<void *(int64_t bytes)> gatherStage;
+  /// Program weight `id`'s pieces (the all_gather of a weight, ZeRO): none
+  /// from a device that does not own writable host weights.
+  std::function<std::vector<WeightPart>(int64_t id)> weightParts;
 };
 
 /// Runs collective step `index` (is_collective) over `rows` rows. Every member

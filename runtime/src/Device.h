@@ -48,6 +48,10 @@ public:
   /// local shape (an expert stack's experts in order): what training made
   /// of it.
   virtual void readWeight(size_t i, std::vector<float> &out);
+  /// The rank's weight i in host memory, writable, its elements in order
+  /// (the all_gather of a weight, ZeRO); none where the device does not
+  /// own it there.
+  virtual std::vector<collectives::WeightPart> weightParts(size_t) { return {}; }
   /// Waits for the work launched so far.
   virtual void synchronize() {}
   /// True when a step's kernels have finished when compute() returns (step

@@ -221,6 +221,15 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
         if (other.state == pb.state)
           b.fail("state", fmt::format("'{}' is declared twice", pb.state));
     }
+    if (b.has("logical_rows")) {
+      // A ZeRO shard: ceil(logical_rows / dp) rows each.
+      pb.logicalRows = b.integer("logical_rows", 1);
+      const int64_t dp = plan.degrees.dp;
+      if (pb.state.empty() || pb.logicalRows > pb.rows * dp || pb.logicalRows <= (pb.rows - 1) * dp)
+        b.fail("logical_rows", fmt::format("expected a state buffer of ceil({} / dp) = {} rows "
+                                           "(a shard of each of the {} data-parallel replicas)",
+                                           pb.logicalRows, (pb.logicalRows + dp - 1) / dp, dp));
+    }
     program.buffers.push_back(pb);
   }
   const json &caches = pr.array("kv_caches");

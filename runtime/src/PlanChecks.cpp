@@ -156,9 +156,20 @@ void checkWeightBinding(const PlanProgram &program, const JsonFields &pr) {
   std::vector<int64_t> firstStep(program.weights.size(), -1);
   if (program.entry == "optimizer") {
     // The optimizer's updates write each weight they bind, once; weights
-    // that are not parameters (no gradient) are bound by none.
+    // that are not parameters (no gradient) are bound by none. Over ZeRO
+    // shards each update is followed by the weight's all_gather, once.
+    std::vector<bool> gathered(program.weights.size(), false);
     for (size_t i = 0; i < program.steps.size(); ++i)
       for (int64_t id : program.steps[i].weights) {
+        if (program.steps[i].op->collective == Collective::AllGather) {
+          if (firstStep[id] < 0 || gathered[id])
+            pr.element("steps", i).fail(
+                "weights", fmt::format("weight {} ('{}'): an all_gather of a weight follows its "
+                                       "update, once",
+                                       id, program.weights[id].name));
+          gathered[id] = true;
+          continue;
+        }
         if (!program.steps[i].op->has(OpDef::UpdatesWeights) || firstStep[id] >= 0)
           pr.element("steps", i).fail(
               "weights", fmt::format("weight {} ('{}'): an optimizer program's weights are "

@@ -57,6 +57,8 @@ void RankExecutor::prepare(const Plan &plan, int64_t rank, const Checkpoint &wei
                              device->staging(), entry,
                              programs.size() > 1 ? programs.front().get() : nullptr);
     device->bind(*programs.back());
+    programs.back()->setWeightParts(
+        [d = device.get()](int64_t id) { return d->weightParts(static_cast<size_t>(id)); });
     seconds.emplace_back(entry->steps.size(), 0.0);
   }
   // A bf16 weight's f32 master starts as the checkpoint's values: the
@@ -147,6 +149,25 @@ RankProgram &RankExecutor::stateHolder(const std::string &name) const {
 void RankExecutor::readState(const std::string &name, std::vector<float> &out) {
   device->synchronize();
   stateHolder(name).readState(name, out);
+}
+
+bool isOptimizerState(const std::string &name) {
+  for (const char *kind : {"exp_avg:", "exp_avg_sq:", "master:"})
+    if (name.rfind(kind, 0) == 0)
+      return true;
+  return false;
+}
+
+int64_t RankExecutor::optimizerStateBytes() const {
+  int64_t bytes = 0;
+  for (const std::string &name : stateNames())
+    if (isOptimizerState(name))
+      bytes += stateShard(name).elements * 4;
+  return bytes;
+}
+
+StateShard RankExecutor::stateShard(const std::string &name) const {
+  return stateHolder(name).stateShard(name);
 }
 
 void RankExecutor::writeState(const std::string &name, const std::vector<float> &values) {

@@ -23,7 +23,14 @@ void RankProgram::prepare(const Plan &plan, int64_t rank, DeviceMemory &memory_,
       buffers.push_back(memory->allocate(b.rows * b.width * 4));
       continue;
     }
-    auto [it, added] = states.emplace(b.state, State{nullptr, b.rows * b.width});
+    // A ZeRO shard: replica d holds rows [d rows, (d + 1) rows) of its
+    // logical state.
+    StateShard shard{b.rows * b.width, b.rows * b.width, 0};
+    if (b.logicalRows > 0) {
+      shard.logicalElements = b.logicalRows * b.width;
+      shard.offset = plan.ranks.at(rank).coords.dp * b.rows * b.width;
+    }
+    auto [it, added] = states.emplace(b.state, State{nullptr, b.rows * b.width, shard});
     if (added)
       it->second.address = memory->allocate(b.rows * b.width * 4);
     else if (it->second.elements != b.rows * b.width)
@@ -121,10 +128,28 @@ void RankProgram::readState(const std::string &name, std::vector<float> &out) co
 
 void RankProgram::writeState(const std::string &name, const std::vector<float> &values) {
   auto it = states.find(name);
-  if (it == states.end() || it->second.elements != static_cast<int64_t>(values.size()))
+  const int64_t n = static_cast<int64_t>(values.size());
+  if (it == states.end() ||
+      (it->second.elements != n && it->second.shard.logicalElements != n))
     runtimeError("the {} entry has no state '{}' of {} values", program_->entry, name,
                  values.size());
-  memory->write(it->second.address, values.data(), it->second.elements * 4);
+  const State &s = it->second;
+  if (s.elements == n) {
+    memory->write(s.address, values.data(), n * 4);
+    return;
+  }
+  // The whole logical state: this shard's rows of it (zeros past its end).
+  std::vector<float> own(static_cast<size_t>(s.elements), 0.0f);
+  for (int64_t i = 0; i < s.elements && s.shard.offset + i < n; ++i)
+    own[static_cast<size_t>(i)] = values[static_cast<size_t>(s.shard.offset + i)];
+  memory->write(s.address, own.data(), s.elements * 4);
+}
+
+StateShard RankProgram::stateShard(const std::string &name) const {
+  auto it = states.find(name);
+  if (it == states.end())
+    runtimeError("the {} entry has no state '{}'", program_->entry, name);
+  return it->second.shard;
 }
 
 void RankProgram::readOutput(int64_t rows, std::vector<float> &logits) {

@@ -41,6 +41,10 @@ public:
 
   /// The collective steps' context (runSteps).
   const collectives::Context &collectives() const { return context; }
+  /// Where the collectives find the rank's weights (Device::weightParts).
+  void setWeightParts(std::function<std::vector<collectives::WeightPart>(int64_t)> parts) {
+    context.weightParts = std::move(parts);
+  }
 
   void *buffer(int64_t id) const { return buffers[static_cast<size_t>(id)]; }
   float *cacheKeys(int64_t id) const { return caches[static_cast<size_t>(id)].keys; }
@@ -65,15 +69,20 @@ public:
   void readStats(std::vector<float> &stats);
   /// The program's state buffers (its own and those it shares), by name.
   std::vector<std::string> stateNames() const;
-  /// State `name` to / from the host (f32, its elements in order);
+  /// State `name` to / from the host (f32, its elements in order; a ZeRO
+  /// shard's own rows, written from them or from the whole logical state);
   /// RuntimeError for a name the program has not or a size that differs.
   void readState(const std::string &name, std::vector<float> &out) const;
   void writeState(const std::string &name, const std::vector<float> &values);
+  /// State `name`'s shard: its elements, the logical state's, and where
+  /// they start in it (a state that is not a ZeRO shard: all of them, 0).
+  StateShard stateShard(const std::string &name) const;
 
 private:
   struct State {
     void *address = nullptr;
     int64_t elements = 0;
+    StateShard shard;
   };
   struct Cache {
     float *keys = nullptr, *values = nullptr;

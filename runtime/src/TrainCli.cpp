@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <set>
 #include <thread>
 
 namespace moert {
@@ -118,6 +119,20 @@ void printTrainingMemory(const Plan &plan, const RankExecutor &executor, int ran
              plan.worldSize > 1 ? fmt::format("rank {}: ", rank) : std::string(),
              executor.weightBytes(), measured / 1048576, predicted / 1048576,
              100 * (measured - predicted) / predicted);
+  // The optimizer's own states (ZeRO-1: the rank's shards), allocated
+  // against the plan's state buffers.
+  std::set<std::string> seen;
+  int64_t planned = 0;
+  for (const PlanProgram *entry : plan.entriesOf(rank))
+    for (const PlanBuffer &b : entry->buffers)
+      if (isOptimizerState(b.state) && seen.insert(b.state).second)
+        planned += b.bytes;
+  if (planned > 0)
+    fmt::print("{}optimizer states: {} bytes allocated, {} predicted ({:+.1f}%)\n",
+               plan.worldSize > 1 ? fmt::format("rank {}: ", rank) : std::string(),
+               executor.optimizerStateBytes(), planned,
+               100.0 * static_cast<double>(executor.optimizerStateBytes() - planned) /
+                   static_cast<double>(planned));
 }
 
 /// The run's micro-batches (docs/training.md, "Data and windows"): pass p
@@ -181,10 +196,34 @@ DType storedDtype(const PlanLayout &layout, const PlanWeight &w) {
   return s ? s->dtype : w.dtype;
 }
 
+/// State `name`'s whole logical values: a ZeRO shard's gathered from every
+/// replica of the world (data-parallel training: every rank is one), in
+/// replica order. Every rank calls it, for the same states in the same
+/// order.
+void readWholeState(RankExecutor &executor, Comm &comm, const std::string &name,
+                    std::vector<float> &out) {
+  const StateShard shard = executor.stateShard(name);
+  if (shard.elements == shard.logicalElements) {
+    executor.readState(name, out);
+    return;
+  }
+  std::vector<float> own;
+  executor.readState(name, own);
+  std::vector<int> world(static_cast<size_t>(comm.size()));
+  for (int r = 0; r < comm.size(); ++r)
+    world[static_cast<size_t>(r)] = r;
+  out.resize(static_cast<size_t>(shard.elements) * world.size());
+  comm.allGather(own.data(), shard.elements * 4, out.data(), world,
+                 fmt::format("the shards of state '{}'", name));
+  out.resize(static_cast<size_t>(shard.logicalElements));
+}
+
 /// The trained weights by checkpoint name (`values` keeps them; a bf16
-/// weight's are its f32 master's): f32, or with `layout` each in the dtype
-/// of its slices (a checkpoint the plan loads: f32 for --param-dtype bf16).
-std::vector<TensorToWrite> trainedWeights(RankExecutor &executor, const PlanProgram &program,
+/// weight's are its f32 master's, gathered when sharded: every rank calls
+/// it): f32, or with `layout` each in the dtype of its slices (a checkpoint
+/// the plan loads: f32 for --param-dtype bf16).
+std::vector<TensorToWrite> trainedWeights(RankExecutor &executor, Comm &comm,
+                                          const PlanProgram &program,
                                           std::vector<std::vector<float>> &values,
                                           const PlanLayout *layout = nullptr) {
   std::vector<TensorToWrite> tensors;
@@ -193,7 +232,7 @@ std::vector<TensorToWrite> trainedWeights(RankExecutor &executor, const PlanProg
   for (size_t i = 0; i < program.weights.size(); ++i) {
     const PlanWeight &w = program.weights[i];
     if (std::binary_search(states.begin(), states.end(), "master:" + w.name))
-      executor.readState("master:" + w.name, values[i]);
+      readWholeState(executor, comm, "master:" + w.name, values[i]);
     else
       executor.readWeight(i, values[i]);
     appendByName(w, values[i], tensors, layout ? storedDtype(*layout, w) : DType::F32);
@@ -205,11 +244,13 @@ std::vector<TensorToWrite> trainedWeights(RankExecutor &executor, const PlanProg
 /// is a state, or, in an f32 checkpoint (--param-dtype bf16), the weight
 /// itself), and every other state buffer that is not all zeros (a
 /// state the checkpoint lacks starts as zeros: the gradient sums and expert
-/// loads between two updates), each in its weight's shape.
-void saveCheckpoint(RankExecutor &executor, const PlanProgram &program, const TrainRun &run,
-                    const TrainingProgress &progress) {
+/// loads between two updates), each in its weight's shape. Every rank
+/// calls it (ZeRO shards are gathered); rank 0 writes.
+void saveCheckpoint(RankExecutor &executor, Comm &comm, const PlanProgram &program,
+                    const TrainRun &run, const TrainingProgress &progress) {
   std::vector<std::vector<float>> values;
-  std::vector<TensorToWrite> tensors = trainedWeights(executor, program, values, run.layout.get());
+  std::vector<TensorToWrite> tensors =
+      trainedWeights(executor, comm, program, values, run.layout.get());
   std::vector<TensorToWrite> state;
   std::vector<std::vector<float>> stateValues;
   for (const std::string &name : executor.stateNames()) {
@@ -222,8 +263,8 @@ void saveCheckpoint(RankExecutor &executor, const PlanProgram &program, const Tr
         storedDtype(*run.layout, *w) == DType::F32)
       continue;
     std::vector<float> v;
-    executor.readState(name, v);
-    if (std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; }))
+    readWholeState(executor, comm, name, v);
+    if (comm.rank() != 0 || std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; }))
       continue;
     std::vector<int64_t> shape{static_cast<int64_t>(v.size())};
     if (w != program.weights.end() && TensorView{DType::F32, w->shape, nullptr}.numel() == shape[0])
@@ -233,7 +274,8 @@ void saveCheckpoint(RankExecutor &executor, const PlanProgram &program, const Tr
                        std::memcpy(to, stateValues[i].data(), stateValues[i].size() * 4);
                      }});
   }
-  writeTrainingCheckpoint(run.save, run.model, run.planPath, tensors, state, progress);
+  if (comm.rank() == 0)
+    writeTrainingCheckpoint(run.save, run.model, run.planPath, tensors, state, progress);
 }
 
 /// The model's multiply-add parameters per token (6 x this is the FLOPs of
@@ -369,19 +411,20 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
                    "training diverged; lower --lr or resume from an earlier checkpoint",
                    step + 1, skipped, terms[0]);
     }
-    if (!run.save.empty() && lead &&
+    if (!run.save.empty() &&
         ((run.saveEvery > 0 && (step + 1) % run.saveEvery == 0) || step + 1 == run.steps))
-      saveCheckpoint(executor, program, run, {step + 1, consumed, M, L, B, run.start.shuffleSeed});
+      saveCheckpoint(executor, comm, program, run,
+                     {step + 1, consumed, M, L, B, run.start.shuffleSeed});
     progress.add(1);
   }
   progress.finish();
-  if (!lead)
-    return;
-  if (!run.metricsOut.empty())
+  if (!run.metricsOut.empty() && lead)
     writeFileAtomically(run.metricsOut, metrics);
   if (!run.weightsOut.empty()) {
     std::vector<std::vector<float>> values;
-    writeSafetensors(run.weightsOut, trainedWeights(executor, program, values));
+    std::vector<TensorToWrite> trained = trainedWeights(executor, comm, program, values);
+    if (lead)
+      writeSafetensors(run.weightsOut, trained);
   }
 }
 
@@ -413,11 +456,11 @@ TrainingProgress resumeFrom(const std::string &dir, const Checkpoint &checkpoint
                  dir, t.name);
     std::vector<float> values(t.bytes() / 4);
     sharded->assemble(t, reinterpret_cast<char *>(values.data()));
-    std::vector<float> current;
-    executor.readState(t.name, current);
-    if (current.size() != values.size())
+    // (A ZeRO shard takes its rows of the whole.)
+    const int64_t expected = executor.stateShard(t.name).logicalElements;
+    if (static_cast<int64_t>(values.size()) != expected)
       inputError("{}/manifest.json: training.state: '{}' has {} values, the plan's {}", dir,
-                 t.name, values.size(), current.size());
+                 t.name, values.size(), expected);
     executor.writeState(t.name, values);
   }
   return p;

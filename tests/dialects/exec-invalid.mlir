@@ -321,3 +321,37 @@ exec.program @p entry "forward" stage 0 {
   exec.inputs
   exec.return
 }
+
+// -----
+
+exec.program @p entry "optimizer" stage 0 {
+  // expected-error @below {{'exec.buffer' op logical_rows: only a state buffer is a ZeRO shard}}
+  %b = exec.buffer f32 rows 2 width 4 {logical_rows = 4 : i64}
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "optimizer" stage 0 {
+  // expected-error @below {{'exec.buffer' op logical_rows must be positive, got 0}}
+  %b = exec.buffer f32 rows 2 width 4 {logical_rows = 0 : i64, state = "exp_avg:w"}
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "optimizer" stage 0 {
+  %w = exec.weight "w" : tensor<4x4xf32>
+  // expected-error @below {{'exec.collective' op a collective of a weight is an all_gather of one weight in place, with its 'shard_rows' (ZeRO)}}
+  exec.collective "all_reduce" over @mesh["dp"] weights(%w) {shard_rows = 2 : i64}
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "optimizer" stage 0 {
+  %w = exec.weight "w" : tensor<4x4xf32>
+  // expected-error @below {{'exec.collective' op a collective of a weight is an all_gather of one weight in place, with its 'shard_rows' (ZeRO)}}
+  exec.collective "all_gather" over @mesh["dp"] weights(%w) {}
+  exec.return
+}

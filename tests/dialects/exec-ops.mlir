@@ -99,3 +99,17 @@ exec.program @opt entry "optimizer" stage 0 attributes {micro_batches = 2 : i64}
   exec.launch "adamw" ins(%step, %stats, %sum, %m, %v) weights(%w) outs(%m, %v, %sum) {beta1 = 0.9 : f64} {updates_weights}
   exec.return stats(%stats)
 }
+// ZeRO-1: a state buffer that is a shard of its logical rows, and the
+// all_gather of a weight in place.
+// CHECK-LABEL: exec.program @stage0_optimizer entry "optimizer" stage 0 {
+// CHECK-NEXT: %w0 = exec.weight "w" : tensor<5x4xf32>
+// CHECK-NEXT: %b0 = exec.buffer f32 rows 3 width 4 {logical_rows = 5 : i64, state = "exp_avg:w"}
+// CHECK: exec.collective "all_gather" over @mesh["dp"] weights(%w0) {shard_rows = 3 : i64}
+exec.program @stage0_optimizer entry "optimizer" stage 0 {
+  %w = exec.weight "w" : tensor<5x4xf32>
+  %m = exec.buffer f32 rows 3 width 4 {state = "exp_avg:w", logical_rows = 5 : i64}
+  %step = exec.buffer i32 rows 1 width 1
+  exec.inputs step(%step)
+  exec.collective "all_gather" over @mesh["dp"] weights(%w) {shard_rows = 3 : i64}
+  exec.return
+}

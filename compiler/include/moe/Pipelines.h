@@ -69,6 +69,9 @@ struct CompileOptions {
            clipGradNorm = 0, expertBiasUpdateRate = 1e-3;
     std::string schedule = "constant";
     int64_t warmupSteps = 0, decaySteps = 0, microBatches = 1;
+    /// ZeRO stage over the data-parallel replicas (1: the optimizer's
+    /// states sharded).
+    int64_t zero = 0;
   };
   std::optional<Optimizer> optimizer;
 };

@@ -113,6 +113,12 @@ cl::opt<double> expertBiasUpdateRate(
              "moves every routing correction bias (e_score_correction_bias) by this much "
              "towards the mean expert load (default 1e-3; 0: none)"),
     cl::init(1e-3), cl::sub(driver::compileSubcommand()), cl::cat(training));
+cl::opt<int64_t> zeroStage(
+    "zero",
+    cl::desc("With --optimizer and --dp N: the ZeRO stage, 0 (every replica holds the "
+             "optimizer's states) or 1 (the moments and bf16 masters sharded between the "
+             "replicas, the weights gathered after each update)"),
+    cl::init(0), cl::sub(driver::compileSubcommand()), cl::cat(training));
 cl::opt<int64_t> globalBatchSize(
     "global-batch-size",
     cl::desc("With --optimizer: sequences per update, a multiple of --micro-batch-size (the "
@@ -208,7 +214,7 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
   const std::initializer_list<cl::Option *> optimizerOptions{
       &learningRate, &minLr,     &lrSchedule,  &warmupSteps,  &lrDecaySteps,   &adamBeta1,
       &adamBeta2,    &adamEps,   &weightDecay, &clipGradNorm, &globalBatchSize,
-      &expertBiasUpdateRate, &paramDtype};
+      &expertBiasUpdateRate, &paramDtype, &zeroStage};
   if (!train) {
     for (cl::Option *o : std::initializer_list<cl::Option *>{
              &seqLen, &microBatchSize, &auxLossCoef, &routerZLossCoef, &lossOnly, &recompute,
@@ -347,6 +353,15 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
                   ": expected a multiple of --micro-batch-size x --dp (" +
                   Twine(int64_t(microBatchSize)) + " x " + Twine(replicas) +
                   "): each data-parallel replica runs the same number of micro-batches");
+  if (zeroStage == 2)
+    return refuse("not supported yet: --zero 2 (the gradients sharded between the replicas); "
+                  "--zero 1 shards the optimizer's states");
+  if (zeroStage != 0 && zeroStage != 1)
+    return refuse("--zero " + Twine(int64_t(zeroStage)) + ": expected 0, 1 or 2");
+  if (zeroStage == 1 && replicas == 1)
+    return refuse("--zero 1: expected --dp N with N > 1 (ZeRO shards the optimizer's states "
+                  "between data-parallel replicas)");
+  adamw.zero = zeroStage;
   options.optimizer = adamw;
   return Error::success();
 }

@@ -11,7 +11,8 @@
 // micro-batches of the whole update, each replica running its share. A
 // replica that adds several gradients keeps compensated sums (grad_err
 // states, added back by grad_total), so that an update is the same on every
-// layout.
+// layout. With zero=1 the moments and masters are sharded between the
+// replicas (ZeRO-1): each updates its rows, then the weights are gathered.
 //
 //===----------------------------------------------------------------------===//
 #include "moe/Dialect/Exec/IR/ExecOps.h"
@@ -82,6 +83,11 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       return fail("expected micro-batches >= 1");
     if (!(expertBiasUpdateRate >= 0))
       return fail("expected expert-bias-update-rate >= 0");
+    if (zero == 2)
+      return fail("zero=2: not supported yet: gradients sharded between the replicas "
+                  "(ZeRO-2); zero=1 shards the optimizer's states");
+    if (zero != 0 && zero != 1)
+      return fail("zero=" + Twine(int64_t(zero)) + ": expected 0 or 1");
     return true;
   }
 
@@ -122,7 +128,23 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     auto state = [&](OpBuilder &b, Location loc, StringRef kind, exec::WeightOp w) {
       auto [rows, width] = stateShape(w);
       return b.create<exec::BufferOp>(loc, bufferType, f32, rows, width,
-                                      b.getStringAttr(kind + ":" + w.getTensor()));
+                                      b.getStringAttr(kind + ":" + w.getTensor()),
+                                      IntegerAttr());
+    };
+    // ZeRO-1: a state of the optimizer's own, sharded between the replicas
+    // (replica d holds rows [d k, (d + 1) k) of its R rows, k = ceil(R / dp)).
+    const int64_t replicas = dataParallel(train);
+    const bool sharded = zero == 1 && replicas > 1;
+    auto shardRows = [&](exec::WeightOp w) {
+      return (stateShape(w).first + replicas - 1) / replicas;
+    };
+    auto optimizerState = [&](OpBuilder &b, Location loc, StringRef kind, exec::WeightOp w) {
+      if (!sharded)
+        return state(b, loc, kind, w);
+      auto [rows, width] = stateShape(w);
+      return b.create<exec::BufferOp>(loc, bufferType, f32, shardRows(w), width,
+                                      b.getStringAttr(kind + ":" + w.getTensor()),
+                                      b.getI64IntegerAttr(rows));
     };
 
     // The train program: each gradient added into its sum, before the return.
@@ -189,18 +211,20 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       weightOf.map(w.getResult(), b.clone(*w)->getResult(0));
     for (auto cache : body.getOps<exec::KVCacheOp>()) // (the entries of a stage share them)
       b.clone(*cache);
-    Value step = b.create<exec::BufferOp>(loc, bufferType, b.getI32Type(), 1, 1, StringAttr());
-    Value stats = b.create<exec::BufferOp>(loc, bufferType, f32, 1, 4, StringAttr());
+    Value step = b.create<exec::BufferOp>(loc, bufferType, b.getI32Type(), 1, 1, StringAttr(),
+                                          IntegerAttr());
+    Value stats =
+        b.create<exec::BufferOp>(loc, bufferType, f32, 1, 4, StringAttr(), IntegerAttr());
     SmallVector<Value> optSums, moments, squares, loads, masters, optErrs;
     for (auto &[bias, load] : biases)
       loads.push_back(state(b, loc, "expert_load", bias));
     for (exec::WeightOp w : params) {
       optSums.push_back(state(b, loc, "grad_sum", w));
-      moments.push_back(state(b, loc, "exp_avg", w));
-      squares.push_back(state(b, loc, "exp_avg_sq", w));
+      moments.push_back(optimizerState(b, loc, "exp_avg", w));
+      squares.push_back(optimizerState(b, loc, "exp_avg_sq", w));
       // A bf16 weight is the rounding of its f32 master weight.
       bool bf16 = cast<RankedTensorType>(w.getTensorType()).getElementType().isBF16();
-      masters.push_back(bf16 ? Value(state(b, loc, "master", w)) : Value());
+      masters.push_back(bf16 ? Value(optimizerState(b, loc, "master", w)) : Value());
       if (compensated)
         optErrs.push_back(state(b, loc, "grad_err", w));
     }
@@ -216,11 +240,11 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     auto sumAndError = [&](size_t i) {
       return compensated ? SmallVector<Value>{optSums[i], optErrs[i]} : SmallVector<Value>{optSums[i]};
     };
-    if (dataParallel(train) > 1) {
-      auto mesh = FlatSymbolRefAttr::get(ctx, "mesh");
+    auto mesh = FlatSymbolRefAttr::get(ctx, "mesh");
+    if (replicas > 1) {
       auto allReduce = [&](ValueRange buffers) {
         b.create<exec::CollectiveOp>(loc, b.getStringAttr("all_reduce"), mesh,
-                                     b.getStringAttr("dp"), buffers, buffers,
+                                     b.getStringAttr("dp"), buffers, ValueRange{}, buffers,
                                      b.getDictionaryAttr({}), StringAttr());
       };
       for (size_t i = 0; i < params.size(); ++i)
@@ -258,6 +282,15 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
               b.getNamedAttr("micro_batches", b.getI64IntegerAttr(microBatches))},
              /*updates=*/true);
     }
+    // ZeRO-1: each replica updated its rows of every weight; the weights
+    // gathered whole.
+    if (sharded)
+      for (exec::WeightOp w : params)
+        b.create<exec::CollectiveOp>(
+            loc, b.getStringAttr("all_gather"), mesh, b.getStringAttr("dp"), ValueRange{},
+            ValueRange{weightOf.lookup(w.getResult())}, ValueRange{},
+            b.getDictionaryAttr({b.getNamedAttr("shard_rows", b.getI64IntegerAttr(shardRows(w)))}),
+            StringAttr());
     for (auto [i, bias] : llvm::enumerate(biases))
       launch("expert_bias_update", {loads[i]}, {weightOf.lookup(bias.first.getResult())},
              {loads[i]}, {b.getNamedAttr("rate", b.getF64FloatAttr(expertBiasUpdateRate))},

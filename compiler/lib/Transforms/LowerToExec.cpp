@@ -250,7 +250,8 @@ struct Lowering {
       element = element.isInteger(32) ? element : b.getF32Type();
       buffer.push_back(b.create<exec::BufferOp>(fn.getLoc(), bufferType, element,
                                                 r < 0 ? maxTokens : r, width,
-                                                /*state=*/StringAttr()));
+                                                /*state=*/StringAttr(),
+                                                /*logical_rows=*/IntegerAttr()));
     }
     auto bufferId = [&](int64_t id) -> FailureOr<Value> {
       if (id < 0 || id >= int64_t(buffer.size()))
@@ -385,13 +386,14 @@ struct Lowering {
       if (auto mesh = op.getAttrOfType<FlatSymbolRefAttr>("mesh")) {
         int64_t axis = op.getAttrOfType<IntegerAttr>("axis").getInt();
         b.create<exec::CollectiveOp>(op.getLoc(), b.getStringAttr(name), mesh,
-                                     b.getStringAttr(axisName(mesh.getValue(), axis)), ins, outs,
+                                     b.getStringAttr(axisName(mesh.getValue(), axis)), ins,
+                                     ValueRange{}, outs,
                                      constants.getDictionary(b.getContext()), StringAttr());
         continue;
       }
       if (isa<moe::SendOp, moe::RecvOp>(op)) {
         b.create<exec::CollectiveOp>(op.getLoc(), b.getStringAttr(name), FlatSymbolRefAttr(), StringAttr(), ins,
-                                     outs, constants.getDictionary(b.getContext()), StringAttr());
+                                     ValueRange{}, outs, constants.getDictionary(b.getContext()), StringAttr());
         continue;
       }
       if (&op == head)

@@ -50,6 +50,10 @@ struct PlanBuffer {
   /// shared by the rank's programs that declare this name (a train
   /// program's gradient sums, the optimizer's moments).
   std::string state;
+  /// A ZeRO shard of a state (> 0): the logical state has this many rows of
+  /// `width`, and data-parallel replica d holds its rows [d rows, (d + 1)
+  /// rows) (those beyond the end are zeros).
+  int64_t logicalRows = 0;
 };
 
 struct PlanCache {
@@ -114,6 +118,9 @@ struct PlanStep {
   /// add of two static tensors (weight gradients): their elements (0: an
   /// add of the step's rows).
   int64_t elements = 0;
+  /// all_gather of a weight (ZeRO): the rows of its state view each
+  /// data-parallel replica updated.
+  int64_t shardRows = 0;
 };
 
 /// The program of one pipeline stage, run by every rank of the stage. Its

@@ -39,6 +39,18 @@ struct Batch {
 /// The devices a rank's program runs on.
 enum class DeviceKind { Cpu, Cuda };
 
+/// The part of a logical state a rank's state buffer holds: `elements`
+/// values from `offset` of its `logicalElements` (a ZeRO shard: replica d
+/// holds rows [d k, (d + 1) k) of the state's rows, its values past the end
+/// zeros); a state that is not sharded holds all of them from 0.
+struct StateShard {
+  int64_t elements = 0, logicalElements = 0, offset = 0;
+};
+
+/// A state of the optimizer's own (`exp_avg:`, `exp_avg_sq:`, `master:`),
+/// not a gradient sum, its error or an expert load.
+bool isOptimizerState(const std::string &name);
+
 class RankExecutor {
 public:
   /// An executor over a new device of `kind`. CUDA's libraries load at run
@@ -80,10 +92,18 @@ public:
   /// expert stack's experts one after another).
   void readWeight(size_t i, std::vector<float> &out);
   /// The rank's state buffers (gradient sums, optimizer moments; all its
-  /// entries'), by name, and their values (f32) to / from the host.
+  /// entries'), by name, and their values (f32) to / from the host: of a
+  /// ZeRO shard, the rank's own rows (written from them or from the whole
+  /// logical state).
   std::vector<std::string> stateNames() const;
   void readState(const std::string &name, std::vector<float> &out);
   void writeState(const std::string &name, const std::vector<float> &values);
+  /// Which part of its logical state state `name` holds (StateShard).
+  StateShard stateShard(const std::string &name) const;
+  /// Bytes allocated for the optimizer's own states (moments and bf16
+  /// masters: `exp_avg:`, `exp_avg_sq:`, `master:`; ZeRO shards at their
+  /// size).
+  int64_t optimizerStateBytes() const;
 
   /// Bytes of weights bound on the device.
   int64_t weightBytes() const;

@@ -111,6 +111,18 @@ public:
     for (const TensorView &e : w.experts)
       append(e);
   }
+  std::vector<collectives::WeightPart> weightParts(size_t i) override {
+    const RankWeights::Weight &w = rankWeights.weights().at(i);
+    std::vector<collectives::WeightPart> parts;
+    auto add = [&](const TensorView &v) {
+      parts.push_back({static_cast<char *>(const_cast<void *>(v.data)), v.numel()});
+    };
+    if (w.experts.empty())
+      add(w.view);
+    for (const TensorView &e : w.experts)
+      add(e);
+    return parts;
+  }
   int64_t weightBytes() const override { return rankWeights.boundBytes(); }
   int64_t loadedWeightBytes() const override { return rankWeights.loadedBytes(); }
   /// Nothing the device holds shrinks: its peak is what it holds now.

@@ -30,7 +30,33 @@ void checkAllReduce(const StepChecker &c, const PlanStep &step) {
   c.expect(c.tokens(step.out[0]) == c.tokens(step.in[0]), "output width differs from the input's");
 }
 
+/// A weight, gathered whole in place (ZeRO: each member updated rows [d k,
+/// (d + 1) k) of its state view, k = shard_rows).
+void parseAllGather(const JsonFields &a, PlanStep &step) {
+  if (a.has("shard_rows"))
+    step.shardRows = a.bounded("shard_rows", 1, int64_t(1) << 40);
+}
+
 void checkAllGather(const StepChecker &c, const PlanStep &step) {
+  if (!step.weights.empty()) {
+    c.arity(0, 1, 1, 0);
+    const PlanWeight &w = c.program.weights[step.weights[0]];
+    int64_t elements = 1;
+    for (int64_t d : w.shape)
+      elements *= d;
+    const int64_t rows = elements / w.shape.back(), n = c.groupSize();
+    c.expect(c.program.entry == "optimizer" && step.group.axis == CollectiveGroup::Axis::DP,
+             "an all_gather of a weight is an optimizer program's, over dp");
+    c.expect(step.shardRows > 0 && step.shardRows * n >= rows && (step.shardRows - 1) * n < rows,
+             fmt::format("shard_rows {}: expected ceil({} / {}), the rows of '{}' each member "
+                         "updated",
+                         step.shardRows, rows, n, w.name));
+    c.expect(w.dtype == DType::F32 || w.dtype == DType::BF16,
+             fmt::format("'{}' is {}: the optimizer updates f32 and bf16 weights", w.name,
+                         dtypeName(w.dtype)));
+    return;
+  }
+  c.expect(step.shardRows == 0, "shard_rows: only an all_gather of a weight has it");
   c.arity(1, 0, 0, 1);
   c.expect(c.tokens(step.out[0]) == c.groupSize() * c.tokens(step.in[0]),
            fmt::format("output width {} is not the group's {} x the input width {}",
@@ -69,8 +95,8 @@ constexpr unsigned kGroup = OpDef::InGroup | OpDef::RunsEmpty;
 
 const OpDef kAllReduce = {"all_reduce", Collective::AllReduce, kGroup, nullptr, checkAllReduce,
                           nullptr};
-const OpDef kAllGather = {"all_gather", Collective::AllGather, kGroup, nullptr, checkAllGather,
-                          nullptr};
+const OpDef kAllGather = {"all_gather", Collective::AllGather, kGroup, parseAllGather,
+                          checkAllGather, nullptr};
 const OpDef kAllToAll = {"all_to_all", Collective::AllToAll, kGroup, nullptr, checkAllToAll,
                          nullptr};
 const OpDef kSend = {"send", Collective::Send, OpDef::RunsEmpty, nullptr, checkSend, nullptr};

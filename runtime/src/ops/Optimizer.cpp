@@ -11,13 +11,15 @@
 namespace moert::ops {
 namespace {
 
-/// A weight's elements as one f32 state buffer: [elements / width, width].
+/// A weight's elements as one f32 state buffer: [elements / width, width]
+/// (or a ZeRO shard of it: logical_rows of them).
 bool stateOfWeight(const StepChecker &c, int64_t buffer, const PlanWeight &w) {
   int64_t elements = 1;
   for (int64_t d : w.shape)
     elements *= d;
   const PlanBuffer &b = c.program.buffers[buffer];
-  return b.dtype == DType::F32 && b.width == w.shape.back() && b.rows * b.width == elements;
+  return b.dtype == DType::F32 && b.width == w.shape.back() &&
+         (b.logicalRows > 0 ? b.logicalRows : b.rows) * b.width == elements;
 }
 
 /// in: a gradient and its sum, with or without the sum's error (state
@@ -166,6 +168,14 @@ void checkAdamW(const StepChecker &c, const PlanStep &step) {
   for (size_t i = 2; i < step.in.size(); ++i)
     c.expect(!c.program.buffers[step.in[i]].state.empty() && stateOfWeight(c, step.in[i], w),
              fmt::format("input {}: expected a state buffer of the shape of '{}'", i, w.name));
+  // ZeRO-1: the moments (and the master) are shards, all of them or none;
+  // the gradient sum is whole.
+  const bool sharded = c.program.buffers[step.in[3]].logicalRows > 0;
+  for (size_t i = 2; i < step.in.size(); ++i)
+    c.expect((c.program.buffers[step.in[i]].logicalRows > 0) == (sharded && i != 2),
+             fmt::format("input {}: expected {}", i,
+                         i == 2 ? "the whole gradient sum"
+                                : "the moments and master all ZeRO shards, or none"));
   c.expect(step.out[0] == step.in[3] && step.out[1] == step.in[4] && step.out[2] == step.in[2] &&
                (!bf16 || step.out[3] == step.in[5]),
            "expected outputs m, v, the gradient sum (and the master): inputs 3, 4, 2 (and 5)");
@@ -188,14 +198,28 @@ int64_t runAdamW(cpu::StepContext &c) {
     return c.rows;
   }
   float *master = s.in.size() > 5 ? c.in(5) : nullptr; // a bf16 weight's
-  // The device owns a plan's weights when it has an optimizer: written in place.
+  // The elements this rank updates: all, or its ZeRO shard's rows [d k,
+  // (d + 1) k) of the state view, whose moments (and master) hold only them.
+  const PlanBuffer &moments = c.program->buffers[s.in[3]];
+  int64_t first = 0, end = c.bufferRows(s.in[2]) * c.width(s.in[2]);
+  if (moments.logicalRows > 0) {
+    first = std::min(end, c.coords.dp * moments.rows * moments.width);
+    end = std::min(end, first + moments.rows * moments.width);
+  }
+  // The device owns a plan's weights when it has an optimizer: written in
+  // place. `data` holds elements [offset, offset + n) of the weight.
   auto update = [&](const void *data, int64_t n, int64_t offset) {
-    void *w = const_cast<void *>(data);
+    const int64_t from = std::max(offset, first), to = std::min(offset + n, end);
+    if (from >= to)
+      return;
+    const int64_t local = from - first, count = to - from;
+    char *w = static_cast<char *>(const_cast<void *>(data));
     if (master)
-      cpu::adamwBf16(static_cast<uint16_t *>(w), master + offset, m + offset, v + offset,
-                     sum + offset, n, step);
+      cpu::adamwBf16(reinterpret_cast<uint16_t *>(w) + (from - offset), master + local,
+                     m + local, v + local, sum + from, count, step);
     else
-      cpu::adamw(static_cast<float *>(w), m + offset, v + offset, sum + offset, n, step);
+      cpu::adamw(reinterpret_cast<float *>(w) + (from - offset), m + local, v + local,
+                 sum + from, count, step);
   };
   if (c.program->weights[s.weights[0]].experts > 0) {
     int64_t offset = 0;
@@ -207,6 +231,9 @@ int64_t runAdamW(cpu::StepContext &c) {
     const TensorView &w = c.weight(0);
     update(w.data, w.numel(), 0);
   }
+  // (adamw resets the sum it reads; a shard's update reads its rows only.)
+  std::fill(sum, sum + first, 0.0f);
+  std::fill(sum + end, sum + c.bufferRows(s.in[2]) * c.width(s.in[2]), 0.0f);
   return c.rows;
 }
 

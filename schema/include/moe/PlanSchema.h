@@ -62,7 +62,8 @@ inline constexpr const char *kGradient[] = {"weight", "buffer"};
 /// Which entry runs each phase of generation (a plan of one entry has none:
 /// its programs run every phase).
 inline constexpr const char *kSchedule[] = {"prefill", "decode"};
-inline constexpr const char *kBuffer[] = {"rows", "width", "dtype", "bytes", "state"};
+inline constexpr const char *kBuffer[] = {"rows", "width", "dtype", "bytes", "state",
+                                            "logical_rows"};
 inline constexpr const char *kKVCache[] = {"key_width", "value_width", "bytes"};
 inline constexpr const char *kInputs[] = {"tokens", "positions", "labels", "step"};
 inline constexpr const char *kProgramMemory[] = {"weights", "activations", "kv_cache", "state",

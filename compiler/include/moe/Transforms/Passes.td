@@ -137,8 +137,20 @@ def MoEAppendOptimizer : Pass<"moe-append-optimizer", "mlir::ModuleOp"> {
     `master:<weight>`, the weight's values at the first update): `adamw`
     updates the master and writes its bf16 rounding into the weight. Refuses
     weights of other dtypes.
+    With `zero=1` over data-parallel replicas (ZeRO stage 1), the
+    optimizer's own states (the moments and a bf16 weight's master) are
+    sharded between the replicas: each such state buffer holds ceil(R /
+    dp) of the R rows of its weight's state view (`logical_rows` = R,
+    replica d rows [d k, (d + 1) k)); `adamw` updates the replica's rows of
+    the weight and each weight is then gathered whole over the dp group
+    (`exec.collective "all_gather" ... weights(%w) {shard_rows = k}`). The
+    gradient sums are added whole (all_reduce), so the update is the one
+    of a single rank, to the bit.
   }];
   let options = [
+    Option<"zero", "zero", "int64_t", "0",
+           "ZeRO stage over the dp replicas: 0 (states replicated) or 1 (the "
+           "optimizer's states sharded)">,
     Option<"lr", "lr", "double", "1e-3", "the peak learning rate">,
     Option<"minLr", "min-lr", "double", "0", "the cosine schedule's final learning rate">,
     Option<"schedule", "schedule", "std::string", "\"constant\"",

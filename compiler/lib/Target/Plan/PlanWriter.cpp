@@ -99,6 +99,8 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
       // A state buffer persists between runs (gradient sums, moments).
       if (auto state = b.getStateAttr()) {
         (*buffers.back().getAsObject())["state"] = state.getValue();
+        if (auto logical = b.getLogicalRowsAttr()) // a ZeRO shard
+          (*buffers.back().getAsObject())["logical_rows"] = logical.getInt();
         stateBytes += bytes;
       } else {
         bufferBytes += bytes;
@@ -166,6 +168,7 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
         auto c = cast<moe::exec::CollectiveOp>(op);
         name = c.getKind();
         ins = c.getIns();
+        ws = c.getWeights();
         outs = c.getOuts();
         attrs = std::move(*attributeJson(c.getConstants()).getAsObject());
         if (c.getMesh()) {

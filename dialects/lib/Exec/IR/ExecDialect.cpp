@@ -105,6 +105,12 @@ LogicalResult BufferOp::verify() {
     return emitOpError("rows and width must be positive, got ") << rows << " x " << width;
   if (auto state = getStateAttr(); state && (state.getValue().empty() || !t.isF32()))
     return emitOpError("a state buffer needs a name and f32 values");
+  if (auto logical = getLogicalRowsAttr()) {
+    if (!getStateAttr())
+      return emitOpError("logical_rows: only a state buffer is a ZeRO shard");
+    if (logical.getInt() < 1)
+      return emitOpError("logical_rows must be positive, got ") << logical.getInt();
+  }
   return success();
 }
 
@@ -186,6 +192,13 @@ LogicalResult CollectiveOp::verify() {
       return emitOpError("'") << kind << "' names a stage, not a group";
     if (!getConstants().getAs<IntegerAttr>("stage"))
       return emitOpError("'") << kind << "' needs the peer stage (constant 'stage')";
+  }
+  if (!getWeights().empty()) {
+    auto shard = getConstants().getAs<IntegerAttr>("shard_rows");
+    if (kind != "all_gather" || getWeights().size() != 1 || !getIns().empty() ||
+        !getOuts().empty() || !shard || shard.getInt() < 1)
+      return emitOpError("a collective of a weight is an all_gather of one weight in place, "
+                         "with its 'shard_rows' (ZeRO)");
   }
   return verifyConstants(*this, getConstants());
 }

@@ -103,10 +103,13 @@ def Exec_BufferOp : Exec_Op<"buffer", [HasParent<"ProgramOp">,
     With `state`, the buffer is persistent: it holds its values from one
     run of the program to the next, starts as zeros, and the rank's
     programs that declare a state of the same name share it (a train
-    program's gradient sums, the optimizer's moments).
+    program's gradient sums, the optimizer's moments). With `logical_rows`
+    as well, the state is a ZeRO shard: the logical state has
+    `logical_rows` rows, and data-parallel replica d holds its rows
+    [d rows, (d + 1) rows) (the last replicas' beyond the end are zeros).
   }];
   let arguments = (ins TypeAttr:$element_type, I64Attr:$rows, I64Attr:$width,
-                       OptionalAttr<StrAttr>:$state);
+                       OptionalAttr<StrAttr>:$state, OptionalAttr<I64Attr>:$logical_rows);
   let results = (outs Exec_BufferType:$result);
   let assemblyFormat = "$element_type `rows` $rows `width` $width attr-dict";
   let hasVerifier = 1;
@@ -189,14 +192,24 @@ def Exec_CollectiveOp : Exec_Op<"collective", [HasParent<"ProgramOp">, AttrSized
     ```mlir
     exec.collective "all_reduce" over @attention["tp"] ins(%b4) outs(%b4) {}
     ```
+
+    An all_gather of a weight (ZeRO, an optimizer program over
+    data-parallel replicas) gathers it in place: member d updated rows
+    [d k, (d + 1) k) of its state view (its elements as rows of its last
+    dimension), k = `shard_rows`, and every member ends with the whole.
+
+    ```mlir
+    exec.collective "all_gather" over @mesh["dp"] weights(%w0) {shard_rows = 126 : i64}
+    ```
   }];
   let arguments = (ins StrAttr:$kind, OptionalAttr<FlatSymbolRefAttr>:$mesh,
                        OptionalAttr<StrAttr>:$axis, Variadic<Exec_BufferType>:$ins,
+                       Variadic<Exec_WeightType>:$weights,
                        Variadic<Exec_BufferType>:$outs, DictionaryAttr:$constants,
                        OptionalAttr<StrAttr>:$rows);
   let assemblyFormat = [{
-    $kind (`over` $mesh^ `[` $axis `]`)? (`ins` `(` $ins^ `)`)? (`outs` `(` $outs^ `)`)?
-    (`rows` $rows^)? $constants attr-dict
+    $kind (`over` $mesh^ `[` $axis `]`)? (`ins` `(` $ins^ `)`)? (`weights` `(` $weights^ `)`)?
+    (`outs` `(` $outs^ `)`)? (`rows` $rows^)? $constants attr-dict
   }];
   let hasVerifier = 1;
 }
