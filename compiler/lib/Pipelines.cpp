@@ -135,6 +135,10 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
     adamw.zero = o.optimizer->zero;
     pm.addPass(createMoEAppendOptimizer(adamw));
   }
+  // The whole schedule of the exec programs proven again (a training
+  // plan's update: its train and optimizer programs together).
+  if (partition)
+    pm.addPass(createMoEVerifyExecCollectives());
   // The target's own passes on the exec programs (an unknown target is
   // diagnosed by moe-emit-plan).
   TargetOptions target;

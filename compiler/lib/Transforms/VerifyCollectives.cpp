@@ -8,24 +8,33 @@
 // its peer stands at the matching recv (rendezvous: a conservative model of
 // MPI, which may also block in a send). If the cursors stop before every
 // sequence ends, some ranks would wait forever: the pass names them.
+// moe-verify-collectives runs the proof on the per-rank functions of the
+// moe dialect; moe-verify-exec-collectives on the exec programs a plan is
+// written from, a training plan's train program (as many times as a
+// replica runs it per update) followed by its optimizer program.
 //
 //===----------------------------------------------------------------------===//
+#include "moe/Dialect/Exec/IR/ExecOps.h"
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Transforms/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/Mesh/IR/MeshOps.h"
+#include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <deque>
+#include <optional>
 
 namespace moe {
 #define GEN_PASS_DEF_MOEVERIFYCOLLECTIVES
+#define GEN_PASS_DEF_MOEVERIFYEXECCOLLECTIVES
 #include "moe/Transforms/Passes.h.inc"
 } // namespace moe
 
 using namespace mlir;
+namespace exec = moe::exec;
 
 namespace {
 
@@ -71,43 +80,171 @@ SmallVector<int64_t> groupOf(const Degrees &d, int64_t rank, bool experts,
   return group;
 }
 
-bool isCollective(Operation *op) {
-  return isa<moe::AllReduceOp, moe::AllGatherOp, moe::AllToAllOp, moe::SendOp,
-             moe::RecvOp>(op);
-}
+/// One collective of a rank's schedule, as the simulation sees it.
+struct Event {
+  Operation *op = nullptr;
+  /// A send or recv (to / from `stage`), else a collective over a group.
+  bool peer = false, sending = false;
+  int64_t stage = 0;
+  bool experts = false; ///< the group's mesh: @experts (else @mesh)
+  int64_t axis = 0;     ///< the group's axis on its mesh
+  std::string match;    ///< what the members must agree on: op, mesh, axis
+  std::string shape;    ///< and then the operands' shapes
+  std::string text;     ///< the op in messages
+};
 
-std::string describe(Operation *op) {
+std::string locationOf(Operation *op) {
   std::string s;
   llvm::raw_string_ostream os(s);
-  os << op->getName().stripDialect();
-  if (auto mesh = op->getAttrOfType<FlatSymbolRefAttr>("mesh"))
-    os << " over @" << mesh.getValue() << "["
-       << op->getAttrOfType<IntegerAttr>("axis").getInt() << "]";
-  if (auto stage = op->getAttrOfType<IntegerAttr>("stage"))
-    os << (isa<moe::SendOp>(op) ? " to stage " : " from stage ") << stage.getInt();
-  os << " (";
-  llvm::interleaveComma(op->getOperandTypes(), os);
-  if (isa<moe::RecvOp>(op))
-    os << op->getResult(0).getType();
-  os << ")";
-  os << " at " << op->getLoc();
+  os << op->getLoc();
   return s;
+}
+
+/// A moe-dialect collective (moe.all_reduce, all_gather, all_to_all, send,
+/// recv), or nothing.
+std::optional<Event> moeEvent(Operation *op) {
+  if (!isa<moe::AllReduceOp, moe::AllGatherOp, moe::AllToAllOp, moe::SendOp, moe::RecvOp>(op))
+    return std::nullopt;
+  Event e;
+  e.op = op;
+  std::string types;
+  llvm::raw_string_ostream ts(types);
+  llvm::interleaveComma(op->getOperandTypes(), ts);
+  if (isa<moe::RecvOp>(op))
+    ts << op->getResult(0).getType();
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << op->getName().stripDialect();
+  if (auto mesh = op->getAttrOfType<FlatSymbolRefAttr>("mesh")) {
+    e.experts = mesh.getValue() == "experts";
+    e.axis = op->getAttrOfType<IntegerAttr>("axis").getInt();
+    os << " over @" << mesh.getValue() << "[" << e.axis << "]";
+    e.match = llvm::formatv("{0} {1} {2}", op->getName().stripDialect(), mesh.getValue(), e.axis);
+  }
+  if (auto stage = op->getAttrOfType<IntegerAttr>("stage")) {
+    e.peer = true;
+    e.sending = isa<moe::SendOp>(op);
+    e.stage = stage.getInt();
+    os << (e.sending ? " to stage " : " from stage ") << e.stage;
+  }
+  // A send's input meets the recv's result; a group's operands and results.
+  if (e.peer) {
+    e.shape = llvm::formatv("{0}", e.sending ? op->getOperand(0).getType()
+                                             : op->getResult(0).getType());
+  } else {
+    std::string results;
+    llvm::raw_string_ostream rs(results);
+    llvm::interleaveComma(op->getResultTypes(), rs);
+    e.shape = types + " -> " + results;
+  }
+  os << " (" << types << ") at " << op->getLoc();
+  e.text = text;
+  return e;
+}
+
+/// The fixed degrees of the module's layout (moe.sharding).
+FailureOr<Degrees> degreesOf(ModuleOp module) {
+  auto sharding = module->getAttrOfType<DictionaryAttr>("moe.sharding");
+  if (!sharding) {
+    module.emitError("expected moe.sharding (the world's degrees)");
+    return failure();
+  }
+  auto get = [&](StringRef key) {
+    auto a = sharding.getAs<IntegerAttr>(key);
+    return a ? a.getInt() : int64_t(1);
+  };
+  return Degrees{get("dp"), get("pp"), get("tp"), get("ep"), get("etp")};
+}
+
+/// Runs every rank's cursor through its sequence (the proof above); fails
+/// naming the ranks and ops that would wait forever, or the members that
+/// meet with different shapes. `what` names the schedule in messages.
+LogicalResult simulate(ModuleOp module, const Degrees &d,
+                       const std::vector<std::vector<Event>> &sequence, StringRef what) {
+  const int64_t world = d.world();
+  std::vector<size_t> cursor(world, 0);
+  auto at = [&](int64_t r) -> const Event * {
+    return cursor[r] < sequence[r].size() ? &sequence[r][cursor[r]] : nullptr;
+  };
+  // Ranks whose cursor may now be able to move.
+  std::deque<int64_t> ready;
+  for (int64_t r = 0; r < world; ++r)
+    ready.push_back(r);
+  auto advance = [&](int64_t r) {
+    ++cursor[r];
+    ready.push_back(r);
+  };
+  while (!ready.empty()) {
+    int64_t r = ready.front();
+    ready.pop_front();
+    const Event *e = at(r);
+    if (!e)
+      continue;
+    if (e->peer) {
+      // Whichever of the pair arrives last completes it.
+      Coords c = coordsOf(d, r);
+      if (e->stage != c.attention[0] + (e->sending ? 1 : -1) || e->stage < 0 || e->stage >= d.pp)
+        return e->op->emitError("rank ") << r << (e->sending ? " sends to" : " receives from")
+                                         << " stage " << e->stage << " on stage "
+                                         << c.attention[0];
+      SmallVector<int64_t> peerCoords(c.attention);
+      peerCoords[0] = e->stage;
+      int64_t peer = rankOf(d, false, peerCoords);
+      const Event *other = at(peer);
+      if (other && other->peer && other->sending != e->sending) {
+        if (other->shape != e->shape)
+          return e->op->emitError(llvm::formatv("rank {0}: {1} meets {2} on rank {3}: "
+                                                "different shapes",
+                                                r, e->text, other->text, peer));
+        advance(r);
+        advance(peer);
+      }
+      continue;
+    }
+    if (e->axis >= (e->experts ? 4 : 3))
+      return e->op->emitError("axis ") << e->axis << " is not an axis of @"
+                                       << (e->experts ? "experts" : "mesh");
+    SmallVector<int64_t> group = groupOf(d, r, e->experts, e->axis);
+    bool all = true;
+    for (int64_t m : group) {
+      const Event *other = at(m);
+      if (!other || other->peer || other->match != e->match) {
+        all = false;
+        break;
+      }
+      if (other->shape != e->shape)
+        return e->op->emitError(llvm::formatv(
+            "ranks {0} and {1} meet in {2} with different shapes: {3} vs {4}", r, m,
+            e->match.substr(0, e->match.find(' ')), e->text, other->text));
+    }
+    if (all)
+      for (int64_t m : group)
+        advance(m);
+  }
+
+  std::string stuck;
+  int64_t blocked = 0;
+  for (int64_t r = 0; r < world; ++r)
+    if (const Event *e = at(r)) {
+      if (blocked++ < 8)
+        stuck += llvm::formatv("\n  rank {0} waits in {1}", r, e->text);
+    }
+  if (blocked)
+    return module.emitError(llvm::formatv(
+        "collectives{0} do not match: {1} of {2} ranks would wait forever (deadlock):{3}{4}",
+        what.empty() ? std::string() : (" of " + what).str(), blocked, world, stuck,
+        blocked > 8 ? "\n  ..." : ""));
+  return success();
 }
 
 struct VerifyCollectives
     : moe::impl::MoEVerifyCollectivesBase<VerifyCollectives> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    auto sharding = module->getAttrOfType<DictionaryAttr>("moe.sharding");
-    if (!sharding) {
-      module.emitError("expected moe.sharding (the world's degrees)");
+    FailureOr<Degrees> degrees = degreesOf(module);
+    if (failed(degrees))
       return signalPassFailure();
-    }
-    auto get = [&](StringRef key) {
-      auto a = sharding.getAs<IntegerAttr>(key);
-      return a ? a.getInt() : int64_t(1);
-    };
-    Degrees d{get("dp"), get("pp"), get("tp"), get("ep"), get("etp")};
+    const Degrees &d = *degrees;
     int64_t world = d.world();
 
     // Each rank's program: moe.ranks lists it, else moe.stage is its pp.
@@ -129,7 +266,7 @@ struct VerifyCollectives
           if (!programOf[r] && coordsOf(d, r).attention[0] == stage.getInt())
             programOf[r] = fn;
     }
-    std::vector<SmallVector<Operation *>> sequence(world);
+    std::vector<std::vector<Event>> sequence(world);
     for (int64_t r = 0; r < world; ++r) {
       if (!programOf[r]) {
         module.emitError("rank ") << r << " has no program";
@@ -139,8 +276,8 @@ struct VerifyCollectives
       // proven: refuse it rather than prove the schedule without it.
       Operation *unplaced = nullptr;
       programOf[r].walk([&](Operation *op) {
-        if (isCollective(op))
-          sequence[r].push_back(op);
+        if (std::optional<Event> e = moeEvent(op))
+          sequence[r].push_back(*e);
         if (!unplaced && moe::awaitsCollective(op))
           unplaced = op;
       });
@@ -149,101 +286,143 @@ struct VerifyCollectives
         return signalPassFailure();
       }
     }
-
-    std::vector<size_t> cursor(world, 0);
-    auto at = [&](int64_t r) -> Operation * {
-      return cursor[r] < sequence[r].size() ? sequence[r][cursor[r]] : nullptr;
-    };
-    // Ranks whose cursor may now be able to move.
-    std::deque<int64_t> ready;
-    for (int64_t r = 0; r < world; ++r)
-      ready.push_back(r);
-    auto advance = [&](int64_t r) {
-      ++cursor[r];
-      ready.push_back(r);
-    };
-    while (!ready.empty()) {
-      int64_t r = ready.front();
-      ready.pop_front();
-      Operation *op = at(r);
-      if (!op)
-        continue;
-      if (isa<moe::SendOp, moe::RecvOp>(op)) {
-        // Whichever of the pair arrives last completes it.
-        Coords c = coordsOf(d, r);
-        int64_t stage = isa<moe::SendOp>(op) ? cast<moe::SendOp>(op).getStage()
-                                             : cast<moe::RecvOp>(op).getStage();
-        bool sending = isa<moe::SendOp>(op);
-        if (stage != c.attention[0] + (sending ? 1 : -1) || stage < 0 || stage >= d.pp) {
-          op->emitError("rank ") << r << (sending ? " sends to" : " receives from")
-                                 << " stage " << stage << " on stage " << c.attention[0];
-          return signalPassFailure();
-        }
-        SmallVector<int64_t> peerCoords(c.attention);
-        peerCoords[0] = stage;
-        int64_t peer = rankOf(d, false, peerCoords);
-        Operation *other = at(peer);
-        Operation *send = sending ? op : other, *recvOp = sending ? other : op;
-        auto s = dyn_cast_or_null<moe::SendOp>(send);
-        auto v = dyn_cast_or_null<moe::RecvOp>(recvOp);
-        if (s && v) {
-          if (v.getType() != s.getInput().getType()) {
-            op->emitError(llvm::formatv("rank {0}: {1} meets {2} on rank {3}: "
-                                        "different shapes",
-                                        r, describe(op), describe(other), peer));
-            return signalPassFailure();
-          }
-          advance(r);
-          advance(peer);
-        }
-        continue;
-      }
-      auto mesh = op->getAttrOfType<FlatSymbolRefAttr>("mesh");
-      int64_t axis = op->getAttrOfType<IntegerAttr>("axis").getInt();
-      bool experts = mesh.getValue() == "experts";
-      if (axis >= (experts ? 4 : 3)) {
-        op->emitError("axis ") << axis << " is not an axis of @" << mesh.getValue();
-        return signalPassFailure();
-      }
-      SmallVector<int64_t> group = groupOf(d, r, experts, axis);
-      bool all = true;
-      for (int64_t m : group) {
-        Operation *other = at(m);
-        if (!other || other->getName() != op->getName() ||
-            other->getAttr("mesh") != op->getAttr("mesh") ||
-            other->getAttr("axis") != op->getAttr("axis")) {
-          all = false;
-          break;
-        }
-        if (other->getOperandTypes() != op->getOperandTypes() ||
-            other->getResultTypes() != op->getResultTypes()) {
-          op->emitError(llvm::formatv(
-              "ranks {0} and {1} meet in {2} with different shapes: {3} vs {4}",
-              r, m, op->getName().stripDialect(), describe(op), describe(other)));
-          return signalPassFailure();
-        }
-      }
-      if (all)
-        for (int64_t m : group)
-          advance(m);
-    }
-
-    std::string stuck;
-    int64_t blocked = 0;
-    for (int64_t r = 0; r < world; ++r)
-      if (Operation *op = at(r)) {
-        if (blocked++ < 8)
-          stuck += llvm::formatv("\n  rank {0} waits in {1}", r, describe(op));
-      }
-    if (blocked) {
-      module.emitError(llvm::formatv(
-          "collectives do not match: {0} of {1} ranks would wait forever "
-          "(deadlock):{2}{3}",
-          blocked, world, stuck, blocked > 8 ? "\n  ..." : ""));
+    if (failed(simulate(module, d, sequence, "")))
       return signalPassFailure();
-    }
     module->setAttr("moe.collectives_verified",
                     UnitAttr::get(module.getContext()));
+  }
+};
+
+/// An exec buffer's or weight's shape in messages and matches.
+std::string execShape(Value v) {
+  if (auto b = v.getDefiningOp<exec::BufferOp>()) {
+    std::string s = llvm::formatv("{0} {1}x{2}", b.getElementType(), b.getRowsAttr().getInt(),
+                                  b.getWidthAttr().getInt());
+    if (auto logical = b.getLogicalRowsAttr())
+      s += llvm::formatv(" of {0}", logical.getInt());
+    return s;
+  }
+  if (auto w = v.getDefiningOp<exec::WeightOp>())
+    return llvm::formatv("'{0}' {1}", w.getTensor(), w.getTensorType());
+  return "?";
+}
+
+/// An exec.collective of program `program`, as an event.
+Event execEvent(exec::CollectiveOp c, exec::ProgramOp program) {
+  Event e;
+  e.op = c;
+  std::string operands;
+  llvm::raw_string_ostream os(operands);
+  auto list = [&](StringRef label, ValueRange values) {
+    if (values.empty())
+      return;
+    os << (operands.empty() ? "" : " ") << label << "(";
+    llvm::interleaveComma(values, os, [&](Value v) { os << execShape(v); });
+    os << ")";
+  };
+  list("ins", c.getIns());
+  list("weights", c.getWeights());
+  list("outs", c.getOuts());
+  std::string constants;
+  llvm::raw_string_ostream cs(constants);
+  cs << c.getConstants();
+  std::string text = c.getKind().str();
+  if (auto mesh = c.getMesh()) {
+    static const char *attention[] = {"pp", "dp", "tp"};
+    static const char *experts[] = {"pp", "edp", "ep", "etp"};
+    e.experts = *mesh == "experts";
+    StringRef axis = *c.getAxis();
+    ArrayRef<const char *> names = e.experts ? ArrayRef(experts) : ArrayRef(attention);
+    e.axis = llvm::find(names, axis) - names.begin(); // (past the end: refused)
+    e.match = llvm::formatv("{0} {1} {2}", c.getKind(), *mesh, axis);
+    text += llvm::formatv(" over @{0}[\"{1}\"]", *mesh, axis);
+  } else {
+    e.peer = true;
+    e.sending = c.getKind() == "send";
+    auto stage = c.getConstants().getAs<IntegerAttr>("stage");
+    e.stage = stage ? stage.getInt() : -1;
+    text += llvm::formatv(e.sending ? " to stage {0}" : " from stage {0}", e.stage);
+  }
+  // A send's input meets the recv's output; a group's operands and
+  // constants (shard_rows) all of them.
+  e.shape = e.peer ? execShape(e.sending ? c.getIns()[0] : c.getOuts()[0])
+                   : operands + " " + constants;
+  e.text = llvm::formatv("{0} ({1}){2} in @{3} at {4}", text, operands,
+                         e.peer || c.getConstants().empty() ? std::string() : " " + constants,
+                         program.getSymName(), locationOf(c));
+  return e;
+}
+
+struct VerifyExecCollectives
+    : moe::impl::MoEVerifyExecCollectivesBase<VerifyExecCollectives> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    FailureOr<Degrees> degrees = degreesOf(module);
+    if (failed(degrees))
+      return signalPassFailure();
+    const Degrees &d = *degrees;
+    const int64_t world = d.world();
+    // Per entry, each rank's program: moe.ranks lists it, else its stage
+    // is the rank's pp.
+    llvm::MapVector<StringRef, std::vector<exec::ProgramOp>> programs;
+    for (auto program : module.getOps<exec::ProgramOp>()) {
+      std::vector<exec::ProgramOp> &of = programs[program.getEntry()];
+      of.resize(world);
+      if (auto ranks = program->getAttrOfType<DenseI64ArrayAttr>("moe.ranks")) {
+        for (int64_t r : ranks.asArrayRef()) {
+          if (r < 0 || r >= world) {
+            program.emitError("moe.ranks names rank ") << r << " outside the world of " << world;
+            return signalPassFailure();
+          }
+          of[r] = program;
+        }
+        continue;
+      }
+      for (int64_t r = 0; r < world; ++r)
+        if (!of[r] && coordsOf(d, r).attention[0] == program.getStage())
+          of[r] = program;
+    }
+    for (auto &[entry, of] : programs)
+      for (int64_t r = 0; r < world; ++r)
+        if (!of[r]) {
+          module.emitError("rank ") << r << " has no exec.program of entry '" << entry << "'";
+          return signalPassFailure();
+        }
+    auto events = [&](exec::ProgramOp program, std::vector<Event> &into, int64_t times) {
+      for (int64_t t = 0; t < times; ++t)
+        for (auto c : program.getBody().front().getOps<exec::CollectiveOp>())
+          into.push_back(execEvent(c, program));
+    };
+    // A training plan's update: each replica runs the train program on its
+    // share of the micro-batches, then the optimizer program. Every other
+    // entry is a schedule of its own (every rank runs the same entry in a
+    // step).
+    auto optimizer = programs.find("optimizer");
+    for (auto &[entry, of] : programs) {
+      if (entry == "optimizer")
+        continue;
+      std::vector<std::vector<Event>> sequence(world);
+      const bool update = entry == "train" && optimizer != programs.end();
+      for (int64_t r = 0; r < world; ++r) {
+        int64_t share = 1;
+        if (update) {
+          auto micro = optimizer->second[r]->getAttrOfType<IntegerAttr>("micro_batches");
+          share = std::max<int64_t>(1, (micro ? micro.getInt() : 1) / d.dp);
+        }
+        events(of[r], sequence[r], share);
+        if (update)
+          events(optimizer->second[r], sequence[r], 1);
+      }
+      std::string what = update ? "a training update (train, then optimizer)"
+                                : ("entry '" + entry + "'").str();
+      if (failed(simulate(module, d, sequence, what)))
+        return signalPassFailure();
+    }
+    if (optimizer != programs.end() && !programs.count("train")) {
+      module.emitError("an optimizer program without a train program");
+      return signalPassFailure();
+    }
+    module->setAttr("moe.exec_collectives_verified", UnitAttr::get(module.getContext()));
   }
 };
 

@@ -434,6 +434,26 @@ def MoEVerifyCollectives : Pass<"moe-verify-collectives", "mlir::ModuleOp"> {
   }];
 }
 
+def MoEVerifyExecCollectives : Pass<"moe-verify-exec-collectives", "mlir::ModuleOp"> {
+  let summary = "prove that every rank's exec programs issue matching collectives";
+  let description = [{
+    moe-verify-collectives' proof on the programs a plan is written from
+    (after moe-lower-to-exec and moe-append-optimizer): per entry, each rank
+    runs the exec.program of that entry whose `moe.ranks` lists it, else
+    the one whose stage is its pp coordinate; its exec.collective ops, in
+    order, must meet their group's (same kind, mesh, axis, operand shapes
+    and constants, e.g. an all_gather's `shard_rows`) or their peer's. A
+    training plan's train and optimizer programs are one schedule, an
+    update: the train program as many times as a replica runs it
+    (`micro_batches` / dp), then the optimizer program; every other entry
+    is a schedule of its own. Programs are straight-line, so no token
+    count, empty micro-batch or idle expert changes which collectives a rank
+    issues. Fails naming the ranks and the ops they would wait in, or the
+    members that meet with different shapes; marks the module
+    `moe.exec_collectives_verified`.
+  }];
+}
+
 def MoECudaKernels : Pass<"moe-cuda-kernels", "mlir::ModuleOp"> {
   let summary = "the CUDA target: generate each exec program's kernels into the IR";
   let description = [{
