@@ -70,6 +70,56 @@ void allReduceState(const Context &c, const PlanStep &s, const std::vector<int> 
   }
 }
 
+/// ZeRO-2: rows [d k, (d + 1) k) of every member's gradient (the step's
+/// first input, the whole logical [R, width]) added into member d's shard of
+/// the sum, in member order, a chunk at a time (each member's rows of every
+/// shard go to that shard's member: one exchange). With the shard's error
+/// buffer, a compensated sum (cpu::accumulate's TwoSum); without it, the
+/// shard and the members' rows added with compensation and rounded once.
+/// (Host staging: the train program's gradients in device memory.)
+void reduceScatterState(const Context &c, const PlanStep &s, const std::vector<int> &group,
+                        const std::string &what) {
+  const PlanBuffer &shard = c.program->buffers[s.in[1]];
+  const int64_t n = shard.rows * shard.width, total = shard.logicalRows * shard.width;
+  const int64_t members = static_cast<int64_t>(group.size());
+  const bool paired = s.in.size() == 3;
+  constexpr int64_t kChunk = int64_t(1) << 18; // values
+  const int64_t chunk = std::min(n, kChunk);
+  std::vector<float> out(static_cast<size_t>(chunk * members)),
+      in(static_cast<size_t>(chunk * members)), sum(static_cast<size_t>(chunk)),
+      err(static_cast<size_t>(chunk));
+  char *g = bytesOf(c, s.in[0]), *sums = bytesOf(c, s.in[1]),
+       *errs = paired ? bytesOf(c, s.in[2]) : nullptr;
+  for (int64_t at = 0; at < n; at += chunk) {
+    const int64_t m = std::min(chunk, n - at);
+    std::vector<Comm::Piece> sends, recvs;
+    for (int64_t q = 0; q < members; ++q) {
+      // Member q's shard: elements [q n + at, q n + at + m) of the gradient
+      // (zeros past its end).
+      float *piece = out.data() + q * m;
+      const int64_t from = q * n + at, valid = std::clamp<int64_t>(total - from, 0, m);
+      std::fill(piece + valid, piece + m, 0.0f);
+      if (valid > 0)
+        c.memory->read(piece, g + from * 4, valid * 4);
+      sends.push_back({static_cast<int>(q), piece, m * 4});
+      recvs.push_back({static_cast<int>(q), in.data() + q * m, m * 4});
+    }
+    c.comm->exchange(sends, recvs, group, what);
+    c.memory->read(sum.data(), sums + at * 4, m * 4);
+    if (paired)
+      c.memory->read(err.data(), errs + at * 4, m * 4);
+    else
+      std::fill(err.begin(), err.begin() + m, 0.0f);
+    for (int64_t q = 0; q < members; ++q)
+      cpu::accumulate(in.data() + q * m, sum.data(), err.data(), m);
+    if (!paired)
+      cpu::addCompensation(sum.data(), err.data(), m);
+    c.memory->copy2d(sums + at * 4, m * 4, sum.data(), m * 4, m * 4, 1);
+    if (paired)
+      c.memory->copy2d(errs + at * 4, m * 4, err.data(), m * 4, m * 4, 1);
+  }
+}
+
 /// A weight gathered whole, in place, over the group (ZeRO-1): member q
 /// updated rows [q k, (q + 1) k) of its state view (elements as rows of the
 /// last dimension), k = shard_rows; each member's rows go to every member a
@@ -193,7 +243,7 @@ std::vector<std::vector<int>> groupsOf(const Plan &plan, int64_t rank,
 int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
   switch (s.op->collective) {
   case Collective::AllReduce:
-    if (!c.program->buffers[s.in[0]].state.empty())
+    if (!c.program->buffers[s.in[0]].state.empty() || s.in.size() == 2)
       allReduceState(c, s, c.groups.at(index),
                      fmt::format("{} program {}", c.program->entry, describe(index, s)));
     else
@@ -208,6 +258,10 @@ int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
     return -1;
   case Collective::AllToAll:
     return allToAll(c, s, c.groups.at(index), describe(index, s));
+  case Collective::ReduceScatter:
+    reduceScatterState(c, s, c.groups.at(index),
+                       fmt::format("{} program {}", c.program->entry, describe(index, s)));
+    return -1;
   case Collective::Send:
   case Collective::Recv: {
     // The pipeline: activations go to the rank with the same dp and tp on

@@ -151,17 +151,15 @@ void RankExecutor::readState(const std::string &name, std::vector<float> &out) {
   stateHolder(name).readState(name, out);
 }
 
-bool isOptimizerState(const std::string &name) {
-  for (const char *kind : {"exp_avg:", "exp_avg_sq:", "master:"})
-    if (name.rfind(kind, 0) == 0)
-      return true;
-  return false;
+bool stateOfKind(const std::string &name, const std::vector<std::string> &kinds) {
+  const std::string kind = name.substr(0, name.find(':'));
+  return std::find(kinds.begin(), kinds.end(), kind) != kinds.end();
 }
 
-int64_t RankExecutor::optimizerStateBytes() const {
+int64_t RankExecutor::stateBytes(const std::vector<std::string> &kinds) const {
   int64_t bytes = 0;
   for (const std::string &name : stateNames())
-    if (isOptimizerState(name))
+    if (stateOfKind(name, kinds))
       bytes += stateShard(name).elements * 4;
   return bytes;
 }

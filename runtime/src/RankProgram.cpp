@@ -53,7 +53,7 @@ void RankProgram::prepare(const Plan &plan, int64_t rank, DeviceMemory &memory_,
   gatherBytes = 0;
   if (staging == Staging::Reserved) {
     for (const PlanStep &s : program_->steps)
-      if (s.op->collective == Collective::AllGather)
+      if (s.op->collective == Collective::AllGather && s.weights.empty()) // (a weight's: ZeRO)
         gatherBytes = std::max(gatherBytes,
                                program_->maxBatchTokens * program_->buffers[s.out[0]].width * 4);
     gatherStage = gatherBytes ? memory->allocate(gatherBytes) : nullptr;

@@ -119,20 +119,25 @@ void printTrainingMemory(const Plan &plan, const RankExecutor &executor, int ran
              plan.worldSize > 1 ? fmt::format("rank {}: ", rank) : std::string(),
              executor.weightBytes(), measured / 1048576, predicted / 1048576,
              100 * (measured - predicted) / predicted);
-  // The optimizer's own states (ZeRO-1: the rank's shards), allocated
-  // against the plan's state buffers.
-  std::set<std::string> seen;
-  int64_t planned = 0;
-  for (const PlanProgram *entry : plan.entriesOf(rank))
-    for (const PlanBuffer &b : entry->buffers)
-      if (isOptimizerState(b.state) && seen.insert(b.state).second)
-        planned += b.bytes;
-  if (planned > 0)
-    fmt::print("{}optimizer states: {} bytes allocated, {} predicted ({:+.1f}%)\n",
-               plan.worldSize > 1 ? fmt::format("rank {}: ", rank) : std::string(),
-               executor.optimizerStateBytes(), planned,
-               100.0 * static_cast<double>(executor.optimizerStateBytes() - planned) /
-                   static_cast<double>(planned));
+  // The optimizer's own states and the gradient sums (ZeRO: the rank's
+  // shards), allocated against the plan's state buffers.
+  for (const auto &[label, kinds] :
+       {std::pair<const char *, std::vector<std::string>>{"optimizer states",
+                                                          {"exp_avg", "exp_avg_sq", "master"}},
+        {"gradient sums", {"grad_sum", "grad_err"}}}) {
+    std::set<std::string> seen;
+    int64_t planned = 0;
+    for (const PlanProgram *entry : plan.entriesOf(rank))
+      for (const PlanBuffer &b : entry->buffers)
+        if (!b.state.empty() && stateOfKind(b.state, kinds) && seen.insert(b.state).second)
+          planned += b.bytes;
+    const int64_t allocated = executor.stateBytes(kinds);
+    if (planned > 0)
+      fmt::print("{}{}: {} bytes allocated, {} predicted ({:+.1f}%)\n",
+                 plan.worldSize > 1 ? fmt::format("rank {}: ", rank) : std::string(), label,
+                 allocated, planned,
+                 100.0 * static_cast<double>(allocated - planned) / static_cast<double>(planned));
+  }
 }
 
 /// The run's micro-batches (docs/training.md, "Data and windows"): pass p

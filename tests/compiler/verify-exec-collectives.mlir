@@ -29,6 +29,56 @@ module attributes {moe.sharding = {dp = 2 : i64, pp = 1 : i64, tp = 1 : i64, ep 
 
 // -----
 
+// ZeRO-2: rank 1's train program skips the reduce_scatter of a gradient
+// into its shard (a pass that dropped it where the gradient was "empty"):
+// rank 0 waits in it on the first micro-batch, and rank 1 in the
+// optimizer's all_reduce of the sums of squares.
+// expected-error@+1 {{collectives of a training update (train, then optimizer) do not match: 2 of 2 ranks would wait forever (deadlock):}}
+module attributes {moe.sharding = {dp = 2 : i64, pp = 1 : i64, tp = 1 : i64, ep = 1 : i64, etp = 1 : i64}} {
+  exec.program @rank0 entry "train" stage 0 attributes {moe.ranks = array<i64: 0>} {
+    %g = exec.buffer f32 rows 4 width 4
+    %sum = exec.buffer f32 rows 2 width 4 {logical_rows = 4 : i64, state = "grad_sum:w"}
+    exec.collective "reduce_scatter" over @mesh["dp"] ins(%g, %sum) outs(%sum) {shard_rows = 2 : i64}
+    exec.return
+  }
+  exec.program @rank1 entry "train" stage 0 attributes {moe.ranks = array<i64: 1>} {
+    %g = exec.buffer f32 rows 4 width 4
+    %sum = exec.buffer f32 rows 2 width 4 {logical_rows = 4 : i64, state = "grad_sum:w"}
+    exec.return
+  }
+  exec.program @stage0_optimizer entry "optimizer" stage 0 attributes {micro_batches = 2 : i64} {
+    %sq = exec.buffer f32 rows 1 width 1
+    %sqe = exec.buffer f32 rows 1 width 1
+    exec.collective "all_reduce" over @mesh["dp"] ins(%sq, %sqe) outs(%sq, %sqe) {}
+    exec.return
+  }
+}
+
+// -----
+
+// With two micro-batches per replica the train program runs twice per
+// update: rank 1 reduce-scatters a different gradient shape (wrong counts).
+module attributes {moe.sharding = {dp = 2 : i64, pp = 1 : i64, tp = 1 : i64, ep = 1 : i64, etp = 1 : i64}} {
+  exec.program @rank0 entry "train" stage 0 attributes {moe.ranks = array<i64: 0>} {
+    %g = exec.buffer f32 rows 4 width 4
+    %sum = exec.buffer f32 rows 2 width 4 {logical_rows = 4 : i64, state = "grad_sum:w"}
+    // expected-error@+1 {{ranks 0 and 1 meet in reduce_scatter with different shapes: reduce_scatter over @mesh["dp"] (ins(f32 4x4, f32 2x4 of 4) outs(f32 2x4 of 4)) {shard_rows = 2 : i64} in @rank0}}
+    exec.collective "reduce_scatter" over @mesh["dp"] ins(%g, %sum) outs(%sum) {shard_rows = 2 : i64}
+    exec.return
+  }
+  exec.program @rank1 entry "train" stage 0 attributes {moe.ranks = array<i64: 1>} {
+    %g = exec.buffer f32 rows 6 width 4
+    %sum = exec.buffer f32 rows 3 width 4 {logical_rows = 6 : i64, state = "grad_sum:w"}
+    exec.collective "reduce_scatter" over @mesh["dp"] ins(%g, %sum) outs(%sum) {shard_rows = 3 : i64}
+    exec.return
+  }
+  exec.program @stage0_optimizer entry "optimizer" stage 0 attributes {micro_batches = 4 : i64} {
+    exec.return
+  }
+}
+
+// -----
+
 // Rank 1 skips the all_gather of the weight: rank 0 waits in it forever.
 // expected-error@+1 {{collectives of a training update (train, then optimizer) do not match: 1 of 2 ranks would wait forever (deadlock):}}
 module attributes {moe.sharding = {dp = 2 : i64, pp = 1 : i64, tp = 1 : i64, ep = 1 : i64, etp = 1 : i64}} {

@@ -100,7 +100,7 @@ exec.program @p entry "forward" stage 0 {
 
 exec.program @p entry "forward" stage 0 {
   %b = exec.buffer f32 rows 8 width 4
-  // expected-error @below {{'exec.collective' op unknown collective 'broadcast' (expected all_reduce, all_gather, all_to_all, send or recv)}}
+  // expected-error @below {{'exec.collective' op unknown collective 'broadcast' (expected all_reduce, all_gather, all_to_all, reduce_scatter, send or recv)}}
   exec.collective "broadcast" ins(%b) outs(%b) {}
   exec.return
 }

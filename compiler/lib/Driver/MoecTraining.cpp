@@ -116,8 +116,9 @@ cl::opt<double> expertBiasUpdateRate(
 cl::opt<int64_t> zeroStage(
     "zero",
     cl::desc("With --optimizer and --dp N: the ZeRO stage, 0 (every replica holds the "
-             "optimizer's states) or 1 (the moments and bf16 masters sharded between the "
-             "replicas, the weights gathered after each update)"),
+             "optimizer's states), 1 (the moments and bf16 masters sharded between the "
+             "replicas, the weights gathered after each update) or 2 (the gradient sums "
+             "sharded too, reduce-scattered after each micro-batch)"),
     cl::init(0), cl::sub(driver::compileSubcommand()), cl::cat(training));
 cl::opt<int64_t> globalBatchSize(
     "global-batch-size",
@@ -353,14 +354,12 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
                   ": expected a multiple of --micro-batch-size x --dp (" +
                   Twine(int64_t(microBatchSize)) + " x " + Twine(replicas) +
                   "): each data-parallel replica runs the same number of micro-batches");
-  if (zeroStage == 2)
-    return refuse("not supported yet: --zero 2 (the gradients sharded between the replicas); "
-                  "--zero 1 shards the optimizer's states");
-  if (zeroStage != 0 && zeroStage != 1)
+  if (zeroStage < 0 || zeroStage > 2)
     return refuse("--zero " + Twine(int64_t(zeroStage)) + ": expected 0, 1 or 2");
-  if (zeroStage == 1 && replicas == 1)
-    return refuse("--zero 1: expected --dp N with N > 1 (ZeRO shards the optimizer's states "
-                  "between data-parallel replicas)");
+  if (zeroStage > 0 && replicas == 1)
+    return refuse("--zero " + Twine(int64_t(zeroStage)) +
+                  ": expected --dp N with N > 1 (ZeRO shards the optimizer's states between "
+                  "data-parallel replicas)");
   adamw.zero = zeroStage;
   options.optimizer = adamw;
   return Error::success();

@@ -83,11 +83,8 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       return fail("expected micro-batches >= 1");
     if (!(expertBiasUpdateRate >= 0))
       return fail("expected expert-bias-update-rate >= 0");
-    if (zero == 2)
-      return fail("zero=2: not supported yet: gradients sharded between the replicas "
-                  "(ZeRO-2); zero=1 shards the optimizer's states");
-    if (zero != 0 && zero != 1)
-      return fail("zero=" + Twine(int64_t(zero)) + ": expected 0 or 1");
+    if (zero < 0 || zero > 2)
+      return fail("zero=" + Twine(int64_t(zero)) + ": expected 0, 1 or 2");
     return true;
   }
 
@@ -131,21 +128,27 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
                                       b.getStringAttr(kind + ":" + w.getTensor()),
                                       IntegerAttr());
     };
-    // ZeRO-1: a state of the optimizer's own, sharded between the replicas
-    // (replica d holds rows [d k, (d + 1) k) of its R rows, k = ceil(R / dp)).
+    // ZeRO: a state sharded between the replicas (replica d holds rows
+    // [d k, (d + 1) k) of its R rows, k = ceil(R / dp)): from stage 1 the
+    // optimizer's own states, from stage 2 the gradient sums too.
     const int64_t replicas = dataParallel(train);
-    const bool sharded = zero == 1 && replicas > 1;
+    const bool sharded = zero >= 1 && replicas > 1, shardedGrads = zero == 2 && replicas > 1;
     auto shardRows = [&](exec::WeightOp w) {
       return (stateShape(w).first + replicas - 1) / replicas;
     };
-    auto optimizerState = [&](OpBuilder &b, Location loc, StringRef kind, exec::WeightOp w) {
-      if (!sharded)
-        return state(b, loc, kind, w);
+    auto shardedState = [&](OpBuilder &b, Location loc, StringRef kind, exec::WeightOp w) {
       auto [rows, width] = stateShape(w);
       return b.create<exec::BufferOp>(loc, bufferType, f32, shardRows(w), width,
                                       b.getStringAttr(kind + ":" + w.getTensor()),
                                       b.getI64IntegerAttr(rows));
     };
+    auto optimizerState = [&](OpBuilder &b, Location loc, StringRef kind, exec::WeightOp w) {
+      return sharded ? shardedState(b, loc, kind, w) : state(b, loc, kind, w);
+    };
+    auto gradState = [&](OpBuilder &b, Location loc, StringRef kind, exec::WeightOp w) {
+      return shardedGrads ? shardedState(b, loc, kind, w) : state(b, loc, kind, w);
+    };
+    auto mesh = FlatSymbolRefAttr::get(ctx, "mesh");
 
     // The train program: each gradient added into its sum, before the return.
     auto buffers = body.getOps<exec::BufferOp>();
@@ -157,10 +160,10 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     const bool compensated = microBatches / dataParallel(train) > 1;
     SmallVector<Value> sums, errs;
     for (exec::WeightOp w : params)
-      sums.push_back(state(b, train.getLoc(), "grad_sum", w));
+      sums.push_back(gradState(b, train.getLoc(), "grad_sum", w));
     if (compensated)
       for (exec::WeightOp w : params)
-        errs.push_back(state(b, train.getLoc(), "grad_err", w));
+        errs.push_back(gradState(b, train.getLoc(), "grad_err", w));
     // DeepSeek's bias update: each routing with a correction bias counts its
     // selections into a state buffer right after it routes.
     // (Once per bias: a routing recomputed in the backward pass,
@@ -192,8 +195,19 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
         ins.push_back(errs[i]);
         outs.push_back(errs[i]);
       }
-      b.create<exec::LaunchOp>(ret.getLoc(), "accumulate", ins, ValueRange{}, outs,
-                               b.getDictionaryAttr({}), StringAttr(), /*updates_weights=*/false);
+      // ZeRO-2: every replica's gradient rows of the shard, added into it
+      // in replica order (reduce_scatter over dp).
+      if (shardedGrads)
+        b.create<exec::CollectiveOp>(
+            ret.getLoc(), b.getStringAttr("reduce_scatter"), mesh, b.getStringAttr("dp"), ins,
+            ValueRange{}, outs,
+            b.getDictionaryAttr(
+                {b.getNamedAttr("shard_rows", b.getI64IntegerAttr(shardRows(params[i])))}),
+            StringAttr());
+      else
+        b.create<exec::LaunchOp>(ret.getLoc(), "accumulate", ins, ValueRange{}, outs,
+                                 b.getDictionaryAttr({}), StringAttr(),
+                                 /*updates_weights=*/false);
     }
 
     // The optimizer program, right after the train program.
@@ -219,14 +233,22 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     for (auto &[bias, load] : biases)
       loads.push_back(state(b, loc, "expert_load", bias));
     for (exec::WeightOp w : params) {
-      optSums.push_back(state(b, loc, "grad_sum", w));
+      optSums.push_back(gradState(b, loc, "grad_sum", w));
       moments.push_back(optimizerState(b, loc, "exp_avg", w));
       squares.push_back(optimizerState(b, loc, "exp_avg_sq", w));
       // A bf16 weight is the rounding of its f32 master weight.
       bool bf16 = cast<RankedTensorType>(w.getTensorType()).getElementType().isBF16();
       masters.push_back(bf16 ? Value(optimizerState(b, loc, "master", w)) : Value());
       if (compensated)
-        optErrs.push_back(state(b, loc, "grad_err", w));
+        optErrs.push_back(gradState(b, loc, "grad_err", w));
+    }
+    // ZeRO-2: the norm's sum of squares, each replica's over its shards
+    // (a value and its error), added over dp.
+    Value normSq, normSqErr;
+    if (shardedGrads) {
+      normSq = b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr());
+      normSqErr =
+          b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr());
     }
     b.create<exec::InputsOp>(loc, Value(), Value(), Value(), step);
     auto launch = [&](StringRef kernel, ValueRange ins, ValueRange ws, ValueRange outs,
@@ -240,14 +262,14 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     auto sumAndError = [&](size_t i) {
       return compensated ? SmallVector<Value>{optSums[i], optErrs[i]} : SmallVector<Value>{optSums[i]};
     };
-    auto mesh = FlatSymbolRefAttr::get(ctx, "mesh");
     if (replicas > 1) {
       auto allReduce = [&](ValueRange buffers) {
         b.create<exec::CollectiveOp>(loc, b.getStringAttr("all_reduce"), mesh,
                                      b.getStringAttr("dp"), buffers, ValueRange{}, buffers,
                                      b.getDictionaryAttr({}), StringAttr());
       };
-      for (size_t i = 0; i < params.size(); ++i)
+      // (ZeRO-2: the train program reduced the sums into their shards.)
+      for (size_t i = 0; i < params.size() && !shardedGrads; ++i)
         allReduce(sumAndError(i));
       for (Value load : loads)
         allReduce(load);
@@ -263,10 +285,20 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
             b.getNamedAttr("warmup_steps", b.getI64IntegerAttr(warmupSteps)),
             b.getNamedAttr("decay_steps", b.getI64IntegerAttr(decaySteps))});
     SmallVector<Value> normIns{stats};
-    normIns.append(optSums.begin(), optSums.end());
-    launch("grad_norm", normIns, {}, {stats},
-           {b.getNamedAttr("max_norm", b.getF64FloatAttr(clipGradNorm)),
-            b.getNamedAttr("micro_batches", b.getI64IntegerAttr(microBatches))});
+    NamedAttribute maxNorm = b.getNamedAttr("max_norm", b.getF64FloatAttr(clipGradNorm)),
+                   micro = b.getNamedAttr("micro_batches", b.getI64IntegerAttr(microBatches));
+    if (shardedGrads) {
+      launch("sum_squares", optSums, {}, {normSq, normSqErr}, {});
+      b.create<exec::CollectiveOp>(loc, b.getStringAttr("all_reduce"), mesh,
+                                   b.getStringAttr("dp"), ValueRange{normSq, normSqErr},
+                                   ValueRange{}, ValueRange{normSq, normSqErr},
+                                   b.getDictionaryAttr({}), StringAttr());
+      launch("grad_norm", {stats, normSq, normSqErr}, {}, {stats},
+             {b.getNamedAttr("from_squares", b.getBoolAttr(true)), maxNorm, micro});
+    } else {
+      normIns.append(optSums.begin(), optSums.end());
+      launch("grad_norm", normIns, {}, {stats}, {maxNorm, micro});
+    }
     for (auto [i, w] : llvm::enumerate(params)) {
       SmallVector<Value> ins{step, stats, optSums[i], moments[i], squares[i]};
       SmallVector<Value> outs{moments[i], squares[i], optSums[i]};

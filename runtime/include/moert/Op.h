@@ -21,7 +21,7 @@ class StepContext;
 
 /// How a step moves data between ranks; the protocols are written once
 /// (runtime/src/Collectives.h) for every device. None: a device kernel.
-enum class Collective { None, AllReduce, AllGather, AllToAll, Send, Recv };
+enum class Collective { None, AllReduce, AllGather, AllToAll, ReduceScatter, Send, Recv };
 
 struct OpDef {
   /// What a step's behaviour depends on, beyond its kernels.

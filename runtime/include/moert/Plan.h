@@ -90,6 +90,9 @@ struct OptimizerParams {
   double maxNorm = 0; ///< grad_norm: the clipping norm (0: none)
   int64_t warmupSteps = 0, decaySteps = 0;
   int64_t microBatches = 1; ///< grad_norm, adamw: the gradient sums are of this many
+  /// grad_norm: reads the sum of squares (a value and its error, ZeRO-2)
+  /// instead of the gradient sums.
+  bool fromSquares = false;
 };
 
 struct PlanStep {

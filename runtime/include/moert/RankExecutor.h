@@ -47,9 +47,8 @@ struct StateShard {
   int64_t elements = 0, logicalElements = 0, offset = 0;
 };
 
-/// A state of the optimizer's own (`exp_avg:`, `exp_avg_sq:`, `master:`),
-/// not a gradient sum, its error or an expert load.
-bool isOptimizerState(const std::string &name);
+/// Whether state `name` is of one of these kinds (the name before ':').
+bool stateOfKind(const std::string &name, const std::vector<std::string> &kinds);
 
 class RankExecutor {
 public:
@@ -100,10 +99,9 @@ public:
   void writeState(const std::string &name, const std::vector<float> &values);
   /// Which part of its logical state state `name` holds (StateShard).
   StateShard stateShard(const std::string &name) const;
-  /// Bytes allocated for the optimizer's own states (moments and bf16
-  /// masters: `exp_avg:`, `exp_avg_sq:`, `master:`; ZeRO shards at their
-  /// size).
-  int64_t optimizerStateBytes() const;
+  /// Bytes allocated for the states of these kinds (the name before ':',
+  /// e.g. exp_avg; ZeRO shards at their size).
+  int64_t stateBytes(const std::vector<std::string> &kinds) const;
 
   /// Bytes of weights bound on the device.
   int64_t weightBytes() const;

@@ -8,17 +8,19 @@ namespace moert::ops {
 namespace {
 
 /// Over the step's rows, or in place over a whole compensated sum (two
-/// state buffers: the replicas' gradient sums and their errors, of an
-/// optimizer program) or state buffer (its expert loads).
+/// buffers: the replicas' gradient sums and their errors, of an optimizer
+/// program, or ZeRO-2's sums of squares) or state buffer (its expert
+/// loads).
 void checkAllReduce(const StepChecker &c, const PlanStep &step) {
   if (step.in.size() == 2) {
     c.arity(2, 0, 0, 2);
     const PlanBuffer &sum = c.program.buffers[step.in[0]], &err = c.program.buffers[step.in[1]];
-    c.expect(step.out[0] == step.in[0] && step.out[1] == step.in[1] && !sum.state.empty() &&
-                 !err.state.empty() && sum.dtype == DType::F32 && err.dtype == DType::F32 &&
-                 sum.rows * sum.width == err.rows * err.width,
-             "an all_reduce of two buffers adds a compensated sum: two f32 state buffers of as "
-             "many values, in place");
+    c.expect(step.out[0] == step.in[0] && step.out[1] == step.in[1] &&
+                 sum.state.empty() == err.state.empty() && sum.dtype == DType::F32 &&
+                 err.dtype == DType::F32 && sum.rows * sum.width == err.rows * err.width &&
+                 (!sum.state.empty() || c.program.entry == "optimizer"),
+             "an all_reduce of two buffers adds a compensated sum: two f32 buffers of as many "
+             "values (state buffers, or an optimizer program's), in place");
     return;
   }
   c.arity(1, 0, 0, 1);
@@ -30,8 +32,9 @@ void checkAllReduce(const StepChecker &c, const PlanStep &step) {
   c.expect(c.tokens(step.out[0]) == c.tokens(step.in[0]), "output width differs from the input's");
 }
 
-/// A weight, gathered whole in place (ZeRO: each member updated rows [d k,
-/// (d + 1) k) of its state view, k = shard_rows).
+/// shard_rows: of a weight's all_gather, each member's updated rows (ZeRO:
+/// rows [d k, (d + 1) k) of its state view); of a reduce_scatter, each
+/// member's shard.
 void parseAllGather(const JsonFields &a, PlanStep &step) {
   if (a.has("shard_rows"))
     step.shardRows = a.bounded("shard_rows", 1, int64_t(1) << 40);
@@ -61,6 +64,27 @@ void checkAllGather(const StepChecker &c, const PlanStep &step) {
   c.expect(c.tokens(step.out[0]) == c.groupSize() * c.tokens(step.in[0]),
            fmt::format("output width {} is not the group's {} x the input width {}",
                        c.width(step.out[0]), c.groupSize(), c.width(step.in[0])));
+}
+
+/// in: a gradient, its sum's shard (and the shard's error); out: the shard
+/// (and its error), in place: rows [d k, (d + 1) k) of every member's
+/// gradient added into member d's shard (ZeRO-2, over dp).
+void checkReduceScatter(const StepChecker &c, const PlanStep &step) {
+  const bool compensated = step.in.size() == 3;
+  c.arity(compensated ? 3 : 2, 0, 0, compensated ? 2 : 1);
+  const PlanBuffer &g = c.program.buffers[step.in[0]], &sum = c.program.buffers[step.in[1]];
+  c.expect(step.group.axis == CollectiveGroup::Axis::DP, "a reduce_scatter is over dp");
+  c.expect(step.in[1] == step.out[0] && !sum.state.empty() && sum.logicalRows > 0 &&
+               g.dtype == DType::F32 && g.rows * g.width == sum.logicalRows * sum.width &&
+               step.shardRows == sum.rows,
+           "expected a gradient and its sum's shard (a state of logical_rows x width of the "
+           "gradient's values, shard_rows rows), in and out");
+  if (compensated) {
+    const PlanBuffer &err = c.program.buffers[step.in[2]];
+    c.expect(step.in[2] == step.out[1] && !err.state.empty() && err.rows == sum.rows &&
+                 err.width == sum.width && err.logicalRows == sum.logicalRows,
+             "expected the shard's error after it (a state shard of its shape, in and out)");
+  }
 }
 
 void checkAllToAll(const StepChecker &c, const PlanStep &step) {
@@ -99,6 +123,8 @@ const OpDef kAllGather = {"all_gather", Collective::AllGather, kGroup, parseAllG
                           checkAllGather, nullptr};
 const OpDef kAllToAll = {"all_to_all", Collective::AllToAll, kGroup, nullptr, checkAllToAll,
                          nullptr};
+const OpDef kReduceScatter = {"reduce_scatter", Collective::ReduceScatter, kGroup, parseAllGather,
+                              checkReduceScatter, nullptr};
 const OpDef kSend = {"send", Collective::Send, OpDef::RunsEmpty, nullptr, checkSend, nullptr};
 const OpDef kRecv = {"recv", Collective::Recv, OpDef::RunsEmpty, nullptr, checkRecv, nullptr};
 

@@ -34,7 +34,7 @@ extern const OpDef kCrossEntropyGrad, kLinearGrad, kRmsNormGrad, kRopeGrad, kAtt
     kMlpGrad, kEmbeddingGrad, kRouteGrad, kExpertsGrad, kRouterStatsGrad, kBiasGrad,
     kSigmoidGateGrad, kMlaAttentionGrad;
 // Optimizer.cpp
-extern const OpDef kAccumulate, kGradTotal, kLrSchedule, kGradNorm, kAdamW, kCountExperts, kExpertBiasUpdate;
+extern const OpDef kAccumulate, kGradTotal, kLrSchedule, kSumSquares, kGradNorm, kAdamW, kCountExperts, kExpertBiasUpdate;
 // Experts.cpp: the optional capacity_factor of experts_saved and experts_grad
 // (PlanStep::dispatch.capacityFactor; 0: dropless).
 void parseExpertsCapacity(const JsonFields &a, PlanStep &step);
@@ -43,6 +43,6 @@ void parseExpertsCapacity(const JsonFields &a, PlanStep &step);
 void checkSavedActivations(const StepChecker &c, int64_t gate, int64_t up, int64_t output,
                            int64_t k, int64_t intermediate, int64_t hidden);
 // Collective.cpp
-extern const OpDef kAllReduce, kAllGather, kAllToAll, kSend, kRecv;
+extern const OpDef kAllReduce, kAllGather, kAllToAll, kReduceScatter, kSend, kRecv;
 
 } // namespace moert::ops

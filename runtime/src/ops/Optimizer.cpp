@@ -106,28 +106,71 @@ int64_t runSchedule(cpu::StepContext &c) {
 }
 
 void parseGradNorm(const JsonFields &a, PlanStep &step) {
+  step.optimizer.fromSquares = a.has("from_squares") && a.boolean("from_squares");
   step.optimizer.maxNorm = a.number("max_norm");
   if (!(step.optimizer.maxNorm >= 0))
     a.fail("max_norm", "expected a value >= 0");
   step.optimizer.microBatches = a.bounded("micro_batches", 1, int64_t(1) << 30);
 }
 
-/// in: the stats, then every gradient sum; out: the stats.
+/// A buffer of one value (sum_squares' value and error).
+bool single(const StepChecker &c, int64_t buffer) {
+  const PlanBuffer &b = c.program.buffers[buffer];
+  return b.dtype == DType::F32 && b.rows == 1 && b.width == 1 && b.state.empty();
+}
+
+/// in: the stats, then every gradient sum (with from_squares: the sum of
+/// their squares, a value and its error); out: the stats.
 void checkGradNorm(const StepChecker &c, const PlanStep &step) {
   c.expect(step.in.size() >= 2 && step.weights.empty() && step.out.size() == 1,
            "expected the stats and the gradient sums in, the stats out");
   checkStats(c, step.in[0]);
   checkStats(c, step.out[0]);
+  if (step.optimizer.fromSquares) {
+    c.expect(step.in.size() == 3 && single(c, step.in[1]) && single(c, step.in[2]),
+             "from_squares: expected the stats, the sum of squares and its error (buffers of "
+             "one f32 value)");
+    return;
+  }
   for (size_t i = 1; i < step.in.size(); ++i)
     c.expect(!c.program.buffers[step.in[i]].state.empty(),
              fmt::format("input {}: expected a gradient sum (a state buffer)", i));
 }
 
-int64_t runGradNorm(cpu::StepContext &c) {
+/// in: gradient sums (ZeRO-2: the rank's shards); out: the sum of their
+/// squares as a value and its error (f32: their double sum, then the rest).
+void checkSumSquares(const StepChecker &c, const PlanStep &step) {
+  c.expect(!step.in.empty() && step.weights.empty() && step.out.size() == 2 &&
+               single(c, step.out[0]) && single(c, step.out[1]),
+           "expected the gradient sums in, their sum of squares and its error out (buffers of "
+           "one f32 value)");
+  for (size_t i = 0; i < step.in.size(); ++i)
+    c.expect(!c.program.buffers[step.in[i]].state.empty(),
+             fmt::format("input {}: expected a gradient sum (a state buffer)", i));
+}
+
+double squaresOf(cpu::StepContext &c, size_t first) {
   const PlanStep &s = *c.step;
   double squares = 0;
-  for (size_t i = 1; i < s.in.size(); ++i)
+  for (size_t i = first; i < s.in.size(); ++i)
     squares += cpu::sumOfSquares(c.in(i), c.bufferRows(s.in[i]) * c.width(s.in[i]));
+  return squares;
+}
+
+int64_t runSumSquares(cpu::StepContext &c) {
+  const double squares = squaresOf(c, 0);
+  const float value = static_cast<float>(squares);
+  c.out(0)[0] = value;
+  c.out(1)[0] = static_cast<float>(squares - static_cast<double>(value));
+  return c.rows;
+}
+
+int64_t runGradNorm(cpu::StepContext &c) {
+  const PlanStep &s = *c.step;
+  const double squares =
+      s.optimizer.fromSquares
+          ? static_cast<double>(c.in(1)[0]) + static_cast<double>(c.in(2)[0])
+          : squaresOf(c, 1);
   // The norm of the mean gradient (the sums over micro-batches / their count).
   const double norm = std::sqrt(squares) / static_cast<double>(s.optimizer.microBatches);
   float *stats = c.out(0);
@@ -168,14 +211,15 @@ void checkAdamW(const StepChecker &c, const PlanStep &step) {
   for (size_t i = 2; i < step.in.size(); ++i)
     c.expect(!c.program.buffers[step.in[i]].state.empty() && stateOfWeight(c, step.in[i], w),
              fmt::format("input {}: expected a state buffer of the shape of '{}'", i, w.name));
-  // ZeRO-1: the moments (and the master) are shards, all of them or none;
-  // the gradient sum is whole.
+  // ZeRO: the moments (and the master) are shards, all of them or none;
+  // the gradient sum whole (ZeRO-1) or a shard (ZeRO-2).
   const bool sharded = c.program.buffers[step.in[3]].logicalRows > 0;
-  for (size_t i = 2; i < step.in.size(); ++i)
-    c.expect((c.program.buffers[step.in[i]].logicalRows > 0) == (sharded && i != 2),
-             fmt::format("input {}: expected {}", i,
-                         i == 2 ? "the whole gradient sum"
-                                : "the moments and master all ZeRO shards, or none"));
+  for (size_t i = 3; i < step.in.size(); ++i)
+    c.expect((c.program.buffers[step.in[i]].logicalRows > 0) == sharded,
+             fmt::format("input {}: expected the moments and master all ZeRO shards, or none",
+                         i));
+  c.expect(sharded || c.program.buffers[step.in[2]].logicalRows == 0,
+           "input 2: a gradient sum that is a ZeRO shard needs sharded moments");
   c.expect(step.out[0] == step.in[3] && step.out[1] == step.in[4] && step.out[2] == step.in[2] &&
                (!bf16 || step.out[3] == step.in[5]),
            "expected outputs m, v, the gradient sum (and the master): inputs 3, 4, 2 (and 5)");
@@ -200,12 +244,17 @@ int64_t runAdamW(cpu::StepContext &c) {
   float *master = s.in.size() > 5 ? c.in(5) : nullptr; // a bf16 weight's
   // The elements this rank updates: all, or its ZeRO shard's rows [d k,
   // (d + 1) k) of the state view, whose moments (and master) hold only them.
-  const PlanBuffer &moments = c.program->buffers[s.in[3]];
-  int64_t first = 0, end = c.bufferRows(s.in[2]) * c.width(s.in[2]);
+  // The sum is whole (ZeRO-1) or the same shard (ZeRO-2: indexed from
+  // `first` too).
+  const PlanBuffer &moments = c.program->buffers[s.in[3]], &sums = c.program->buffers[s.in[2]];
+  const int64_t sumElements = sums.rows * sums.width;
+  int64_t first = 0, end = sumElements;
   if (moments.logicalRows > 0) {
+    end = moments.logicalRows * moments.width;
     first = std::min(end, c.coords.dp * moments.rows * moments.width);
     end = std::min(end, first + moments.rows * moments.width);
   }
+  const int64_t sumFrom = sums.logicalRows > 0 ? first : 0;
   // The device owns a plan's weights when it has an optimizer: written in
   // place. `data` holds elements [offset, offset + n) of the weight.
   auto update = [&](const void *data, int64_t n, int64_t offset) {
@@ -216,10 +265,10 @@ int64_t runAdamW(cpu::StepContext &c) {
     char *w = static_cast<char *>(const_cast<void *>(data));
     if (master)
       cpu::adamwBf16(reinterpret_cast<uint16_t *>(w) + (from - offset), master + local,
-                     m + local, v + local, sum + from, count, step);
+                     m + local, v + local, sum + (from - sumFrom), count, step);
     else
       cpu::adamw(reinterpret_cast<float *>(w) + (from - offset), m + local, v + local,
-                 sum + from, count, step);
+                 sum + (from - sumFrom), count, step);
   };
   if (c.program->weights[s.weights[0]].experts > 0) {
     int64_t offset = 0;
@@ -231,9 +280,11 @@ int64_t runAdamW(cpu::StepContext &c) {
     const TensorView &w = c.weight(0);
     update(w.data, w.numel(), 0);
   }
-  // (adamw resets the sum it reads; a shard's update reads its rows only.)
-  std::fill(sum, sum + first, 0.0f);
-  std::fill(sum + end, sum + c.bufferRows(s.in[2]) * c.width(s.in[2]), 0.0f);
+  // (adamw resets the sum it reads; a ZeRO-1 update reads its rows only.)
+  if (sums.logicalRows == 0) {
+    std::fill(sum, sum + first, 0.0f);
+    std::fill(sum + end, sum + sumElements, 0.0f);
+  }
   return c.rows;
 }
 
@@ -288,6 +339,8 @@ const OpDef kGradTotal = {"grad_total", Collective::None, OpDef::RunsEmpty, null
                           runGradTotal};
 const OpDef kLrSchedule = {"lr_schedule", Collective::None, OpDef::RunsEmpty, parseSchedule, checkSchedule,
                            runSchedule};
+const OpDef kSumSquares = {"sum_squares", Collective::None, OpDef::RunsEmpty, nullptr,
+                           checkSumSquares, runSumSquares};
 const OpDef kGradNorm = {"grad_norm", Collective::None, OpDef::RunsEmpty, parseGradNorm, checkGradNorm,
                          runGradNorm};
 const OpDef kCountExperts = {"count_experts", Collective::None, 0, nullptr, checkCountExperts,

@@ -17,9 +17,9 @@ const std::vector<const OpDef *> &registeredOps() {
       &ops::kAttentionGrad, &ops::kMlpGrad, &ops::kEmbeddingGrad, &ops::kRouteGrad,
       &ops::kExpertsGrad, &ops::kRouterStatsGrad, &ops::kBiasGrad, &ops::kSigmoidGateGrad,
       &ops::kMlaAttentionGrad,
-      &ops::kAccumulate, &ops::kGradTotal, &ops::kLrSchedule, &ops::kGradNorm, &ops::kAdamW, &ops::kCountExperts,
+      &ops::kAccumulate, &ops::kGradTotal, &ops::kLrSchedule, &ops::kSumSquares, &ops::kGradNorm, &ops::kAdamW, &ops::kCountExperts,
       &ops::kExpertBiasUpdate,
-      &ops::kAllReduce,  &ops::kAllGather,   &ops::kAllToAll,  &ops::kSend,
+      &ops::kAllReduce,  &ops::kAllGather,   &ops::kAllToAll, &ops::kReduceScatter,  &ops::kSend,
       &ops::kRecv};
   return ops;
 }

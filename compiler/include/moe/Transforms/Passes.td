@@ -145,12 +145,18 @@ def MoEAppendOptimizer : Pass<"moe-append-optimizer", "mlir::ModuleOp"> {
     the weight and each weight is then gathered whole over the dp group
     (`exec.collective "all_gather" ... weights(%w) {shard_rows = k}`). The
     gradient sums are added whole (all_reduce), so the update is the one
-    of a single rank, to the bit.
+    of a single rank, to the bit. With `zero=2` (ZeRO-2) the gradient sums
+    (and their errors) are shards as well: the train program adds each
+    micro-batch's gradient into them with a `reduce_scatter` over dp (every
+    replica's rows of the shard, in replica order) instead of
+    `accumulate`, and the norm is the square root of `sum_squares` (each
+    replica's over its shards, a value and its error) added over dp
+    (`all_reduce`), read by `grad_norm` with `from_squares`.
   }];
   let options = [
     Option<"zero", "zero", "int64_t", "0",
-           "ZeRO stage over the dp replicas: 0 (states replicated) or 1 (the "
-           "optimizer's states sharded)">,
+           "ZeRO stage over the dp replicas: 0 (states replicated), 1 (the "
+           "optimizer's states sharded) or 2 (the gradient sums too)">,
     Option<"lr", "lr", "double", "1e-3", "the peak learning rate">,
     Option<"minLr", "min-lr", "double", "0", "the cosine schedule's final learning rate">,
     Option<"schedule", "schedule", "std::string", "\"constant\"",

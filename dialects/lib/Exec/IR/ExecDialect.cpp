@@ -179,12 +179,12 @@ LogicalResult GemmOp::verify() {
 LogicalResult CollectiveOp::verify() {
   StringRef kind = getKind();
   bool grouped = llvm::StringSwitch<bool>(kind)
-                     .Cases("all_reduce", "all_gather", "all_to_all", true)
+                     .Cases("all_reduce", "all_gather", "all_to_all", "reduce_scatter", true)
                      .Default(false);
   bool peer = kind == "send" || kind == "recv";
   if (!grouped && !peer)
     return emitOpError("unknown collective '")
-           << kind << "' (expected all_reduce, all_gather, all_to_all, send or recv)";
+           << kind << "' (expected all_reduce, all_gather, all_to_all, reduce_scatter, send or recv)";
   if (grouped && (!getMesh() || !getAxis()))
     return emitOpError("'") << kind << "' needs its group: over @mesh[\"axis\"]";
   if (peer) {

@@ -186,8 +186,12 @@ def Exec_LaunchOp : Exec_Op<"launch", [HasParent<"ProgramOp">, AttrSizedOperandS
 def Exec_CollectiveOp : Exec_Op<"collective", [HasParent<"ProgramOp">, AttrSizedOperandSegments]> {
   let summary = "a collective over a group (mesh and axis), or a send/recv to a stage";
   let description = [{
-    `kind` is one of all_reduce, all_gather, all_to_all (the group: `over
-    @mesh["axis"]`) or send, recv (the peer: `stage` in the constants).
+    `kind` is one of all_reduce, all_gather, all_to_all, reduce_scatter
+    (the group: `over @mesh["axis"]`) or send, recv (the peer: `stage` in
+    the constants). A reduce_scatter (ZeRO-2, a train program over
+    data-parallel replicas) adds rows [d k, (d + 1) k) of every member's
+    gradient (its first input), k = `shard_rows`, into member d's shard
+    (a state with `logical_rows`, and its error state), in member order.
 
     ```mlir
     exec.collective "all_reduce" over @attention["tp"] ins(%b4) outs(%b4) {}
