@@ -38,35 +38,59 @@ void allReduce(const Context &c, const PlanStep &s, int64_t rows,
 
 /// A state buffer of an optimizer program over the group, whole and in
 /// place: a sum of the replicas' gradients (with its error buffer: a
-/// compensated sum, moert/cpu/Optimizer.h) or expert loads. Every member's
-/// values are gathered, a chunk at a time, and added with compensation in
-/// member order (cpu::combineCompensated): every member computes the same
-/// bits, and the sum is the one a single rank's compensated sum gives. A
-/// buffer without an error buffer gets the compensated sum rounded once.
-/// (Host staging: optimizer programs run on the CPU device.)
+/// compensated sum, moert/cpu/Optimizer.h), expert loads, or ZeRO-2's sum
+/// of squares. Member q adds part q of the values (P = ceil(n / members)
+/// of them, a chunk at a time): every member sends it its (sum, error)
+/// pairs of that part (a reduce-scatter), it adds them with compensation in
+/// member order (cpu::combineCompensated), and every member gathers the
+/// parts (an all-gather). Every member ends with the same bits, the sum a
+/// single rank's compensated sum gives; each sends and receives about 4 n
+/// values, whatever the group's size. A buffer without an error buffer gets
+/// the compensated sum rounded once. (Host staging: optimizer programs run
+/// on the CPU device.)
 void allReduceState(const Context &c, const PlanStep &s, const std::vector<int> &group,
                     const std::string &what) {
   const PlanBuffer &in = c.program->buffers[s.in[0]];
   const int64_t n = in.rows * in.width, members = static_cast<int64_t>(group.size());
   const bool paired = s.in.size() == 2;
+  const int64_t part = (n + members - 1) / members;
   constexpr int64_t kChunk = int64_t(1) << 18; // values
-  std::vector<float> mine(static_cast<size_t>(2 * std::min(n, kChunk)), 0.0f);
-  std::vector<float> all(mine.size() * static_cast<size_t>(members));
+  const int64_t chunk = std::max<int64_t>(1, std::min(part, kChunk));
+  // Per member: m sums, then m errors.
+  std::vector<float> out(static_cast<size_t>(2 * chunk * members)),
+      all(static_cast<size_t>(2 * chunk * members)), mine(static_cast<size_t>(2 * chunk));
   char *sum = bytesOf(c, s.in[0]), *err = paired ? bytesOf(c, s.in[1]) : nullptr;
-  for (int64_t at = 0; at < n; at += kChunk) {
-    const int64_t m = std::min(kChunk, n - at);
-    c.memory->read(mine.data(), sum + at * 4, m * 4);
-    if (paired)
-      c.memory->read(mine.data() + m, err + at * 4, m * 4);
-    else
-      std::fill(mine.begin() + m, mine.begin() + 2 * m, 0.0f);
-    c.comm->allGather(mine.data(), 2 * m * 4, all.data(), group, what);
+  // Values [from, from + m) of member q's part that exist.
+  auto valid = [&](int64_t from, int64_t m) { return std::clamp<int64_t>(n - from, 0, m); };
+  for (int64_t at = 0; at < part; at += chunk) {
+    const int64_t m = std::min(chunk, part - at);
+    std::vector<Comm::Piece> sends, recvs;
+    for (int64_t q = 0; q < members; ++q) {
+      float *piece = out.data() + 2 * m * q;
+      const int64_t from = q * part + at, v = valid(from, m);
+      std::fill(piece, piece + 2 * m, 0.0f);
+      if (v > 0) {
+        c.memory->read(piece, sum + from * 4, v * 4);
+        if (paired)
+          c.memory->read(piece + m, err + from * 4, v * 4);
+      }
+      sends.push_back({static_cast<int>(q), piece, 2 * m * 4});
+      recvs.push_back({static_cast<int>(q), all.data() + 2 * m * q, 2 * m * 4});
+    }
+    c.comm->exchange(sends, recvs, group, what);
     cpu::combineCompensated(all.data(), members, m, mine.data(), mine.data() + m);
     if (!paired)
       cpu::addCompensation(mine.data(), mine.data() + m, m);
-    c.memory->copy2d(sum + at * 4, m * 4, mine.data(), m * 4, m * 4, 1);
-    if (paired)
-      c.memory->copy2d(err + at * 4, m * 4, mine.data() + m, m * 4, m * 4, 1);
+    c.comm->allGather(mine.data(), 2 * m * 4, all.data(), group, what);
+    for (int64_t q = 0; q < members; ++q) {
+      const int64_t from = q * part + at, v = valid(from, m);
+      if (v <= 0)
+        continue;
+      const float *piece = all.data() + 2 * m * q;
+      c.memory->copy2d(sum + from * 4, v * 4, piece, v * 4, v * 4, 1);
+      if (paired)
+        c.memory->copy2d(err + from * 4, v * 4, piece + m, v * 4, v * 4, 1);
+    }
   }
 }
 
