@@ -478,7 +478,7 @@ int runCompile() {
     sys::path::append(dir, "plan.json");
     options.output = dir.str().str();
   }
-  if (Error e = driver::chooseRecompute(context, *module, options))
+  if (Error e = driver::chooseRecompute(context, *module, options, *config))
     return fail(std::move(e));
   mlir::PassManager pm(&context);
   buildPipeline(pm, options, *last);

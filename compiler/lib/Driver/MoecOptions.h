@@ -30,13 +30,28 @@ llvm::Error trainingOptions(CompileOptions &options, const hf::ModelConfig &conf
                             bool distribution,
                             llvm::ArrayRef<llvm::cl::Option *> workloadOptions);
 
-/// --recompute auto for a training plan: the training memory model
-/// (moe::rankProgramMemory of the programs compiled with every intermediate
-/// saved, then selective, then full) against --memory-budget sets
-/// options.recomputeExperts / recomputeLayers; with --explain, the model of
-/// the choice is printed (of a given choice too). Nothing for other plans.
+/// --recompute auto and --zero auto for a training plan
+/// (chooseTrainingLayout with this file's options).
 llvm::Error chooseRecompute(mlir::MLIRContext &context, mlir::ModuleOp module,
-                            CompileOptions &options);
+                            CompileOptions &options, const hf::ModelConfig &config);
+
+/// What chooseTrainingLayout may choose and within what.
+struct TrainingChoice {
+  bool recomputeAuto = false, zeroAuto = false;
+  int64_t budget = 0; ///< bytes a rank may hold (0: 90% of the CPU machine's share)
+  const hf::ModelConfig *config = nullptr;
+};
+
+/// The planner's training mode (MoecTrainingLayout.cpp): each candidate
+/// (ZeRO stage where zeroAuto over data-parallel replicas, recompute none /
+/// selective / full where recomputeAuto) gets the training memory model of
+/// its compiled programs (moe::rankProgramMemory) and a time model of an
+/// update; the fastest that fits the budget is set in `options` (none
+/// fits: the least memory, with a note). With --explain every candidate
+/// and the choice's memory are printed, with the share of the update that
+/// is communication not overlapped. Nothing for other plans.
+llvm::Error chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp module,
+                                 CompileOptions &options, const TrainingChoice &request);
 
 } // namespace moe::driver
 

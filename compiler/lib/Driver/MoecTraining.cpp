@@ -43,8 +43,9 @@ cl::opt<std::string> recompute(
     cl::init("auto"), cl::sub(driver::compileSubcommand()), cl::cat(training));
 cl::opt<int64_t> memoryBudget(
     "memory-budget",
-    cl::desc("With --train and --recompute auto: the bytes the rank may hold (default: 90% "
-             "of the 24 GiB of the CPU machine the planner assumes)"),
+    cl::desc("With --train and --recompute auto (or --dp N without --zero): the bytes a rank "
+             "may hold (default: 90% of the 24 GiB of the CPU machine the planner assumes, "
+             "shared by the ranks)"),
     cl::init(0), cl::sub(driver::compileSubcommand()), cl::cat(training));
 cl::opt<int64_t> seqLen("seq-len", cl::desc("With --train: tokens of one training sequence"),
                         cl::init(0), cl::sub(driver::compileSubcommand()), cl::cat(training));
@@ -118,7 +119,8 @@ cl::opt<int64_t> zeroStage(
     cl::desc("With --optimizer and --dp N: the ZeRO stage, 0 (every replica holds the "
              "optimizer's states), 1 (the moments and bf16 masters sharded between the "
              "replicas, the weights gathered after each update) or 2 (the gradient sums "
-             "sharded too, reduce-scattered after each micro-batch)"),
+             "sharded too, reduce-scattered after each micro-batch); default: the fastest "
+             "stage whose memory fits --memory-budget by the time model (--explain)"),
     cl::init(0), cl::sub(driver::compileSubcommand()), cl::cat(training));
 cl::opt<int64_t> globalBatchSize(
     "global-batch-size",
@@ -128,81 +130,16 @@ cl::opt<int64_t> globalBatchSize(
 
 } // namespace
 
-/// --recompute auto: the training memory model (the exec programs' bytes,
-/// moe::rankProgramMemory) with every intermediate saved; when that exceeds
-/// the budget, with the experts' intermediates recomputed (selective, where
-/// the experts have no capacity factor), then with whole layers (full).
+/// --recompute auto and --zero auto (not given with --dp N): the planner's
+/// training mode, MoecTrainingLayout.cpp.
 Error driver::chooseRecompute(mlir::MLIRContext &context, mlir::ModuleOp module,
-                              CompileOptions &options) {
-  if (!options.train || options.lossOnly || (recompute != "auto" && !options.explain))
-    return Error::success();
-  auto measure = [&](bool experts, bool layers) -> Expected<moe::RankProgramMemory> {
-    mlir::OwningOpRef<mlir::ModuleOp> probe = module.clone();
-    CompileOptions trial = options;
-    trial.recomputeExperts = experts;
-    trial.recomputeLayers = layers;
-    trial.output.clear();
-    trial.target = "cpu"; // (the memory is the programs', whatever the target)
-    mlir::PassManager pm(&context);
-    buildPipeline(pm, trial, Phase::Exec);
-    if (mlir::failed(pm.run(*probe)))
-      return createStringError(inconvertibleErrorCode(),
-                               "--recompute auto: the training programs do not compile");
-    return moe::rankProgramMemory(*probe);
-  };
-  const int64_t budget = memoryBudget.getNumOccurrences()
-                             ? int64_t(memoryBudget)
-                             : int64_t(0.9 * double(sharding::builtinCluster("cpu")->memoryBytes));
-  // The choices from the cheapest in time; the first that fits, else the last.
-  struct Choice {
-    const char *name, *what;
-    bool experts, layers;
-  };
-  const Choice none{"none", "every intermediate saved", false, false},
-      selective{"selective", "the experts' intermediates recomputed", true, false},
-      full{"full", "whole layers recomputed", false, true};
-  SmallVector<Choice> choices;
-  if (recompute != "auto") // (--explain of the given choice)
-    choices.push_back(options.recomputeLayers    ? full
-                      : options.recomputeExperts ? selective
-                                                 : none);
-  else if (options.capacityFactor == 0)
-    choices = {none, selective, full};
-  else
-    choices = {none, full};
-  Expected<moe::RankProgramMemory> memory = measure(choices[0].experts, choices[0].layers);
-  if (!memory)
-    return memory.takeError();
-  size_t chosen = 0;
-  while (memory->total() > budget && chosen + 1 < choices.size()) {
-    WithColor::note(errs(), "moec")
-        << "--recompute auto: the training programs hold " << memory->total() << " bytes with "
-        << choices[chosen].what << ", over the budget of " << budget << "\n";
-    ++chosen;
-    memory = measure(choices[chosen].experts, choices[chosen].layers);
-    if (!memory)
-      return memory.takeError();
-  }
-  options.recomputeExperts = choices[chosen].experts;
-  options.recomputeLayers = choices[chosen].layers;
-  if (chosen > 0)
-    WithColor::note(errs(), "moec")
-        << "--recompute auto: " << choices[chosen].name << " (" << choices[chosen].what << ": "
-        << memory->total() << " bytes"
-        << (memory->total() > budget ? ", still over the budget" : "") << ")\n";
-  if (options.explain) {
-    // The training memory model, as moert --report-memory measures it.
-    outs() << "training memory of the rank (its compiled programs, " << choices[chosen].what
-           << "; bytes):\n";
-    outs() << formatv("  {0,-28} {1,14}\n", "weights", memory->weights);
-    outs() << formatv("  {0,-28} {1,14}\n", "KV caches", memory->kvCache);
-    outs() << formatv("  {0,-28} {1,14}\n", "buffers (activations, grads)", memory->buffers);
-    for (const auto &[kind, kindBytes] : memory->state)
-      outs() << formatv("  {0,-28} {1,14}\n", "state " + kind, kindBytes);
-    outs() << formatv("  {0,-28} {1,14}   budget {2}: recompute {3}\n", "total",
-                      memory->total(), budget, choices[chosen].name);
-  }
-  return Error::success();
+                              CompileOptions &options, const hf::ModelConfig &config) {
+  TrainingChoice request;
+  request.recomputeAuto = recompute == "auto";
+  request.zeroAuto = zeroStage.getNumOccurrences() == 0;
+  request.budget = memoryBudget.getNumOccurrences() ? int64_t(memoryBudget) : 0;
+  request.config = &config;
+  return chooseTrainingLayout(context, module, options, request);
 }
 
 /// --train: the workload of one step (micro-batch-size sequences of
@@ -285,8 +222,11 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
                   ": expected auto, none, selective, experts or full");
   if (lossOnly && recompute.getNumOccurrences())
     return refuse("--recompute: --loss-only computes no backward pass");
-  if (memoryBudget.getNumOccurrences() && (memoryBudget <= 0 || recompute != "auto"))
-    return refuse("--memory-budget: expected a positive number of bytes, with --recompute auto");
+  if (memoryBudget.getNumOccurrences() &&
+      (memoryBudget <= 0 ||
+       (recompute != "auto" && (replicas == 1 || zeroStage.getNumOccurrences()))))
+    return refuse("--memory-budget: expected a positive number of bytes, with --recompute auto "
+                  "(or --dp N without --zero)");
   options.train = true;
   options.lossOnly = lossOnly;
   options.recomputeExperts = selective;

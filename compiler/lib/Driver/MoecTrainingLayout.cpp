@@ -1,0 +1,304 @@
+//===- MoecTrainingLayout.cpp - a training plan's memory and time --*- C++ -*-===//
+//
+// The planner's training mode (docs/training.md, "Choosing ZeRO and
+// recompute"): each candidate (ZeRO stage over the data-parallel replicas,
+// what the backward pass recomputes) gets the training memory model of the
+// programs it compiles to (moe::rankProgramMemory: what moert train
+// --report-memory measures) and a time model of one update on a rank; the
+// fastest candidate whose memory fits the budget is chosen, and --explain
+// prints them all with the share of the update that is communication no
+// computation hides.
+//
+//===----------------------------------------------------------------------===//
+#include "MoecOptions.h"
+#include "moe/Analysis/Cluster.h"
+#include "moe/Dialect/Exec/IR/ExecOps.h"
+#include "moe/Target/PlanWriter.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/Pass/PassManager.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/WithColor.h"
+
+#include <algorithm>
+#include <numeric>
+#include <optional>
+
+using namespace llvm;
+using namespace moe;
+
+namespace {
+
+struct Recompute {
+  const char *name, *what;
+  bool experts, layers;
+};
+const Recompute kNone{"none", "every intermediate saved", false, false},
+    kSelective{"selective", "the experts' intermediates recomputed", true, false},
+    kFull{"full", "whole layers recomputed", false, true};
+
+/// What the update's time depends on, from the compiled programs.
+struct Workload {
+  double parameters = 0;       ///< trained elements
+  double weightBytes = 0;      ///< their bytes as the weights hold them
+  double active = 0;           ///< multiply-add parameters a token uses
+  double activeExperts = 0;    ///< of which in routed experts
+  int64_t tensors = 0;         ///< trained tensors (collectives per kind)
+};
+
+Workload workloadOf(mlir::ModuleOp module, const hf::ModelConfig &config) {
+  Workload w;
+  for (auto program : module.getOps<exec::ProgramOp>()) {
+    if (program.getEntry() != "optimizer")
+      continue;
+    for (auto launch : program.getBody().front().getOps<exec::LaunchOp>()) {
+      if (launch.getKernel() != "adamw")
+        continue;
+      auto weight = launch.getWeights()[0].getDefiningOp<exec::WeightOp>();
+      auto type = cast<mlir::RankedTensorType>(weight.getTensorType());
+      const double n = static_cast<double>(type.getNumElements());
+      w.parameters += n;
+      w.weightBytes += n * (type.getElementType().isBF16() ? 2 : 4);
+      ++w.tensors;
+      // A lookup table is no product (unless it is the tied LM head).
+      const bool lookup = weight.getTensor().ends_with("embed_tokens.weight") &&
+                          !config.tieWordEmbeddings;
+      if (weight.getExpertsAttr() && config.numExperts > 0) {
+        const double used = n * static_cast<double>(config.expertsPerToken) /
+                            static_cast<double>(config.numExperts);
+        w.active += used;
+        w.activeExperts += used;
+      } else if (type.getRank() >= 2 && !lookup) {
+        w.active += n;
+      }
+    }
+    break;
+  }
+  return w;
+}
+
+/// One update on a rank, in seconds: nothing overlaps (moert runs each
+/// collective between kernels).
+struct UpdateTime {
+  double compute = 0, optimizer = 0, comm = 0;
+  double commBytes = 0; ///< sent by the rank
+  double total() const { return compute + optimizer + comm; }
+};
+
+/// The time model: forward 2 FLOPs per active parameter and token, the
+/// backward pass twice that, a recomputed forward once more (selective:
+/// the experts' part); AdamW streams its states (about 7 f32 per parameter
+/// it updates) through memory; and what the rank sends over its link:
+/// the fixed-order all_reduce of the sums and errors (4 f32 per parameter
+/// x (N - 1) / N), ZeRO's all_gather of the weights ((N - 1) / N of their
+/// bytes), ZeRO-2's reduce_scatter per micro-batch instead of the
+/// all_reduce (2 f32 per parameter x (N - 1) / N each).
+UpdateTime updateTime(const Workload &w, const sharding::Cluster &machine, int64_t replicas,
+                      int64_t zero, const Recompute &recompute, double tokensPerMicroBatch,
+                      int64_t microBatchesPerReplica, bool bf16) {
+  UpdateTime t;
+  const double N = static_cast<double>(replicas), share = static_cast<double>(microBatchesPerReplica);
+  // The CPU machine's ranks are processes sharing its cores and memory.
+  const double ways = machine.name == "cpu" ? N : 1;
+  const double peak = machine.peakFlops(bf16 ? sharding::DType::BF16 : sharding::DType::F32) / ways;
+  double flopsPerToken = 6 * w.active;
+  if (recompute.layers)
+    flopsPerToken += 2 * w.active;
+  else if (recompute.experts)
+    flopsPerToken += 2 * w.activeExperts;
+  t.compute = share * tokensPerMicroBatch * flopsPerToken / peak;
+  const double updated = zero >= 1 ? w.parameters / N : w.parameters;
+  t.optimizer = 7 * 4 * updated / (machine.memoryBandwidth / ways);
+  if (replicas > 1) {
+    const double others = (N - 1) / N;
+    double collectives = 0;
+    if (zero < 2) {
+      t.commBytes += 4 * 4 * w.parameters * others;
+      collectives += 2 * static_cast<double>(w.tensors);
+    } else {
+      t.commBytes += share * 2 * 4 * w.parameters * others;
+      collectives += share * static_cast<double>(w.tensors) + 2;
+    }
+    if (zero >= 1) {
+      t.commBytes += w.weightBytes * others;
+      collectives += static_cast<double>(w.tensors);
+    }
+    const sharding::Link &link = replicas <= machine.devicesPerNode || machine.name == "cpu"
+                                     ? machine.intraNode
+                                     : machine.interNode;
+    t.comm = t.commBytes / link.bandwidth + collectives * link.latency;
+  }
+  return t;
+}
+
+struct Candidate {
+  int64_t zero;
+  Recompute recompute;
+  UpdateTime time;
+  std::optional<moe::RankProgramMemory> memory;
+};
+
+} // namespace
+
+Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp module,
+                                   CompileOptions &options, const TrainingChoice &request) {
+  if (!options.train || options.lossOnly || (!request.recomputeAuto && !request.zeroAuto &&
+                                             !options.explain))
+    return Error::success();
+  const int64_t replicas = options.layout ? options.layout->dp : 1;
+  const sharding::Cluster machine = *sharding::builtinCluster("cpu");
+  // The CPU machine's ranks share its memory.
+  const int64_t budget =
+      request.budget > 0 ? request.budget
+                         : int64_t(0.9 * double(machine.memoryBytes) / double(replicas));
+  auto measure = [&](Candidate &c, mlir::ModuleOp *keep = nullptr) -> Error {
+    mlir::OwningOpRef<mlir::ModuleOp> probe = module.clone();
+    CompileOptions trial = options;
+    trial.recomputeExperts = c.recompute.experts;
+    trial.recomputeLayers = c.recompute.layers;
+    if (trial.optimizer)
+      trial.optimizer->zero = c.zero;
+    trial.output.clear();
+    trial.explain = false;
+    trial.target = "cpu"; // (the memory is the programs', whatever the target)
+    mlir::PassManager pm(&context);
+    buildPipeline(pm, trial, Phase::Exec);
+    if (mlir::failed(pm.run(*probe)))
+      return createStringError(inconvertibleErrorCode(),
+                               "the training programs do not compile (choosing --recompute / "
+                               "--zero)");
+    Expected<moe::RankProgramMemory> memory = moe::rankProgramMemory(*probe);
+    if (!memory)
+      return memory.takeError();
+    c.memory = *memory;
+    if (keep)
+      *keep = probe.release();
+    return Error::success();
+  };
+
+  // The candidates: the given choices, or every one where auto.
+  SmallVector<Recompute> recomputes;
+  if (!request.recomputeAuto)
+    recomputes.push_back(options.recomputeLayers    ? kFull
+                         : options.recomputeExperts ? kSelective
+                                                    : kNone);
+  else if (options.capacityFactor == 0)
+    recomputes = {kNone, kSelective, kFull};
+  else
+    recomputes = {kNone, kFull};
+  SmallVector<int64_t> zeros;
+  if (request.zeroAuto && replicas > 1 && options.optimizer)
+    zeros = {0, 1, 2};
+  else
+    zeros = {options.optimizer ? options.optimizer->zero : 0};
+  SmallVector<Candidate> candidates;
+  for (int64_t zero : zeros)
+    for (const Recompute &r : recomputes)
+      candidates.push_back({zero, r, {}, std::nullopt});
+
+  // The time model needs the trained weights: the first candidate's
+  // programs give them.
+  mlir::ModuleOp first;
+  if (Error e = measure(candidates.front(), &first))
+    return e;
+  const Workload work = workloadOf(first, *request.config);
+  first.erase();
+  const int64_t micro = options.optimizer ? options.optimizer->microBatches : 1;
+  const bool bf16 = work.weightBytes < 3 * work.parameters; // (bf16 compute weights)
+  for (Candidate &c : candidates)
+    c.time = updateTime(work, machine, replicas, c.zero, c.recompute,
+                        double(options.maxBatchTokens), std::max<int64_t>(1, micro / replicas),
+                        bf16);
+  // The fastest that fits; measured in that order (all of them to explain).
+  SmallVector<size_t> order(candidates.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return candidates[a].time.total() < candidates[b].time.total();
+  });
+  // (Notes as they are tried: "--recompute auto: ..." on one rank.)
+  const std::string label =
+      request.zeroAuto && replicas > 1 ? "training layout" : "--recompute auto";
+  auto named = [&](const Candidate &c) {
+    return std::string(c.recompute.what) +
+           (replicas > 1 ? formatv(", ZeRO-{0}", c.zero).str() : std::string());
+  };
+  std::optional<size_t> chosen;
+  for (size_t i : order) {
+    Candidate &c = candidates[i];
+    if (!c.memory && (options.explain || !chosen))
+      if (Error e = measure(c))
+        return e;
+    if (chosen || !c.memory)
+      continue;
+    if (c.memory->total() <= budget)
+      chosen = i;
+    else if (i != order.back())
+      WithColor::note(errs(), "moec")
+          << label << ": the training programs hold " << c.memory->total() << " bytes with "
+          << named(c) << ", over the budget of " << budget << "\n";
+  }
+  bool fits = chosen.has_value();
+  if (!chosen) { // none fits: the least memory
+    for (Candidate &c : candidates)
+      if (!c.memory)
+        if (Error e = measure(c))
+          return e;
+    chosen = std::min_element(candidates.begin(), candidates.end(),
+                              [](const Candidate &a, const Candidate &b) {
+                                return a.memory->total() < b.memory->total();
+                              }) -
+             candidates.begin();
+  }
+  const Candidate &pick = candidates[*chosen];
+  options.recomputeExperts = pick.recompute.experts;
+  options.recomputeLayers = pick.recompute.layers;
+  if (options.optimizer)
+    options.optimizer->zero = pick.zero;
+  if (*chosen != order.front() || !fits)
+    WithColor::note(errs(), "moec")
+        << label << ": "
+        << (replicas > 1 ? formatv("--zero {0} --recompute ", pick.zero).str() : std::string())
+        << pick.recompute.name << " ("
+        << named(pick) << ": " << pick.memory->total() << " bytes"
+        << (fits ? "" : ", still over the budget") << ")\n";
+  if (!options.explain)
+    return Error::success();
+  if (candidates.size() > 1) {
+    outs() << formatv("training layouts of a rank ({0} data-parallel replica{1}; time of an "
+                      "update on the {2} machine, nothing overlapped; bytes):\n",
+                      replicas, replicas > 1 ? "s" : "", machine.name);
+    outs() << formatv("  {0,-5} {1,-10} {2,14} {3,11} {4,11} {5,11} {6,14} {7,7}\n", "zero",
+                      "recompute", "memory", "compute s", "optimizer s", "comm s",
+                      "comm bytes", "comm %");
+    for (size_t i : order) {
+      const Candidate &c = candidates[i];
+      outs() << formatv("  {0,-5} {1,-10} {2,14} {3,11:e2} {4,11:e2} {5,11:e2} {6,14:f0} "
+                        "{7,6:f1}%{8}\n",
+                        c.zero, c.recompute.name,
+                        c.memory ? std::to_string(c.memory->total()) : std::string("-"),
+                        c.time.compute, c.time.optimizer, c.time.comm, c.time.commBytes,
+                        100 * c.time.comm / c.time.total(),
+                        i == *chosen ? "  <- chosen" : (c.memory && c.memory->total() > budget
+                                                           ? "  over the budget"
+                                                           : ""));
+    }
+  }
+  // The training memory model of the choice, as moert --report-memory
+  // measures it.
+  const moe::RankProgramMemory &memory = *pick.memory;
+  outs() << "training memory of the rank (its compiled programs, " << pick.recompute.what
+         << "; bytes):\n";
+  outs() << formatv("  {0,-28} {1,14}\n", "weights", memory.weights);
+  outs() << formatv("  {0,-28} {1,14}\n", "KV caches", memory.kvCache);
+  outs() << formatv("  {0,-28} {1,14}\n", "buffers (activations, grads)", memory.buffers);
+  for (const auto &[kind, kindBytes] : memory.state)
+    outs() << formatv("  {0,-28} {1,14}\n", "state " + kind, kindBytes);
+  outs() << formatv("  {0,-28} {1,14}   budget {2}: recompute {3}{4}\n", "total",
+                    memory.total(), budget, pick.recompute.name,
+                    replicas > 1 ? formatv(", zero {0}", pick.zero).str() : std::string());
+  outs() << formatv("communication not overlapped: {0:f1}% of the update ({1:e2} s of "
+                    "{2:e2} s)\n",
+                    100 * pick.time.comm / pick.time.total(), pick.time.comm,
+                    pick.time.total());
+  return Error::success();
+}
