@@ -274,8 +274,12 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
     return refuse("not supported yet: --param-dtype " + paramDtype + " for a checkpoint of " +
                   config.dtype + " (" + config.path + ": dtype): the weights train in the "
                   "checkpoint's dtype or, from f32, in bf16");
-  if (paramDtype == "bf16" && fromF32)
+  if (paramDtype == "bf16" && fromF32) {
     options.checkpointDtype = "f32";
+    // (Over replicas the layout's slices are f32 too.)
+    if (options.layout)
+      options.layout->dtype = options.checkpointDtype;
+  }
   CompileOptions::Optimizer adamw;
   adamw.lr = learningRate;
   adamw.minLr = minLr;
