@@ -127,7 +127,9 @@ file with --tokenizer) is text, encoded with the model's tokenizer
 {"prompt", "response"} objects trains on the responses only. A plan
 compiled with --dp N trains under mpirun -np N: data-parallel replicas,
 each running its share of an update's micro-batches, rank 0 printing and
-writing (--collective-timeout as for run).
+writing (--collective-timeout as for run); with ZeRO (--zero 1 or 2) each
+holds its shards of the optimizer's states (and of the gradient sums),
+which --save gathers into one layout-free checkpoint.
 docs/training.md.
 
 `moert convert` writes the primary weight slices of every rank of PLAN, read

@@ -156,6 +156,29 @@ FailureOr<Degrees> degreesOf(ModuleOp module) {
   return Degrees{get("dp"), get("pp"), get("tp"), get("ep"), get("etp")};
 }
 
+/// Assigns `program` to its ranks in `programOf`: those its `moe.ranks`
+/// lists (the hand-written per-rank form), else every rank still without
+/// one whose pp coordinate is `stage` (none: no stage). Fails on a rank
+/// outside the world.
+LogicalResult assignRanks(Operation *program, std::optional<int64_t> stage, const Degrees &d,
+                          SmallVectorImpl<Operation *> &programOf) {
+  const int64_t world = d.world();
+  if (auto ranks = program->getAttrOfType<DenseI64ArrayAttr>("moe.ranks")) {
+    for (int64_t r : ranks.asArrayRef()) {
+      if (r < 0 || r >= world)
+        return program->emitError("moe.ranks names rank ")
+               << r << " outside the world of " << world;
+      programOf[r] = program;
+    }
+    return success();
+  }
+  if (stage)
+    for (int64_t r = 0; r < world; ++r)
+      if (!programOf[r] && coordsOf(d, r).attention[0] == *stage)
+        programOf[r] = program;
+  return success();
+}
+
 /// Runs every rank's cursor through its sequence (the proof above); fails
 /// naming the ranks and ops that would wait forever, or the members that
 /// meet with different shapes. `what` names the schedule in messages.
@@ -248,23 +271,12 @@ struct VerifyCollectives
     int64_t world = d.world();
 
     // Each rank's program: moe.ranks lists it, else moe.stage is its pp.
-    std::vector<func::FuncOp> programOf(world);
+    SmallVector<Operation *> programOf(world, nullptr);
     for (auto fn : module.getOps<func::FuncOp>()) {
-      if (auto ranks = fn->getAttrOfType<DenseI64ArrayAttr>("moe.ranks")) {
-        for (int64_t r : ranks.asArrayRef()) {
-          if (r < 0 || r >= world) {
-            fn.emitError("moe.ranks names rank ") << r << " outside the world of "
-                                                  << world;
-            return signalPassFailure();
-          }
-          programOf[r] = fn;
-        }
-        continue;
-      }
-      if (auto stage = fn->getAttrOfType<IntegerAttr>("moe.stage"))
-        for (int64_t r = 0; r < world; ++r)
-          if (!programOf[r] && coordsOf(d, r).attention[0] == stage.getInt())
-            programOf[r] = fn;
+      auto stage = fn->getAttrOfType<IntegerAttr>("moe.stage");
+      if (failed(assignRanks(fn, stage ? std::optional<int64_t>(stage.getInt()) : std::nullopt,
+                             d, programOf)))
+        return signalPassFailure();
     }
     std::vector<std::vector<Event>> sequence(world);
     for (int64_t r = 0; r < world; ++r) {
@@ -275,7 +287,7 @@ struct VerifyCollectives
       // A collective still to be placed (moe-insert-collectives) cannot be
       // proven: refuse it rather than prove the schedule without it.
       Operation *unplaced = nullptr;
-      programOf[r].walk([&](Operation *op) {
+      programOf[r]->walk([&](Operation *op) {
         if (std::optional<Event> e = moeEvent(op))
           sequence[r].push_back(*e);
         if (!unplaced && moe::awaitsCollective(op))
@@ -364,23 +376,12 @@ struct VerifyExecCollectives
     const int64_t world = d.world();
     // Per entry, each rank's program: moe.ranks lists it, else its stage
     // is the rank's pp.
-    llvm::MapVector<StringRef, std::vector<exec::ProgramOp>> programs;
+    llvm::MapVector<StringRef, SmallVector<Operation *>> programs;
     for (auto program : module.getOps<exec::ProgramOp>()) {
-      std::vector<exec::ProgramOp> &of = programs[program.getEntry()];
-      of.resize(world);
-      if (auto ranks = program->getAttrOfType<DenseI64ArrayAttr>("moe.ranks")) {
-        for (int64_t r : ranks.asArrayRef()) {
-          if (r < 0 || r >= world) {
-            program.emitError("moe.ranks names rank ") << r << " outside the world of " << world;
-            return signalPassFailure();
-          }
-          of[r] = program;
-        }
-        continue;
-      }
-      for (int64_t r = 0; r < world; ++r)
-        if (!of[r] && coordsOf(d, r).attention[0] == program.getStage())
-          of[r] = program;
+      SmallVector<Operation *> &of = programs[program.getEntry()];
+      of.resize(world, nullptr);
+      if (failed(assignRanks(program, program.getStage(), d, of)))
+        return signalPassFailure();
     }
     for (auto &[entry, of] : programs)
       for (int64_t r = 0; r < world; ++r)
@@ -388,7 +389,8 @@ struct VerifyExecCollectives
           module.emitError("rank ") << r << " has no exec.program of entry '" << entry << "'";
           return signalPassFailure();
         }
-    auto events = [&](exec::ProgramOp program, std::vector<Event> &into, int64_t times) {
+    auto events = [&](Operation *op, std::vector<Event> &into, int64_t times) {
+      auto program = cast<exec::ProgramOp>(op);
       for (int64_t t = 0; t < times; ++t)
         for (auto c : program.getBody().front().getOps<exec::CollectiveOp>())
           into.push_back(execEvent(c, program));
