@@ -25,10 +25,11 @@ void RankProgram::prepare(const Plan &plan, int64_t rank, DeviceMemory &memory_,
     }
     // A ZeRO shard: replica d holds rows [d rows, (d + 1) rows) of its
     // logical state.
-    StateShard shard{b.rows * b.width, b.rows * b.width, 0};
+    StateShard shard{b.rows * b.width, b.rows * b.width, 0, false};
     if (b.logicalRows > 0) {
       shard.logicalElements = b.logicalRows * b.width;
       shard.offset = plan.ranks.at(rank).coords.dp * b.rows * b.width;
+      shard.sharded = true;
     }
     auto [it, added] = states.emplace(b.state, State{nullptr, b.rows * b.width, shard});
     if (added)
@@ -130,11 +131,11 @@ void RankProgram::writeState(const std::string &name, const std::vector<float> &
   auto it = states.find(name);
   const int64_t n = static_cast<int64_t>(values.size());
   if (it == states.end() ||
-      (it->second.elements != n && it->second.shard.logicalElements != n))
+      (it->second.shard.sharded ? it->second.shard.logicalElements : it->second.elements) != n)
     runtimeError("the {} entry has no state '{}' of {} values", program_->entry, name,
                  values.size());
   const State &s = it->second;
-  if (s.elements == n) {
+  if (!s.shard.sharded) {
     memory->write(s.address, values.data(), n * 4);
     return;
   }

@@ -70,7 +70,7 @@ public:
   /// The program's state buffers (its own and those it shares), by name.
   std::vector<std::string> stateNames() const;
   /// State `name` to / from the host (f32, its elements in order; a ZeRO
-  /// shard's own rows, written from them or from the whole logical state);
+  /// shard's own rows, written from the whole logical state);
   /// RuntimeError for a name the program has not or a size that differs.
   void readState(const std::string &name, std::vector<float> &out) const;
   void writeState(const std::string &name, const std::vector<float> &values);

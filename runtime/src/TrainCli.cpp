@@ -208,7 +208,7 @@ DType storedDtype(const PlanLayout &layout, const PlanWeight &w) {
 void readWholeState(RankExecutor &executor, Comm &comm, const std::string &name,
                     std::vector<float> &out) {
   const StateShard shard = executor.stateShard(name);
-  if (shard.elements == shard.logicalElements) {
+  if (!shard.sharded) {
     executor.readState(name, out);
     return;
   }

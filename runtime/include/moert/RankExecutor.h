@@ -45,6 +45,7 @@ enum class DeviceKind { Cpu, Cuda };
 /// zeros); a state that is not sharded holds all of them from 0.
 struct StateShard {
   int64_t elements = 0, logicalElements = 0, offset = 0;
+  bool sharded = false; ///< a ZeRO shard (the plan's logical_rows), on every replica alike
 };
 
 /// Whether state `name` is of one of these kinds (the name before ':').
@@ -92,8 +93,8 @@ public:
   void readWeight(size_t i, std::vector<float> &out);
   /// The rank's state buffers (gradient sums, optimizer moments; all its
   /// entries'), by name, and their values (f32) to / from the host: of a
-  /// ZeRO shard, the rank's own rows (written from them or from the whole
-  /// logical state).
+  /// ZeRO shard, the rank's own rows (read), the whole logical state
+  /// (written: the rank keeps its rows).
   std::vector<std::string> stateNames() const;
   void readState(const std::string &name, std::vector<float> &out);
   void writeState(const std::string &name, const std::vector<float> &values);
