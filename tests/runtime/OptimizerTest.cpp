@@ -121,6 +121,34 @@ TEST(OptimizerTest, CompensatedSumsAreTheRoundedSumInAnyGrouping) {
   EXPECT_GT(plainOff, n / 10); // (the test would not tell them apart otherwise)
 }
 
+/// ZeRO-2's order (moert's reduce_scatter): in each round every replica's
+/// next micro-batch, in replica order, added with TwoSum into one (sum,
+/// error) pair; the error added back once. The same rounded sum as one rank
+/// adding the micro-batches in order.
+TEST(OptimizerTest, ReduceScatterRoundsGiveTheRoundedSum) {
+  const int64_t n = 20000, count = 12;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  std::vector<std::vector<float>> g(count, std::vector<float>(n));
+  for (auto &v : g)
+    for (float &x : v)
+      x = normal(rng) * std::exp(2.0f * normal(rng));
+  for (int64_t replicas : {2, 3, 4, 6}) {
+    const int64_t share = count / replicas;
+    std::vector<float> sum(n, 0.0f), err(n, 0.0f);
+    for (int64_t round = 0; round < share; ++round)
+      for (int64_t r = 0; r < replicas; ++r) // replica r's micro-batch `round`
+        cpu::accumulate(g[r * share + round].data(), sum.data(), err.data(), n);
+    cpu::addCompensation(sum.data(), err.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      double exact = 0;
+      for (auto &v : g)
+        exact += v[i];
+      ASSERT_EQ(sum[i], static_cast<float>(exact)) << replicas << " replicas, element " << i;
+    }
+  }
+}
+
 TEST(OptimizerTest, AdamWFollowsTorchsFormula) {
   const int64_t n = 70000; // more than one block
   std::mt19937 rng(5);
