@@ -180,8 +180,9 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
     if (o->getNumOccurrences())
       return refuse("--train: --" + o->ArgStr +
                     " does not apply (a step is --micro-batch-size x --seq-len tokens)");
-  // Distributed training: data-parallel replicas (--dp N, or --world-size N
-  // with --dp N) only, for now.
+  // Distributed training: data-parallel replicas (--dp N, --world-size N, or
+  // both) only, for now: --world-size alone is the planner's choice among
+  // them (dp = N, ZeRO and recompute by the training memory and time model).
   int64_t replicas = 1;
   if (distribution) {
     const LayoutRequest &l = *options.layout;
@@ -190,14 +191,16 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
       if (degree > 1)
         return refuse("not supported yet: --train with --" + Twine(name) + " " + Twine(degree) +
                       " (distributed training: data parallelism only, --dp N)");
-    if (!l.gpu.empty() || !l.cluster.empty() || !l.dtype.empty() || !l.dp)
-      return refuse("not supported yet: --train with the sharding planner's choice (--gpu, "
-                    "--cluster, --dtype, --world-size alone): give the data-parallel degree, "
-                    "--dp N (distributed training: data parallelism only)");
-    if (l.worldSize && l.worldSize != l.dp)
+    if (!l.gpu.empty() || !l.cluster.empty() || !l.dtype.empty())
+      return refuse("not supported yet: --train with --gpu, --cluster or --dtype (a training "
+                    "plan runs on the CPU machine the planner assumes): give --world-size N "
+                    "or --dp N (distributed training: data parallelism only)");
+    if (l.dp && l.worldSize && l.worldSize != l.dp)
       return refuse("--train --dp " + Twine(l.dp) + ": expected --world-size " + Twine(l.dp) +
                     " (data parallelism only), not " + Twine(l.worldSize));
-    replicas = l.dp;
+    replicas = l.dp ? l.dp : l.worldSize;
+    if (replicas < 1)
+      return refuse("--train: expected --world-size N or --dp N with N >= 1");
   }
   const bool selective = recompute == "selective" || recompute == "experts",
              full = recompute == "full";
