@@ -48,13 +48,13 @@ struct Workload {
 
 Workload workloadOf(mlir::ModuleOp module, const hf::ModelConfig &config) {
   Workload w;
+  // The weights the train program differentiates (the optimizer's).
   for (auto program : module.getOps<exec::ProgramOp>()) {
-    if (program.getEntry() != "optimizer")
+    if (program.getEntry() != "train")
       continue;
-    for (auto launch : program.getBody().front().getOps<exec::LaunchOp>()) {
-      if (launch.getKernel() != "adamw")
-        continue;
-      auto weight = launch.getWeights()[0].getDefiningOp<exec::WeightOp>();
+    auto ret = cast<exec::ReturnOp>(program.getBody().front().getTerminator());
+    for (mlir::Value trained : ret.getGradientOf()) {
+      auto weight = trained.getDefiningOp<exec::WeightOp>();
       auto type = cast<mlir::RankedTensorType>(weight.getTensorType());
       const double n = static_cast<double>(type.getNumElements());
       w.parameters += n;
@@ -95,7 +95,7 @@ struct UpdateTime {
 /// all_reduce (2 f32 per parameter x (N - 1) / N each).
 UpdateTime updateTime(const Workload &w, const sharding::Cluster &machine, int64_t replicas,
                       int64_t zero, const Recompute &recompute, double tokensPerMicroBatch,
-                      int64_t microBatchesPerReplica, bool bf16) {
+                      int64_t microBatchesPerReplica, bool bf16, bool optimizer) {
   UpdateTime t;
   const double N = static_cast<double>(replicas), share = static_cast<double>(microBatchesPerReplica);
   // The CPU machine's ranks are processes sharing its cores and memory.
@@ -108,7 +108,7 @@ UpdateTime updateTime(const Workload &w, const sharding::Cluster &machine, int64
     flopsPerToken += 2 * w.activeExperts;
   t.compute = share * tokensPerMicroBatch * flopsPerToken / peak;
   const double updated = zero >= 1 ? w.parameters / N : w.parameters;
-  t.optimizer = 7 * 4 * updated / (machine.memoryBandwidth / ways);
+  t.optimizer = optimizer ? 7 * 4 * updated / (machine.memoryBandwidth / ways) : 0;
   if (replicas > 1) {
     const double others = (N - 1) / N;
     double collectives = 0;
@@ -208,7 +208,7 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
   for (Candidate &c : candidates)
     c.time = updateTime(work, machine, replicas, c.zero, c.recompute,
                         double(options.maxBatchTokens), std::max<int64_t>(1, micro / replicas),
-                        bf16);
+                        bf16, options.optimizer.has_value());
   // The fastest that fits; measured in that order (all of them to explain).
   SmallVector<size_t> order(candidates.size());
   std::iota(order.begin(), order.end(), 0);
