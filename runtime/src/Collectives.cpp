@@ -248,6 +248,14 @@ int64_t allToAll(const Context &c, const PlanStep &s, const std::vector<int> &gr
 
 } // namespace
 
+/// A training program's collective in messages: "update 3, micro-batch 2:
+/// train program step 75 (reduce_scatter over dp)" (the phase the caller
+/// set, Context::phase).
+std::string trainingStep(const Context &c, size_t index, const PlanStep &s) {
+  const std::string step = fmt::format("{} program {}", c.program->entry, describe(index, s));
+  return c.phase && !c.phase->empty() ? *c.phase + ": " + step : step;
+}
+
 std::string describe(size_t index, const PlanStep &step) {
   if (step.op->has(OpDef::InGroup))
     return fmt::format("step {} ({} over {})", index, step.op->name, axisName(step.group.axis));
@@ -269,14 +277,14 @@ int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
   case Collective::AllReduce:
     if (!c.program->buffers[s.in[0]].state.empty() || s.in.size() == 2)
       allReduceState(c, s, c.groups.at(index),
-                     fmt::format("{} program {}", c.program->entry, describe(index, s)));
+                     trainingStep(c, index, s));
     else
       allReduce(c, s, rows, c.groups.at(index), describe(index, s));
     return -1;
   case Collective::AllGather:
     if (!s.weights.empty())
       allGatherWeight(c, s, c.groups.at(index),
-                      fmt::format("{} program {}", c.program->entry, describe(index, s)));
+                      trainingStep(c, index, s));
     else
       allGather(c, s, rows, c.groups.at(index), describe(index, s));
     return -1;
@@ -284,7 +292,7 @@ int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
     return allToAll(c, s, c.groups.at(index), describe(index, s));
   case Collective::ReduceScatter:
     reduceScatterState(c, s, c.groups.at(index),
-                       fmt::format("{} program {}", c.program->entry, describe(index, s)));
+                       trainingStep(c, index, s));
     return -1;
   case Collective::Send:
   case Collective::Recv: {

@@ -57,6 +57,9 @@ struct Context {
   /// Program weight `id`'s pieces (the all_gather of a weight, ZeRO): none
   /// from a device that does not own writable host weights.
   std::function<std::vector<WeightPart>(int64_t id)> weightParts;
+  /// What the rank is doing, for messages ("update 3, micro-batch 2"; may
+  /// be null or empty).
+  const std::string *phase = nullptr;
 };
 
 /// Runs collective step `index` (is_collective) over `rows` rows. Every member

@@ -59,6 +59,7 @@ void RankExecutor::prepare(const Plan &plan, int64_t rank, const Checkpoint &wei
     device->bind(*programs.back());
     programs.back()->setWeightParts(
         [d = device.get()](int64_t id) { return d->weightParts(static_cast<size_t>(id)); });
+    programs.back()->setPhase(&phase_);
     seconds.emplace_back(entry->steps.size(), 0.0);
   }
   // A bf16 weight's f32 master starts as the checkpoint's values: the

@@ -45,6 +45,9 @@ public:
   void setWeightParts(std::function<std::vector<collectives::WeightPart>(int64_t)> parts) {
     context.weightParts = std::move(parts);
   }
+  /// What the rank is doing, named in its collectives' messages (kept by
+  /// the caller).
+  void setPhase(const std::string *phase) { context.phase = phase; }
 
   void *buffer(int64_t id) const { return buffers[static_cast<size_t>(id)]; }
   float *cacheKeys(int64_t id) const { return caches[static_cast<size_t>(id)].keys; }

@@ -358,13 +358,16 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
     int64_t count = 0;
     for (int64_t m = 0; m < share; ++m) {
       const Batch batch = samples.microBatch(consumed + replica * share + m);
+      executor.setPhase(fmt::format("update {}, micro-batch {}", step + 1, m + 1));
       executor.forward(batch, loss);
       for (int k = 0; k < 4; ++k)
         terms[k] += loss[k];
       count += batch.size();
     }
     consumed += M;
+    executor.setPhase(fmt::format("update {}", step + 1));
     executor.optimizerStep(step + 1, stats);
+    executor.setPhase({});
     if (replicas > 1) {
       // The loss terms and tokens of the whole update: each replica's
       // (double) sums, added in replica order.

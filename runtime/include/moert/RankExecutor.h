@@ -98,6 +98,9 @@ public:
   std::vector<std::string> stateNames() const;
   void readState(const std::string &name, std::vector<float> &out);
   void writeState(const std::string &name, const std::vector<float> &values);
+  /// What the rank is doing ("update 3, micro-batch 2"), named in the
+  /// messages of a training program's collectives (empty: nothing).
+  void setPhase(std::string phase) { phase_ = std::move(phase); }
   /// Which part of its logical state state `name` holds (StateShard).
   StateShard stateShard(const std::string &name) const;
   /// Bytes allocated for the states of these kinds (the name before ':',
@@ -127,6 +130,7 @@ private:
 
   std::unique_ptr<Device> device;
   std::vector<std::unique_ptr<RankProgram>> programs; ///< one per entry, the rank's own first
+  std::string phase_; ///< setPhase (the programs' collectives point at it)
   std::vector<std::vector<double>> seconds;          ///< per entry, per step
 };
 
