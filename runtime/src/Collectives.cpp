@@ -144,6 +144,53 @@ void reduceScatterState(const Context &c, const PlanStep &s, const std::vector<i
   }
 }
 
+/// ZeRO-1: a whole sum (and its error) of an optimizer program, in place:
+/// member d's rows [d k, (d + 1) k) become the members' total, added with
+/// compensation in member order as allReduceState adds them (every member
+/// sends each its (sum, error) pairs of those rows); its other rows keep
+/// its own values. Without an error buffer, the total rounded once.
+void reduceScatterInPlace(const Context &c, const PlanStep &s, const std::vector<int> &group,
+                          const std::string &what) {
+  const PlanBuffer &in = c.program->buffers[s.in[0]];
+  const int64_t n = in.rows * in.width, part = s.shardRows * in.width;
+  const int64_t members = static_cast<int64_t>(group.size());
+  const int64_t me =
+      std::find(group.begin(), group.end(), static_cast<int>(c.rank)) - group.begin();
+  const bool paired = s.in.size() == 2;
+  constexpr int64_t kChunk = int64_t(1) << 18; // values
+  const int64_t chunk = std::max<int64_t>(1, std::min(part, kChunk));
+  std::vector<float> out(static_cast<size_t>(2 * chunk * members)),
+      all(static_cast<size_t>(2 * chunk * members)), mine(static_cast<size_t>(2 * chunk));
+  char *sum = bytesOf(c, s.in[0]), *err = paired ? bytesOf(c, s.in[1]) : nullptr;
+  auto valid = [&](int64_t from, int64_t m) { return std::clamp<int64_t>(n - from, 0, m); };
+  for (int64_t at = 0; at < part; at += chunk) {
+    const int64_t m = std::min(chunk, part - at);
+    std::vector<Comm::Piece> sends, recvs;
+    for (int64_t q = 0; q < members; ++q) {
+      float *piece = out.data() + 2 * m * q;
+      const int64_t from = q * part + at, v = valid(from, m);
+      std::fill(piece, piece + 2 * m, 0.0f);
+      if (v > 0) {
+        c.memory->read(piece, sum + from * 4, v * 4);
+        if (paired)
+          c.memory->read(piece + m, err + from * 4, v * 4);
+      }
+      sends.push_back({static_cast<int>(q), piece, 2 * m * 4});
+      recvs.push_back({static_cast<int>(q), all.data() + 2 * m * q, 2 * m * 4});
+    }
+    c.comm->exchange(sends, recvs, group, what);
+    cpu::combineCompensated(all.data(), members, m, mine.data(), mine.data() + m);
+    if (!paired)
+      cpu::addCompensation(mine.data(), mine.data() + m, m);
+    const int64_t from = me * part + at, v = valid(from, m);
+    if (v <= 0)
+      continue;
+    c.memory->copy2d(sum + from * 4, v * 4, mine.data(), v * 4, v * 4, 1);
+    if (paired)
+      c.memory->copy2d(err + from * 4, v * 4, mine.data() + m, v * 4, v * 4, 1);
+  }
+}
+
 /// A weight gathered whole, in place, over the group (ZeRO-1): member q
 /// updated rows [q k, (q + 1) k) of its state view (elements as rows of the
 /// last dimension), k = shard_rows; each member's rows go to every member a
@@ -291,8 +338,10 @@ int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
   case Collective::AllToAll:
     return allToAll(c, s, c.groups.at(index), describe(index, s));
   case Collective::ReduceScatter:
-    reduceScatterState(c, s, c.groups.at(index),
-                       trainingStep(c, index, s));
+    if (s.in.size() == s.out.size())
+      reduceScatterInPlace(c, s, c.groups.at(index), trainingStep(c, index, s));
+    else
+      reduceScatterState(c, s, c.groups.at(index), trainingStep(c, index, s));
     return -1;
   case Collective::Send:
   case Collective::Recv: {

@@ -90,9 +90,9 @@ struct UpdateTime {
 /// the experts' part); AdamW streams its states (about 7 f32 per parameter
 /// it updates) through memory; and what the rank sends over its link:
 /// the fixed-order all_reduce of the sums and errors (4 f32 per parameter
-/// x (N - 1) / N), ZeRO's all_gather of the weights ((N - 1) / N of their
-/// bytes), ZeRO-2's reduce_scatter per micro-batch instead of the
-/// all_reduce (2 f32 per parameter x (N - 1) / N each).
+/// x (N - 1) / N; ZeRO-1: its reduce_scatter half), ZeRO's all_gather of
+/// the weights ((N - 1) / N of their bytes), ZeRO-2's reduce_scatter per
+/// micro-batch instead (2 f32 per parameter x (N - 1) / N each).
 UpdateTime updateTime(const Workload &w, const sharding::Cluster &machine, int64_t replicas,
                       int64_t zero, const Recompute &recompute, double tokensPerMicroBatch,
                       int64_t microBatchesPerReplica, bool bf16, bool optimizer) {
@@ -112,9 +112,12 @@ UpdateTime updateTime(const Workload &w, const sharding::Cluster &machine, int64
   if (replicas > 1) {
     const double others = (N - 1) / N;
     double collectives = 0;
-    if (zero < 2) {
+    if (zero == 0) {
       t.commBytes += 4 * 4 * w.parameters * others;
       collectives += 2 * static_cast<double>(w.tensors);
+    } else if (zero == 1) { // the reduce_scatter half of it
+      t.commBytes += 2 * 4 * w.parameters * others;
+      collectives += static_cast<double>(w.tensors) + 2;
     } else {
       t.commBytes += share * 2 * 4 * w.parameters * others;
       collectives += share * static_cast<double>(w.tensors) + 2;

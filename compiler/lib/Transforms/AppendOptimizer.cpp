@@ -245,7 +245,7 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     // ZeRO-2: the norm's sum of squares, each replica's over its shards
     // (a value and its error), added over dp.
     Value normSq, normSqErr;
-    if (shardedGrads) {
+    if (sharded) {
       normSq = b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr());
       normSqErr =
           b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr());
@@ -268,9 +268,21 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
                                      b.getStringAttr("dp"), buffers, ValueRange{}, buffers,
                                      b.getDictionaryAttr({}), StringAttr());
       };
-      // (ZeRO-2: the train program reduced the sums into their shards.)
-      for (size_t i = 0; i < params.size() && !shardedGrads; ++i)
-        allReduce(sumAndError(i));
+      // ZeRO-1: each replica needs only its rows of the sums, added in
+      // place (reduce_scatter over dp; the other rows keep its own). ZeRO-2:
+      // the train program reduced the sums into their shards already.
+      for (size_t i = 0; i < params.size() && !shardedGrads; ++i) {
+        if (!sharded) {
+          allReduce(sumAndError(i));
+          continue;
+        }
+        b.create<exec::CollectiveOp>(
+            loc, b.getStringAttr("reduce_scatter"), mesh, b.getStringAttr("dp"), sumAndError(i),
+            ValueRange{}, sumAndError(i),
+            b.getDictionaryAttr(
+                {b.getNamedAttr("shard_rows", b.getI64IntegerAttr(shardRows(params[i])))}),
+            StringAttr());
+      }
       for (Value load : loads)
         allReduce(load);
     }
@@ -287,8 +299,12 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     SmallVector<Value> normIns{stats};
     NamedAttribute maxNorm = b.getNamedAttr("max_norm", b.getF64FloatAttr(clipGradNorm)),
                    micro = b.getNamedAttr("micro_batches", b.getI64IntegerAttr(microBatches));
-    if (shardedGrads) {
-      launch("sum_squares", optSums, {}, {normSq, normSqErr}, {});
+    if (sharded) {
+      // (ZeRO-1: of each replica's rows of the whole sums.)
+      SmallVector<NamedAttribute> rowsOf;
+      if (!shardedGrads)
+        rowsOf.push_back(b.getNamedAttr("replicas", b.getI64IntegerAttr(replicas)));
+      launch("sum_squares", optSums, {}, {normSq, normSqErr}, rowsOf);
       b.create<exec::CollectiveOp>(loc, b.getStringAttr("all_reduce"), mesh,
                                    b.getStringAttr("dp"), ValueRange{normSq, normSqErr},
                                    ValueRange{}, ValueRange{normSq, normSqErr},

@@ -93,6 +93,9 @@ struct OptimizerParams {
   /// grad_norm: reads the sum of squares (a value and its error, ZeRO-2)
   /// instead of the gradient sums.
   bool fromSquares = false;
+  /// sum_squares over ZeRO-1's whole sums: each replica's rows only, of
+  /// this many replicas (0: every row).
+  int64_t replicas = 0;
 };
 
 struct PlanStep {

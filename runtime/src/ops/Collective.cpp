@@ -69,7 +69,30 @@ void checkAllGather(const StepChecker &c, const PlanStep &step) {
 /// in: a gradient, its sum's shard (and the shard's error); out: the shard
 /// (and its error), in place: rows [d k, (d + 1) k) of every member's
 /// gradient added into member d's shard (ZeRO-2, over dp).
+///
+/// Or (ZeRO-1, an optimizer program) in place over a whole sum (and its
+/// error): member d's rows [d k, (d + 1) k) become the members' total, its
+/// other rows keep its own values.
 void checkReduceScatter(const StepChecker &c, const PlanStep &step) {
+  if (step.in.size() == step.out.size()) {
+    c.arity(step.in.size(), 0, 0, step.in.size());
+    const PlanBuffer &sum = c.program.buffers[step.in[0]];
+    const int64_t n = c.groupSize();
+    c.expect(c.program.entry == "optimizer" && step.group.axis == CollectiveGroup::Axis::DP &&
+                 (step.in.size() == 1 || step.in.size() == 2) && step.out == step.in,
+             "an in-place reduce_scatter is an optimizer program's, over dp, of a sum (and its "
+             "error)");
+    for (int64_t id : step.in) {
+      const PlanBuffer &b = c.program.buffers[id];
+      c.expect(!b.state.empty() && b.logicalRows == 0 && b.dtype == DType::F32 &&
+                   b.rows == sum.rows && b.width == sum.width,
+               "expected whole f32 state buffers of one shape (a sum and its error)");
+    }
+    c.expect(step.shardRows > 0 && step.shardRows * n >= sum.rows &&
+                 (step.shardRows - 1) * n < sum.rows,
+             fmt::format("shard_rows {}: expected ceil({} / {})", step.shardRows, sum.rows, n));
+    return;
+  }
   const bool compensated = step.in.size() == 3;
   c.arity(compensated ? 3 : 2, 0, 0, compensated ? 2 : 1);
   const PlanBuffer &g = c.program.buffers[step.in[0]], &sum = c.program.buffers[step.in[1]];

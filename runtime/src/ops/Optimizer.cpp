@@ -137,9 +137,13 @@ void checkGradNorm(const StepChecker &c, const PlanStep &step) {
              fmt::format("input {}: expected a gradient sum (a state buffer)", i));
 }
 
-/// in: gradient sums (ZeRO-2: the rank's shards); out: the sum of their
-/// squares as a value and its error (f32: their double sum, then the rest).
+/// in: gradient sums (ZeRO-2: the rank's shards; ZeRO-1, `replicas`: the
+/// rank's rows of the whole sums); out: the sum of their squares as a
+/// value and its error (f32: their double sum, then the rest).
 void checkSumSquares(const StepChecker &c, const PlanStep &step) {
+  c.expect(step.optimizer.replicas == 0 || step.optimizer.replicas == c.plan.degrees.dp,
+           fmt::format("replicas {}: expected the plan's dp ({})", step.optimizer.replicas,
+                       c.plan.degrees.dp));
   c.expect(!step.in.empty() && step.weights.empty() && step.out.size() == 2 &&
                single(c, step.out[0]) && single(c, step.out[1]),
            "expected the gradient sums in, their sum of squares and its error out (buffers of "
@@ -149,11 +153,26 @@ void checkSumSquares(const StepChecker &c, const PlanStep &step) {
              fmt::format("input {}: expected a gradient sum (a state buffer)", i));
 }
 
+void parseSumSquares(const JsonFields &a, PlanStep &step) {
+  if (a.has("replicas"))
+    step.optimizer.replicas = a.bounded("replicas", 1, int64_t(1) << 20);
+}
+
+/// The squares of inputs `first`.. (with optimizer.replicas: of this
+/// replica's rows [d k, (d + 1) k) of each, k = ceil(rows / replicas)).
 double squaresOf(cpu::StepContext &c, size_t first) {
   const PlanStep &s = *c.step;
   double squares = 0;
-  for (size_t i = first; i < s.in.size(); ++i)
-    squares += cpu::sumOfSquares(c.in(i), c.bufferRows(s.in[i]) * c.width(s.in[i]));
+  for (size_t i = first; i < s.in.size(); ++i) {
+    int64_t rows = c.bufferRows(s.in[i]), from = 0;
+    const int64_t width = c.width(s.in[i]);
+    if (s.optimizer.replicas > 0) {
+      const int64_t k = (rows + s.optimizer.replicas - 1) / s.optimizer.replicas;
+      from = std::min(rows, c.coords.dp * k);
+      rows = std::min(rows, from + k) - from;
+    }
+    squares += cpu::sumOfSquares(c.in(i) + from * width, rows * width);
+  }
   return squares;
 }
 
@@ -339,7 +358,7 @@ const OpDef kGradTotal = {"grad_total", Collective::None, OpDef::RunsEmpty, null
                           runGradTotal};
 const OpDef kLrSchedule = {"lr_schedule", Collective::None, OpDef::RunsEmpty, parseSchedule, checkSchedule,
                            runSchedule};
-const OpDef kSumSquares = {"sum_squares", Collective::None, OpDef::RunsEmpty, nullptr,
+const OpDef kSumSquares = {"sum_squares", Collective::None, OpDef::RunsEmpty, parseSumSquares,
                            checkSumSquares, runSumSquares};
 const OpDef kGradNorm = {"grad_norm", Collective::None, OpDef::RunsEmpty, parseGradNorm, checkGradNorm,
                          runGradNorm};

@@ -144,8 +144,11 @@ def MoEAppendOptimizer : Pass<"moe-append-optimizer", "mlir::ModuleOp"> {
     replica d rows [d k, (d + 1) k)); `adamw` updates the replica's rows of
     the weight and each weight is then gathered whole over the dp group
     (`exec.collective "all_gather" ... weights(%w) {shard_rows = k}`). The
-    gradient sums are added whole (all_reduce), so the update is the one
-    of a single rank, to the bit. With `zero=2` (ZeRO-2) the gradient sums
+    gradient sums stay whole on each replica, but each needs only its rows
+    of their total: a `reduce_scatter` over dp of each sum (and its error)
+    in place, and the norm from the replicas' rows (`sum_squares` with
+    `replicas`, an all_reduce of its value and error, `grad_norm` with
+    `from_squares`). With `zero=2` (ZeRO-2) the gradient sums
     (and their errors) are shards as well: the train program adds each
     micro-batch's gradient into them with a `reduce_scatter` over dp (every
     replica's rows of the shard, in replica order) instead of
