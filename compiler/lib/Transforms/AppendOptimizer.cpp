@@ -242,8 +242,8 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       if (compensated)
         optErrs.push_back(gradState(b, loc, "grad_err", w));
     }
-    // ZeRO-2: the norm's sum of squares, each replica's over its shards
-    // (a value and its error), added over dp.
+    // ZeRO: the norm's sum of squares, each replica's over its rows of the
+    // sums (a value and its error), added over dp.
     Value normSq, normSqErr;
     if (sharded) {
       normSq = b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr());
