@@ -27,7 +27,7 @@ const char *axisName(CollectiveGroup::Axis axis) {
 int64_t widthOf(const Context &c, int64_t id) { return c.program->buffers[id].width; }
 char *bytesOf(const Context &c, int64_t id) { return static_cast<char *>(c.address(id)); }
 
-/// The step's rows (a state buffer: allReduceState).
+/// The step's rows (a state buffer: addInFixedOrder).
 void allReduce(const Context &c, const PlanStep &s, int64_t rows,
                const std::vector<int> &group, const std::string &what) {
   const int64_t n = rows * widthOf(c, s.in[0]);
@@ -36,24 +36,27 @@ void allReduce(const Context &c, const PlanStep &s, int64_t rows,
   c.comm->allReduceSum(static_cast<float *>(c.address(s.out[0])), n, group, what);
 }
 
-/// A state buffer of an optimizer program over the group, whole and in
-/// place: a sum of the replicas' gradients (with its error buffer: a
-/// compensated sum, moert/cpu/Optimizer.h), expert loads, or ZeRO-2's sum
-/// of squares. Member q adds part q of the values (P = ceil(n / members)
-/// of them, a chunk at a time): every member sends it its (sum, error)
-/// pairs of that part (a reduce-scatter), it adds them with compensation in
-/// member order (cpu::combineCompensated), and every member gathers the
-/// parts (an all-gather). Every member ends with the same bits, the sum a
-/// single rank's compensated sum gives; each sends and receives about 4 n
-/// values, whatever the group's size. A buffer without an error buffer gets
-/// the compensated sum rounded once. (Host staging: optimizer programs run
-/// on the CPU device.)
-void allReduceState(const Context &c, const PlanStep &s, const std::vector<int> &group,
-                    const std::string &what) {
+/// A state buffer of an optimizer program over the group, in place, in a
+/// fixed order: a sum of the replicas' gradients (with its error buffer: a
+/// compensated sum, moert/cpu/Optimizer.h), expert loads, or ZeRO's sum of
+/// squares. Member q adds part q of the values (`part` of them, a chunk at
+/// a time): every member sends it its (sum, error) pairs of that part (a
+/// reduce-scatter), it adds them with compensation in member order
+/// (cpu::combineCompensated). With `gather` (all_reduce) every member then
+/// gathers the parts (an all-gather): every member ends with the same bits,
+/// the sum a single rank's compensated sum gives, each sending and
+/// receiving about 4 n values whatever the group's size. Without it (ZeRO-1's
+/// reduce_scatter in place, part = shard_rows x width) a member's other
+/// parts keep its own values. A buffer without an error buffer gets the
+/// compensated sum rounded once. (Host staging: optimizer programs run on
+/// the CPU device.)
+void addInFixedOrder(const Context &c, const PlanStep &s, const std::vector<int> &group,
+                     const std::string &what, int64_t part, bool gather) {
   const PlanBuffer &in = c.program->buffers[s.in[0]];
   const int64_t n = in.rows * in.width, members = static_cast<int64_t>(group.size());
+  const int64_t me =
+      std::find(group.begin(), group.end(), static_cast<int>(c.rank)) - group.begin();
   const bool paired = s.in.size() == 2;
-  const int64_t part = (n + members - 1) / members;
   constexpr int64_t kChunk = int64_t(1) << 18; // values
   const int64_t chunk = std::max<int64_t>(1, std::min(part, kChunk));
   // Per member: m sums, then m errors.
@@ -62,6 +65,15 @@ void allReduceState(const Context &c, const PlanStep &s, const std::vector<int> 
   char *sum = bytesOf(c, s.in[0]), *err = paired ? bytesOf(c, s.in[1]) : nullptr;
   // Values [from, from + m) of member q's part that exist.
   auto valid = [&](int64_t from, int64_t m) { return std::clamp<int64_t>(n - from, 0, m); };
+  // Member q's (sum, error) pairs of chunk `at` of its part into `piece`.
+  auto write = [&](int64_t q, int64_t at, int64_t m, const float *piece) {
+    const int64_t from = q * part + at, v = valid(from, m);
+    if (v <= 0)
+      return;
+    c.memory->copy2d(sum + from * 4, v * 4, piece, v * 4, v * 4, 1);
+    if (paired)
+      c.memory->copy2d(err + from * 4, v * 4, piece + m, v * 4, v * 4, 1);
+  };
   for (int64_t at = 0; at < part; at += chunk) {
     const int64_t m = std::min(chunk, part - at);
     std::vector<Comm::Piece> sends, recvs;
@@ -81,16 +93,13 @@ void allReduceState(const Context &c, const PlanStep &s, const std::vector<int> 
     cpu::combineCompensated(all.data(), members, m, mine.data(), mine.data() + m);
     if (!paired)
       cpu::addCompensation(mine.data(), mine.data() + m, m);
-    c.comm->allGather(mine.data(), 2 * m * 4, all.data(), group, what);
-    for (int64_t q = 0; q < members; ++q) {
-      const int64_t from = q * part + at, v = valid(from, m);
-      if (v <= 0)
-        continue;
-      const float *piece = all.data() + 2 * m * q;
-      c.memory->copy2d(sum + from * 4, v * 4, piece, v * 4, v * 4, 1);
-      if (paired)
-        c.memory->copy2d(err + from * 4, v * 4, piece + m, v * 4, v * 4, 1);
+    if (!gather) {
+      write(me, at, m, mine.data());
+      continue;
     }
+    c.comm->allGather(mine.data(), 2 * m * 4, all.data(), group, what);
+    for (int64_t q = 0; q < members; ++q)
+      write(q, at, m, all.data() + 2 * m * q);
   }
 }
 
@@ -141,53 +150,6 @@ void reduceScatterState(const Context &c, const PlanStep &s, const std::vector<i
     c.memory->copy2d(sums + at * 4, m * 4, sum.data(), m * 4, m * 4, 1);
     if (paired)
       c.memory->copy2d(errs + at * 4, m * 4, err.data(), m * 4, m * 4, 1);
-  }
-}
-
-/// ZeRO-1: a whole sum (and its error) of an optimizer program, in place:
-/// member d's rows [d k, (d + 1) k) become the members' total, added with
-/// compensation in member order as allReduceState adds them (every member
-/// sends each its (sum, error) pairs of those rows); its other rows keep
-/// its own values. Without an error buffer, the total rounded once.
-void reduceScatterInPlace(const Context &c, const PlanStep &s, const std::vector<int> &group,
-                          const std::string &what) {
-  const PlanBuffer &in = c.program->buffers[s.in[0]];
-  const int64_t n = in.rows * in.width, part = s.shardRows * in.width;
-  const int64_t members = static_cast<int64_t>(group.size());
-  const int64_t me =
-      std::find(group.begin(), group.end(), static_cast<int>(c.rank)) - group.begin();
-  const bool paired = s.in.size() == 2;
-  constexpr int64_t kChunk = int64_t(1) << 18; // values
-  const int64_t chunk = std::max<int64_t>(1, std::min(part, kChunk));
-  std::vector<float> out(static_cast<size_t>(2 * chunk * members)),
-      all(static_cast<size_t>(2 * chunk * members)), mine(static_cast<size_t>(2 * chunk));
-  char *sum = bytesOf(c, s.in[0]), *err = paired ? bytesOf(c, s.in[1]) : nullptr;
-  auto valid = [&](int64_t from, int64_t m) { return std::clamp<int64_t>(n - from, 0, m); };
-  for (int64_t at = 0; at < part; at += chunk) {
-    const int64_t m = std::min(chunk, part - at);
-    std::vector<Comm::Piece> sends, recvs;
-    for (int64_t q = 0; q < members; ++q) {
-      float *piece = out.data() + 2 * m * q;
-      const int64_t from = q * part + at, v = valid(from, m);
-      std::fill(piece, piece + 2 * m, 0.0f);
-      if (v > 0) {
-        c.memory->read(piece, sum + from * 4, v * 4);
-        if (paired)
-          c.memory->read(piece + m, err + from * 4, v * 4);
-      }
-      sends.push_back({static_cast<int>(q), piece, 2 * m * 4});
-      recvs.push_back({static_cast<int>(q), all.data() + 2 * m * q, 2 * m * 4});
-    }
-    c.comm->exchange(sends, recvs, group, what);
-    cpu::combineCompensated(all.data(), members, m, mine.data(), mine.data() + m);
-    if (!paired)
-      cpu::addCompensation(mine.data(), mine.data() + m, m);
-    const int64_t from = me * part + at, v = valid(from, m);
-    if (v <= 0)
-      continue;
-    c.memory->copy2d(sum + from * 4, v * 4, mine.data(), v * 4, v * 4, 1);
-    if (paired)
-      c.memory->copy2d(err + from * 4, v * 4, mine.data() + m, v * 4, v * 4, 1);
   }
 }
 
@@ -322,11 +284,14 @@ std::vector<std::vector<int>> groupsOf(const Plan &plan, int64_t rank,
 int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
   switch (s.op->collective) {
   case Collective::AllReduce:
-    if (!c.program->buffers[s.in[0]].state.empty() || s.in.size() == 2)
-      allReduceState(c, s, c.groups.at(index),
-                     trainingStep(c, index, s));
-    else
+    if (!c.program->buffers[s.in[0]].state.empty() || s.in.size() == 2) {
+      const PlanBuffer &in = c.program->buffers[s.in[0]];
+      const int64_t members = static_cast<int64_t>(c.groups.at(index).size());
+      addInFixedOrder(c, s, c.groups.at(index), trainingStep(c, index, s),
+                      (in.rows * in.width + members - 1) / members, /*gather=*/true);
+    } else {
       allReduce(c, s, rows, c.groups.at(index), describe(index, s));
+    }
     return -1;
   case Collective::AllGather:
     if (!s.weights.empty())
@@ -338,8 +303,9 @@ int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
   case Collective::AllToAll:
     return allToAll(c, s, c.groups.at(index), describe(index, s));
   case Collective::ReduceScatter:
-    if (s.in.size() == s.out.size())
-      reduceScatterInPlace(c, s, c.groups.at(index), trainingStep(c, index, s));
+    if (s.in.size() == s.out.size()) // ZeRO-1's, in place
+      addInFixedOrder(c, s, c.groups.at(index), trainingStep(c, index, s),
+                      s.shardRows * c.program->buffers[s.in[0]].width, /*gather=*/false);
     else
       reduceScatterState(c, s, c.groups.at(index), trainingStep(c, index, s));
     return -1;
