@@ -201,15 +201,19 @@ DType storedDtype(const PlanLayout &layout, const PlanWeight &w) {
   return s ? s->dtype : w.dtype;
 }
 
-/// State `name`'s whole logical values: a ZeRO shard's gathered from every
-/// replica of the world (data-parallel training: every rank is one), in
-/// replica order. Every rank calls it, for the same states in the same
-/// order.
+/// State `name`'s whole logical values on rank 0, the writer (a ZeRO
+/// shard's gathered from every replica of the world, data-parallel training
+/// making every rank one, in replica order); other ranks get them only for
+/// a shard, where they take part. Every rank calls it, for the same states
+/// in the same order.
 void readWholeState(RankExecutor &executor, Comm &comm, const std::string &name,
                     std::vector<float> &out) {
   const StateShard shard = executor.stateShard(name);
   if (!shard.sharded) {
-    executor.readState(name, out);
+    if (comm.rank() == 0)
+      executor.readState(name, out);
+    else
+      out.clear();
     return;
   }
   std::vector<float> own;
@@ -225,8 +229,9 @@ void readWholeState(RankExecutor &executor, Comm &comm, const std::string &name,
 
 /// The trained weights by checkpoint name (`values` keeps them; a bf16
 /// weight's are its f32 master's, gathered when sharded: every rank calls
-/// it): f32, or with `layout` each in the dtype of its slices (a checkpoint
-/// the plan loads: f32 for --param-dtype bf16).
+/// it, rank 0 gets them, the others none): f32, or with `layout` each in
+/// the dtype of its slices (a checkpoint the plan loads: f32 for
+/// --param-dtype bf16).
 std::vector<TensorToWrite> trainedWeights(RankExecutor &executor, Comm &comm,
                                           const PlanProgram &program,
                                           std::vector<std::vector<float>> &values,
@@ -238,9 +243,10 @@ std::vector<TensorToWrite> trainedWeights(RankExecutor &executor, Comm &comm,
     const PlanWeight &w = program.weights[i];
     if (std::binary_search(states.begin(), states.end(), "master:" + w.name))
       readWholeState(executor, comm, "master:" + w.name, values[i]);
-    else
+    else if (comm.rank() == 0)
       executor.readWeight(i, values[i]);
-    appendByName(w, values[i], tensors, layout ? storedDtype(*layout, w) : DType::F32);
+    if (comm.rank() == 0)
+      appendByName(w, values[i], tensors, layout ? storedDtype(*layout, w) : DType::F32);
   }
   return tensors;
 }
