@@ -181,26 +181,37 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
       return refuse("--train: --" + o->ArgStr +
                     " does not apply (a step is --micro-batch-size x --seq-len tokens)");
   // Distributed training: data-parallel replicas (--dp N, --world-size N, or
-  // both) only, for now: --world-size alone is the planner's choice among
-  // them (dp = N, ZeRO and recompute by the training memory and time model).
-  int64_t replicas = 1;
+  // both), their experts split between them (--ep E, dividing the replicas:
+  // expert parallelism across data parallelism); --world-size alone is the
+  // planner's choice among them (dp = N, ZeRO and recompute by the training
+  // memory and time model).
+  int64_t replicas = 1, experts = 1;
   if (distribution) {
     const LayoutRequest &l = *options.layout;
     for (auto [name, degree] : {std::pair<const char *, int64_t>{"pp", l.pp},
-                                {"tp", l.tp}, {"ep", l.ep}, {"etp", l.etp}})
+                                {"tp", l.tp}, {"etp", l.etp}})
       if (degree > 1)
         return refuse("not supported yet: --train with --" + Twine(name) + " " + Twine(degree) +
-                      " (distributed training: data parallelism only, --dp N)");
+                      " (distributed training: data and expert parallelism, --dp N --ep E)");
     if (!l.gpu.empty() || !l.cluster.empty() || !l.dtype.empty())
       return refuse("not supported yet: --train with --gpu, --cluster or --dtype (a training "
                     "plan runs on the CPU machine the planner assumes): give --world-size N "
-                    "or --dp N (distributed training: data parallelism only)");
+                    "or --dp N (and --ep E)");
     if (l.dp && l.worldSize && l.worldSize != l.dp)
       return refuse("--train --dp " + Twine(l.dp) + ": expected --world-size " + Twine(l.dp) +
-                    " (data parallelism only), not " + Twine(l.worldSize));
-    replicas = l.dp ? l.dp : l.worldSize;
+                    " (data and expert parallelism: every rank a replica), not " +
+                    Twine(l.worldSize));
+    experts = std::max<int64_t>(l.ep, 1);
+    replicas = l.dp ? l.dp : l.worldSize ? l.worldSize : experts;
     if (replicas < 1)
       return refuse("--train: expected --world-size N or --dp N with N >= 1");
+    if (replicas % experts)
+      return refuse("--train --ep " + Twine(experts) + ": expected a divisor of the " +
+                    Twine(replicas) + " data-parallel replicas (the experts are split "
+                    "between the ranks of each group of ep replicas)");
+    if (experts > 1 && options.target != "cpu")
+      return refuse("not supported yet: --train --ep with --target " + options.target +
+                    " (the experts' backward kernels are the CPU's for now)");
   }
   const bool selective = recompute == "selective" || recompute == "experts",
              full = recompute == "full";
@@ -213,7 +224,8 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
   if (replicas > 1) {
     LayoutRequest layout;
     layout.worldSize = layout.dp = replicas;
-    layout.pp = layout.tp = layout.ep = layout.etp = 1;
+    layout.pp = layout.tp = layout.etp = 1;
+    layout.ep = experts;
     options.layout = layout;
   }
   if (auxLossCoef.getNumOccurrences() && auxLossCoef < 0)
@@ -303,6 +315,10 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
                   "): each data-parallel replica runs the same number of micro-batches");
   if (zeroStage < 0 || zeroStage > 2)
     return refuse("--zero " + Twine(int64_t(zeroStage)) + ": expected 0, 1 or 2");
+  if (zeroStage > 0 && experts > 1)
+    return refuse("not supported yet: --zero " + Twine(int64_t(zeroStage)) + " with --ep " +
+                  Twine(experts) + " (ZeRO shards the states of data-parallel replicas; "
+                  "over expert parallelism use --zero 0)");
   if (zeroStage > 0 && replicas == 1)
     return refuse("--zero " + Twine(int64_t(zeroStage)) +
                   ": expected --dp N with N > 1 (ZeRO shards the optimizer's states between "

@@ -190,7 +190,9 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
   else
     recomputes = {kNone, kFull};
   SmallVector<int64_t> zeros;
-  if (request.zeroAuto && replicas > 1 && options.optimizer)
+  // (ZeRO over expert parallelism is not built yet: stage 0 there.)
+  const bool expertParallel = options.layout && options.layout->ep > 1;
+  if (request.zeroAuto && replicas > 1 && options.optimizer && !expertParallel)
     zeros = {0, 1, 2};
   else
     zeros = {options.optimizer ? options.optimizer->zero : 0};

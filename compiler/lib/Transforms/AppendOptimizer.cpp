@@ -13,6 +13,8 @@
 // states, added back by grad_total), so that an update is the same on every
 // layout. With zero=1 the moments and masters are sharded between the
 // replicas (ZeRO-1): each updates its rows, then the weights are gathered.
+// Under expert parallelism an expert stack's sums are its rank's experts',
+// added over edp only, and the norm adds the ep group's squares of them.
 //
 //===----------------------------------------------------------------------===//
 #include "moe/Dialect/Exec/IR/ExecOps.h"
@@ -88,13 +90,15 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     return true;
   }
 
-  /// The data-parallel degree of the module's layout (moe.sharding).
-  static int64_t dataParallel(exec::ProgramOp train) {
+  /// A degree of the module's layout (moe.sharding), 1 if none.
+  static int64_t degree(exec::ProgramOp train, StringRef key) {
     auto module = train->getParentOfType<ModuleOp>();
     auto sharding = module->getAttrOfType<DictionaryAttr>("moe.sharding");
-    auto dp = sharding ? sharding.getAs<IntegerAttr>("dp") : IntegerAttr();
-    return dp ? dp.getInt() : 1;
+    auto d = sharding ? sharding.getAs<IntegerAttr>(key) : IntegerAttr();
+    return d ? d.getInt() : 1;
   }
+  /// The data-parallel degree of the module's layout.
+  static int64_t dataParallel(exec::ProgramOp train) { return degree(train, "dp"); }
 
   LogicalResult append(exec::ProgramOp train) {
     Block &body = train.getBody().front();
@@ -250,6 +254,12 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       normSqErr =
           b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr());
     }
+    // Expert parallelism: the squares of the replicated weights' sums and
+    // of the rank's experts'.
+    Value denseSq, denseErr, expertSq, expertErr;
+    if (degree(train, "ep") > 1 && !sharded)
+      for (Value *v : {&denseSq, &denseErr, &expertSq, &expertErr})
+        *v = b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr());
     b.create<exec::InputsOp>(loc, Value(), Value(), Value(), step);
     auto launch = [&](StringRef kernel, ValueRange ins, ValueRange ws, ValueRange outs,
                       ArrayRef<NamedAttribute> constants, bool updates = false) {
@@ -262,16 +272,28 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     auto sumAndError = [&](size_t i) {
       return compensated ? SmallVector<Value>{optSums[i], optErrs[i]} : SmallVector<Value>{optSums[i]};
     };
+    // Expert parallelism: an expert stack's sum on a rank is its experts'
+    // (the exchanges brought every replica's tokens to them), added over
+    // the replicas that hold the same experts (edp) only.
+    const int64_t ep = degree(train, "ep"), edp = replicas / ep;
+    auto expertsRef = FlatSymbolRefAttr::get(ctx, "experts");
+    auto splitOverEp = [&](exec::WeightOp w) { return ep > 1 && w.getExperts().has_value(); };
+    auto allReduceOver = [&](FlatSymbolRefAttr over, StringRef group, ValueRange buffers) {
+      b.create<exec::CollectiveOp>(loc, b.getStringAttr("all_reduce"), over,
+                                   b.getStringAttr(group), buffers, ValueRange{}, buffers,
+                                   b.getDictionaryAttr({}), StringAttr());
+    };
     if (replicas > 1) {
-      auto allReduce = [&](ValueRange buffers) {
-        b.create<exec::CollectiveOp>(loc, b.getStringAttr("all_reduce"), mesh,
-                                     b.getStringAttr("dp"), buffers, ValueRange{}, buffers,
-                                     b.getDictionaryAttr({}), StringAttr());
-      };
+      auto allReduce = [&](ValueRange buffers) { allReduceOver(mesh, "dp", buffers); };
       // ZeRO-1: each replica needs only its rows of the sums, added in
       // place (reduce_scatter over dp; the other rows keep its own). ZeRO-2:
       // the train program reduced the sums into their shards already.
       for (size_t i = 0; i < params.size() && !shardedGrads; ++i) {
+        if (splitOverEp(params[i])) {
+          if (edp > 1)
+            allReduceOver(expertsRef, "edp", sumAndError(i));
+          continue;
+        }
         if (!sharded) {
           allReduce(sumAndError(i));
           continue;
@@ -310,6 +332,17 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
                                    ValueRange{}, ValueRange{normSq, normSqErr},
                                    b.getDictionaryAttr({}), StringAttr());
       launch("grad_norm", {stats, normSq, normSqErr}, {}, {stats},
+             {b.getNamedAttr("from_squares", b.getBoolAttr(true)), maxNorm, micro});
+    } else if (ep > 1) {
+      // Expert parallelism: the replicated weights' squares once, the
+      // expert stacks' added over the ep group (each rank's experts).
+      SmallVector<Value> dense, experts;
+      for (auto [i, w] : llvm::enumerate(params))
+        (splitOverEp(w) ? experts : dense).push_back(optSums[i]);
+      launch("sum_squares", dense, {}, {denseSq, denseErr}, {});
+      launch("sum_squares", experts, {}, {expertSq, expertErr}, {});
+      allReduceOver(expertsRef, "ep", ValueRange{expertSq, expertErr});
+      launch("grad_norm", {stats, denseSq, denseErr, expertSq, expertErr}, {}, {stats},
              {b.getNamedAttr("from_squares", b.getBoolAttr(true)), maxNorm, micro});
     } else {
       normIns.append(optSums.begin(), optSums.end());

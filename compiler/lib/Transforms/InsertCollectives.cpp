@@ -16,6 +16,9 @@
 // @experts, axis = 2}` gets its blocks from the ranks of that group and
 // gives the outputs back: an moe.all_to_all of the blocks and their counts
 // before it, and one of the outputs (with the received counts) after it.
+// Its gradient, a marked moe.expert_ffn_grad of the same blocks, gets the
+// gradient blocks the same way, reads the blocks the forward received, and
+// gives their gradients back.
 //
 // A value's part made whole (the LM head's vocabulary parts):
 //
@@ -109,6 +112,43 @@ LogicalResult exchange(moe::ExpertFFNOp op) {
                                         op.getCounts().getType(), op.getResult(),
                                         there.getResultCounts(), mesh, axis);
   op.getResult().replaceAllUsesExcept(back.getResult(), back);
+  op->removeAttr(moe::kExchangeAttr);
+  return success();
+}
+
+/// The exchanges of an expert_ffn_grad marked with moe.exchange: its
+/// gradient blocks go where the forward's blocks went (an all_to_all with
+/// the dispatch's counts), it reads the blocks the forward's expert_ffn
+/// received (the all_to_all of the same buffer, placed by exchange()), and
+/// the blocks' gradients come back with the received counts.
+LogicalResult exchangeGrad(moe::ExpertFFNGradOp op) {
+  auto group = groupOf(op, moe::kExchangeAttr);
+  if (failed(group))
+    return failure();
+  auto [mesh, axis] = *group;
+  moe::AllToAllOp received;
+  for (Operation *user : op.getBuffer().getUsers())
+    if (auto a2a = dyn_cast<moe::AllToAllOp>(user);
+        a2a && a2a.getBuffer() == op.getBuffer() && a2a.getMesh() == mesh.getValue() &&
+        a2a.getAxis() == axis.getInt())
+      received = a2a;
+  if (!received || received.getCounts() != op.getCounts())
+    return op.emitOpError("moe-insert-collectives: expected the forward's exchange of its "
+                          "blocks (an moe.expert_ffn of the same buffer and counts, marked "
+                          "with moe.exchange over the same group)"),
+           failure();
+  OpBuilder b(op);
+  auto there = b.create<moe::AllToAllOp>(op.getLoc(), op.getGrad().getType(),
+                                         op.getCounts().getType(), op.getGrad(),
+                                         op.getCounts(), mesh, axis);
+  op.getGradMutable().assign(there.getResult());
+  op.getBufferMutable().assign(received.getResult());
+  op.getCountsMutable().assign(received.getResultCounts());
+  b.setInsertionPointAfter(op);
+  auto back = b.create<moe::AllToAllOp>(op.getLoc(), op.getBufferGrad().getType(),
+                                        op.getCounts().getType(), op.getBufferGrad(),
+                                        received.getResultCounts(), mesh, axis);
+  op.getBufferGrad().replaceAllUsesExcept(back.getResult(), back);
   op->removeAttr(moe::kExchangeAttr);
   return success();
 }
@@ -218,6 +258,16 @@ struct InsertCollectives : moe::impl::MoEInsertCollectivesBase<InsertCollectives
     });
     for (moe::ExpertFFNOp op : exchanges)
       if (failed(exchange(op)))
+        return signalPassFailure();
+    // (After the forward's: a gradient's exchange reads the blocks those
+    // received.)
+    SmallVector<moe::ExpertFFNGradOp> gradExchanges;
+    getOperation().walk([&](moe::ExpertFFNGradOp op) {
+      if (op->hasAttr(moe::kExchangeAttr))
+        gradExchanges.push_back(op);
+    });
+    for (moe::ExpertFFNGradOp op : gradExchanges)
+      if (failed(exchangeGrad(op)))
         return signalPassFailure();
     SmallVector<mesh::ShardOp> uses;
     getOperation().walk([&](mesh::ShardOp op) {

@@ -100,7 +100,7 @@ NamedAttrList kernelConstants(Builder &b, Operation *op) {
       .Case<moe::MLPOp, moe::MLPGradOp>([&](auto o) {
         a.set("activation", b.getStringAttr(moe::stringifyActivation(o.getActivation())));
       })
-      .Case([&](moe::ExpertFFNOp o) {
+      .Case<moe::ExpertFFNOp, moe::ExpertFFNGradOp>([&](auto o) {
         a.set("activation", b.getStringAttr(moe::stringifyActivation(o.getActivation())));
       })
       .Case([&](moe::ExpertsOp o) {

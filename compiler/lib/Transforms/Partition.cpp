@@ -95,6 +95,7 @@ private:
                            ArrayRef<Value> incoming, ArrayRef<Value> outgoing);
   LogicalResult rewrite(Operation &op);
   LogicalResult expertFFN(moe::ExpertFFNOp op);
+  LogicalResult expertFFNGrad(moe::ExpertFFNGradOp op);
 
   /// The rank-local weight for `v` (a weight or its annotation), cloned into
   /// the stage's function once.
@@ -311,6 +312,35 @@ LogicalResult Partitioner::expertFFN(moe::ExpertFFNOp op) {
   return success();
 }
 
+/// The experts' backward on this rank's experts: the gradient blocks go to
+/// the experts' ranks as the forward's blocks did, with them the forward's
+/// received blocks (moe-insert-collectives pairs the two), and the blocks'
+/// gradients come back.
+LogicalResult Partitioner::expertFFNGrad(moe::ExpertFFNGradOp op) {
+  FailureOr<Value> gate = weight(op.getGateWeights(), op);
+  FailureOr<Value> up = weight(op.getUpWeights(), op);
+  FailureOr<Value> down = weight(op.getDownWeights(), op);
+  if (failed(gate) || failed(up) || failed(down))
+    return failure();
+  for (Value v : {op.getGrad(), op.getBuffer(), op.getCounts()})
+    if (!values.count(v))
+      return op.emitOpError("operand is not available on this stage");
+  auto f32 = [&](Value stack) {
+    auto t = cast<RankedTensorType>(stack.getType());
+    return RankedTensorType::get(t.getShape(), b.getF32Type());
+  };
+  Value buffer = get(op.getBuffer()).value;
+  auto grad = b.create<moe::ExpertFFNGradOp>(
+      op.getLoc(), buffer.getType(), f32(*gate), f32(*up), f32(*down),
+      get(op.getGrad()).value, buffer, get(op.getCounts()).value, *gate, *up, *down,
+      op.getActivationAttr());
+  if (d.ep > 1)
+    grad->setAttr(moe::kExchangeAttr, group(expertsRef, kEpAxis));
+  for (auto [old, now] : llvm::zip(op.getResults(), grad.getResults()))
+    set(old, now, Dist::Replicated);
+  return success();
+}
+
 LogicalResult Partitioner::rewrite(Operation &op) {
   Location loc = op.getLoc();
   auto fail = [&](const Twine &message) {
@@ -329,11 +359,13 @@ LogicalResult Partitioner::rewrite(Operation &op) {
     b.create<func::ReturnOp>(loc, results);
     return success();
   }
-  if (isa<moe::ExpertsOp>(op) && (d.ep > 1 || d.tp > 1))
+  if (isa<moe::ExpertsOp, moe::ExpertsSavedOp, moe::ExpertsGradOp>(op) && (d.ep > 1 || d.tp > 1))
     return fail("needs moe-lower-routing first: routed experts under expert or tensor "
                 "parallelism run as dispatch / expert_ffn / combine");
   if (auto ffn = dyn_cast<moe::ExpertFFNOp>(op))
     return expertFFN(ffn);
+  if (auto grad = dyn_cast<moe::ExpertFFNGradOp>(op))
+    return expertFFNGrad(grad);
 
   // Generic: clone with mapped operands, then fix types and attributes.
   IRMapping mapping;
@@ -555,11 +587,14 @@ LogicalResult Partitioner::rewrite(Operation &op) {
           moe::CrossEntropyGradOp, moe::LinearGradOp, moe::BiasGradOp, moe::RMSNormGradOp,
           moe::RopeGradOp, moe::AttentionGradOp, moe::MLAttentionGradOp, moe::MLPGradOp,
           moe::EmbeddingGradOp, moe::RouteGradOp, moe::ExpertsGradOp, moe::RouterStatsGradOp,
-          moe::SigmoidGateGradOp>(op)) {
-    if (d.pp * d.tp * d.ep != 1)
+          moe::SigmoidGateGradOp, moe::CombineGradOp, moe::DispatchGradOp>(op)) {
+    // (Under expert parallelism the routed experts' backward is the lowered
+    // form's: combine_grad and dispatch_grad on each replica's tokens,
+    // expert_ffn_grad on the rank's experts, moe-lower-routing.)
+    if (d.pp * d.tp != 1)
       return fail("not supported yet: partitioning a training program with pp=" +
-                  Twine(d.pp) + ", tp=" + Twine(d.tp) + ", ep=" + Twine(d.ep) +
-                  " (distributed training: data parallelism only)");
+                  Twine(d.pp) + ", tp=" + Twine(d.tp) +
+                  " (distributed training: data and expert parallelism only)");
     if (failed(mapReplicated()))
       return failure();
     cloneAs(Dist::Replicated);
@@ -617,8 +652,13 @@ LogicalResult Partitioner::buildStage(int64_t stage, ArrayRef<int64_t> stageOfOp
     if (failed(rewrite(op)))
       return failure();
   }
-  if (last)
-    return success(); // the model's return op came with the stage's ops
+  if (last) {
+    // The model's return op came with the stage's ops; a training
+    // program's gradients of split weights are the rank's parts.
+    auto ret = cast<func::ReturnOp>(entry->getTerminator());
+    fn.setType(b.getFunctionType(inputs, ret.getOperandTypes()));
+    return success();
+  }
   SmallVector<Value> sent;
   for (Value v : outgoing) {
     FailureOr<Value> r = replicated(v, forward);

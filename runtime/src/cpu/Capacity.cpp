@@ -67,7 +67,7 @@ void dispatch(const float *x, int64_t T, int64_t H, const int32_t *experts, int6
 
 void expertFfn(const float *buf, const int32_t *counts, int64_t sources, int64_t El, int64_t C,
                int64_t H, const std::vector<Matrix> &gate, const std::vector<Matrix> &up,
-               const std::vector<Matrix> &down, Activation act, float *y) {
+               const std::vector<Matrix> &down, Activation act, float *y, bool training) {
   if (static_cast<int64_t>(gate.size()) != El || static_cast<int64_t>(up.size()) != El ||
       static_cast<int64_t>(down.size()) != El)
     runtimeError("expert_ffn: {} gate, {} up and {} down matrices for {} experts", gate.size(),
@@ -96,6 +96,17 @@ void expertFfn(const float *buf, const int32_t *counts, int64_t sources, int64_t
     resultBuf.resize(static_cast<size_t>(total * H));
   }
   std::vector<ExpertRows> groups;
+  if (training) {
+    // A training plan's arithmetic (cpu::experts saving its activations),
+    // block by block: each source's rows as one rank computes them.
+    for (int64_t l = 0; l < El; ++l)
+      for (int64_t q = 0; q < sources; ++q)
+        if (const int64_t n = counts[q * El + l])
+          groups.push_back({&gate[l], &up[l], &down[l], buf + (q * El + l) * C * H,
+                            y + (q * El + l) * C * H, n});
+    expertMlpsAsTraining(groups, act);
+    return;
+  }
   for (int64_t l = 0, at = 0; l < El; ++l) {
     if (rows[l] == 0)
       continue;
@@ -125,16 +136,22 @@ void expertFfn(const float *buf, const int32_t *counts, int64_t sources, int64_t
 }
 
 void combine(const float *y, int64_t H, const int32_t *slots, const float *weights, int64_t T,
-             int64_t k, float *out) {
+             int64_t k, float *out, bool expertOrder) {
   parallelFor(T, [&](int64_t t0, int64_t t1) {
+    std::vector<int64_t> order(static_cast<size_t>(k));
     for (int64_t t = t0; t < t1; ++t) {
       float *dst = out + t * H;
       std::fill_n(dst, H, 0.0f);
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t slot = slots[t * k + j];
+      for (int64_t j = 0; j < k; ++j)
+        order[j] = t * k + j;
+      if (expertOrder) // slots e * C + n: ascending is expert order
+        std::sort(order.begin(), order.end(),
+                  [&](int64_t a, int64_t b) { return slots[a] < slots[b]; });
+      for (int64_t p : order) {
+        const int64_t slot = slots[p];
         if (slot < 0)
           continue;
-        const float w = weights[t * k + j];
+        const float w = weights[p];
         const float *src = y + slot * H;
         for (int64_t c = 0; c < H; ++c)
           dst[c] += w * src[c];

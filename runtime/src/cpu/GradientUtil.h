@@ -1,4 +1,5 @@
-// Internal to the backward kernels (Gradients.cpp, AttentionGrad.cpp):
+// Internal to the backward kernels (Gradients.cpp, AttentionGrad.cpp,
+// ExpertBlockGrad.cpp):
 // reusable buffers and the transposes that turn the gradient GEMMs into
 // cpu::linear's y = x w^T (a weight's transpose is a view: Matrix::transpose).
 #pragma once
@@ -69,5 +70,12 @@ void matmulTN(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t 
 /// products do (BF16 weights at the avx512bf16 level: gemm::roundsToBf16);
 /// dx = dy w takes that path by itself (a transposed bf16 view).
 bool bf16Products(const Matrix &w);
+
+/// The gated MLP's gradients over T rows x [T, H] (its gate and up products
+/// recomputed with the forward kernels' arithmetic): dx [T, H] and the
+/// weight gradients (f32 [I, H], [I, H], [H, I]). Uses the kMlp* slots.
+void mlpBackwardRecomputed(const float *dy, const float *x, int64_t T, const Matrix &gate,
+                           const Matrix &up, const Matrix &down, Activation act, float *dx,
+                           float *dgate, float *dup, float *ddown);
 
 } // namespace moert::cpu::grad

@@ -187,6 +187,17 @@ void mlpBackward(const float *dy, const float *x, int64_t T, const Matrix &gate,
 
 } // namespace
 
+void grad::mlpBackwardRecomputed(const float *dy, const float *x, int64_t T, const Matrix &gate,
+                                 const Matrix &up, const Matrix &down, Activation act,
+                                 float *dx, float *dgate, float *dup, float *ddown) {
+  const size_t inner = static_cast<size_t>(T * gate.rows);
+  float *a = workspace(kMlpA, inner), *u = workspace(kMlpU, inner), *h = workspace(kMlpH, inner);
+  linear(x, T, gate, nullptr, a);
+  linear(x, T, up, nullptr, u);
+  gatedProduct(a, u, T, gate.rows, act, h);
+  mlpBackward(dy, x, T, gate, up, down, act, a, u, h, dx, dgate, dup, ddown);
+}
+
 void crossEntropyGrad(const float *logits, int64_t tokens, int64_t width, int64_t vocab,
                       const int32_t *labels, const float ce[2], float *out) {
   const double scale = ce[1] > 0 ? 1.0 / ce[1] : 0.0;

@@ -346,6 +346,11 @@ void savingExpertMlps(const std::vector<ExpertRows> &groups, Activation act,
 
 } // namespace
 
+void expertMlpsAsTraining(const std::vector<ExpertRows> &groups, Activation act) {
+  static const ExpertsSaved kNothingKept;
+  savingExpertMlps(groups, act, nullptr, kNothingKept, nullptr);
+}
+
 void experts(const float *x, int64_t tokens, int64_t hidden, const float *weights,
              const int32_t *experts, int64_t k, const std::vector<Matrix> &gate,
              const std::vector<Matrix> &up, const std::vector<Matrix> &down, Activation act,

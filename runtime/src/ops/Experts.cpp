@@ -2,8 +2,11 @@
 // routing of logits computed by a linear step before it), experts
 // (routed experts on one rank), and the partitioned form of experts:
 // dispatch (tokens into per-expert blocks of capacity C), expert_ffn (the
-// local experts over the blocks) and combine (the weighted sum back).
+// local experts over the blocks) and combine (the weighted sum back), and
+// their backward steps over the same blocks (combine_grad, expert_ffn_grad,
+// dispatch_grad).
 #include "Ops.h"
+#include "moert/cpu/Gradients.h"
 
 namespace moert::ops {
 
@@ -189,8 +192,19 @@ int64_t runExpertFfn(cpu::StepContext &c) {
   const std::vector<cpu::Matrix> &g = c.experts(0);
   const int64_t E = c.inWidth(1), El = static_cast<int64_t>(g.size());
   cpu::expertFfn(c.in(0), c.inInts(1), E / El, El, c.bufferRows(c.step->in[0]) / E, c.inWidth(0),
-                 g, c.experts(1), c.experts(2), c.step->activation, c.out(0));
+                 g, c.experts(1), c.experts(2), c.step->activation, c.out(0),
+                 c.plan->training);
   return c.rows;
+}
+
+/// Slots that index `rows` rows of a buffer (which may come from another
+/// rank): checked.
+void checkSlots(cpu::StepContext &c, const int32_t *slots, int64_t count, int64_t k,
+                int64_t rows, int64_t buffer) {
+  for (int64_t p = 0; p < count; ++p)
+    if (slots[p] >= rows)
+      runtimeError("rank {}: step {} ({}): slot {} of token {} outside the {} rows of buffer {}",
+                   c.rank, c.index, c.step->op->name, slots[p], p / k, rows, buffer);
 }
 
 void checkCombine(const StepChecker &c, const PlanStep &step) {
@@ -204,13 +218,71 @@ int64_t runCombine(cpu::StepContext &c) {
   const PlanStep &s = *c.step;
   const int64_t T = c.rows;
   // Slots index y's rows: checked, as y may come from another rank.
-  const int64_t k = c.inWidth(1), yRows = c.bufferRows(s.in[0]);
-  const int32_t *slots = c.inInts(1);
-  for (int64_t p = 0; p < T * k; ++p)
-    if (slots[p] >= yRows)
-      runtimeError("rank {}: step {} ({}): slot {} of token {} outside the {} rows of buffer {}",
-                   c.rank, c.index, s.op->name, slots[p], p / k, yRows, s.in[0]);
-  cpu::combine(c.in(0), c.inWidth(0), slots, c.in(2), T, k, c.out(0));
+  const int64_t k = c.inWidth(1);
+  checkSlots(c, c.inInts(1), T * k, k, c.bufferRows(s.in[0]), s.in[0]);
+  // (A training plan adds them as moe.experts_saved does: in expert order.)
+  cpu::combine(c.in(0), c.inWidth(0), c.inInts(1), c.in(2), T, k, c.out(0), c.plan->training);
+  return T;
+}
+
+/// in: dy, the expert outputs' blocks, slots, routing weights; out: the
+/// blocks' gradient, the routing weights'.
+void checkCombineGrad(const StepChecker &c, const PlanStep &step) {
+  c.arity(4, 0, 0, 2);
+  const int64_t H = c.width(step.in[1]), k = c.tokens(step.in[2], DType::I32);
+  c.expect(c.tokens(step.in[0]) == H, "dy's width differs from the blocks'");
+  c.expect(c.tokens(step.in[3]) == k && c.tokens(step.out[1]) == k,
+           "weights, their gradient and slots widths differ");
+  c.expect(c.rows(step.out[0]) == c.rows(step.in[1]) && c.width(step.out[0]) == H,
+           "the blocks' gradient differs in shape from the blocks");
+}
+
+int64_t runCombineGrad(cpu::StepContext &c) {
+  const PlanStep &s = *c.step;
+  const int64_t T = c.rows, k = c.inWidth(2);
+  checkSlots(c, c.inInts(2), T * k, k, c.bufferRows(s.in[1]), s.in[1]);
+  cpu::combineGrad(c.in(0), c.inWidth(0), c.in(1), c.inInts(2), c.in(3), T, k, c.out(0),
+                   c.out(1));
+  return T;
+}
+
+/// in: the outputs' gradient blocks, the blocks, counts; weights: the local
+/// stacks; out: the blocks' gradient and the stacks'.
+void checkExpertFfnGrad(const StepChecker &c, const PlanStep &step) {
+  c.arity(3, 3, 3, 4);
+  const int64_t H = c.width(step.in[1]), E = c.experts(step.in[1], step.in[2]);
+  checkStacks(c, H, "buffer");
+  const int64_t local = c.weight(0, 3).experts;
+  c.expect(E % local == 0,
+           fmt::format("{} local experts do not divide the {} experts of counts", local, E));
+  for (int64_t b : {step.in[0], step.out[0]})
+    c.expect(c.width(b) == H && c.rows(b) == c.rows(step.in[1]),
+             "the gradient blocks differ in shape from the blocks");
+  for (size_t i = 0; i < 3; ++i)
+    expectWeightGradient(c, step.out[i + 1], c.weight(i, 3));
+}
+
+int64_t runExpertFfnGrad(cpu::StepContext &c) {
+  const std::vector<cpu::Matrix> &g = c.experts(0);
+  const int64_t E = c.inWidth(2), El = static_cast<int64_t>(g.size());
+  cpu::expertFfnGrad(c.in(0), c.in(1), c.inInts(2), E / El, El, c.bufferRows(c.step->in[1]) / E,
+                     c.inWidth(1), g, c.experts(1), c.experts(2), c.step->activation, c.out(0),
+                     c.out(1), c.out(2), c.out(3));
+  return c.rows;
+}
+
+/// in: the blocks' gradient, slots; out: dx.
+void checkDispatchGrad(const StepChecker &c, const PlanStep &step) {
+  c.arity(2, 0, 0, 1);
+  c.tokens(step.in[1], DType::I32);
+  c.expect(c.tokens(step.out[0]) == c.width(step.in[0]), "dx's width differs from the blocks'");
+}
+
+int64_t runDispatchGrad(cpu::StepContext &c) {
+  const PlanStep &s = *c.step;
+  const int64_t T = c.rows, k = c.inWidth(1);
+  checkSlots(c, c.inInts(1), T * k, k, c.bufferRows(s.in[0]), s.in[0]);
+  cpu::dispatchGrad(c.in(0), c.inWidth(0), c.inInts(1), T, k, c.out(0));
   return T;
 }
 
@@ -230,5 +302,12 @@ const OpDef kExpertFfn = {"expert_ffn", Collective::None,
                           OpDef::RunsEmpty | OpDef::ExpertBlockGemm, nullptr, checkExpertFfn,
                           runExpertFfn};
 const OpDef kCombine = {"combine", Collective::None, 0, nullptr, checkCombine, runCombine};
+const OpDef kCombineGrad = {"combine_grad", Collective::None, 0, nullptr, checkCombineGrad,
+                            runCombineGrad};
+const OpDef kExpertFfnGrad = {"expert_ffn_grad", Collective::None,
+                              OpDef::RunsEmpty | OpDef::Backward, nullptr, checkExpertFfnGrad,
+                              runExpertFfnGrad};
+const OpDef kDispatchGrad = {"dispatch_grad", Collective::None, 0, nullptr, checkDispatchGrad,
+                             runDispatchGrad};
 
 } // namespace moert::ops

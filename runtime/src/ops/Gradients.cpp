@@ -4,11 +4,7 @@
 #include "moert/cpu/Gradients.h"
 
 namespace moert::ops {
-namespace {
 
-/// A weight gradient's output: a static f32 buffer of the weight's shape
-/// (its last dimension wide, the others its rows: a vector one row, an
-/// expert stack [E, out, in] E x out rows).
 void expectWeightGradient(const StepChecker &c, int64_t buffer, const PlanWeight &w) {
   int64_t rows = 1;
   for (size_t d = 0; d + 1 < w.shape.size(); ++d)
@@ -17,6 +13,8 @@ void expectWeightGradient(const StepChecker &c, int64_t buffer, const PlanWeight
   c.expect(c.rows(buffer) == rows && c.width(buffer) == width,
            fmt::format("the gradient of '{}' is not {} rows of {} (f32)", w.name, rows, width));
 }
+
+namespace {
 
 void parseVocab(const JsonFields &a, PlanStep &step) { step.loss.vocab = a.integer("vocab", 1); }
 

@@ -26,7 +26,7 @@ extern const OpDef kRope, kAttention, kMlaAttention;
 extern const OpDef kSplit, kConcat, kAdd, kSigmoidGate;
 // Experts.cpp
 extern const OpDef kMlp, kRouter, kRoute, kExperts, kExpertsSaved, kDispatch, kExpertFfn,
-    kCombine;
+    kCombine, kCombineGrad, kExpertFfnGrad, kDispatchGrad;
 // Loss.cpp
 extern const OpDef kCrossEntropy, kRouterStats, kLmLoss;
 // Gradients.cpp
@@ -42,6 +42,10 @@ void parseExpertsCapacity(const JsonFields &a, PlanStep &step);
 // inputs): per token k blocks of the intermediate (gate, up) and of hidden (output).
 void checkSavedActivations(const StepChecker &c, int64_t gate, int64_t up, int64_t output,
                            int64_t k, int64_t intermediate, int64_t hidden);
+// Gradients.cpp: a weight gradient's output: a static f32 buffer of the
+// weight's shape (its last dimension wide, the others its rows: a vector one
+// row, an expert stack [E, out, in] E x out rows).
+void expectWeightGradient(const StepChecker &c, int64_t buffer, const PlanWeight &w);
 // Collective.cpp
 extern const OpDef kAllReduce, kAllGather, kAllToAll, kReduceScatter, kSend, kRecv;
 

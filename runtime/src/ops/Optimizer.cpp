@@ -119,17 +119,21 @@ bool single(const StepChecker &c, int64_t buffer) {
   return b.dtype == DType::F32 && b.rows == 1 && b.width == 1 && b.state.empty();
 }
 
-/// in: the stats, then every gradient sum (with from_squares: the sum of
-/// their squares, a value and its error); out: the stats.
+/// in: the stats, then every gradient sum (with from_squares: sums of
+/// their squares, each a value and its error); out: the stats.
 void checkGradNorm(const StepChecker &c, const PlanStep &step) {
   c.expect(step.in.size() >= 2 && step.weights.empty() && step.out.size() == 1,
            "expected the stats and the gradient sums in, the stats out");
   checkStats(c, step.in[0]);
   checkStats(c, step.out[0]);
   if (step.optimizer.fromSquares) {
-    c.expect(step.in.size() == 3 && single(c, step.in[1]) && single(c, step.in[2]),
-             "from_squares: expected the stats, the sum of squares and its error (buffers of "
-             "one f32 value)");
+    // (Expert parallelism: one pair for the replicated weights, one for
+    // the ep group's experts.)
+    bool pairs = step.in.size() % 2 == 1;
+    for (size_t i = 1; i < step.in.size(); ++i)
+      pairs = pairs && single(c, step.in[i]);
+    c.expect(pairs, "from_squares: expected the stats, then sums of squares each with its error "
+                    "(buffers of one f32 value)");
     return;
   }
   for (size_t i = 1; i < step.in.size(); ++i)
@@ -184,12 +188,18 @@ int64_t runSumSquares(cpu::StepContext &c) {
   return c.rows;
 }
 
+/// from_squares: the sums of squares (value, error) after the stats, added.
+double squaresFromPairs(cpu::StepContext &c) {
+  double squares = 0;
+  for (size_t i = 1; i + 1 < c.step->in.size(); i += 2)
+    squares += static_cast<double>(c.in(i)[0]) + static_cast<double>(c.in(i + 1)[0]);
+  return squares;
+}
+
 int64_t runGradNorm(cpu::StepContext &c) {
   const PlanStep &s = *c.step;
   const double squares =
-      s.optimizer.fromSquares
-          ? static_cast<double>(c.in(1)[0]) + static_cast<double>(c.in(2)[0])
-          : squaresOf(c, 1);
+      s.optimizer.fromSquares ? squaresFromPairs(c) : squaresOf(c, 1);
   // The norm of the mean gradient (the sums over micro-batches / their count).
   const double norm = std::sqrt(squares) / static_cast<double>(s.optimizer.microBatches);
   float *stats = c.out(0);

@@ -206,6 +206,42 @@ LogicalResult ExpertsGradOp::verify() {
   return verifySaved(*this, getSaved(), getInput(), getExperts(), getGateWeights());
 }
 
+LogicalResult CombineGradOp::verify() {
+  if (getSlots().getType().getShape() != getWeights().getType().getShape() ||
+      getWeightsGrad().getType() != getWeights().getType())
+    return emitOpError("expected slots, weights and their gradient of the same shape");
+  if (!agree(getGrad(), 1, getOutputs(), 2) || !agree(getGrad(), 0, getSlots(), 0))
+    return emitOpError("expected one gradient row per token, as wide as the expert outputs");
+  return success();
+}
+
+LogicalResult ExpertFFNGradOp::verify() {
+  ArrayRef<int64_t> gate = getGateWeights().getType().getShape();
+  if (shapeOf(getGateWeightsGrad()) != shapeOf(getGateWeights()) ||
+      shapeOf(getUpWeightsGrad()) != shapeOf(getUpWeights()) ||
+      shapeOf(getDownWeightsGrad()) != shapeOf(getDownWeights()))
+    return emitOpError("expected the weight gradients in the shapes of the expert stacks");
+  const int64_t experts = getBuffer().getType().getDimSize(0);
+  if (getCounts().getType().getDimSize(0) != experts)
+    return emitOpError("expected one count per expert");
+  if (experts % gate[0])
+    return emitOpError("expected the buffer's experts (")
+           << experts << ") to be a multiple of the local experts (" << gate[0] << ")";
+  ArrayRef<int64_t> up = shapeOf(getUpWeights()), down = shapeOf(getDownWeights());
+  if (up != gate || down[0] != gate[0] || gate[2] != getBuffer().getType().getDimSize(2) ||
+      down[1] != gate[2] || down[2] != gate[1])
+    return emitOpError("expected expert stacks that form MLPs of the blocks' width");
+  return success();
+}
+
+void DispatchGradOp::getAsmResultNames(OpAsmSetValueNameFn setName) { setName(getResult(), "dx"); }
+
+LogicalResult DispatchGradOp::verify() {
+  if (!agree(getResult(), 1, getGrad(), 2) || !agree(getResult(), 0, getSlots(), 0))
+    return emitOpError("expected one row per token, as wide as the blocks");
+  return success();
+}
+
 void RouterStatsGradOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
   setName(getResult(), "dgate");
 }

@@ -59,6 +59,29 @@ void expertsGrad(const float *dy, const float *x, int64_t tokens, int64_t hidden
                  const float *savedUp = nullptr, const float *savedOutput = nullptr,
                  double capacityFactor = 0);
 
+/// moe.combine_grad: at each kept slot (slots[t, j] >= 0, a row of the
+/// [E * C, H] blocks) doutputs[slot] = weights[t, j] dy[t] and dweights[t, j]
+/// = dy[t] . outputs[slot] (f64 sum); a dropped slot's dweights is 0, rows no
+/// slot names are not written. The caller checks the slots.
+void combineGrad(const float *dy, int64_t H, const float *outputs, const int32_t *slots,
+                 const float *weights, int64_t T, int64_t k, float *doutputs, float *dweights);
+
+/// moe.expert_ffn_grad: the blocks buf and dout read as [sources, El, C, H];
+/// per local expert l its counted rows of every source (in source order)
+/// through moe.mlp_grad (gate and up products recomputed): their input
+/// gradients into the same rows of dbuf, the expert's weight gradients
+/// (El consecutive [I, H] / [H, I] blocks, 0 for an expert no row reached).
+/// RuntimeError for a count outside [0, C].
+void expertFfnGrad(const float *dout, const float *buf, const int32_t *counts, int64_t sources,
+                   int64_t El, int64_t C, int64_t H, const std::vector<Matrix> &gate,
+                   const std::vector<Matrix> &up, const std::vector<Matrix> &down,
+                   Activation act, float *dbuf, float *dgate, float *dup, float *ddown);
+
+/// moe.dispatch_grad: dx[t] = sum over j (in order) with slots[t, j] >= 0 of
+/// dbuf[slots[t, j]] (rows of [E * C, H]); 0 for a token with none.
+void dispatchGrad(const float *dbuf, int64_t H, const int32_t *slots, int64_t T, int64_t k,
+                  float *dx);
+
 /// moe.router_stats_grad: one layer's dlogits [T, E] of aux_coef * aux +
 /// z_coef * z, given every layer's statistics [3, E].
 /// With sequences > 0 (statistics [3 + 2B, E]) the aux term is DeepSeek-V3's

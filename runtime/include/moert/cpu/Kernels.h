@@ -175,6 +175,10 @@ struct ExpertRows {
   int64_t count;
 };
 
+/// The groups' MLPs with cpu::experts' arithmetic in a training plan
+/// (moe.experts_saved's: linear, the activation, linear, group by group).
+void expertMlpsAsTraining(const std::vector<ExpertRows> &groups, Activation act);
+
 /// Groups with at most this many rows each take expertMlps' few-row path.
 constexpr int64_t kFewExpertRows = 16;
 
@@ -276,16 +280,20 @@ void dispatch(const float *x, int64_t T, int64_t H, const int32_t *experts, int6
 /// first counts[q*El + l] rows go through expert l's gated MLP (gate/up/down:
 /// El matrices) into the same rows of y [sources * El, C, H]. The math is
 /// cpu::mlp's, as in cpu::experts. RuntimeError for a count outside [0, C].
+/// `training`: with moe.experts_saved's arithmetic instead (a training
+/// plan: each block as one rank's experts computes its rows).
 void expertFfn(const float *buf, const int32_t *counts, int64_t sources, int64_t El, int64_t C,
                int64_t H, const std::vector<Matrix> &gate, const std::vector<Matrix> &up,
-               const std::vector<Matrix> &down, Activation act, float *y);
+               const std::vector<Matrix> &down, Activation act, float *y, bool training = false);
 
 /// moe.combine: out[t] = sum over j (in order) with slots[t, j] >= 0 of
 /// weights[t, j] * y[slots[t, j]] (a row of y [E * C, H]: dispatch's slots
 /// e * C + n are rows, so C is not needed); rows with no kept assignment are
 /// 0. The caller checks the slots against y's E * C rows.
+/// `expertOrder`: each token's outputs added in expert order instead (a
+/// training plan: as cpu::experts adds them).
 void combine(const float *y, int64_t H, const int32_t *slots, const float *weights, int64_t T,
-             int64_t k, float *out);
+             int64_t k, float *out, bool expertOrder = false);
 
 // The training loss (moe.cross_entropy, moe.router_stats, moe.lm_loss in
 // MoETrainingOps.td), accumulated in f64.

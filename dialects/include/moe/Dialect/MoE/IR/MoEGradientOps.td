@@ -231,6 +231,82 @@ def MoE_ExpertsGradOp : MoE_Op<"experts_grad", [Pure]> {
   let hasVerifier = 1;
 }
 
+def MoE_CombineGradOp : MoE_Op<"combine_grad", [Pure, AllTypesMatch<["outputs", "outputs_grad"]>]> {
+  let summary = "the gradients of moe.combine: the expert outputs' blocks and the routing weights";
+  let description = [{
+    The transpose of moe.combine's weighted sum at the kept slots
+    (`slots[t, j] >= 0`): `outputs_grad[slots[t, j]] = weights[t, j]
+    grad[t]` and `weights_grad[t, j] = grad[t] . outputs[slots[t, j]]`
+    (summed in f64); a dropped slot's weights_grad is 0 and rows that no
+    slot names are left undefined (moe.expert_ffn_grad reads only a block's
+    first counts rows). The blocks then travel to their experts as the
+    forward's did (all_to_all under expert parallelism).
+
+    ```mlir
+    %dout, %dw = moe.combine_grad %dy, %back, %slots, %routing_weights : tensor<?x64xf32>, tensor<8x64x64xf32>, tensor<?x2xi32>, tensor<?x2xf32> -> tensor<8x64x64xf32>, tensor<?x2xf32>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$grad, 3DTensorOf<[F32]>:$outputs,
+                       2DTensorOf<[I32]>:$slots, MoE_Activations:$weights);
+  let results = (outs 3DTensorOf<[F32]>:$outputs_grad, MoE_Activations:$weights_grad);
+  let assemblyFormat = [{
+    $grad `,` $outputs `,` $slots `,` $weights attr-dict `:` type($grad) `,` type($outputs) `,`
+    type($slots) `,` type($weights) `->` type($outputs_grad) `,` type($weights_grad)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_ExpertFFNGradOp : MoE_Op<"expert_ffn_grad", [Pure, AllTypesMatch<["grad", "buffer", "buffer_grad"]>]> {
+  let summary = "the gradients of moe.expert_ffn: its blocks and the local expert stacks";
+  let description = [{
+    `buffer` [E, C, H] read as [n, El, C, H] as moe.expert_ffn reads it (the
+    blocks its forward ran on) and `grad` its outputs' gradient in the same
+    layout: per local expert l, over the rows `r < counts[q El + l]` of
+    every source q in order, moe.mlp_grad of slice l (its gate and up
+    products recomputed from the block) gives `buffer_grad`'s rows and the
+    slice's weight gradients, summed over all of the expert's rows (f32).
+    An expert no row reached has weight gradients of exactly 0; rows past
+    the counts are left undefined.
+
+    ```mlir
+    %dbuf, %d1, %d3, %d2 = moe.expert_ffn_grad silu %dout, %rbuf, %rcounts, %w1, %w3, %w2 : tensor<8x64x64xf32>, tensor<8x64x64xf32>, tensor<8xi32>, tensor<4x48x64xf32>, tensor<4x48x64xf32>, tensor<4x64x48xf32> -> tensor<8x64x64xf32>, tensor<4x48x64xf32>, tensor<4x48x64xf32>, tensor<4x64x48xf32>
+    ```
+  }];
+  let arguments = (ins 3DTensorOf<[F32]>:$grad, 3DTensorOf<[F32]>:$buffer,
+                       1DTensorOf<[I32]>:$counts, MoE_ExpertStack:$gate_weights,
+                       MoE_ExpertStack:$up_weights, MoE_ExpertStack:$down_weights,
+                       MoE_Activation:$activation);
+  let results = (outs 3DTensorOf<[F32]>:$buffer_grad, 3DTensorOf<[F32]>:$gate_weights_grad,
+                      3DTensorOf<[F32]>:$up_weights_grad, 3DTensorOf<[F32]>:$down_weights_grad);
+  let assemblyFormat = [{
+    $activation $grad `,` $buffer `,` $counts `,` $gate_weights `,` $up_weights `,`
+    $down_weights attr-dict `:` type($grad) `,` type($buffer) `,` type($counts) `,`
+    type($gate_weights) `,` type($up_weights) `,` type($down_weights) `->`
+    type($buffer_grad) `,` type($gate_weights_grad) `,` type($up_weights_grad) `,`
+    type($down_weights_grad)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_DispatchGradOp : MoE_NamedResultOp<"dispatch_grad"> {
+  let summary = "the gradient of moe.dispatch's input: each token's slots summed back";
+  let description = [{
+    `result[t] = sum_j grad[slots[t, j]]` over the kept slots, j in order
+    (f32); a token whose choices were all dropped gets 0 (its value reached
+    the output only through the residual).
+
+    ```mlir
+    %dx = moe.dispatch_grad %dbuf, %slots : tensor<8x64x64xf32>, tensor<?x2xi32> -> tensor<?x64xf32>
+    ```
+  }];
+  let arguments = (ins 3DTensorOf<[F32]>:$grad, 2DTensorOf<[I32]>:$slots);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $grad `,` $slots attr-dict `:` type($grad) `,` type($slots) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
 def MoE_RouterStatsGradOp : MoE_NamedResultOp<"router_stats_grad"> {
   let summary = "d(aux_coef aux + z_coef z) / d(one layer's router logits)";
   let description = [{
