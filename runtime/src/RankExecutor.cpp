@@ -71,7 +71,8 @@ void RankExecutor::prepare(const Plan &plan, int64_t rank, const Checkpoint &wei
     const PlanWeight &w = bound[i];
     if (!std::binary_search(states.begin(), states.end(), "master:" + w.name))
       continue;
-    const PlanSlice *slice = plan.layout->slice(rank, w.experts ? w.expertName(0) : w.name);
+    const PlanSlice *slice = plan.layout->slice(
+        rank, w.experts ? w.expertName(plan.ranks.at(rank).coords.ep * w.experts) : w.name);
     std::vector<float> values;
     if (slice && slice->dtype == DType::F32)
       values = checkpointValues(plan, rank, weights, w);

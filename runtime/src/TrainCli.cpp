@@ -201,14 +201,56 @@ DType storedDtype(const PlanLayout &layout, const PlanWeight &w) {
   return s ? s->dtype : w.dtype;
 }
 
+/// Expert parallelism: the weight of state or weight name `of` when it is an
+/// expert stack whose experts the ranks of an ep group split (each holds
+/// its member's consecutive experts), else null.
+const PlanWeight *splitOverEp(const Plan &plan, const PlanProgram &program,
+                              const std::string &of) {
+  if (plan.degrees.ep <= 1)
+    return nullptr;
+  for (const PlanWeight &w : program.weights)
+    if (w.name == of && w.experts > 0)
+      return &w;
+  return nullptr;
+}
+
+/// The whole stack of `w` split over ep: every expert, its leading
+/// dimension theirs.
+PlanWeight wholeStack(const Plan &plan, const PlanWeight &w) {
+  PlanWeight whole = w;
+  whole.experts = w.experts * plan.degrees.ep;
+  whole.shape[0] = whole.experts;
+  return whole;
+}
+
+/// `own` (this rank's experts of a stack split over ep) gathered over its
+/// ep group, in member order: the whole stack's values.
+void gatherExperts(const Plan &plan, Comm &comm, const std::string &name,
+                   const std::vector<float> &own, std::vector<float> &out) {
+  const std::vector<int> group = plan.groupOf(
+      comm.rank(), {CollectiveGroup::Mesh::Experts, CollectiveGroup::Axis::EP});
+  out.resize(own.size() * group.size());
+  comm.allGather(own.data(), static_cast<int64_t>(own.size()) * 4, out.data(), group,
+                 fmt::format("the experts of '{}'", name));
+}
+
 /// State `name`'s whole logical values on rank 0, the writer (a ZeRO
 /// shard's gathered from every replica of the world, data-parallel training
-/// making every rank one, in replica order); other ranks get them only for
-/// a shard, where they take part. Every rank calls it, for the same states
-/// in the same order.
-void readWholeState(RankExecutor &executor, Comm &comm, const std::string &name,
-                    std::vector<float> &out) {
+/// making every rank one, in replica order; an expert stack's split over ep
+/// gathered over the ep group); other ranks get them only for a shard,
+/// where they take part. Every rank calls it, for the same states in the
+/// same order.
+void readWholeState(const Plan &plan, const PlanProgram &program, RankExecutor &executor,
+                    Comm &comm, const std::string &name, std::vector<float> &out) {
   const StateShard shard = executor.stateShard(name);
+  if (splitOverEp(plan, program, name.substr(name.find(':') + 1))) {
+    std::vector<float> own;
+    executor.readState(name, own);
+    gatherExperts(plan, comm, name, own, out);
+    if (comm.rank() != 0)
+      out.clear();
+    return;
+  }
   if (!shard.sharded) {
     if (comm.rank() == 0)
       executor.readState(name, out);
@@ -228,11 +270,11 @@ void readWholeState(RankExecutor &executor, Comm &comm, const std::string &name,
 }
 
 /// The trained weights by checkpoint name (`values` keeps them; a bf16
-/// weight's are its f32 master's, gathered when sharded: every rank calls
-/// it, rank 0 gets them, the others none): f32, or with `layout` each in
-/// the dtype of its slices (a checkpoint the plan loads: f32 for
-/// --param-dtype bf16).
-std::vector<TensorToWrite> trainedWeights(RankExecutor &executor, Comm &comm,
+/// weight's are its f32 master's, gathered when sharded or split over ep:
+/// every rank calls it, rank 0 gets them, the others none): f32, or with
+/// `layout` each in the dtype of its slices (a checkpoint the plan loads:
+/// f32 for --param-dtype bf16).
+std::vector<TensorToWrite> trainedWeights(const Plan &plan, RankExecutor &executor, Comm &comm,
                                           const PlanProgram &program,
                                           std::vector<std::vector<float>> &values,
                                           const PlanLayout *layout = nullptr) {
@@ -241,12 +283,19 @@ std::vector<TensorToWrite> trainedWeights(RankExecutor &executor, Comm &comm,
   const std::vector<std::string> states = executor.stateNames();
   for (size_t i = 0; i < program.weights.size(); ++i) {
     const PlanWeight &w = program.weights[i];
-    if (std::binary_search(states.begin(), states.end(), "master:" + w.name))
-      readWholeState(executor, comm, "master:" + w.name, values[i]);
-    else if (comm.rank() == 0)
+    const PlanWeight *split = splitOverEp(plan, program, w.name);
+    if (std::binary_search(states.begin(), states.end(), "master:" + w.name)) {
+      readWholeState(plan, program, executor, comm, "master:" + w.name, values[i]);
+    } else if (split) {
+      std::vector<float> own;
+      executor.readWeight(i, own);
+      gatherExperts(plan, comm, w.name, own, values[i]);
+    } else if (comm.rank() == 0) {
       executor.readWeight(i, values[i]);
+    }
     if (comm.rank() == 0)
-      appendByName(w, values[i], tensors, layout ? storedDtype(*layout, w) : DType::F32);
+      appendByName(split ? wholeStack(plan, w) : w, values[i], tensors,
+                   layout ? storedDtype(*layout, w) : DType::F32);
   }
   return tensors;
 }
@@ -257,11 +306,12 @@ std::vector<TensorToWrite> trainedWeights(RankExecutor &executor, Comm &comm,
 /// state the checkpoint lacks starts as zeros: the gradient sums and expert
 /// loads between two updates), each in its weight's shape. Every rank
 /// calls it (ZeRO shards are gathered); rank 0 writes.
-void saveCheckpoint(RankExecutor &executor, Comm &comm, const PlanProgram &program,
-                    const TrainRun &run, const TrainingProgress &progress) {
+void saveCheckpoint(const Plan &plan, RankExecutor &executor, Comm &comm,
+                    const PlanProgram &program, const TrainRun &run,
+                    const TrainingProgress &progress) {
   std::vector<std::vector<float>> values;
   std::vector<TensorToWrite> tensors =
-      trainedWeights(executor, comm, program, values, run.layout.get());
+      trainedWeights(plan, executor, comm, program, values, run.layout.get());
   std::vector<TensorToWrite> state;
   std::vector<std::vector<float>> stateValues;
   for (const std::string &name : executor.stateNames()) {
@@ -274,12 +324,16 @@ void saveCheckpoint(RankExecutor &executor, Comm &comm, const PlanProgram &progr
         storedDtype(*run.layout, *w) == DType::F32)
       continue;
     std::vector<float> v;
-    readWholeState(executor, comm, name, v);
+    readWholeState(plan, program, executor, comm, name, v);
     if (comm.rank() != 0 || std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; }))
       continue;
     std::vector<int64_t> shape{static_cast<int64_t>(v.size())};
-    if (w != program.weights.end() && TensorView{DType::F32, w->shape, nullptr}.numel() == shape[0])
-      shape = w->shape;
+    if (w != program.weights.end()) {
+      const std::vector<int64_t> whole =
+          splitOverEp(plan, program, w->name) ? wholeStack(plan, *w).shape : w->shape;
+      if (TensorView{DType::F32, whole, nullptr}.numel() == shape[0])
+        shape = whole;
+    }
     stateValues.push_back(std::move(v));
     state.push_back({name, DType::F32, shape, [&stateValues, i = stateValues.size() - 1](char *to) {
                        std::memcpy(to, stateValues[i].data(), stateValues[i].size() * 4);
@@ -427,7 +481,7 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
     }
     if (!run.save.empty() &&
         ((run.saveEvery > 0 && (step + 1) % run.saveEvery == 0) || step + 1 == run.steps))
-      saveCheckpoint(executor, comm, program, run,
+      saveCheckpoint(plan, executor, comm, program, run,
                      {step + 1, consumed, M, L, B, run.start.shuffleSeed});
     progress.add(1);
   }
@@ -436,7 +490,7 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
     writeFileAtomically(run.metricsOut, metrics);
   if (!run.weightsOut.empty()) {
     std::vector<std::vector<float>> values;
-    std::vector<TensorToWrite> trained = trainedWeights(executor, comm, program, values);
+    std::vector<TensorToWrite> trained = trainedWeights(plan, executor, comm, program, values);
     if (lead)
       writeSafetensors(run.weightsOut, trained);
   }
@@ -445,8 +499,9 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
 /// --resume: the checkpoint's progress (its update's shape must be the
 /// plan's) and its state buffers into the executor's.
 TrainingProgress resumeFrom(const std::string &dir, const Checkpoint &checkpoint,
-                            RankExecutor &executor, const PlanProgram &optimizer, int64_t B,
-                            int64_t L, int64_t steps, int64_t shuffleSeed) {
+                            RankExecutor &executor, const Plan &plan, int rank,
+                            const PlanProgram &optimizer, int64_t B, int64_t L, int64_t steps,
+                            int64_t shuffleSeed) {
   const ShardedCheckpoint *sharded = checkpoint.shardedCheckpoint();
   if (!sharded || !sharded->training())
     inputError("--resume {}: not a training checkpoint (moert train --save writes one)", dir);
@@ -470,11 +525,20 @@ TrainingProgress resumeFrom(const std::string &dir, const Checkpoint &checkpoint
                  dir, t.name);
     std::vector<float> values(t.bytes() / 4);
     sharded->assemble(t, reinterpret_cast<char *>(values.data()));
-    // (A ZeRO shard takes its rows of the whole.)
-    const int64_t expected = executor.stateShard(t.name).logicalElements;
+    // (A ZeRO shard takes its rows of the whole; a stack split over ep its
+    // member's experts.)
+    const int64_t members =
+        splitOverEp(plan, optimizer, t.name.substr(t.name.find(':') + 1)) ? plan.degrees.ep : 1;
+    const int64_t expected = executor.stateShard(t.name).logicalElements * members;
     if (static_cast<int64_t>(values.size()) != expected)
       inputError("{}/manifest.json: training.state: '{}' has {} values, the plan's {}", dir,
                  t.name, values.size(), expected);
+    if (members > 1) {
+      const size_t part = values.size() / static_cast<size_t>(members),
+                   member = static_cast<size_t>(plan.ranks.at(rank).coords.ep);
+      values = std::vector<float>(values.begin() + member * part,
+                                  values.begin() + (member + 1) * part);
+    }
     executor.writeState(t.name, values);
   }
   return p;
@@ -621,7 +685,8 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     const PlanProgram &optimizer = *plan.entriesOf(comm.rank()).back();
     run.start.shuffleSeed = shuffleSeed;
     if (!resume.empty())
-      run.start = resumeFrom(resume, *checkpoint, *executor, optimizer, B, L, steps, shuffleSeed);
+      run.start = resumeFrom(resume, *checkpoint, *executor, plan, comm.rank(), optimizer, B, L,
+                             steps, shuffleSeed);
     if (optimizer.microBatches % plan.degrees.dp)
       inputError("{}: {} micro-batches of an update do not split between {} data-parallel "
                  "replicas",

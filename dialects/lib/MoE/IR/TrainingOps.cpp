@@ -208,7 +208,7 @@ LogicalResult ExpertsGradOp::verify() {
 
 LogicalResult CombineGradOp::verify() {
   if (getSlots().getType().getShape() != getWeights().getType().getShape() ||
-      getWeightsGrad().getType() != getWeights().getType())
+      shapeOf(getWeightsGrad()) != shapeOf(getWeights()))
     return emitOpError("expected slots, weights and their gradient of the same shape");
   if (!agree(getGrad(), 1, getOutputs(), 2) || !agree(getGrad(), 0, getSlots(), 0))
     return emitOpError("expected one gradient row per token, as wide as the expert outputs");

@@ -246,9 +246,9 @@ def MoE_CombineGradOp : MoE_Op<"combine_grad", [Pure, AllTypesMatch<["outputs", 
     %dout, %dw = moe.combine_grad %dy, %back, %slots, %routing_weights : tensor<?x64xf32>, tensor<8x64x64xf32>, tensor<?x2xi32>, tensor<?x2xf32> -> tensor<8x64x64xf32>, tensor<?x2xf32>
     ```
   }];
-  let arguments = (ins MoE_Activations:$grad, 3DTensorOf<[F32]>:$outputs,
+  let arguments = (ins MoE_Activations:$grad, 3DTensorOf<[AnyFloat]>:$outputs,
                        2DTensorOf<[I32]>:$slots, MoE_Activations:$weights);
-  let results = (outs 3DTensorOf<[F32]>:$outputs_grad, MoE_Activations:$weights_grad);
+  let results = (outs 3DTensorOf<[AnyFloat]>:$outputs_grad, MoE_Activations:$weights_grad);
   let assemblyFormat = [{
     $grad `,` $outputs `,` $slots `,` $weights attr-dict `:` type($grad) `,` type($outputs) `,`
     type($slots) `,` type($weights) `->` type($outputs_grad) `,` type($weights_grad)
@@ -272,11 +272,11 @@ def MoE_ExpertFFNGradOp : MoE_Op<"expert_ffn_grad", [Pure, AllTypesMatch<["grad"
     %dbuf, %d1, %d3, %d2 = moe.expert_ffn_grad silu %dout, %rbuf, %rcounts, %w1, %w3, %w2 : tensor<8x64x64xf32>, tensor<8x64x64xf32>, tensor<8xi32>, tensor<4x48x64xf32>, tensor<4x48x64xf32>, tensor<4x64x48xf32> -> tensor<8x64x64xf32>, tensor<4x48x64xf32>, tensor<4x48x64xf32>, tensor<4x64x48xf32>
     ```
   }];
-  let arguments = (ins 3DTensorOf<[F32]>:$grad, 3DTensorOf<[F32]>:$buffer,
+  let arguments = (ins 3DTensorOf<[AnyFloat]>:$grad, 3DTensorOf<[AnyFloat]>:$buffer,
                        1DTensorOf<[I32]>:$counts, MoE_ExpertStack:$gate_weights,
                        MoE_ExpertStack:$up_weights, MoE_ExpertStack:$down_weights,
                        MoE_Activation:$activation);
-  let results = (outs 3DTensorOf<[F32]>:$buffer_grad, 3DTensorOf<[F32]>:$gate_weights_grad,
+  let results = (outs 3DTensorOf<[AnyFloat]>:$buffer_grad, 3DTensorOf<[F32]>:$gate_weights_grad,
                       3DTensorOf<[F32]>:$up_weights_grad, 3DTensorOf<[F32]>:$down_weights_grad);
   let assemblyFormat = [{
     $activation $grad `,` $buffer `,` $counts `,` $gate_weights `,` $up_weights `,`
@@ -299,7 +299,7 @@ def MoE_DispatchGradOp : MoE_NamedResultOp<"dispatch_grad"> {
     %dx = moe.dispatch_grad %dbuf, %slots : tensor<8x64x64xf32>, tensor<?x2xi32> -> tensor<?x64xf32>
     ```
   }];
-  let arguments = (ins 3DTensorOf<[F32]>:$grad, 2DTensorOf<[I32]>:$slots);
+  let arguments = (ins 3DTensorOf<[AnyFloat]>:$grad, 2DTensorOf<[I32]>:$slots);
   let results = (outs MoE_Activations:$result);
   let assemblyFormat = [{
     $grad `,` $slots attr-dict `:` type($grad) `,` type($slots) `->` type($result)
