@@ -281,6 +281,12 @@ std::vector<std::vector<int>> groupsOf(const Plan &plan, int64_t rank,
   return groups;
 }
 
+/// A step in messages: in a training program with its update and
+/// micro-batch (trainingStep), else "step N (op over axis)".
+std::string named(const Context &c, size_t index, const PlanStep &s) {
+  return c.phase && !c.phase->empty() ? trainingStep(c, index, s) : describe(index, s);
+}
+
 int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
   switch (s.op->collective) {
   case Collective::AllReduce:
@@ -290,7 +296,7 @@ int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
       addInFixedOrder(c, s, c.groups.at(index), trainingStep(c, index, s),
                       (in.rows * in.width + members - 1) / members, /*gather=*/true);
     } else {
-      allReduce(c, s, rows, c.groups.at(index), describe(index, s));
+      allReduce(c, s, rows, c.groups.at(index), named(c, index, s));
     }
     return -1;
   case Collective::AllGather:
@@ -298,10 +304,10 @@ int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
       allGatherWeight(c, s, c.groups.at(index),
                       trainingStep(c, index, s));
     else
-      allGather(c, s, rows, c.groups.at(index), describe(index, s));
+      allGather(c, s, rows, c.groups.at(index), named(c, index, s));
     return -1;
   case Collective::AllToAll:
-    return allToAll(c, s, c.groups.at(index), describe(index, s));
+    return allToAll(c, s, c.groups.at(index), named(c, index, s));
   case Collective::ReduceScatter:
     if (s.in.size() == s.out.size()) // ZeRO-1's, in place
       addInFixedOrder(c, s, c.groups.at(index), trainingStep(c, index, s),

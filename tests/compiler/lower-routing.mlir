@@ -41,3 +41,29 @@ module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64
   }
 }
 
+
+// -----
+
+// A training program under expert parallelism: moe.experts_saved and its
+// moe.experts_grad become the lowered forward and its transpose over the
+// same blocks (the saved intermediates are not needed: expert_ffn_grad
+// recomputes the gate and up products from the blocks it is given).
+// DROPLESS-LABEL: func.func @train
+// DROPLESS:       %[[B:.+]], %[[C:.+]], %[[S:.+]] = moe.dispatch %arg0, %arg2 capacity = 16
+// DROPLESS-NEXT:  %[[O:.+]] = moe.expert_ffn silu %[[B]], %[[C]], %arg3, %arg4, %arg5
+// DROPLESS-NEXT:  %[[Y:.+]] = moe.combine %[[O]], %[[S]], %arg1
+// DROPLESS-NEXT:  %[[DO:.+]], %[[DW:.+]] = moe.combine_grad %arg6, %[[O]], %[[S]], %arg1 : tensor<?x64xf32>, tensor<8x16x64xf32>, tensor<?x2xi32>, tensor<?x2xf32> -> tensor<8x16x64xf32>, tensor<?x2xf32>
+// DROPLESS-NEXT:  %[[DB:.+]], %[[DG:.+]], %[[DU:.+]], %[[DD:.+]] = moe.expert_ffn_grad silu %[[DO]], %[[B]], %[[C]], %arg3, %arg4, %arg5
+// DROPLESS-NEXT:  %[[DX:.+]] = moe.dispatch_grad %[[DB]], %[[S]] : tensor<8x16x64xf32>, tensor<?x2xi32> -> tensor<?x64xf32>
+// DROPLESS-NEXT:  return %[[Y]], %[[DX]], %[[DW]], %[[DG]], %[[DU]], %[[DD]]
+// With a capacity the blocks have C = 5 slots, the gradients' as well.
+// CAP-LABEL: func.func @train
+// CAP:         moe.dispatch {{.*}} capacity = 5
+// CAP:         moe.expert_ffn_grad silu {{.*}} : tensor<8x5x64xf32>
+module attributes {moe.workload = {max_batch_tokens = 16 : i64, max_seq_len = 64 : i64, max_sequences = 2 : i64}, moe.sharding = {dp = 2 : i64, pp = 1 : i64, tp = 1 : i64, ep = 2 : i64, etp = 1 : i64}} {
+  func.func @train(%x: tensor<?x64xf32>, %w: tensor<?x2xf32>, %e: tensor<?x2xi32>, %g: tensor<8x48x64xf32>, %u: tensor<8x48x64xf32>, %d: tensor<8x64x48xf32>, %dy: tensor<?x64xf32>) -> (tensor<?x64xf32>, tensor<?x64xf32>, tensor<?x2xf32>, tensor<8x48x64xf32>, tensor<8x48x64xf32>, tensor<8x64x48xf32>) {
+    %y, %sg, %su, %so = moe.experts_saved silu %x, %w, %e, %g, %u, %d : tensor<?x64xf32>, tensor<?x2xf32>, tensor<?x2xi32>, tensor<8x48x64xf32>, tensor<8x48x64xf32>, tensor<8x64x48xf32> -> tensor<?x64xf32>, tensor<?x96xf32>, tensor<?x96xf32>, tensor<?x128xf32>
+    %dx, %dw, %d1, %d3, %d2 = moe.experts_grad silu %dy, %x, %w, %e, %g, %u, %d saved(%sg, %su, %so : tensor<?x96xf32>, tensor<?x96xf32>, tensor<?x128xf32>) : tensor<?x64xf32>, tensor<?x64xf32>, tensor<?x2xf32>, tensor<?x2xi32>, tensor<8x48x64xf32>, tensor<8x48x64xf32>, tensor<8x64x48xf32> -> tensor<?x64xf32>, tensor<?x2xf32>, tensor<8x48x64xf32>, tensor<8x48x64xf32>, tensor<8x64x48xf32>
+    return %y, %dx, %dw, %d1, %d3, %d2 : tensor<?x64xf32>, tensor<?x64xf32>, tensor<?x2xf32>, tensor<8x48x64xf32>, tensor<8x48x64xf32>, tensor<8x64x48xf32>
+  }
+}
