@@ -38,6 +38,8 @@ llvm::Error chooseRecompute(mlir::MLIRContext &context, mlir::ModuleOp module,
 /// What chooseTrainingLayout may choose and within what.
 struct TrainingChoice {
   bool recomputeAuto = false, zeroAuto = false;
+  /// No --ep over replicas: expert parallelism is the planner's choice too.
+  bool expertsAuto = false;
   int64_t budget = 0; ///< bytes a rank may hold (0: 90% of the CPU machine's share)
   const hf::ModelConfig *config = nullptr;
 };

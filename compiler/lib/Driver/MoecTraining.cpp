@@ -128,6 +128,9 @@ cl::opt<int64_t> globalBatchSize(
              "gradients of its micro-batches are averaged; default: one micro-batch)"),
     cl::init(0), cl::sub(driver::compileSubcommand()), cl::cat(training));
 
+/// --ep given with --train (trainingOptions): no choice of it left.
+bool expertsGiven = false;
+
 } // namespace
 
 /// --recompute auto and --zero auto (not given with --dp N): the planner's
@@ -137,6 +140,7 @@ Error driver::chooseRecompute(mlir::MLIRContext &context, mlir::ModuleOp module,
   TrainingChoice request;
   request.recomputeAuto = recompute == "auto";
   request.zeroAuto = zeroStage.getNumOccurrences() == 0;
+  request.expertsAuto = request.zeroAuto && !expertsGiven;
   request.budget = memoryBudget.getNumOccurrences() ? int64_t(memoryBudget) : 0;
   request.config = &config;
   return chooseTrainingLayout(context, module, options, request);
@@ -202,6 +206,7 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
                     " (data and expert parallelism: every rank a replica), not " +
                     Twine(l.worldSize));
     experts = std::max<int64_t>(l.ep, 1);
+    expertsGiven = l.ep > 0;
     replicas = l.dp ? l.dp : l.worldSize ? l.worldSize : experts;
     if (replicas < 1)
       return refuse("--train: expected --world-size N or --dp N with N >= 1");

@@ -1,10 +1,11 @@
 //===- MoecTrainingLayout.cpp - a training plan's memory and time --*- C++ -*-===//
 //
 // The planner's training mode (docs/training.md, "Choosing ZeRO and
-// recompute"): each candidate (ZeRO stage over the data-parallel replicas,
-// what the backward pass recomputes) gets the training memory model of the
-// programs it compiles to (moe::rankProgramMemory: what moert train
-// --report-memory measures) and a time model of one update on a rank; the
+// recompute"): each candidate (expert parallelism and the ZeRO stage over
+// the data-parallel replicas, what the backward pass recomputes) gets the
+// training memory model of the programs it compiles to
+// (moe::rankProgramMemory: what moert train --report-memory measures) and
+// a time model of one update on a rank; the
 // fastest candidate whose memory fits the budget is chosen, and --explain
 // prints them all with the share of the update that is communication no
 // computation hides.
@@ -44,9 +45,13 @@ struct Workload {
   double active = 0;           ///< multiply-add parameters a token uses
   double activeExperts = 0;    ///< of which in routed experts
   int64_t tensors = 0;         ///< trained tensors (collectives per kind)
+  double expertParameters = 0; ///< trained elements of routed expert stacks
+  int64_t expertTensors = 0;   ///< routed expert stacks (3 per MoE layer)
 };
 
-Workload workloadOf(mlir::ModuleOp module, const hf::ModelConfig &config) {
+/// (`ep`: the programs' expert stacks hold 1/ep of the experts each; the
+/// workload is the whole model's.)
+Workload workloadOf(mlir::ModuleOp module, const hf::ModelConfig &config, int64_t ep) {
   Workload w;
   // The weights the train program differentiates (the optimizer's).
   for (auto program : module.getOps<exec::ProgramOp>()) {
@@ -56,7 +61,8 @@ Workload workloadOf(mlir::ModuleOp module, const hf::ModelConfig &config) {
     for (mlir::Value trained : ret.getGradientOf()) {
       auto weight = trained.getDefiningOp<exec::WeightOp>();
       auto type = cast<mlir::RankedTensorType>(weight.getTensorType());
-      const double n = static_cast<double>(type.getNumElements());
+      const double n = static_cast<double>(type.getNumElements()) *
+                       (weight.getExpertsAttr() ? static_cast<double>(ep) : 1.0);
       w.parameters += n;
       w.weightBytes += n * (type.getElementType().isBF16() ? 2 : 4);
       ++w.tensors;
@@ -64,6 +70,8 @@ Workload workloadOf(mlir::ModuleOp module, const hf::ModelConfig &config) {
       const bool lookup = weight.getTensor().ends_with("embed_tokens.weight") &&
                           !config.tieWordEmbeddings;
       if (weight.getExpertsAttr() && config.numExperts > 0) {
+        w.expertParameters += n;
+        ++w.expertTensors;
         const double used = n * static_cast<double>(config.expertsPerToken) /
                             static_cast<double>(config.numExperts);
         w.active += used;
@@ -92,12 +100,19 @@ struct UpdateTime {
 /// the fixed-order all_reduce of the sums and errors (4 f32 per parameter
 /// x (N - 1) / N; ZeRO-1: its reduce_scatter half), ZeRO's all_gather of
 /// the weights ((N - 1) / N of their bytes), ZeRO-2's reduce_scatter per
-/// micro-batch instead (2 f32 per parameter x (N - 1) / N each).
+/// micro-batch instead (2 f32 per parameter x (N - 1) / N each). Expert
+/// parallelism over ep of the replicas: a rank holds and updates 1/ep of
+/// the routed experts, whose sums go over edp = N / ep replicas only, and
+/// sends (ep - 1) / ep of its routed rows (k per token, H f32 each) four
+/// times per MoE layer and micro-batch (the blocks and the outputs, then
+/// their gradients).
 UpdateTime updateTime(const Workload &w, const sharding::Cluster &machine, int64_t replicas,
-                      int64_t zero, const Recompute &recompute, double tokensPerMicroBatch,
-                      int64_t microBatchesPerReplica, bool bf16, bool optimizer) {
+                      int64_t ep, int64_t zero, const Recompute &recompute,
+                      double tokensPerMicroBatch, int64_t microBatchesPerReplica, bool bf16,
+                      bool optimizer, const hf::ModelConfig &config) {
   UpdateTime t;
   const double N = static_cast<double>(replicas), share = static_cast<double>(microBatchesPerReplica);
+  const double E = static_cast<double>(ep), dense = w.parameters - w.expertParameters;
   // The CPU machine's ranks are processes sharing its cores and memory.
   const double ways = machine.name == "cpu" ? N : 1;
   const double peak = machine.peakFlops(bf16 ? sharding::DType::BF16 : sharding::DType::F32) / ways;
@@ -107,12 +122,22 @@ UpdateTime updateTime(const Workload &w, const sharding::Cluster &machine, int64
   else if (recompute.experts)
     flopsPerToken += 2 * w.activeExperts;
   t.compute = share * tokensPerMicroBatch * flopsPerToken / peak;
-  const double updated = zero >= 1 ? w.parameters / N : w.parameters;
+  const double held = dense + w.expertParameters / E;
+  const double updated = zero >= 1 ? held / N : held;
   t.optimizer = optimizer ? 7 * 4 * updated / (machine.memoryBandwidth / ways) : 0;
   if (replicas > 1) {
     const double others = (N - 1) / N;
     double collectives = 0;
-    if (zero == 0) {
+    if (ep > 1) { // (ZeRO 0 only)
+      const double edp = N / E;
+      t.commBytes += 4 * 4 * dense * others + 4 * 4 * (w.expertParameters / E) * (edp - 1) / edp;
+      collectives += 2 * static_cast<double>(w.tensors - (edp > 1 ? 0 : w.expertTensors)) + 1;
+      const double moeLayers = static_cast<double>(w.expertTensors) / 3;
+      t.commBytes += share * moeLayers * 4 * tokensPerMicroBatch *
+                     static_cast<double>(config.expertsPerToken) *
+                     static_cast<double>(config.hiddenSize) * 4 * (E - 1) / E;
+      collectives += share * moeLayers * 4;
+    } else if (zero == 0) {
       t.commBytes += 4 * 4 * w.parameters * others;
       collectives += 2 * static_cast<double>(w.tensors);
     } else if (zero == 1) { // the reduce_scatter half of it
@@ -135,6 +160,7 @@ UpdateTime updateTime(const Workload &w, const sharding::Cluster &machine, int64
 }
 
 struct Candidate {
+  int64_t ep;
   int64_t zero;
   Recompute recompute;
   UpdateTime time;
@@ -161,6 +187,8 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
     trial.recomputeLayers = c.recompute.layers;
     if (trial.optimizer)
       trial.optimizer->zero = c.zero;
+    if (trial.layout)
+      trial.layout->ep = c.ep;
     trial.output.clear();
     trial.explain = false;
     trial.target = "cpu"; // (the memory is the programs', whatever the target)
@@ -189,31 +217,39 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
     recomputes = {kNone, kSelective, kFull};
   else
     recomputes = {kNone, kFull};
+  // Expert parallelism: as given, or (the planner's layout) every degree
+  // that divides the replicas and the experts.
+  SmallVector<int64_t> eps{options.layout ? options.layout->ep : 1};
+  if (request.expertsAuto && replicas > 1 && options.optimizer)
+    for (int64_t ep = 2; ep <= replicas; ++ep)
+      if (replicas % ep == 0 && request.config->numExperts % ep == 0)
+        eps.push_back(ep);
   SmallVector<int64_t> zeros;
-  // (ZeRO over expert parallelism is not built yet: stage 0 there.)
-  const bool expertParallel = options.layout && options.layout->ep > 1;
-  if (request.zeroAuto && replicas > 1 && options.optimizer && !expertParallel)
+  if (request.zeroAuto && replicas > 1 && options.optimizer)
     zeros = {0, 1, 2};
   else
     zeros = {options.optimizer ? options.optimizer->zero : 0};
   SmallVector<Candidate> candidates;
-  for (int64_t zero : zeros)
-    for (const Recompute &r : recomputes)
-      candidates.push_back({zero, r, {}, std::nullopt});
+  for (int64_t ep : eps)
+    for (int64_t zero : zeros)
+      for (const Recompute &r : recomputes)
+        // (ZeRO over expert parallelism is not built yet: stage 0 there.)
+        if (ep == 1 || zero == 0)
+          candidates.push_back({ep, zero, r, {}, std::nullopt});
 
   // The time model needs the trained weights: the first candidate's
   // programs give them.
   mlir::ModuleOp first;
   if (Error e = measure(candidates.front(), &first))
     return e;
-  const Workload work = workloadOf(first, *request.config);
+  const Workload work = workloadOf(first, *request.config, candidates.front().ep);
   first.erase();
   const int64_t micro = options.optimizer ? options.optimizer->microBatches : 1;
   const bool bf16 = work.weightBytes < 3 * work.parameters; // (bf16 compute weights)
   for (Candidate &c : candidates)
-    c.time = updateTime(work, machine, replicas, c.zero, c.recompute,
+    c.time = updateTime(work, machine, replicas, c.ep, c.zero, c.recompute,
                         double(options.maxBatchTokens), std::max<int64_t>(1, micro / replicas),
-                        bf16, options.optimizer.has_value());
+                        bf16, options.optimizer.has_value(), *request.config);
   // The fastest that fits; measured in that order (all of them to explain).
   SmallVector<size_t> order(candidates.size());
   std::iota(order.begin(), order.end(), 0);
@@ -225,7 +261,8 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
       request.zeroAuto && replicas > 1 ? "training layout" : "--recompute auto";
   auto named = [&](const Candidate &c) {
     return std::string(c.recompute.what) +
-           (replicas > 1 ? formatv(", ZeRO-{0}", c.zero).str() : std::string());
+           (replicas > 1 ? formatv(", ZeRO-{0}", c.zero).str() : std::string()) +
+           (c.ep > 1 ? formatv(", experts split over ep = {0}", c.ep).str() : std::string());
   };
   std::optional<size_t> chosen;
   for (size_t i : order) {
@@ -259,9 +296,12 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
   options.recomputeLayers = pick.recompute.layers;
   if (options.optimizer)
     options.optimizer->zero = pick.zero;
+  if (options.layout)
+    options.layout->ep = pick.ep;
   if (*chosen != order.front() || !fits)
     WithColor::note(errs(), "moec")
         << label << ": "
+        << (pick.ep > 1 ? formatv("--ep {0} ", pick.ep).str() : std::string())
         << (replicas > 1 ? formatv("--zero {0} --recompute ", pick.zero).str() : std::string())
         << pick.recompute.name << " ("
         << named(pick) << ": " << pick.memory->total() << " bytes"
@@ -272,14 +312,14 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
     outs() << formatv("training layouts of a rank ({0} data-parallel replica{1}; time of an "
                       "update on the {2} machine, nothing overlapped; bytes):\n",
                       replicas, replicas > 1 ? "s" : "", machine.name);
-    outs() << formatv("  {0,-5} {1,-10} {2,14} {3,11} {4,11} {5,11} {6,14} {7,7}\n", "zero",
-                      "recompute", "memory", "compute s", "optimizer s", "comm s",
-                      "comm bytes", "comm %");
+    outs() << formatv("  {0,-3} {1,-5} {2,-10} {3,14} {4,11} {5,11} {6,11} {7,14} {8,7}\n",
+                      "ep", "zero", "recompute", "memory", "compute s", "optimizer s",
+                      "comm s", "comm bytes", "comm %");
     for (size_t i : order) {
       const Candidate &c = candidates[i];
-      outs() << formatv("  {0,-5} {1,-10} {2,14} {3,11:e2} {4,11:e2} {5,11:e2} {6,14:f0} "
-                        "{7,6:f1}%{8}\n",
-                        c.zero, c.recompute.name,
+      outs() << formatv("  {0,-3} {1,-5} {2,-10} {3,14} {4,11:e2} {5,11:e2} {6,11:e2} "
+                        "{7,14:f0} {8,6:f1}%{9}\n",
+                        c.ep, c.zero, c.recompute.name,
                         c.memory ? std::to_string(c.memory->total()) : std::string("-"),
                         c.time.compute, c.time.optimizer, c.time.comm, c.time.commBytes,
                         100 * c.time.comm / c.time.total(),
@@ -300,7 +340,8 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
     outs() << formatv("  {0,-28} {1,14}\n", "state " + kind, kindBytes);
   outs() << formatv("  {0,-28} {1,14}   budget {2}: recompute {3}{4}\n", "total",
                     memory.total(), budget, pick.recompute.name,
-                    replicas > 1 ? formatv(", zero {0}", pick.zero).str() : std::string());
+                    (replicas > 1 ? formatv(", zero {0}", pick.zero).str() : std::string()) +
+                        (pick.ep > 1 ? formatv(", ep {0}", pick.ep).str() : std::string()));
   outs() << formatv("communication not overlapped: {0:f1}% of the update ({1:e2} s of "
                     "{2:e2} s)\n",
                     100 * pick.time.comm / pick.time.total(), pick.time.comm,
