@@ -290,11 +290,23 @@ std::string named(const Context &c, size_t index, const PlanStep &s) {
 int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
   switch (s.op->collective) {
   case Collective::AllReduce:
-    if (!c.program->buffers[s.in[0]].state.empty() || s.in.size() == 2) {
+    // (A weight gradient computed in parts too: every member gets the same
+    // bits, so the weights it updates stay the same on every member.)
+    if (!c.program->buffers[s.in[0]].state.empty() || s.in.size() == 2 || s.elements > 0) {
       const PlanBuffer &in = c.program->buffers[s.in[0]];
       const int64_t members = static_cast<int64_t>(c.groups.at(index).size());
-      addInFixedOrder(c, s, c.groups.at(index), trainingStep(c, index, s),
-                      (in.rows * in.width + members - 1) / members, /*gather=*/true);
+      const int64_t part = (in.rows * in.width + members - 1) / members;
+      if (s.out[0] != s.in[0]) { // (in place on the output)
+        c.memory->copy2d(c.address(s.out[0]), in.rows * in.width * 4,
+                         c.address(s.in[0]), in.rows * in.width * 4, in.rows * in.width * 4, 1);
+        PlanStep onOutput = s;
+        onOutput.in[0] = s.out[0];
+        addInFixedOrder(c, onOutput, c.groups.at(index), trainingStep(c, index, s), part,
+                        /*gather=*/true);
+        return -1;
+      }
+      addInFixedOrder(c, s, c.groups.at(index), trainingStep(c, index, s), part,
+                      /*gather=*/true);
     } else {
       allReduce(c, s, rows, c.groups.at(index), named(c, index, s));
     }

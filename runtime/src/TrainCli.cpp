@@ -428,21 +428,25 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
     executor.setPhase(fmt::format("update {}", step + 1));
     executor.optimizerStep(step + 1, stats);
     executor.setPhase({});
-    if (replicas > 1) {
+    if (comm.size() > 1) {
       // The loss terms and tokens of the whole update: each replica's
-      // (double) sums, added in replica order.
+      // (double) sums, added in replica order (a TP group's first rank's:
+      // its ranks computed the same loss).
       const double own[5] = {terms[0], terms[1], terms[2], terms[3], static_cast<double>(count)};
       std::vector<double> all(5 * world.size());
       comm.allGather(own, sizeof own, all.data(), world,
                      fmt::format("step {}: the loss terms", step + 1));
+      auto counted = [&](size_t r) { return plan.ranks.at(static_cast<int64_t>(r)).coords.tp == 0; };
       for (int k = 0; k < 4; ++k) {
         terms[k] = 0;
         for (size_t r = 0; r < world.size(); ++r)
-          terms[k] += all[5 * r + k];
+          if (counted(r))
+            terms[k] += all[5 * r + k];
       }
       count = 0;
       for (size_t r = 0; r < world.size(); ++r)
-        count += static_cast<int64_t>(all[5 * r + 4]);
+        if (counted(r))
+          count += static_cast<int64_t>(all[5 * r + 4]);
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
     for (double &t : terms)
@@ -618,10 +622,11 @@ int trainCommand(int argc, char **argv, Comm &comm) {
   if (plan.worldSize != comm.size())
     inputError("{}: a plan for {} ranks, run on {} (start it with mpirun -np {})", planPath,
                plan.worldSize, comm.size(), plan.worldSize);
-  if (plan.worldSize > 1 && (plan.degrees.dp != plan.worldSize || steps == 0))
+  if (plan.worldSize > 1 &&
+      (plan.degrees.dp * plan.degrees.tp != plan.worldSize || plan.degrees.pp > 1 || steps == 0))
     inputError("{}: not supported yet: training on {} ranks {}", planPath, plan.worldSize,
                steps == 0 ? "without --steps (the gradients of one rank's micro-batches)"
-                          : "other than as data-parallel replicas (pp, tp or ep > 1)");
+                          : "in pipeline stages (pp > 1)");
   const PlanProgram &program = plan.programOf(comm.rank());
   if (steps > 0 && !plan.optimizer)
     inputError("--steps {}: {} has no optimizer (compile it with moec compile --train "

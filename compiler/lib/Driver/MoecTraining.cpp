@@ -189,11 +189,10 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
   // expert parallelism across data parallelism); --world-size alone is the
   // planner's choice among them (dp = N, ZeRO and recompute by the training
   // memory and time model).
-  int64_t replicas = 1, experts = 1;
+  int64_t replicas = 1, experts = 1, tensor = 1;
   if (distribution) {
     const LayoutRequest &l = *options.layout;
-    for (auto [name, degree] : {std::pair<const char *, int64_t>{"pp", l.pp},
-                                {"tp", l.tp}, {"etp", l.etp}})
+    for (auto [name, degree] : {std::pair<const char *, int64_t>{"pp", l.pp}, {"etp", l.etp}})
       if (degree > 1)
         return refuse("not supported yet: --train with --" + Twine(name) + " " + Twine(degree) +
                       " (distributed training: data and expert parallelism, --dp N --ep E)");
@@ -201,21 +200,29 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
       return refuse("not supported yet: --train with --gpu, --cluster or --dtype (a training "
                     "plan runs on the CPU machine the planner assumes): give --world-size N "
                     "or --dp N (and --ep E)");
-    if (l.dp && l.worldSize && l.worldSize != l.dp)
-      return refuse("--train --dp " + Twine(l.dp) + ": expected --world-size " + Twine(l.dp) +
-                    " (data and expert parallelism: every rank a replica), not " +
+    tensor = std::max<int64_t>(l.tp, 1);
+    if (l.dp && l.worldSize && l.worldSize != l.dp * tensor)
+      return refuse("--train --dp " + Twine(l.dp) + ": expected --world-size " +
+                    Twine(l.dp * tensor) + " (dp x tp: every rank a replica" +
+                    (tensor > 1 ? " or a part of one" : "") + "), not " + Twine(l.worldSize));
+    if (l.worldSize % tensor)
+      return refuse("--train --tp " + Twine(tensor) + ": expected a divisor of --world-size " +
                     Twine(l.worldSize));
     experts = std::max<int64_t>(l.ep, 1);
     expertsGiven = l.ep > 0;
-    replicas = l.dp ? l.dp : l.worldSize ? l.worldSize : experts;
+    replicas = l.dp ? l.dp : l.worldSize ? l.worldSize / tensor : tensor > 1 ? 1 : experts;
     if (replicas < 1)
       return refuse("--train: expected --world-size N or --dp N with N >= 1");
     if (replicas % experts)
       return refuse("--train --ep " + Twine(experts) + ": expected a divisor of the " +
                     Twine(replicas) + " data-parallel replicas (the experts are split "
                     "between the ranks of each group of ep replicas)");
-    if (experts > 1 && options.target != "cpu")
-      return refuse("not supported yet: --train --ep with --target " + options.target +
+    if (experts > 1 && tensor > 1)
+      return refuse("not supported yet: --train with --ep " + Twine(experts) + " and --tp " +
+                    Twine(tensor) + " (tensor parallelism trains whole experts on each rank)");
+    if ((experts > 1 || tensor > 1) && options.target != "cpu")
+      return refuse("not supported yet: --train --" + Twine(experts > 1 ? "ep" : "tp") +
+                    " with --target " + options.target +
                     " (the experts' backward kernels are the CPU's for now)");
   }
   const bool selective = recompute == "selective" || recompute == "experts",
@@ -226,10 +233,12 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
   // program itself (moe-differentiate's capacity-factor); each replica's
   // likewise.
   options.layout.reset();
-  if (replicas > 1) {
+  if (replicas * tensor > 1) {
     LayoutRequest layout;
-    layout.worldSize = layout.dp = replicas;
-    layout.pp = layout.tp = layout.etp = 1;
+    layout.worldSize = replicas * tensor;
+    layout.dp = replicas;
+    layout.pp = layout.etp = 1;
+    layout.tp = tensor;
     layout.ep = experts;
     options.layout = layout;
   }
@@ -257,10 +266,11 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
   options.auxLossCoef = auxLossCoef;
   options.zLossCoef = routerZLossCoef;
   if (optimizerKind == "none")
-    return replicas > 1 ? refuse("--dp " + Twine(replicas) +
-                                 ": expected --optimizer adamw (the optimizer program adds the "
-                                 "replicas' gradients)")
-                        : Error::success();
+    return replicas * tensor > 1
+               ? refuse((tensor > 1 ? "--tp " + Twine(tensor) : "--dp " + Twine(replicas)) +
+                        ": expected --optimizer adamw (the optimizer program adds the "
+                        "replicas' gradients)")
+               : Error::success();
   if (lossOnly)
     return refuse("--optimizer: --loss-only computes no gradients");
   if (options.target != "cpu")
@@ -320,6 +330,10 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
                   "): each data-parallel replica runs the same number of micro-batches");
   if (zeroStage < 0 || zeroStage > 2)
     return refuse("--zero " + Twine(int64_t(zeroStage)) + ": expected 0, 1 or 2");
+  if (zeroStage > 0 && tensor > 1)
+    return refuse("not supported yet: --zero " + Twine(int64_t(zeroStage)) + " with --tp " +
+                  Twine(tensor) + " (ZeRO shards the states of data-parallel replicas; "
+                  "over tensor parallelism use --zero 0)");
   if (zeroStage > 0 && experts > 1)
     return refuse("not supported yet: --zero " + Twine(int64_t(zeroStage)) + " with --ep " +
                   Twine(experts) + " (ZeRO shards the states of data-parallel replicas; "

@@ -220,12 +220,13 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
   // Expert parallelism: as given, or (the planner's layout) every degree
   // that divides the replicas and the experts.
   SmallVector<int64_t> eps{options.layout ? options.layout->ep : 1};
-  if (request.expertsAuto && replicas > 1 && options.optimizer)
+  const bool tensorParallel = options.layout && options.layout->tp > 1;
+  if (request.expertsAuto && replicas > 1 && options.optimizer && !tensorParallel)
     for (int64_t ep = 2; ep <= replicas; ++ep)
       if (replicas % ep == 0 && request.config->numExperts % ep == 0)
         eps.push_back(ep);
   SmallVector<int64_t> zeros;
-  if (request.zeroAuto && replicas > 1 && options.optimizer)
+  if (request.zeroAuto && replicas > 1 && options.optimizer && !tensorParallel)
     zeros = {0, 1, 2};
   else
     zeros = {options.optimizer ? options.optimizer->zero : 0};

@@ -24,6 +24,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringMap.h"
 
 namespace moe {
 #define GEN_PASS_DEF_MOEAPPENDOPTIMIZER
@@ -257,7 +258,7 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     // Expert parallelism: the squares of the replicated weights' sums and
     // of the rank's experts'.
     Value denseSq, denseErr, expertSq, expertErr;
-    if (degree(train, "ep") > 1 && !sharded)
+    if ((degree(train, "ep") > 1 || degree(train, "tp") > 1) && !sharded)
       for (Value *v : {&denseSq, &denseErr, &expertSq, &expertErr})
         *v = b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr());
     b.create<exec::InputsOp>(loc, Value(), Value(), Value(), step);
@@ -278,6 +279,22 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     const int64_t ep = degree(train, "ep"), edp = replicas / ep;
     auto expertsRef = FlatSymbolRefAttr::get(ctx, "experts");
     auto splitOverEp = [&](exec::WeightOp w) { return ep > 1 && w.getExperts().has_value(); };
+    // Tensor parallelism: a weight whose rank holds a part of it (its shape
+    // is not the model's: moe.logical_weights).
+    const int64_t tp = degree(train, "tp");
+    llvm::StringMap<Type> logical;
+    if (auto all = train->getParentOfType<ModuleOp>()->getAttrOfType<ArrayAttr>(
+            "moe.logical_weights"))
+      for (auto entry : all.getAsRange<DictionaryAttr>())
+        if (auto name = entry.getAs<StringAttr>("name"))
+          if (auto type = entry.getAs<TypeAttr>("type"))
+            logical[name.getValue()] = type.getValue();
+    auto splitOverTp = [&](exec::WeightOp w) {
+      auto it = logical.find(w.getTensor());
+      return tp > 1 && it != logical.end() &&
+             cast<ShapedType>(it->second).getShape() !=
+                 cast<ShapedType>(w.getTensorType()).getShape();
+    };
     auto allReduceOver = [&](FlatSymbolRefAttr over, StringRef group, ValueRange buffers) {
       b.create<exec::CollectiveOp>(loc, b.getStringAttr("all_reduce"), over,
                                    b.getStringAttr(group), buffers, ValueRange{}, buffers,
@@ -333,15 +350,19 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
                                    b.getDictionaryAttr({}), StringAttr());
       launch("grad_norm", {stats, normSq, normSqErr}, {}, {stats},
              {b.getNamedAttr("from_squares", b.getBoolAttr(true)), maxNorm, micro});
-    } else if (ep > 1) {
-      // Expert parallelism: the replicated weights' squares once, the
-      // expert stacks' added over the ep group (each rank's experts).
-      SmallVector<Value> dense, experts;
+    } else if (ep > 1 || tp > 1) {
+      // Expert or tensor parallelism: the replicated weights' squares once,
+      // the split ones' (the rank's experts, its parts) added over the ep
+      // or tp group.
+      SmallVector<Value> dense, split;
       for (auto [i, w] : llvm::enumerate(params))
-        (splitOverEp(w) ? experts : dense).push_back(optSums[i]);
+        (splitOverEp(w) || splitOverTp(w) ? split : dense).push_back(optSums[i]);
       launch("sum_squares", dense, {}, {denseSq, denseErr}, {});
-      launch("sum_squares", experts, {}, {expertSq, expertErr}, {});
-      allReduceOver(expertsRef, "ep", ValueRange{expertSq, expertErr});
+      launch("sum_squares", split, {}, {expertSq, expertErr}, {});
+      if (ep > 1)
+        allReduceOver(expertsRef, "ep", ValueRange{expertSq, expertErr});
+      else
+        allReduceOver(mesh, "tp", ValueRange{expertSq, expertErr});
       launch("grad_norm", {stats, denseSq, denseErr, expertSq, expertErr}, {}, {stats},
              {b.getNamedAttr("from_squares", b.getBoolAttr(true)), maxNorm, micro});
     } else {

@@ -119,18 +119,19 @@ NamedAttrList kernelConstants(Builder &b, Operation *op) {
         a.set("row_parts", i64(o.getRowParts()));
         a.set("row_part_stride", i64(o.getRowPartStride()));
       })
-      .Case([&](moe::EmbeddingOp o) {
+      .Case<moe::EmbeddingOp, moe::EmbeddingGradOp, moe::CrossEntropyGradOp>([&](auto o) {
         if (o->hasAttr("moe.vocab_shard"))
           a.set("vocab_shard", b.getBoolAttr(true));
       })
-      .Case<moe::CrossEntropyOp, moe::CrossEntropyGradOp>(
-          [&](auto o) { a.set("vocab", i64(o.getVocab())); })
+      .Case([&](moe::CrossEntropyOp o) { a.set("vocab", i64(o.getVocab())); })
       .Case([&](moe::RMSNormGradOp o) { a.set("eps", f64(o.getEpsilon())); })
-      .Case([&](moe::EmbeddingGradOp o) {
-        if (o.getPaddingIdx())
-          a.set("padding_idx", i64(*o.getPaddingIdx()));
-      })
 
+      .Case([&](moe::AllReduceOp o) {
+        // A weight gradient's parts (static): its values, not the rows.
+        auto t = cast<RankedTensorType>(o.getInput().getType());
+        if (t.hasStaticShape())
+          a.set("elements", i64(t.getNumElements()));
+      })
       .Case([&](moe::AddOp o) {
         // A sum of weight gradients: static rows, not the step's tokens.
         if (o.getType().hasStaticShape())
@@ -157,6 +158,10 @@ NamedAttrList kernelConstants(Builder &b, Operation *op) {
             a.set("sequences", i64((rows - 3) / 2));
         }
       });
+  if (auto o = dyn_cast<moe::CrossEntropyGradOp>(op))
+    a.set("vocab", i64(o.getVocab()));
+  if (auto o = dyn_cast<moe::EmbeddingGradOp>(op); o && o.getPaddingIdx())
+    a.set("padding_idx", i64(*o.getPaddingIdx()));
   // split: the parts' widths (its results'); concat: its inputs'.
   if (isa<moe::SplitOp, moe::ConcatOp>(op)) {
     SmallVector<Attribute> widths;

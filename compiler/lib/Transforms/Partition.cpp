@@ -22,6 +22,7 @@
 #include "moe/Dialect/MoE/IR/MoEOps.h"
 #include "moe/Transforms/Layout.h"
 #include "moe/Transforms/Passes.h"
+#include "Partitioner.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/Mesh/IR/MeshOps.h"
@@ -40,110 +41,7 @@ namespace moe {
 
 using namespace mlir;
 
-namespace {
-
-constexpr int64_t kTpAxis = 2;  // @mesh: pp x dp x tp
-constexpr int64_t kEpAxis = 2;  // @experts: pp x edp x ep x etp
-constexpr int64_t kEtpAxis = 3;
-
-enum class Dist { Replicated, Local, Partial };
-
-struct Degrees {
-  int64_t dp = 1, pp = 1, tp = 1, ep = 1, etp = 1;
-};
-
-/// The weight op (moe.weight / moe.expert_weight) behind a value, through its
-/// mesh.shard annotation.
-Operation *weightOpOf(Value v, mesh::ShardOp *shard = nullptr) {
-  Operation *def = v.getDefiningOp();
-  if (auto s = dyn_cast_or_null<mesh::ShardOp>(def)) {
-    if (shard)
-      *shard = s;
-    def = s.getSrc().getDefiningOp();
-  }
-  if (isa_and_nonnull<moe::WeightOp, moe::ExpertWeightOp>(def))
-    return def;
-  return nullptr;
-}
-
-StringRef weightName(Operation *op) { return cast<moe::WeightOpInterface>(op).getTensorName(); }
-
-RankedTensorType withDim(RankedTensorType t, unsigned dim, int64_t size) {
-  SmallVector<int64_t> shape(t.getShape());
-  shape[dim] = size;
-  return RankedTensorType::get(shape, t.getElementType());
-}
-
-class Partitioner {
-public:
-  Partitioner(ModuleOp module, func::FuncOp forward)
-      : module(module), forward(forward),
-        b(module.getContext()) {}
-
-  LogicalResult run();
-
-private:
-  struct Mapped {
-    Value value;
-    Dist dist = Dist::Replicated;
-    Value replicated; // the all_reduce of a Partial value, once made
-  };
-
-  LogicalResult readSharding();
-  LogicalResult assignStages(SmallVectorImpl<int64_t> &stageOfOp);
-  LogicalResult buildStage(int64_t stage, ArrayRef<int64_t> stageOfOp,
-                           ArrayRef<Value> incoming, ArrayRef<Value> outgoing);
-  LogicalResult rewrite(Operation &op);
-  LogicalResult expertFFN(moe::ExpertFFNOp op);
-  LogicalResult expertFFNGrad(moe::ExpertFFNGradOp op);
-
-  /// The rank-local weight for `v` (a weight or its annotation), cloned into
-  /// the stage's function once.
-  FailureOr<Value> weight(Value v, Operation *user);
-  Mapped &get(Value old) { return values[old]; }
-  /// The replicated form of an old value: for a partial sum (once), the
-  /// annotations that say so, which moe-insert-collectives turns into the
-  /// all_reduce over tp.
-  FailureOr<Value> replicated(Value old, Operation *user);
-  Value wholeOfPartial(Value v) {
-    MLIRContext *ctx = b.getContext();
-    // Split axes [[]]: not split (an empty list does not print back).
-    mesh::MeshAxesAttr none = mesh::MeshAxesAttr::get(ctx, ArrayRef<mesh::MeshAxis>{});
-    auto partial = mesh::MeshShardingAttr::get(ctx, meshRef, ArrayRef<mesh::MeshAxesAttr>{none},
-                                               ArrayRef<mesh::MeshAxis>{kTpAxis},
-                                               mesh::ReductionKind::Sum);
-    Value p = b.create<mesh::ShardOp>(v.getLoc(), v, partial);
-    auto whole = mesh::MeshShardingAttr::get(ctx, meshRef, ArrayRef<mesh::MeshAxesAttr>{none},
-                                             ArrayRef<mesh::MeshAxis>{}, mesh::ReductionKind::Sum);
-    return b.create<mesh::ShardOp>(v.getLoc(), p, whole, /*annotate_for_users=*/true);
-  }
-  void set(Value old, Value now, Dist dist) { values[old] = Mapped{now, dist, {}}; }
-  /// A collective's group as moe-insert-collectives reads it.
-  DictionaryAttr group(FlatSymbolRefAttr mesh, int64_t axis) {
-    return b.getDictionaryAttr(
-        {b.getNamedAttr("mesh", mesh), b.getNamedAttr("axis", b.getI64IntegerAttr(axis))});
-  }
-
-  ModuleOp module;
-  func::FuncOp forward;
-  OpBuilder b;
-  Degrees d;
-  int64_t vocab = 0, paddedVocab = 0;
-  SmallVector<int64_t> stageBegin;
-  FlatSymbolRefAttr meshRef, expertsRef;
-  // Per stage function being built.
-  DenseMap<Value, Mapped> values;
-  DenseMap<Operation *, Value> weights;
-  /// Weights whose vocabulary rows are split over tp (embedding, LM head):
-  /// sharded even when a rank's padded part has as many rows as the real
-  /// vocabulary (vocab 64 padded to 128 over tp = 2: rank 1 holds padding).
-  DenseSet<Operation *> vocabSharded;
-  bool isVocabSharded(Value v) {
-    Operation *w = weightOpOf(v);
-    return w && vocabSharded.contains(w);
-  }
-  Block *entry = nullptr;
-};
+namespace moe::partition {
 
 LogicalResult Partitioner::readSharding() {
   auto sharding = module->getAttrOfType<DictionaryAttr>("moe.sharding");
@@ -312,35 +210,6 @@ LogicalResult Partitioner::expertFFN(moe::ExpertFFNOp op) {
   return success();
 }
 
-/// The experts' backward on this rank's experts: the gradient blocks go to
-/// the experts' ranks as the forward's blocks did, with them the forward's
-/// received blocks (moe-insert-collectives pairs the two), and the blocks'
-/// gradients come back.
-LogicalResult Partitioner::expertFFNGrad(moe::ExpertFFNGradOp op) {
-  FailureOr<Value> gate = weight(op.getGateWeights(), op);
-  FailureOr<Value> up = weight(op.getUpWeights(), op);
-  FailureOr<Value> down = weight(op.getDownWeights(), op);
-  if (failed(gate) || failed(up) || failed(down))
-    return failure();
-  for (Value v : {op.getGrad(), op.getBuffer(), op.getCounts()})
-    if (!values.count(v))
-      return op.emitOpError("operand is not available on this stage");
-  auto f32 = [&](Value stack) {
-    auto t = cast<RankedTensorType>(stack.getType());
-    return RankedTensorType::get(t.getShape(), b.getF32Type());
-  };
-  Value buffer = get(op.getBuffer()).value;
-  auto grad = b.create<moe::ExpertFFNGradOp>(
-      op.getLoc(), buffer.getType(), f32(*gate), f32(*up), f32(*down),
-      get(op.getGrad()).value, buffer, get(op.getCounts()).value, *gate, *up, *down,
-      op.getActivationAttr());
-  if (d.ep > 1)
-    grad->setAttr(moe::kExchangeAttr, group(expertsRef, kEpAxis));
-  for (auto [old, now] : llvm::zip(op.getResults(), grad.getResults()))
-    set(old, now, Dist::Replicated);
-  return success();
-}
-
 LogicalResult Partitioner::rewrite(Operation &op) {
   Location loc = op.getLoc();
   auto fail = [&](const Twine &message) {
@@ -350,7 +219,13 @@ LogicalResult Partitioner::rewrite(Operation &op) {
 
   if (auto ret = dyn_cast<func::ReturnOp>(op)) {
     SmallVector<Value> results;
-    for (Value v : ret.getOperands()) {
+    for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
+      // A training program's gradient of a split weight: the rank's part.
+      if (i > 0 && values.count(v) && get(v).dist == Dist::Local &&
+          forward.getResultAttr(i, "moe.gradient_of")) {
+        results.push_back(get(v).value);
+        continue;
+      }
       FailureOr<Value> r = replicated(v, &op);
       if (failed(r))
         return failure();
@@ -364,8 +239,12 @@ LogicalResult Partitioner::rewrite(Operation &op) {
                 "parallelism run as dispatch / expert_ffn / combine");
   if (auto ffn = dyn_cast<moe::ExpertFFNOp>(op))
     return expertFFN(ffn);
-  if (auto grad = dyn_cast<moe::ExpertFFNGradOp>(op))
-    return expertFFNGrad(grad);
+  // A training program's loss and backward ops (PartitionGradients.cpp).
+  bool handled = false;
+  if (failed(rewriteTraining(op, handled)))
+    return failure();
+  if (handled)
+    return success();
 
   // Generic: clone with mapped operands, then fix types and attributes.
   IRMapping mapping;
@@ -411,6 +290,7 @@ LogicalResult Partitioner::rewrite(Operation &op) {
     Operation *copy = cloneAs(Dist::Replicated);
     auto table = cast<RankedTensorType>(mapping.lookup(embedding.getTable()).getType());
     if (isVocabSharded(embedding.getTable())) {
+      vocabShardedTable = true;
       copy->setAttr("moe.vocab_shard", b.getUnitAttr());
       set(embedding.getResult(), copy->getResult(0), Dist::Partial);
     }
@@ -577,29 +457,6 @@ LogicalResult Partitioner::rewrite(Operation &op) {
     cloneAs(Dist::Replicated);
     return success();
   }
-  // The training program's loss and backward ops (moe-append-loss,
-  // moe-differentiate): each data-parallel replica's program is the whole
-  // one (its gradients are summed over the replicas by the optimizer
-  // program, moe-append-optimizer); their forms over pp, tp and ep
-  // (vocab-parallel cross-entropy, the backward of collectives) are not
-  // built yet.
-  if (isa<moe::CrossEntropyOp, moe::RouterStatsOp, moe::LMLossOp, moe::ExpertsSavedOp,
-          moe::CrossEntropyGradOp, moe::LinearGradOp, moe::BiasGradOp, moe::RMSNormGradOp,
-          moe::RopeGradOp, moe::AttentionGradOp, moe::MLAttentionGradOp, moe::MLPGradOp,
-          moe::EmbeddingGradOp, moe::RouteGradOp, moe::ExpertsGradOp, moe::RouterStatsGradOp,
-          moe::SigmoidGateGradOp, moe::CombineGradOp, moe::DispatchGradOp>(op)) {
-    // (Under expert parallelism the routed experts' backward is the lowered
-    // form's: combine_grad and dispatch_grad on each replica's tokens,
-    // expert_ffn_grad on the rank's experts, moe-lower-routing.)
-    if (d.pp * d.tp != 1)
-      return fail("not supported yet: partitioning a training program with pp=" +
-                  Twine(d.pp) + ", tp=" + Twine(d.tp) +
-                  " (distributed training: data and expert parallelism only)");
-    if (failed(mapReplicated()))
-      return failure();
-    cloneAs(Dist::Replicated);
-    return success();
-  }
   return fail("cannot be partitioned (no rule for this op)");
 }
 
@@ -710,6 +567,12 @@ LogicalResult Partitioner::run() {
   forward.erase();
   return success();
 }
+
+} // namespace moe::partition
+
+namespace {
+
+using moe::partition::Partitioner;
 
 struct Partition : moe::impl::MoEPartitionBase<Partition> {
   void runOnOperation() override {

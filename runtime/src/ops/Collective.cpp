@@ -29,7 +29,20 @@ void checkAllReduce(const StepChecker &c, const PlanStep &step) {
     c.expect(step.out[0] == step.in[0], "an all_reduce of a state buffer is in place");
     return;
   }
+  if (step.elements > 0) { // a weight gradient the group computed in parts
+    for (int64_t b : {step.in[0], step.out[0]})
+      c.expect(c.rows(b) * c.width(b) == step.elements,
+               fmt::format("buffer {} does not hold the {} elements", b, step.elements));
+    return;
+  }
   c.expect(c.tokens(step.out[0]) == c.tokens(step.in[0]), "output width differs from the input's");
+}
+
+/// elements: a static buffer's values (a training program's weight gradient
+/// the ranks of a TP group computed in parts), not the step's rows.
+void parseAllReduce(const JsonFields &a, PlanStep &step) {
+  if (a.has("elements"))
+    step.elements = a.bounded("elements", 1, int64_t(1) << 40);
 }
 
 /// shard_rows: of a weight's all_gather, each member's updated rows (ZeRO:
@@ -140,8 +153,8 @@ constexpr unsigned kGroup = OpDef::InGroup | OpDef::RunsEmpty;
 
 } // namespace
 
-const OpDef kAllReduce = {"all_reduce", Collective::AllReduce, kGroup, nullptr, checkAllReduce,
-                          nullptr};
+const OpDef kAllReduce = {"all_reduce", Collective::AllReduce, kGroup, parseAllReduce,
+                          checkAllReduce, nullptr};
 const OpDef kAllGather = {"all_gather", Collective::AllGather, kGroup, parseAllGather,
                           checkAllGather, nullptr};
 const OpDef kAllToAll = {"all_to_all", Collective::AllToAll, kGroup, nullptr, checkAllToAll,

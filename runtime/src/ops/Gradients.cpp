@@ -25,13 +25,30 @@ void checkCrossEntropyGrad(const StepChecker &c, const PlanStep &step) {
   c.expect(c.tokens(step.in[1], DType::I32) == 1, "expected one label per row");
   c.expect(c.rows(step.in[2]) == 1 && c.width(step.in[2]) == 2,
            "expected the cross-entropy (1 row of 2) as input 2");
-  c.expect(c.tokens(step.out[0]) == width, "expected the logits' width");
+  if (step.vocabShard) // the rank's part of the padded vocabulary
+    c.expect(c.tokens(step.out[0]) * c.plan.degrees.tp == c.plan.paddedVocab,
+             fmt::format("a vocab_shard gradient {} wide x tp {} is not the padded vocabulary "
+                         "({})", c.tokens(step.out[0]), c.plan.degrees.tp, c.plan.paddedVocab));
+  else
+    c.expect(c.tokens(step.out[0]) == width, "expected the logits' width");
 }
 
 int64_t runCrossEntropyGrad(cpu::StepContext &c) {
-  cpu::crossEntropyGrad(c.in(0), c.rows, c.inWidth(0), c.step->loss.vocab, c.inInts(1), c.in(2),
-                        c.out(0));
-  return c.rows;
+  const int64_t T = c.rows, W = c.inWidth(0);
+  if (!c.step->vocabShard) {
+    cpu::crossEntropyGrad(c.in(0), T, W, c.step->loss.vocab, c.inInts(1), c.in(2), c.out(0));
+    return T;
+  }
+  // From the whole logits, the columns [tp * w, (tp + 1) * w) of the padded
+  // vocabulary (0 past the logits).
+  float *whole = c.scratch(cpu::StepContext::Scratch::Work, T * W);
+  cpu::crossEntropyGrad(c.in(0), T, W, c.step->loss.vocab, c.inInts(1), c.in(2), whole);
+  const int64_t w = c.width(c.step->out[0]), first = c.coords.tp * w;
+  float *out = c.out(0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t v = 0; v < w; ++v)
+      out[t * w + v] = first + v < W ? whole[t * W + first + v] : 0.0f;
+  return T;
 }
 
 void checkLinearGrad(const StepChecker &c, const PlanStep &step) {
@@ -138,8 +155,26 @@ void parsePaddingIdx(const JsonFields &a, PlanStep &step) {
 
 int64_t runEmbeddingGrad(cpu::StepContext &c) {
   const int64_t out = c.step->out[0], rows = c.bufferRows(out), width = c.inWidth(0);
-  cpu::embeddingGrad(c.in(0), c.inInts(1), c.rows, width, rows, c.out(0));
-  const int64_t pad = c.step->loss.paddingIdx;
+  int64_t pad = c.step->loss.paddingIdx;
+  if (!c.step->vocabShard) {
+    cpu::embeddingGrad(c.in(0), c.inInts(1), c.rows, width, rows, c.out(0));
+  } else {
+    // The rank's rows [tp * R, (tp + 1) * R) of the padded vocabulary: the
+    // tokens whose ids it holds, in order.
+    const int64_t first = c.coords.tp * rows;
+    const int32_t *ids = c.inInts(1);
+    int32_t *local = c.intScratch(c.rows);
+    float *dy = c.scratch(cpu::StepContext::Scratch::Work, c.rows * width);
+    int64_t n = 0;
+    for (int64_t t = 0; t < c.rows; ++t)
+      if (ids[t] >= first && ids[t] < first + rows) {
+        local[n] = static_cast<int32_t>(ids[t] - first);
+        std::copy_n(c.in(0) + t * width, width, dy + n * width);
+        ++n;
+      }
+    cpu::embeddingGrad(dy, local, n, width, rows, c.out(0));
+    pad = pad >= 0 ? pad - first : pad;
+  }
   if (pad >= 0 && pad < rows)
     std::fill_n(c.out(0) + pad * width, width, 0.0f);
   return c.rows;
@@ -285,7 +320,8 @@ const OpDef kExpertsGrad = {"experts_grad", Collective::None, OpDef::Backward,
                             parseExpertsCapacity, checkExpertsGrad, runExpertsGrad};
 const OpDef kRouterStatsGrad = {"router_stats_grad", Collective::None, 0, parseCoefficients,
                                 checkRouterStatsGrad, runRouterStatsGrad};
-const OpDef kCrossEntropyGrad = {"cross_entropy_grad", Collective::None, 0, parseVocab,
+const OpDef kCrossEntropyGrad = {"cross_entropy_grad", Collective::None, OpDef::VocabShard,
+                                 parseVocab,
                                  checkCrossEntropyGrad, runCrossEntropyGrad};
 const OpDef kLinearGrad = {"linear_grad", Collective::None, OpDef::Backward, nullptr, checkLinearGrad,
                            runLinearGrad};
@@ -296,7 +332,8 @@ const OpDef kAttentionGrad = {"attention_grad", Collective::None, 0, nullptr,
                               checkAttentionGrad, runAttentionGrad};
 const OpDef kMlpGrad = {"mlp_grad", Collective::None, OpDef::Backward, nullptr, checkMlpGrad,
                         runMlpGrad};
-const OpDef kEmbeddingGrad = {"embedding_grad", Collective::None, 0, parsePaddingIdx,
+const OpDef kEmbeddingGrad = {"embedding_grad", Collective::None, OpDef::VocabShard,
+                              parsePaddingIdx,
                               checkEmbeddingGrad, runEmbeddingGrad};
 
 } // namespace moert::ops

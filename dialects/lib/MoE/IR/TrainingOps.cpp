@@ -89,8 +89,9 @@ void CrossEntropyGradOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
 }
 
 LogicalResult CrossEntropyGradOp::verify() {
-  if (getResult().getType() != RankedTensorType::get(shapeOf(getLogits()),
-                                                     Float32Type::get(getContext())))
+  // (moe.vocab_shard: a rank's part of the padded vocabulary, any width.)
+  if (!getResult().getType().getElementType().isF32() || !agree(getResult(), 0, getLogits(), 0) ||
+      (!(*this)->hasAttr("moe.vocab_shard") && !agree(getResult(), 1, getLogits(), 1)))
     return emitOpError("expected an f32 result of the logits' shape");
   if (shapeOf(getCrossEntropy()) != ArrayRef<int64_t>{2})
     return emitOpError("expected the cross-entropy as tensor<2xf32>");

@@ -524,15 +524,17 @@ def MoE_AllReduceOp : MoE_CollectiveOp<"all_reduce",
   let description = [{
     Every member of the group contributes `input`; each gets the elementwise
     sum. Inserted after row-parallel layers (partial sums) and the
-    vocabulary-sharded embedding.
+    vocabulary-sharded embedding, and in a training program for a weight
+    gradient the group's ranks computed in parts (a norm's or an expert
+    stack's: 1-D to 3-D).
 
     ```mlir
     %r = moe.all_reduce %o_proj over @mesh[2] : tensor<?x4096xf32>
     ```
   }];
-  let arguments = (ins MoE_Activations:$input, FlatSymbolRefAttr:$mesh,
+  let arguments = (ins TensorOf<[AnyFloat]>:$input, FlatSymbolRefAttr:$mesh,
                        I64Attr:$axis);
-  let results = (outs MoE_Activations:$result);
+  let results = (outs TensorOf<[AnyFloat]>:$result);
   let assemblyFormat = "$input `over` $mesh `[` $axis `]` attr-dict `:` type($input)";
   let hasVerifier = 1;
 }
