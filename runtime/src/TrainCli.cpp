@@ -4,6 +4,7 @@
 #include "InputFile.h"
 #include "TextCli.h"
 #include "TrainCli.h"
+#include "TrainParts.h"
 #include "moert/Checkpoint.h"
 #include "moert/Comm.h"
 #include "moert/Error.h"
@@ -29,6 +30,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -201,39 +203,6 @@ DType storedDtype(const PlanLayout &layout, const PlanWeight &w) {
   return s ? s->dtype : w.dtype;
 }
 
-/// Expert parallelism: the weight of state or weight name `of` when it is an
-/// expert stack whose experts the ranks of an ep group split (each holds
-/// its member's consecutive experts), else null.
-const PlanWeight *splitOverEp(const Plan &plan, const PlanProgram &program,
-                              const std::string &of) {
-  if (plan.degrees.ep <= 1)
-    return nullptr;
-  for (const PlanWeight &w : program.weights)
-    if (w.name == of && w.experts > 0)
-      return &w;
-  return nullptr;
-}
-
-/// The whole stack of `w` split over ep: every expert, its leading
-/// dimension theirs.
-PlanWeight wholeStack(const Plan &plan, const PlanWeight &w) {
-  PlanWeight whole = w;
-  whole.experts = w.experts * plan.degrees.ep;
-  whole.shape[0] = whole.experts;
-  return whole;
-}
-
-/// `own` (this rank's experts of a stack split over ep) gathered over its
-/// ep group, in member order: the whole stack's values.
-void gatherExperts(const Plan &plan, Comm &comm, const std::string &name,
-                   const std::vector<float> &own, std::vector<float> &out) {
-  const std::vector<int> group = plan.groupOf(
-      comm.rank(), {CollectiveGroup::Mesh::Experts, CollectiveGroup::Axis::EP});
-  out.resize(own.size() * group.size());
-  comm.allGather(own.data(), static_cast<int64_t>(own.size()) * 4, out.data(), group,
-                 fmt::format("the experts of '{}'", name));
-}
-
 /// State `name`'s whole logical values on rank 0, the writer (a ZeRO
 /// shard's gathered from every replica of the world, data-parallel training
 /// making every rank one, in replica order; an expert stack's split over ep
@@ -243,10 +212,11 @@ void gatherExperts(const Plan &plan, Comm &comm, const std::string &name,
 void readWholeState(const Plan &plan, const PlanProgram &program, RankExecutor &executor,
                     Comm &comm, const std::string &name, std::vector<float> &out) {
   const StateShard shard = executor.stateShard(name);
-  if (splitOverEp(plan, program, name.substr(name.find(':') + 1))) {
+  if (const PlanWeight *w = weightOfState(program, name);
+      w && WeightParts(plan, comm.rank(), *w).split()) {
     std::vector<float> own;
     executor.readState(name, own);
-    gatherExperts(plan, comm, name, own, out);
+    WeightParts(plan, comm.rank(), *w).gather(comm, name, own, out);
     if (comm.rank() != 0)
       out.clear();
     return;
@@ -283,18 +253,18 @@ std::vector<TensorToWrite> trainedWeights(const Plan &plan, RankExecutor &execut
   const std::vector<std::string> states = executor.stateNames();
   for (size_t i = 0; i < program.weights.size(); ++i) {
     const PlanWeight &w = program.weights[i];
-    const PlanWeight *split = splitOverEp(plan, program, w.name);
+    const WeightParts parts(plan, comm.rank(), w);
     if (std::binary_search(states.begin(), states.end(), "master:" + w.name)) {
       readWholeState(plan, program, executor, comm, "master:" + w.name, values[i]);
-    } else if (split) {
+    } else if (parts.split()) {
       std::vector<float> own;
       executor.readWeight(i, own);
-      gatherExperts(plan, comm, w.name, own, values[i]);
+      parts.gather(comm, w.name, own, values[i]);
     } else if (comm.rank() == 0) {
       executor.readWeight(i, values[i]);
     }
     if (comm.rank() == 0)
-      appendByName(split ? wholeStack(plan, w) : w, values[i], tensors,
+      appendByName(parts.whole(), values[i], tensors,
                    layout ? storedDtype(*layout, w) : DType::F32);
   }
   return tensors;
@@ -329,8 +299,7 @@ void saveCheckpoint(const Plan &plan, RankExecutor &executor, Comm &comm,
       continue;
     std::vector<int64_t> shape{static_cast<int64_t>(v.size())};
     if (w != program.weights.end()) {
-      const std::vector<int64_t> whole =
-          splitOverEp(plan, program, w->name) ? wholeStack(plan, *w).shape : w->shape;
+      const std::vector<int64_t> whole = WeightParts(plan, comm.rank(), *w).whole().shape;
       if (TensorView{DType::F32, whole, nullptr}.numel() == shape[0])
         shape = whole;
     }
@@ -529,20 +498,20 @@ TrainingProgress resumeFrom(const std::string &dir, const Checkpoint &checkpoint
                  dir, t.name);
     std::vector<float> values(t.bytes() / 4);
     sharded->assemble(t, reinterpret_cast<char *>(values.data()));
-    // (A ZeRO shard takes its rows of the whole; a stack split over ep its
-    // member's experts.)
-    const int64_t members =
-        splitOverEp(plan, optimizer, t.name.substr(t.name.find(':') + 1)) ? plan.degrees.ep : 1;
-    const int64_t expected = executor.stateShard(t.name).logicalElements * members;
+    // (A ZeRO shard takes its rows of the whole; a weight held in parts
+    // the rank's part: its experts, its box.)
+    const PlanWeight *w = weightOfState(optimizer, t.name);
+    const std::optional<WeightParts> parts =
+        w ? std::optional<WeightParts>(std::in_place, plan, rank, *w) : std::nullopt;
+    const bool split = parts && parts->split();
+    const int64_t expected =
+        split ? TensorView{DType::F32, parts->whole().shape, nullptr}.numel()
+              : executor.stateShard(t.name).logicalElements;
     if (static_cast<int64_t>(values.size()) != expected)
       inputError("{}/manifest.json: training.state: '{}' has {} values, the plan's {}", dir,
                  t.name, values.size(), expected);
-    if (members > 1) {
-      const size_t part = values.size() / static_cast<size_t>(members),
-                   member = static_cast<size_t>(plan.ranks.at(rank).coords.ep);
-      values = std::vector<float>(values.begin() + member * part,
-                                  values.begin() + (member + 1) * part);
-    }
+    if (split)
+      values = parts->part(values);
     executor.writeState(t.name, values);
   }
   return p;

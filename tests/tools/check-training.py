@@ -36,12 +36,17 @@ def main():
         ref = [json.loads(line) for line in open(args.reference) if line.strip()]
     else:
         ref = json.load(open(args.reference))["updates"]
+    # A resumed run's updates are the last ones of the reference's: each is
+    # compared with the reference's update of the same number.
+    last = len(ref)
+    if ours and len(ours) < len(ref) and ours[-1]["step"] == ref[-1]["step"]:
+        ref = ref[len(ref) - len(ours):]
     if len(ours) != len(ref):
         sys.exit(f"{args.metrics}: {len(ours)} updates, the reference has {len(ref)}")
     failed = 0
     worst = 0.0
     for i, (o, r) in enumerate(zip(ours, ref)):
-        ramp = i / max(1, len(ref) - 1)
+        ramp = (i + last - len(ref)) / max(1, last - 1)
         rtol = args.first_rtol + (args.last_rtol - args.first_rtol) * ramp
         norm_rtol = args.first_rtol + (args.norm_last_rtol - args.first_rtol) * ramp
         errors = {}
