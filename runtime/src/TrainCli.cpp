@@ -459,6 +459,9 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
     progress.add(1);
   }
   progress.finish();
+  if (run.start.step == run.steps && !run.save.empty()) // a checkpoint saved again
+    saveCheckpoint(plan, executor, comm, program, run,
+                   {run.steps, consumed, M, L, B, run.start.shuffleSeed});
   if (!run.metricsOut.empty() && lead)
     writeFileAtomically(run.metricsOut, metrics);
   if (!run.weightsOut.empty()) {
@@ -483,7 +486,9 @@ TrainingProgress resumeFrom(const std::string &dir, const Checkpoint &checkpoint
     inputError("{}/manifest.json: training: an update of {} micro-batches of {} x {} tokens, "
                "but the plan's is {} of {} x {}: resume with a plan of the same shape",
                dir, p.microBatches, p.microBatchSize, p.seqLen, optimizer.microBatches, B, L);
-  if (p.step >= steps)
+  // (--steps equal to the checkpoint's: no update; --save writes it again,
+  // from this plan's layout.)
+  if (p.step > steps)
     inputError("--steps {}: {} is at update {} already", steps, dir, p.step);
   if (p.shuffleSeed != shuffleSeed)
     inputError("--resume {}: its sample order is {}, this run's {}: give the same "
