@@ -195,11 +195,12 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
     for (auto [name, degree] : {std::pair<const char *, int64_t>{"pp", l.pp}, {"etp", l.etp}})
       if (degree > 1)
         return refuse("not supported yet: --train with --" + Twine(name) + " " + Twine(degree) +
-                      " (distributed training: data and expert parallelism, --dp N --ep E)");
+                      " (distributed training: data, expert and tensor parallelism, --dp N --ep E "
+                      "--tp T)");
     if (!l.gpu.empty() || !l.cluster.empty() || !l.dtype.empty())
       return refuse("not supported yet: --train with --gpu, --cluster or --dtype (a training "
                     "plan runs on the CPU machine the planner assumes): give --world-size N "
-                    "or --dp N (and --ep E)");
+                    "or --dp N (and --ep E, --tp T)");
     tensor = std::max<int64_t>(l.tp, 1);
     if (l.dp && l.worldSize && l.worldSize != l.dp * tensor)
       return refuse("--train --dp " + Twine(l.dp) + ": expected --world-size " +
@@ -213,13 +214,10 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
     replicas = l.dp ? l.dp : l.worldSize ? l.worldSize / tensor : tensor > 1 ? 1 : experts;
     if (replicas < 1)
       return refuse("--train: expected --world-size N or --dp N with N >= 1");
-    if (replicas % experts)
+    if ((replicas * tensor) % experts)
       return refuse("--train --ep " + Twine(experts) + ": expected a divisor of the " +
-                    Twine(replicas) + " data-parallel replicas (the experts are split "
-                    "between the ranks of each group of ep replicas)");
-    if (experts > 1 && tensor > 1)
-      return refuse("not supported yet: --train with --ep " + Twine(experts) + " and --tp " +
-                    Twine(tensor) + " (tensor parallelism trains whole experts on each rank)");
+                    Twine(replicas * tensor) + " ranks (the experts are split between the "
+                    "ranks of each group of ep)");
     if ((experts > 1 || tensor > 1) && options.target != "cpu")
       return refuse("not supported yet: --train --" + Twine(experts > 1 ? "ep" : "tp") +
                     " with --target " + options.target +

@@ -257,9 +257,9 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     }
     // Expert parallelism: the squares of the replicated weights' sums and
     // of the rank's experts'.
-    Value denseSq, denseErr, expertSq, expertErr;
+    Value denseSq, denseErr, expertSq, expertErr, partSq, partErr;
     if ((degree(train, "ep") > 1 || degree(train, "tp") > 1) && !sharded)
-      for (Value *v : {&denseSq, &denseErr, &expertSq, &expertErr})
+      for (Value *v : {&denseSq, &denseErr, &expertSq, &expertErr, &partSq, &partErr})
         *v = b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr());
     b.create<exec::InputsOp>(loc, Value(), Value(), Value(), step);
     auto launch = [&](StringRef kernel, ValueRange ins, ValueRange ws, ValueRange outs,
@@ -276,7 +276,7 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     // Expert parallelism: an expert stack's sum on a rank is its experts'
     // (the exchanges brought every replica's tokens to them), added over
     // the replicas that hold the same experts (edp) only.
-    const int64_t ep = degree(train, "ep"), edp = replicas / ep;
+    const int64_t ep = degree(train, "ep"), edp = replicas * degree(train, "tp") / ep;
     auto expertsRef = FlatSymbolRefAttr::get(ctx, "experts");
     auto splitOverEp = [&](exec::WeightOp w) { return ep > 1 && w.getExperts().has_value(); };
     // Tensor parallelism: a weight whose rank holds a part of it (its shape
@@ -291,7 +291,7 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
             logical[name.getValue()] = type.getValue();
     auto splitOverTp = [&](exec::WeightOp w) {
       auto it = logical.find(w.getTensor());
-      return tp > 1 && it != logical.end() &&
+      return tp > 1 && !splitOverEp(w) && it != logical.end() &&
              cast<ShapedType>(it->second).getShape() !=
                  cast<ShapedType>(w.getTensorType()).getShape();
     };
@@ -354,16 +354,22 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       // Expert or tensor parallelism: the replicated weights' squares once,
       // the split ones' (the rank's experts, its parts) added over the ep
       // or tp group.
-      SmallVector<Value> dense, split;
+      SmallVector<Value> dense, experts, parts;
       for (auto [i, w] : llvm::enumerate(params))
-        (splitOverEp(w) || splitOverTp(w) ? split : dense).push_back(optSums[i]);
+        (splitOverEp(w) ? experts : splitOverTp(w) ? parts : dense).push_back(optSums[i]);
+      SmallVector<Value> normIns{stats, denseSq, denseErr};
       launch("sum_squares", dense, {}, {denseSq, denseErr}, {});
-      launch("sum_squares", split, {}, {expertSq, expertErr}, {});
-      if (ep > 1)
+      if (!experts.empty()) {
+        launch("sum_squares", experts, {}, {expertSq, expertErr}, {});
         allReduceOver(expertsRef, "ep", ValueRange{expertSq, expertErr});
-      else
-        allReduceOver(mesh, "tp", ValueRange{expertSq, expertErr});
-      launch("grad_norm", {stats, denseSq, denseErr, expertSq, expertErr}, {}, {stats},
+        normIns.append({expertSq, expertErr});
+      }
+      if (!parts.empty()) {
+        launch("sum_squares", parts, {}, {partSq, partErr}, {});
+        allReduceOver(mesh, "tp", ValueRange{partSq, partErr});
+        normIns.append({partSq, partErr});
+      }
+      launch("grad_norm", normIns, {}, {stats},
              {b.getNamedAttr("from_squares", b.getBoolAttr(true)), maxNorm, micro});
     } else {
       normIns.append(optSums.begin(), optSums.end());

@@ -18,7 +18,8 @@
 //     kept for the rank's vocabulary part only (moe.vocab_shard), and the
 //     embedding's gradient for the rank's rows of the table;
 //   - the routed experts of a TP group's row parts give partial input,
-//     routing-weight and expert gradients (each rank its rows).
+//     routing-weight and expert gradients (each rank its rows; under EP
+//     the experts' are added over edp by the optimizer program).
 // A weight's gradient is returned as the rank holds the weight: its part
 // of a split weight, the group's sum of a partial one (all_reduce).
 // Under expert parallelism the experts' backward exchanges its gradient
@@ -68,9 +69,12 @@ LogicalResult Partitioner::expertFFNGrad(moe::ExpertFFNGradOp op) {
       op.getActivationAttr());
   if (d.ep > 1)
     grad->setAttr(moe::kExchangeAttr, group(expertsRef, kEpAxis));
+  // (Under EP the holders of the same experts add theirs in the optimizer
+  // program, over edp: a TP partner may hold other experts.)
   set(op.getResult(0), grad.getResult(0), Dist::Replicated);
   for (unsigned i = 1; i < 4; ++i)
-    set(op.getResult(i), grad.getResult(i), d.tp > 1 ? Dist::Partial : Dist::Replicated);
+    set(op.getResult(i), grad.getResult(i),
+        d.tp > 1 && d.ep == 1 ? Dist::Partial : Dist::Replicated);
   return success();
 }
 
@@ -87,10 +91,9 @@ LogicalResult Partitioner::rewriteTraining(Operation &op, bool &handled) {
   if (d.pp > 1)
     return fail("not supported yet: partitioning a training program with pp=" + Twine(d.pp) +
                 " (distributed training: data, expert and tensor parallelism)");
-  if (d.tp > 1 && (d.ep > 1 || d.etp > 1))
-    return fail("not supported yet: partitioning a training program with tp=" + Twine(d.tp) +
-                " and ep=" + Twine(d.ep) + ", etp=" + Twine(d.etp) +
-                " (tensor parallelism trains with whole experts on each rank)");
+  if (d.etp > 1)
+    return fail("not supported yet: partitioning a training program with etp=" + Twine(d.etp) +
+                " (the experts' tensor parallelism)");
   if (auto grad = dyn_cast<moe::ExpertFFNGradOp>(op))
     return expertFFNGrad(grad);
 
