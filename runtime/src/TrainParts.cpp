@@ -1,4 +1,8 @@
-// A training run's weights held in parts (TrainParts.h).
+// A training run's weights held in parts (TrainParts.h). Every part is a
+// box of the whole tensor that the plan's layout names (PlanLayout: an
+// expert's per rank, or a tensor-parallel weight's), so gathering is the
+// same for all of them: every rank's part (an all-gather over the world;
+// replicas hold the same values) put in its box.
 #include "TrainParts.h"
 #include "moert/Error.h"
 #include "moert/PlanLayout.h"
@@ -17,8 +21,9 @@ int64_t numel(const std::vector<int64_t> &shape) {
   return n;
 }
 
-/// Copies box `shape` between a [rows, cols] part (from its origin) and the
-/// whole [wholeRows, wholeCols] at `offset` (1-D: one row).
+/// Runs copy(at in the part, at in the whole, count) over the rows of box
+/// `shape` at `offset` of a whole of `wholeShape`, the part (of
+/// `partShape`) holding it from its origin (1-D: one row).
 template <typename Copy>
 void forBox(const std::vector<int64_t> &partShape, const std::vector<int64_t> &wholeShape,
             const std::vector<int64_t> &offset, const std::vector<int64_t> &shape, Copy copy) {
@@ -34,13 +39,24 @@ void forBox(const std::vector<int64_t> &partShape, const std::vector<int64_t> &w
 
 WeightParts::WeightParts(const Plan &plan, int rank, const PlanWeight &w)
     : plan_(plan), rank_(rank), own_(w), whole_(w) {
-  if (plan.degrees.ep > 1 && w.experts > 0) {
-    kind_ = Kind::Experts;
+  if (!plan.layout)
+    return;
+  if (w.experts > 0) {
+    if (plan.degrees.ep <= 1 && plan.degrees.etp <= 1)
+      return;
+    // The stack of every expert, each of the model's shape.
+    const PlanSlice *s = plan.layout->slice(rank, w.expertName(firstExpert(rank)));
+    if (!s || s->globalShape.size() > 2)
+      runtimeError("'{}': training an expert stack split over ep / etp: no 1-D or 2-D slice of "
+                   "its experts in the plan's layout",
+                   w.name);
+    split_ = true;
     whole_.experts = w.experts * plan.degrees.ep;
-    whole_.shape[0] = whole_.experts;
+    whole_.shape.assign(1, whole_.experts);
+    whole_.shape.insert(whole_.shape.end(), s->globalShape.begin(), s->globalShape.end());
     return;
   }
-  if (plan.degrees.tp <= 1 || w.experts > 0 || !plan.layout)
+  if (plan.degrees.tp <= 1)
     return;
   const PlanSlice *s = plan.layout->slice(rank, w.name);
   if (!s || s->shape == s->globalShape)
@@ -48,47 +64,59 @@ WeightParts::WeightParts(const Plan &plan, int rank, const PlanWeight &w)
   if (w.shape.size() > 2)
     runtimeError("'{}': training a {}-D weight split over tp: not supported", w.name,
                  w.shape.size());
-  kind_ = Kind::Tensor;
+  split_ = true;
   whole_.shape = s->globalShape;
+}
+
+int64_t WeightParts::firstExpert(int rank) const {
+  return plan_.ranks.at(rank).coords.ep * own_.experts;
+}
+
+void WeightParts::forParts(int rank, const std::function<void(int64_t, int64_t, int64_t)> &copy) const {
+  if (own_.experts == 0) {
+    const PlanSlice *s = plan_.layout->slice(rank, own_.name);
+    forBox(own_.shape, whole_.shape, s->offset, s->shape, copy);
+    return;
+  }
+  const std::vector<int64_t> partExpert(own_.shape.begin() + 1, own_.shape.end()),
+      wholeExpert(whole_.shape.begin() + 1, whole_.shape.end());
+  const int64_t partSize = numel(partExpert), wholeSize = numel(wholeExpert);
+  for (int64_t l = 0; l < own_.experts; ++l) {
+    const int64_t e = firstExpert(rank) + l;
+    const PlanSlice *s = plan_.layout->slice(rank, own_.expertName(e));
+    if (!s)
+      runtimeError("'{}': rank {} holds no slice of it in the plan's layout", own_.expertName(e),
+                   rank);
+    forBox(partExpert, wholeExpert, s->offset, s->shape, [&](int64_t at, int64_t to, int64_t n) {
+      copy(l * partSize + at, e * wholeSize + to, n);
+    });
+  }
 }
 
 void WeightParts::gather(Comm &comm, const std::string &what, const std::vector<float> &own,
                          std::vector<float> &whole) const {
-  const bool experts = kind_ == Kind::Experts;
-  const std::vector<int> group = plan_.groupOf(
-      rank_, experts ? CollectiveGroup{CollectiveGroup::Mesh::Experts, CollectiveGroup::Axis::EP}
-                     : CollectiveGroup{CollectiveGroup::Mesh::Attention, CollectiveGroup::Axis::TP});
-  std::vector<float> all(own.size() * group.size());
-  comm.allGather(own.data(), static_cast<int64_t>(own.size()) * 4, all.data(), group,
+  std::vector<int> world(static_cast<size_t>(comm.size()));
+  for (int r = 0; r < comm.size(); ++r)
+    world[static_cast<size_t>(r)] = r;
+  std::vector<float> all(own.size() * world.size());
+  comm.allGather(own.data(), static_cast<int64_t>(own.size()) * 4, all.data(), world,
                  fmt::format("the parts of '{}'", what));
-  if (experts) { // member q holds experts [q El, (q + 1) El): consecutive
-    whole = std::move(all);
-    return;
-  }
-  // Each member's slice (PlanLayout) from the origin of its part.
   whole.assign(static_cast<size_t>(numel(whole_.shape)), 0.0f);
-  for (size_t q = 0; q < group.size(); ++q) {
-    const PlanSlice *s = plan_.layout->slice(group[q], own_.name);
-    const float *from = all.data() + q * own.size();
-    forBox(own_.shape, whole_.shape, s->offset, s->shape,
-           [&](int64_t at, int64_t to, int64_t n) { std::copy_n(from + at, n, whole.data() + to); });
+  for (int r : world) {
+    const float *from = all.data() + static_cast<size_t>(r) * own.size();
+    forParts(r, [&](int64_t at, int64_t to, int64_t n) {
+      std::copy_n(from + at, n, whole.data() + to);
+    });
   }
 }
 
 std::vector<float> WeightParts::part(const std::vector<float> &whole) const {
-  if (kind_ == Kind::Whole)
+  if (!split_)
     return whole;
-  const size_t n = static_cast<size_t>(numel(own_.shape));
-  if (kind_ == Kind::Experts) {
-    const size_t member = static_cast<size_t>(plan_.ranks.at(rank_).coords.ep);
-    return std::vector<float>(whole.begin() + member * n, whole.begin() + (member + 1) * n);
-  }
-  std::vector<float> own(n, 0.0f);
-  const PlanSlice *s = plan_.layout->slice(rank_, own_.name);
-  forBox(own_.shape, whole_.shape, s->offset, s->shape,
-         [&](int64_t at, int64_t to, int64_t count) {
-           std::copy_n(whole.data() + to, count, own.data() + at);
-         });
+  std::vector<float> own(static_cast<size_t>(numel(own_.shape)), 0.0f);
+  forParts(rank_, [&](int64_t at, int64_t to, int64_t n) {
+    std::copy_n(whole.data() + to, n, own.data() + at);
+  });
   return own;
 }
 

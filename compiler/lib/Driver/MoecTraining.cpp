@@ -189,10 +189,10 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
   // expert parallelism across data parallelism); --world-size alone is the
   // planner's choice among them (dp = N, ZeRO and recompute by the training
   // memory and time model).
-  int64_t replicas = 1, experts = 1, tensor = 1;
+  int64_t replicas = 1, experts = 1, tensor = 1, slices = 1;
   if (distribution) {
     const LayoutRequest &l = *options.layout;
-    for (auto [name, degree] : {std::pair<const char *, int64_t>{"pp", l.pp}, {"etp", l.etp}})
+    for (auto [name, degree] : {std::pair<const char *, int64_t>{"pp", l.pp}})
       if (degree > 1)
         return refuse("not supported yet: --train with --" + Twine(name) + " " + Twine(degree) +
                       " (distributed training: data, expert and tensor parallelism, --dp N --ep E "
@@ -214,10 +214,17 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
     replicas = l.dp ? l.dp : l.worldSize ? l.worldSize / tensor : tensor > 1 ? 1 : experts;
     if (replicas < 1)
       return refuse("--train: expected --world-size N or --dp N with N >= 1");
+    slices = std::max<int64_t>(l.etp, 1);
+    if (tensor % slices)
+      return refuse("--train --etp " + Twine(slices) + ": expected a divisor of --tp " +
+                    Twine(tensor) + " (each expert's slices within a tensor-parallel group)");
     if ((replicas * tensor) % experts)
       return refuse("--train --ep " + Twine(experts) + ": expected a divisor of the " +
                     Twine(replicas * tensor) + " ranks (the experts are split between the "
                     "ranks of each group of ep)");
+    if ((replicas * tensor) % (experts * slices))
+      return refuse("--train --ep " + Twine(experts) + " --etp " + Twine(slices) +
+                    ": expected ep x etp to divide the " + Twine(replicas * tensor) + " ranks");
     if ((experts > 1 || tensor > 1) && options.target != "cpu")
       return refuse("not supported yet: --train --" + Twine(experts > 1 ? "ep" : "tp") +
                     " with --target " + options.target +
@@ -235,7 +242,8 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
     LayoutRequest layout;
     layout.worldSize = replicas * tensor;
     layout.dp = replicas;
-    layout.pp = layout.etp = 1;
+    layout.pp = 1;
+    layout.etp = slices;
     layout.tp = tensor;
     layout.ep = experts;
     options.layout = layout;

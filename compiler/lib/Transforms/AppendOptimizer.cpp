@@ -276,9 +276,19 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     // Expert parallelism: an expert stack's sum on a rank is its experts'
     // (the exchanges brought every replica's tokens to them), added over
     // the replicas that hold the same experts (edp) only.
-    const int64_t ep = degree(train, "ep"), edp = replicas * degree(train, "tp") / ep;
+    // Under tensor parallelism too (each rank's experts see its rows, and
+    // its slices of them with etp): every holder of the same slices of the
+    // same experts (edp) adds its sum, once per update.
+    const int64_t ep = degree(train, "ep"), etp = degree(train, "etp");
+    const int64_t edp = replicas * degree(train, "tp") / (ep * etp);
     auto expertsRef = FlatSymbolRefAttr::get(ctx, "experts");
-    auto splitOverEp = [&](exec::WeightOp w) { return ep > 1 && w.getExperts().has_value(); };
+    auto distributedExperts = [&](exec::WeightOp w) {
+      return (ep > 1 || degree(train, "tp") > 1) && w.getExperts().has_value();
+    };
+    // The experts a rank holds only a part of (its experts, its slices).
+    auto splitOverEp = [&](exec::WeightOp w) {
+      return (ep > 1 || etp > 1) && w.getExperts().has_value();
+    };
     // Tensor parallelism: a weight whose rank holds a part of it (its shape
     // is not the model's: moe.logical_weights).
     const int64_t tp = degree(train, "tp");
@@ -291,7 +301,7 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
             logical[name.getValue()] = type.getValue();
     auto splitOverTp = [&](exec::WeightOp w) {
       auto it = logical.find(w.getTensor());
-      return tp > 1 && !splitOverEp(w) && it != logical.end() &&
+      return tp > 1 && !w.getExperts() && it != logical.end() &&
              cast<ShapedType>(it->second).getShape() !=
                  cast<ShapedType>(w.getTensorType()).getShape();
     };
@@ -300,13 +310,16 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
                                    b.getStringAttr(group), buffers, ValueRange{}, buffers,
                                    b.getDictionaryAttr({}), StringAttr());
     };
-    if (replicas > 1) {
-      auto allReduce = [&](ValueRange buffers) { allReduceOver(mesh, "dp", buffers); };
+    if (replicas > 1 || edp > 1) {
+      auto allReduce = [&](ValueRange buffers) {
+        if (replicas > 1)
+          allReduceOver(mesh, "dp", buffers);
+      };
       // ZeRO-1: each replica needs only its rows of the sums, added in
       // place (reduce_scatter over dp; the other rows keep its own). ZeRO-2:
       // the train program reduced the sums into their shards already.
       for (size_t i = 0; i < params.size() && !shardedGrads; ++i) {
-        if (splitOverEp(params[i])) {
+        if (distributedExperts(params[i])) {
           if (edp > 1)
             allReduceOver(expertsRef, "edp", sumAndError(i));
           continue;
@@ -361,7 +374,10 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       launch("sum_squares", dense, {}, {denseSq, denseErr}, {});
       if (!experts.empty()) {
         launch("sum_squares", experts, {}, {expertSq, expertErr}, {});
-        allReduceOver(expertsRef, "ep", ValueRange{expertSq, expertErr});
+        if (ep > 1)
+          allReduceOver(expertsRef, "ep", ValueRange{expertSq, expertErr});
+        if (etp > 1)
+          allReduceOver(expertsRef, "etp", ValueRange{expertSq, expertErr});
         normIns.append({expertSq, expertErr});
       }
       if (!parts.empty()) {

@@ -17,9 +17,10 @@
 //   - the cross-entropy's gradient is computed from the whole logits and
 //     kept for the rank's vocabulary part only (moe.vocab_shard), and the
 //     embedding's gradient for the rank's rows of the table;
-//   - the routed experts of a TP group's row parts give partial input,
-//     routing-weight and expert gradients (each rank its rows; under EP
-//     the experts' are added over edp by the optimizer program).
+//   - the routed experts of a TP group's row parts give partial input and
+//     routing-weight gradients (each rank its rows, with etp its slices of
+//     the experts); the experts' own gradients are the rank's rows' sums,
+//     which the optimizer program adds over edp.
 // A weight's gradient is returned as the rank holds the weight: its part
 // of a split weight, the group's sum of a partial one (all_reduce).
 // Under expert parallelism the experts' backward exchanges its gradient
@@ -47,8 +48,7 @@ FailureOr<Value> Partitioner::operandAs(Value old, Operation *user, Dist want) {
 /// The experts' backward on this rank's experts: the gradient blocks go to
 /// the experts' ranks as the forward's blocks did, with them the forward's
 /// received blocks (moe-insert-collectives pairs the two), and the blocks'
-/// gradients come back. A TP group's ranks each ran their row part: their
-/// expert gradients are partial sums.
+/// gradients come back.
 LogicalResult Partitioner::expertFFNGrad(moe::ExpertFFNGradOp op) {
   FailureOr<Value> gate = weight(op.getGateWeights(), op);
   FailureOr<Value> up = weight(op.getUpWeights(), op);
@@ -69,12 +69,12 @@ LogicalResult Partitioner::expertFFNGrad(moe::ExpertFFNGradOp op) {
       op.getActivationAttr());
   if (d.ep > 1)
     grad->setAttr(moe::kExchangeAttr, group(expertsRef, kEpAxis));
-  // (Under EP the holders of the same experts add theirs in the optimizer
-  // program, over edp: a TP partner may hold other experts.)
-  set(op.getResult(0), grad.getResult(0), Dist::Replicated);
+  // The rank's sums of its experts' (slices') gradients over its rows: the
+  // optimizer program adds those of every holder of the same slices (edp).
+  // With etp the blocks' gradient is a partial sum of the slices'.
+  set(op.getResult(0), grad.getResult(0), d.etp > 1 ? Dist::Partial : Dist::Replicated);
   for (unsigned i = 1; i < 4; ++i)
-    set(op.getResult(i), grad.getResult(i),
-        d.tp > 1 && d.ep == 1 ? Dist::Partial : Dist::Replicated);
+    set(op.getResult(i), grad.getResult(i), Dist::Replicated);
   return success();
 }
 
@@ -91,9 +91,6 @@ LogicalResult Partitioner::rewriteTraining(Operation &op, bool &handled) {
   if (d.pp > 1)
     return fail("not supported yet: partitioning a training program with pp=" + Twine(d.pp) +
                 " (distributed training: data, expert and tensor parallelism)");
-  if (d.etp > 1)
-    return fail("not supported yet: partitioning a training program with etp=" + Twine(d.etp) +
-                " (the experts' tensor parallelism)");
   if (auto grad = dyn_cast<moe::ExpertFFNGradOp>(op))
     return expertFFNGrad(grad);
 
