@@ -477,7 +477,7 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
 TrainingProgress resumeFrom(const std::string &dir, const Checkpoint &checkpoint,
                             RankExecutor &executor, const Plan &plan, int rank,
                             const PlanProgram &optimizer, int64_t B, int64_t L, int64_t steps,
-                            int64_t shuffleSeed) {
+                            int64_t shuffleSeed, bool saveAgain) {
   const ShardedCheckpoint *sharded = checkpoint.shardedCheckpoint();
   if (!sharded || !sharded->training())
     inputError("--resume {}: not a training checkpoint (moert train --save writes one)", dir);
@@ -486,10 +486,12 @@ TrainingProgress resumeFrom(const std::string &dir, const Checkpoint &checkpoint
     inputError("{}/manifest.json: training: an update of {} micro-batches of {} x {} tokens, "
                "but the plan's is {} of {} x {}: resume with a plan of the same shape",
                dir, p.microBatches, p.microBatchSize, p.seqLen, optimizer.microBatches, B, L);
-  // (--steps equal to the checkpoint's: no update; --save writes it again,
-  // from this plan's layout.)
-  if (p.step > steps)
-    inputError("--steps {}: {} is at update {} already", steps, dir, p.step);
+  // (--steps equal to the checkpoint's with --save: no update, the
+  // checkpoint written again from this plan's layout.)
+  if (p.step > steps || (p.step == steps && !saveAgain))
+    inputError("--steps {}: {} is at update {} already{}", steps, dir, p.step,
+               p.step == steps ? " (with --save it is written again, from this plan's layout)"
+                               : "");
   if (p.shuffleSeed != shuffleSeed)
     inputError("--resume {}: its sample order is {}, this run's {}: give the same "
                "--shuffle-seed",
@@ -665,7 +667,7 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     run.start.shuffleSeed = shuffleSeed;
     if (!resume.empty())
       run.start = resumeFrom(resume, *checkpoint, *executor, plan, comm.rank(), optimizer, B, L,
-                             steps, shuffleSeed);
+                             steps, shuffleSeed, !save.empty());
     if (optimizer.microBatches % plan.degrees.dp)
       inputError("{}: {} micro-batches of an update do not split between {} data-parallel "
                  "replicas",

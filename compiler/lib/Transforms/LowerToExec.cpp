@@ -119,11 +119,9 @@ NamedAttrList kernelConstants(Builder &b, Operation *op) {
         a.set("row_parts", i64(o.getRowParts()));
         a.set("row_part_stride", i64(o.getRowPartStride()));
       })
-      .Case<moe::EmbeddingOp, moe::EmbeddingGradOp, moe::CrossEntropyGradOp>([&](auto o) {
-        if (o->hasAttr("moe.vocab_shard"))
-          a.set("vocab_shard", b.getBoolAttr(true));
-      })
-      .Case([&](moe::CrossEntropyOp o) { a.set("vocab", i64(o.getVocab())); })
+
+      .Case<moe::CrossEntropyOp, moe::VocabStatsOp, moe::CrossEntropyOfStatsOp>(
+          [&](auto o) { a.set("vocab", i64(o.getVocab())); })
       .Case([&](moe::RMSNormGradOp o) { a.set("eps", f64(o.getEpsilon())); })
 
       .Case([&](moe::AllReduceOp o) {
@@ -158,6 +156,10 @@ NamedAttrList kernelConstants(Builder &b, Operation *op) {
             a.set("sequences", i64((rows - 3) / 2));
         }
       });
+  // A rank's part of the padded vocabulary (the embedding, the
+  // cross-entropy's statistics and gradient, the embedding's gradient).
+  if (op->hasAttr("moe.vocab_shard"))
+    a.set("vocab_shard", b.getBoolAttr(true));
   if (auto o = dyn_cast<moe::CrossEntropyGradOp>(op))
     a.set("vocab", i64(o.getVocab()));
   if (auto o = dyn_cast<moe::EmbeddingGradOp>(op); o && o.getPaddingIdx())
@@ -191,10 +193,20 @@ Operation *headOf(func::FuncOp fn) {
     return nullptr;
   Value v = ret.getOperand(0);
   if (auto loss = v.getDefiningOp<moe::LMLossOp>()) {
-    auto ce = loss.getCrossEntropy().getDefiningOp<moe::CrossEntropyOp>();
-    if (!ce)
+    Operation *ce = loss.getCrossEntropy().getDefiningOp();
+    if (auto whole = dyn_cast_or_null<moe::CrossEntropyOp>(ce)) {
+      v = whole.getLogits();
+    } else if (auto parts = dyn_cast_or_null<moe::CrossEntropyOfStatsOp>(ce)) {
+      // (The vocabulary-parallel cross-entropy: the logits of its parts'
+      // statistics, through their gather.)
+      auto gather = parts.getStats().getDefiningOp<moe::AllGatherOp>();
+      auto stats = gather ? gather.getInput().getDefiningOp<moe::VocabStatsOp>() : nullptr;
+      if (!stats)
+        return nullptr;
+      v = stats.getLogits();
+    } else {
       return nullptr;
-    v = ce.getLogits();
+    }
   }
   while (Operation *def = v.getDefiningOp()) {
     if (isa<moe::LinearOp>(def))

@@ -318,7 +318,12 @@ LogicalResult Partitioner::rewrite(Operation &op) {
       return success();
     copy->getResult(0).setType(withDim(
         cast<RankedTensorType>(copy->getResult(0).getType()), 1, w.getDimSize(0)));
-    if (!vocabParallel) {
+    // (A training program's LM head feeds only the vocabulary-parallel
+    // cross-entropy: its logits stay split, PartitionGradients.cpp.)
+    const bool onlyLoss = llvm::all_of(linear.getResult().getUsers(), [](Operation *user) {
+      return isa<moe::CrossEntropyOp, moe::CrossEntropyGradOp>(user);
+    });
+    if (!vocabParallel || onlyLoss) {
       set(linear.getResult(), copy->getResult(0), Dist::Local);
       return success();
     }

@@ -14,9 +14,10 @@
 //     gives a split input gradient;
 //   - attention and RoPE stay on the rank's heads; a norm of a split row
 //     (Qwen3's per-head q_norm) gives a partial weight gradient;
-//   - the cross-entropy's gradient is computed from the whole logits and
-//     kept for the rank's vocabulary part only (moe.vocab_shard), and the
-//     embedding's gradient for the rank's rows of the table;
+//   - the cross-entropy is Megatron's vocabulary-parallel one: each rank's
+//     statistics of its part of the logits gathered (moe.vocab_stats), its
+//     gradient for the rank's part (moe.vocab_shard); the embedding's
+//     gradient for the rank's rows of the table;
 //   - the routed experts of a TP group's row parts give partial input and
 //     routing-weight gradients (each rank its rows, with etp its slices of
 //     the experts); the experts' own gradients are the rank's rows' sums,
@@ -236,18 +237,52 @@ LogicalResult Partitioner::rewriteTraining(Operation &op, bool &handled) {
     copy->setAttr("moe.vocab_shard", b.getUnitAttr());
     return success();
   }
-  if (auto g = dyn_cast<moe::CrossEntropyGradOp>(op)) {
-    if (failed(mapAll(Dist::Replicated)))
+  if (auto ce = dyn_cast<moe::CrossEntropyOp>(op); ce && distOf(ce.getLogits()) == Dist::Local) {
+    // Megatron's vocabulary-parallel cross-entropy: each rank's statistics
+    // of its part of the logits, gathered ([T, 4 tp]: no logits move), give
+    // every rank the whole cross-entropy.
+    FailureOr<Value> logits = operandAs(ce.getLogits(), &op, Dist::Local);
+    FailureOr<Value> labels = operandAs(ce.getLabels(), &op, Dist::Replicated);
+    if (failed(logits) || failed(labels))
       return failure();
-    if (!tp) {
+    auto rows = cast<RankedTensorType>(logits->getType()).getDimSize(0);
+    auto part = b.create<moe::VocabStatsOp>(
+        op.getLoc(), RankedTensorType::get({rows, 4}, b.getF32Type()), *logits, *labels,
+        ce.getVocabAttr());
+    part->setAttr("moe.vocab_shard", b.getUnitAttr());
+    auto whole = b.create<UnrealizedConversionCastOp>(
+        op.getLoc(), RankedTensorType::get({rows, 4 * d.tp}, b.getF32Type()), part.getResult());
+    whole->setAttr(moe::kGatherAttr, group(meshRef, kTpAxis));
+    vocabStats[ce.getLogits()] = whole.getResult(0);
+    auto result = b.create<moe::CrossEntropyOfStatsOp>(op.getLoc(), ce.getType(),
+                                                       whole.getResult(0), *labels,
+                                                       ce.getVocabAttr());
+    set(ce.getResult(), result.getResult(), Dist::Replicated);
+    return success();
+  }
+  if (auto g = dyn_cast<moe::CrossEntropyGradOp>(op)) {
+    if (distOf(g.getLogits()) != Dist::Local) {
+      if (failed(mapAll(Dist::Replicated)))
+        return failure();
       emit({}, {Dist::Replicated});
       return success();
     }
-    // From the whole logits, the rank's part of the padded vocabulary (the
-    // vocabulary-split LM head's output gradient).
-    auto t = g.getResult().getType();
-    Operation *copy = emit({withDim(t, 1, paddedVocab / d.tp)}, {Dist::Local});
-    copy->setAttr("moe.vocab_shard", b.getUnitAttr());
+    // The rank's part of the padded vocabulary (the vocabulary-split LM
+    // head's output gradient), from its logits and the gathered statistics.
+    Value stats = vocabStats.lookup(g.getLogits());
+    if (!stats)
+      return fail("expected the vocabulary-parallel cross-entropy of the same logits before it");
+    FailureOr<Value> logits = operandAs(g.getLogits(), &op, Dist::Local);
+    FailureOr<Value> labels = operandAs(g.getLabels(), &op, Dist::Replicated);
+    FailureOr<Value> ce = operandAs(g.getCrossEntropy(), &op, Dist::Replicated);
+    if (failed(logits) || failed(labels) || failed(ce))
+      return failure();
+    auto local = cast<RankedTensorType>(logits->getType());
+    auto grad = b.create<moe::CrossEntropyGradOp>(
+        op.getLoc(), RankedTensorType::get(local.getShape(), b.getF32Type()), *logits,
+                                                  *labels, *ce, stats, g.getVocabAttr());
+    grad->setAttr("moe.vocab_shard", b.getUnitAttr());
+    set(g.getResult(), grad.getResult(), Dist::Local);
     return success();
   }
   if (auto g = dyn_cast<moe::SigmoidGateGradOp>(op)) {

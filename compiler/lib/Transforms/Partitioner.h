@@ -125,6 +125,9 @@ private:
     Operation *w = weightOpOf(v);
     return w && vocabSharded.contains(w);
   }
+  /// The vocabulary-split logits' gathered moe.vocab_stats (the
+  /// cross-entropy's, which its gradient reads too), by the old logits.
+  DenseMap<Value, Value> vocabStats;
   /// The embedding's table is split by vocabulary rows (its gradient too).
   bool vocabShardedTable = false;
   Block *entry = nullptr;

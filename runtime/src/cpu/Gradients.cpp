@@ -221,6 +221,33 @@ void crossEntropyGrad(const float *logits, int64_t tokens, int64_t width, int64_
   }, 4);
 }
 
+void crossEntropyGradPart(const float *logits, int64_t tokens, int64_t width, int64_t real,
+                          int64_t first, int64_t vocab, const int32_t *labels, const float ce[2],
+                          const float *stats, int64_t parts, float *out) {
+  const double scale = ce[1] > 0 ? 1.0 / ce[1] : 0.0;
+  parallelFor(tokens, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float *row = logits + t * width;
+      float *o = out + t * width;
+      std::fill(o, o + width, 0.0f);
+      if (labels[t] == -100)
+        continue;
+      if (labels[t] < 0 || labels[t] >= vocab)
+        inputError("cross_entropy_grad: label {} of row {} is outside [0, {})", labels[t], t,
+                   vocab);
+      // The whole row's shift and normaliser, from every part's statistics.
+      const VocabTotals v = vocabTotals(stats + 4 * parts * t, parts);
+      expShifted(row, real, v.peak, o);
+      const float factor = static_cast<float>(scale / v.sum);
+      for (int64_t c = 0; c < real; ++c)
+        o[c] *= factor;
+      const int64_t label = labels[t] - first;
+      if (label >= 0 && label < real)
+        o[label] -= static_cast<float>(scale);
+    }
+  }, 4);
+}
+
 void linearGrad(const float *dy, const float *x, int64_t tokens, const Matrix &w, float *dx,
                 float *dw) {
   linear(dy, tokens, w.transpose(), nullptr, dx);

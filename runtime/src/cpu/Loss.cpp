@@ -54,6 +54,58 @@ void crossEntropy(const float *logits, int64_t tokens, int64_t width, int64_t vo
   out[1] = static_cast<float>(counted);
 }
 
+VocabTotals vocabTotals(const float *stats, int64_t parts) {
+  VocabTotals v;
+  v.peak = -INFINITY;
+  for (int64_t q = 0; q < parts; ++q)
+    v.peak = std::max(v.peak, stats[4 * q]);
+  for (int64_t q = 0; q < parts; ++q) {
+    const float *p = stats + 4 * q;
+    const double s = static_cast<double>(p[1]) + static_cast<double>(p[2]);
+    if (s > 0)
+      v.sum += s * std::exp(static_cast<double>(p[0]) - v.peak);
+    v.target += p[3];
+  }
+  return v;
+}
+
+void vocabStats(const float *logits, int64_t tokens, int64_t width, int64_t real, int64_t first,
+                const int32_t *labels, float *out) {
+  parallelFor(tokens, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float *row = logits + t * width;
+      float *o = out + 4 * t;
+      const float peak = real > 0 ? *std::max_element(row, row + real) : -INFINITY;
+      double sum = 0;
+      for (int64_t c = 0; c < real; ++c)
+        sum += std::exp(static_cast<double>(row[c]) - peak);
+      o[0] = peak;
+      o[1] = static_cast<float>(sum);
+      o[2] = static_cast<float>(sum - static_cast<double>(o[1]));
+      const int64_t label = labels[t] - first;
+      o[3] = labels[t] != kIgnoreIndex && label >= 0 && label < real ? row[label] : 0.0f;
+    }
+  }, 8);
+}
+
+void crossEntropyOfStats(const float *stats, int64_t tokens, int64_t parts, int64_t vocab,
+                         const int32_t *labels, float out[2]) {
+  double sum = 0;
+  int64_t counted = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (labels[t] == kIgnoreIndex)
+      continue;
+    if (labels[t] < 0 || labels[t] >= vocab)
+      inputError("cross_entropy: label {} of row {} is outside [0, {}) and not -100", labels[t],
+                 t, vocab);
+    const VocabTotals v = vocabTotals(stats + 4 * parts * t, parts);
+    sum += v.peak + std::log(v.sum) - v.target;
+    ++counted;
+  }
+  out[0] = static_cast<float>(sum);
+  out[1] = static_cast<float>(counted);
+}
+
 std::vector<double> sequenceTopKCounts(const float *logits, int64_t tokens, int64_t experts,
                                        int64_t topK, int64_t sequences) {
   if (sequences < 1 || tokens % sequences != 0)

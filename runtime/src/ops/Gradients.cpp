@@ -3,6 +3,8 @@
 #include "Ops.h"
 #include "moert/cpu/Gradients.h"
 
+#include <algorithm>
+
 namespace moert::ops {
 
 void expectWeightGradient(const StepChecker &c, int64_t buffer, const PlanWeight &w) {
@@ -18,19 +20,29 @@ namespace {
 
 void parseVocab(const JsonFields &a, PlanStep &step) { step.loss.vocab = a.integer("vocab", 1); }
 
+/// in: the logits, labels, the cross-entropy (and with vocab_shard the
+/// parts' statistics [T, 4 tp]: the rank's part of the logits); out: their
+/// gradient.
 void checkCrossEntropyGrad(const StepChecker &c, const PlanStep &step) {
-  c.arity(3, 0, 0, 1);
+  c.expect(step.in.size() == (step.vocabShard ? 4u : 3u),
+           step.vocabShard ? "vocab_shard: expected the logits part, labels, the cross-entropy "
+                             "and the parts' statistics"
+                           : "expected the logits, labels and the cross-entropy");
+  c.arity(step.in.size(), 0, 0, 1);
   const int64_t width = c.tokens(step.in[0]);
-  c.expect(step.loss.vocab <= width, "vocab is wider than the logits");
   c.expect(c.tokens(step.in[1], DType::I32) == 1, "expected one label per row");
   c.expect(c.rows(step.in[2]) == 1 && c.width(step.in[2]) == 2,
            "expected the cross-entropy (1 row of 2) as input 2");
-  if (step.vocabShard) // the rank's part of the padded vocabulary
-    c.expect(c.tokens(step.out[0]) * c.plan.degrees.tp == c.plan.paddedVocab,
-             fmt::format("a vocab_shard gradient {} wide x tp {} is not the padded vocabulary "
-                         "({})", c.tokens(step.out[0]), c.plan.degrees.tp, c.plan.paddedVocab));
-  else
-    c.expect(c.tokens(step.out[0]) == width, "expected the logits' width");
+  c.expect(c.tokens(step.out[0]) == width, "expected the logits' width");
+  if (!step.vocabShard) {
+    c.expect(step.loss.vocab <= width, "vocab is wider than the logits");
+    return;
+  }
+  c.expect(width * c.plan.degrees.tp == c.plan.paddedVocab,
+           fmt::format("a part {} wide x tp {} is not the padded vocabulary ({})", width,
+                       c.plan.degrees.tp, c.plan.paddedVocab));
+  c.expect(c.tokens(step.in[3]) == 4 * c.plan.degrees.tp,
+           fmt::format("expected the statistics of the {} parts (4 each)", c.plan.degrees.tp));
 }
 
 int64_t runCrossEntropyGrad(cpu::StepContext &c) {
@@ -39,15 +51,11 @@ int64_t runCrossEntropyGrad(cpu::StepContext &c) {
     cpu::crossEntropyGrad(c.in(0), T, W, c.step->loss.vocab, c.inInts(1), c.in(2), c.out(0));
     return T;
   }
-  // From the whole logits, the columns [tp * w, (tp + 1) * w) of the padded
-  // vocabulary (0 past the logits).
-  float *whole = c.scratch(cpu::StepContext::Scratch::Work, T * W);
-  cpu::crossEntropyGrad(c.in(0), T, W, c.step->loss.vocab, c.inInts(1), c.in(2), whole);
-  const int64_t w = c.width(c.step->out[0]), first = c.coords.tp * w;
-  float *out = c.out(0);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t v = 0; v < w; ++v)
-      out[t * w + v] = first + v < W ? whole[t * W + first + v] : 0.0f;
+  // The rank's columns [tp W, (tp + 1) W) of the padded vocabulary.
+  const int64_t first = c.coords.tp * W,
+                real = std::clamp<int64_t>(c.step->loss.vocab - first, 0, W);
+  cpu::crossEntropyGradPart(c.in(0), T, W, real, first, c.step->loss.vocab, c.inInts(1), c.in(2),
+                            c.in(3), c.inWidth(3) / 4, c.out(0));
   return T;
 }
 

@@ -2,6 +2,8 @@
 // --train; MoETrainingOps.td has their math).
 #include "Ops.h"
 
+#include <algorithm>
+
 namespace moert::ops {
 namespace {
 
@@ -21,6 +23,48 @@ void checkCrossEntropy(const StepChecker &c, const PlanStep &step) {
 
 int64_t runCrossEntropy(cpu::StepContext &c) {
   cpu::crossEntropy(c.in(0), c.rows, c.inWidth(0), c.step->loss.vocab, c.inInts(1), c.out(0));
+  return c.rows;
+}
+
+/// The rank's part of the padded vocabulary: its first column and how many
+/// of its `width` columns are below vocab.
+std::pair<int64_t, int64_t> vocabPart(const cpu::StepContext &c, int64_t width) {
+  const int64_t first = c.coords.tp * width;
+  return {first, std::clamp<int64_t>(c.step->loss.vocab - first, 0, width)};
+}
+
+/// in: the rank's logits part, labels; out: its statistics [T, 4].
+void checkVocabStats(const StepChecker &c, const PlanStep &step) {
+  c.arity(2, 0, 0, 1);
+  c.expect(step.vocabShard, "expected vocab_shard (the rank's part of the logits)");
+  c.expect(c.tokens(step.in[0]) * c.plan.degrees.tp == c.plan.paddedVocab,
+           fmt::format("a part {} wide x tp {} is not the padded vocabulary ({})",
+                       c.tokens(step.in[0]), c.plan.degrees.tp, c.plan.paddedVocab));
+  c.expect(step.loss.vocab == c.plan.vocabSize, "vocab differs from the model's vocabulary");
+  c.expect(c.tokens(step.in[1], DType::I32) == 1, "expected one label per row");
+  c.expect(c.tokens(step.out[0]) == 4, "expected 4 statistics per row");
+}
+
+int64_t runVocabStats(cpu::StepContext &c) {
+  const auto [first, real] = vocabPart(c, c.inWidth(0));
+  cpu::vocabStats(c.in(0), c.rows, c.inWidth(0), real, first, c.inInts(1), c.out(0));
+  return c.rows;
+}
+
+/// in: the parts' statistics [T, 4 tp], labels; out: [sum, rows].
+void checkCrossEntropyOfStats(const StepChecker &c, const PlanStep &step) {
+  c.arity(2, 0, 0, 1);
+  c.expect(c.tokens(step.in[0]) == 4 * c.plan.degrees.tp,
+           fmt::format("expected the statistics of the {} parts (4 each)", c.plan.degrees.tp));
+  c.expect(step.loss.vocab == c.plan.vocabSize, "vocab differs from the model's vocabulary");
+  c.expect(c.tokens(step.in[1], DType::I32) == 1, "expected one label per row");
+  c.expect(c.rows(step.out[0]) == 1 && c.width(step.out[0]) == 2,
+           "expected an output of 1 row of 2 (sum, rows)");
+}
+
+int64_t runCrossEntropyOfStats(cpu::StepContext &c) {
+  cpu::crossEntropyOfStats(c.in(0), c.rows, c.inWidth(0) / 4, c.step->loss.vocab, c.inInts(1),
+                           c.out(0));
   return c.rows;
 }
 
@@ -88,6 +132,11 @@ int64_t runLmLoss(cpu::StepContext &c) {
 
 const OpDef kCrossEntropy = {"cross_entropy", Collective::None, 0, parseCrossEntropy,
                              checkCrossEntropy, runCrossEntropy};
+const OpDef kVocabStats = {"vocab_stats", Collective::None, OpDef::VocabShard,
+                           parseCrossEntropy, checkVocabStats, runVocabStats};
+const OpDef kCrossEntropyOfStats = {"cross_entropy_of_stats", Collective::None, 0,
+                                    parseCrossEntropy, checkCrossEntropyOfStats,
+                                    runCrossEntropyOfStats};
 const OpDef kRouterStats = {"router_stats", Collective::None, 0, parseRouterStats,
                             checkRouterStats, runRouterStats};
 const OpDef kLmLoss = {"lm_loss", Collective::None, 0, parseLmLoss, checkLmLoss, runLmLoss};

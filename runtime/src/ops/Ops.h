@@ -28,7 +28,7 @@ extern const OpDef kSplit, kConcat, kAdd, kSigmoidGate;
 extern const OpDef kMlp, kRouter, kRoute, kExperts, kExpertsSaved, kDispatch, kExpertFfn,
     kCombine, kCombineGrad, kExpertFfnGrad, kDispatchGrad;
 // Loss.cpp
-extern const OpDef kCrossEntropy, kRouterStats, kLmLoss;
+extern const OpDef kCrossEntropy, kRouterStats, kLmLoss, kVocabStats, kCrossEntropyOfStats;
 // Gradients.cpp
 extern const OpDef kCrossEntropyGrad, kLinearGrad, kRmsNormGrad, kRopeGrad, kAttentionGrad,
     kMlpGrad, kEmbeddingGrad, kRouteGrad, kExpertsGrad, kRouterStatsGrad, kBiasGrad,

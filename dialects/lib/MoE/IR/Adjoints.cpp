@@ -90,7 +90,7 @@ LogicalResult CrossEntropyOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultG
   if (!resultGrads[0].getDefiningOp<LMLossOp>())
     return emitOpError("expected its gradient from moe.lm_loss (the loss's cross-entropy)");
   Value grad = b.create<CrossEntropyGradOp>(getLoc(), f32Like(getLogits()), getLogits(),
-                                            getLabels(), getResult(), getVocabAttr());
+                                            getLabels(), getResult(), Value(), getVocabAttr());
   operandGrads.assign({grad, Value()});
   return success();
 }

@@ -29,6 +29,27 @@ LogicalResult CrossEntropyOp::verify() {
   return success();
 }
 
+void VocabStatsOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "vocab_stats");
+}
+
+LogicalResult VocabStatsOp::verify() {
+  if (shapeOf(getResult())[1] != 4 || getVocab() < 1)
+    return emitOpError("expected [T, 4] statistics (max, sum hi, sum lo, target) and vocab >= 1");
+  return success();
+}
+
+void CrossEntropyOfStatsOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "ce");
+}
+
+LogicalResult CrossEntropyOfStatsOp::verify() {
+  const int64_t width = shapeOf(getStats())[1];
+  if (ShapedType::isDynamic(width) || width % 4 || shapeOf(getResult()) != ArrayRef<int64_t>{2})
+    return emitOpError("expected the parts' statistics [T, 4 n] and a tensor<2xf32> result");
+  return success();
+}
+
 void RouterStatsOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
   setName(getResult(), "router_stats");
 }
@@ -89,10 +110,11 @@ void CrossEntropyGradOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
 }
 
 LogicalResult CrossEntropyGradOp::verify() {
-  // (moe.vocab_shard: a rank's part of the padded vocabulary, any width.)
-  if (!getResult().getType().getElementType().isF32() || !agree(getResult(), 0, getLogits(), 0) ||
-      (!(*this)->hasAttr("moe.vocab_shard") && !agree(getResult(), 1, getLogits(), 1)))
+  if (getResult().getType() != RankedTensorType::get(shapeOf(getLogits()),
+                                                     Float32Type::get(getContext())))
     return emitOpError("expected an f32 result of the logits' shape");
+  if (getStats() && (ShapedType::isDynamic(shapeOf(getStats())[1]) || shapeOf(getStats())[1] % 4))
+    return emitOpError("expected the parts' statistics [T, 4 n] (moe.vocab_stats)");
   if (shapeOf(getCrossEntropy()) != ArrayRef<int64_t>{2})
     return emitOpError("expected the cross-entropy as tensor<2xf32>");
   return success();

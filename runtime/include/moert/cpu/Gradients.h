@@ -14,6 +14,13 @@ namespace moert::cpu {
 void crossEntropyGrad(const float *logits, int64_t tokens, int64_t width, int64_t vocab,
                       const int32_t *labels, const float ce[2], float *out);
 
+/// The same for a part of the logits (vocabStats' columns: [first, first +
+/// width), the first `real` below vocab), the softmax's shift and
+/// normaliser from the parts' statistics [T, 4 parts].
+void crossEntropyGradPart(const float *logits, int64_t tokens, int64_t width, int64_t real,
+                          int64_t first, int64_t vocab, const int32_t *labels, const float ce[2],
+                          const float *stats, int64_t parts, float *out);
+
 /// y = x W^T: dx [T, in] = dy W, dw [out, in] = dy^T x.
 void linearGrad(const float *dy, const float *x, int64_t tokens, const Matrix &w, float *dx,
                 float *dw);

@@ -304,6 +304,26 @@ void combine(const float *y, int64_t H, const int32_t *slots, const float *weigh
 void crossEntropy(const float *logits, int64_t tokens, int64_t width, int64_t vocab,
                   const int32_t *labels, float out[2]);
 
+/// Megatron's vocabulary-parallel cross-entropy (moe.vocab_stats): per row
+/// of a part's logits [T, width] (columns [first, first + width) of the
+/// padded vocabulary, the first `real` of them below vocab) out[t] = [max,
+/// sum of exp(x - max) (f64 as two f32), the label's logit if the part holds
+/// it, else 0].
+void vocabStats(const float *logits, int64_t tokens, int64_t width, int64_t real, int64_t first,
+                const int32_t *labels, float *out);
+/// One row's parts' statistics [4 parts] combined: the largest logit, the
+/// sum of exp(x - peak) over the vocabulary (f64), the label's logit.
+struct VocabTotals {
+  float peak = 0;
+  double sum = 0;
+  float target = 0;
+};
+VocabTotals vocabTotals(const float *stats, int64_t parts);
+/// moe.cross_entropy_of_stats: crossEntropy's [sum, rows] from the parts'
+/// statistics [T, 4 parts]: lse = peak + log(sum).
+void crossEntropyOfStats(const float *stats, int64_t tokens, int64_t parts, int64_t vocab,
+                         const int32_t *labels, float out[2]);
+
 /// out [3, E]: row 0 sum_t softmax(l_t), row 1 the tokens whose top-k (of
 /// the softmax, ties to the lower index) holds e, row 2 [sum_t lse(l_t)^2,
 /// T, 0, ...]; logits [T, E]. With sequences B > 0, out [3 + 2B, E]: row 2

@@ -17,18 +17,23 @@ def MoE_CrossEntropyGradOp : MoE_NamedResultOp<"cross_entropy_grad"> {
   let description = [{
     `result[t] = (softmax(logits[t, :vocab]) - onehot(labels[t])) / n` for
     the rows counted by `ce` = moe.cross_entropy's [sum, n], 0 in the other
-    rows and in the padding columns from `vocab` on.
+    rows and in the padding columns from `vocab` on. With `moe.vocab_shard`
+    the logits are the rank's part of the padded vocabulary and `stats`
+    the parts' moe.vocab_stats side by side: the softmax's shift and
+    normaliser come from them (the vocabulary-parallel cross-entropy).
 
     ```mlir
     %dl = moe.cross_entropy_grad %logits, %labels, %ce vocab = 251 : tensor<?x251xf32>, tensor<?xi32>, tensor<2xf32> -> tensor<?x251xf32>
     ```
   }];
   let arguments = (ins MoE_Activations:$logits, 1DTensorOf<[I32]>:$labels,
-                       1DTensorOf<[F32]>:$cross_entropy, I64Attr:$vocab);
+                       1DTensorOf<[F32]>:$cross_entropy, Optional<MoE_Activations>:$stats,
+                       I64Attr:$vocab);
   let results = (outs MoE_Activations:$result);
   let assemblyFormat = [{
-    $logits `,` $labels `,` $cross_entropy `vocab` `=` $vocab attr-dict `:` type($logits) `,`
-    type($labels) `,` type($cross_entropy) `->` type($result)
+    $logits `,` $labels `,` $cross_entropy (`stats` `(` $stats^ `:` type($stats) `)`)?
+    `vocab` `=` $vocab attr-dict `:` type($logits) `,` type($labels) `,` type($cross_entropy)
+    `->` type($result)
   }];
   let hasVerifier = 1;
 }

@@ -37,6 +37,56 @@ def MoE_CrossEntropyOp : MoE_NamedResultOp<"cross_entropy", [DeclareOpInterfaceM
   let hasVerifier = 1;
 }
 
+def MoE_VocabStatsOp : MoE_NamedResultOp<"vocab_stats"> {
+  let summary = "a rank's share of the cross-entropy of vocabulary-split logits";
+  let description = [{
+    Megatron's vocabulary-parallel cross-entropy, a rank's part: `logits`
+    [T, w] are columns [p w, (p + 1) w) of the padded vocabulary (p: the
+    rank's tensor-parallel coordinate, `moe.vocab_shard`), of which those
+    below `vocab` count. Per row t: `result[t] = [m, s_hi, s_lo, target]`
+    with m the part's largest logit (-inf without a column), s = sum_c
+    exp(logits[t, c] - m) in f64 kept as two f32 (s_hi + s_lo), and target
+    the label's logit if the part holds it, else 0. The group's results
+    side by side (an all_gather, [T, 4 n]) give every rank the whole
+    cross-entropy (moe.cross_entropy_of_stats) and the softmax's
+    normaliser (moe.cross_entropy_grad's `stats`) without gathering the
+    logits.
+
+    ```mlir
+    %s = moe.vocab_stats %logits, %labels vocab = 251 {moe.vocab_shard} : tensor<?x128xf32>, tensor<?xi32> -> tensor<?x4xf32>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$logits, 1DTensorOf<[I32]>:$labels, I64Attr:$vocab);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $logits `,` $labels `vocab` `=` $vocab attr-dict `:` type($logits) `,` type($labels) `->`
+    type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_CrossEntropyOfStatsOp : MoE_NamedResultOp<"cross_entropy_of_stats"> {
+  let summary = "moe.cross_entropy from the vocabulary parts' statistics";
+  let description = [{
+    `stats` [T, 4 n]: the moe.vocab_stats of the n parts, in part order.
+    Per row with a label (not -100): M = max_q m_q, S = sum_q s_q exp(m_q -
+    M), `logsumexp = M + log S`, the target logit the parts' targets'
+    sum (one holds it); the result is moe.cross_entropy's [sum_t
+    (logsumexp - target), rows counted] (f64 sums, in row order).
+
+    ```mlir
+    %ce = moe.cross_entropy_of_stats %stats, %labels vocab = 251 : tensor<?x8xf32>, tensor<?xi32> -> tensor<2xf32>
+    ```
+  }];
+  let arguments = (ins MoE_Activations:$stats, 1DTensorOf<[I32]>:$labels, I64Attr:$vocab);
+  let results = (outs 1DTensorOf<[F32]>:$result);
+  let assemblyFormat = [{
+    $stats `,` $labels `vocab` `=` $vocab attr-dict `:` type($stats) `,` type($labels) `->`
+    type($result)
+  }];
+  let hasVerifier = 1;
+}
+
 def MoE_RouterStatsOp : MoE_NamedResultOp<"router_stats", [DeclareOpInterfaceMethods<MoE_AdjointOpInterface>]> {
   let summary = "a MoE layer's router statistics for the balancing and z losses";
   let description = [{
