@@ -81,35 +81,6 @@ void printProfile(const PlanProgram &program, const std::vector<double> &seconds
                recomputed / static_cast<double>(batches), 100 * recomputed / total);
 }
 
-/// `values` (f32, weight w's local shape) as the checkpoint's tensors of w:
-/// one, or one per expert of a stack, by their checkpoint names.
-/// In `dtype` F32, or BF16 (values that are bf16 already: exact).
-void appendByName(const PlanWeight &w, const std::vector<float> &values,
-                  std::vector<TensorToWrite> &tensors, DType dtype = DType::F32) {
-  if (dtype != DType::F32 && dtype != DType::BF16)
-    runtimeError("'{}': writing {} weights: not supported", w.name, dtypeName(dtype));
-  auto fill = [&values, dtype](size_t begin, size_t count) {
-    return [&values, dtype, begin, count](char *to) {
-      if (dtype == DType::F32) {
-        std::memcpy(to, values.data() + begin, count * sizeof(float));
-        return;
-      }
-      for (size_t i = 0; i < count; ++i) {
-        const uint16_t b = floatToBf16(values[begin + i]);
-        std::memcpy(to + 2 * i, &b, 2);
-      }
-    };
-  };
-  if (w.experts == 0) {
-    tensors.push_back({w.name, dtype, w.shape, fill(0, values.size())});
-    return;
-  }
-  const std::vector<int64_t> shape(w.shape.begin() + 1, w.shape.end());
-  const size_t size = values.size() / static_cast<size_t>(w.experts);
-  for (int64_t e = 0; e < w.experts; ++e)
-    tensors.push_back({w.expertName(e), dtype, shape, fill(e * size, size)});
-}
-
 /// --report-memory: what the device holds at its peak (weights, every
 /// entry's buffers, the state buffers, the KV caches and the device's
 /// scratch) against the compiled programs' figures (all but the scratch).
@@ -195,122 +166,8 @@ struct TrainRun {
   int64_t saveEvery = 0;      ///< 0: --save only after the last update
   CheckpointModel model;      ///< what --save's manifest says of the model
   std::shared_ptr<const PlanLayout> layout; ///< the plan's (--save: the weights' dtypes)
+  CheckpointTarget target() const { return {save, planPath, model, *layout}; }
 };
-
-/// The dtype the checkpoint holds weight `w` in (its slices').
-DType storedDtype(const PlanLayout &layout, const PlanWeight &w) {
-  const PlanSlice *s = layout.slice(0, w.experts ? w.expertName(0) : w.name);
-  return s ? s->dtype : w.dtype;
-}
-
-/// State `name`'s whole logical values on rank 0, the writer (a ZeRO
-/// shard's gathered from every replica of the world, data-parallel training
-/// making every rank one, in replica order; an expert stack's split over ep
-/// gathered over the ep group); other ranks get them only for a shard,
-/// where they take part. Every rank calls it, for the same states in the
-/// same order.
-void readWholeState(const Plan &plan, const PlanProgram &program, RankExecutor &executor,
-                    Comm &comm, const std::string &name, std::vector<float> &out) {
-  const StateShard shard = executor.stateShard(name);
-  if (const PlanWeight *w = weightOfState(program, name);
-      w && WeightParts(plan, comm.rank(), *w).split()) {
-    std::vector<float> own;
-    executor.readState(name, own);
-    WeightParts(plan, comm.rank(), *w).gather(comm, name, own, out);
-    if (comm.rank() != 0)
-      out.clear();
-    return;
-  }
-  if (!shard.sharded) {
-    if (comm.rank() == 0)
-      executor.readState(name, out);
-    else
-      out.clear();
-    return;
-  }
-  std::vector<float> own;
-  executor.readState(name, own);
-  std::vector<int> world(static_cast<size_t>(comm.size()));
-  for (int r = 0; r < comm.size(); ++r)
-    world[static_cast<size_t>(r)] = r;
-  out.resize(static_cast<size_t>(shard.elements) * world.size());
-  comm.allGather(own.data(), shard.elements * 4, out.data(), world,
-                 fmt::format("the shards of state '{}'", name));
-  out.resize(static_cast<size_t>(shard.logicalElements));
-}
-
-/// The trained weights by checkpoint name (`values` keeps them; a bf16
-/// weight's are its f32 master's, gathered when sharded or split over ep:
-/// every rank calls it, rank 0 gets them, the others none): f32, or with
-/// `layout` each in the dtype of its slices (a checkpoint the plan loads:
-/// f32 for --param-dtype bf16).
-std::vector<TensorToWrite> trainedWeights(const Plan &plan, RankExecutor &executor, Comm &comm,
-                                          const PlanProgram &program,
-                                          std::vector<std::vector<float>> &values,
-                                          const PlanLayout *layout = nullptr) {
-  std::vector<TensorToWrite> tensors;
-  values.assign(program.weights.size(), {});
-  const std::vector<std::string> states = executor.stateNames();
-  for (size_t i = 0; i < program.weights.size(); ++i) {
-    const PlanWeight &w = program.weights[i];
-    const WeightParts parts(plan, comm.rank(), w);
-    if (std::binary_search(states.begin(), states.end(), "master:" + w.name)) {
-      readWholeState(plan, program, executor, comm, "master:" + w.name, values[i]);
-    } else if (parts.split()) {
-      std::vector<float> own;
-      executor.readWeight(i, own);
-      parts.gather(comm, w.name, own, values[i]);
-    } else if (comm.rank() == 0) {
-      executor.readWeight(i, values[i]);
-    }
-    if (comm.rank() == 0)
-      appendByName(parts.whole(), values[i], tensors,
-                   layout ? storedDtype(*layout, w) : DType::F32);
-  }
-  return tensors;
-}
-
-/// --save: the weights (in their slices' dtypes: a bf16 weight's f32 master
-/// is a state, or, in an f32 checkpoint (--param-dtype bf16), the weight
-/// itself), and every other state buffer that is not all zeros (a
-/// state the checkpoint lacks starts as zeros: the gradient sums and expert
-/// loads between two updates), each in its weight's shape. Every rank
-/// calls it (ZeRO shards are gathered); rank 0 writes.
-void saveCheckpoint(const Plan &plan, RankExecutor &executor, Comm &comm,
-                    const PlanProgram &program, const TrainRun &run,
-                    const TrainingProgress &progress) {
-  std::vector<std::vector<float>> values;
-  std::vector<TensorToWrite> tensors =
-      trainedWeights(plan, executor, comm, program, values, run.layout.get());
-  std::vector<TensorToWrite> state;
-  std::vector<std::vector<float>> stateValues;
-  for (const std::string &name : executor.stateNames()) {
-    // A state in a weight's shape; a master is none when the checkpoint
-    // holds that weight in f32 (--param-dtype bf16: the weight is the master).
-    const std::string of = name.substr(name.find(':') + 1);
-    const auto w = std::find_if(program.weights.begin(), program.weights.end(),
-                                [&](const PlanWeight &p) { return p.name == of; });
-    if (w != program.weights.end() && name.rfind("master:", 0) == 0 &&
-        storedDtype(*run.layout, *w) == DType::F32)
-      continue;
-    std::vector<float> v;
-    readWholeState(plan, program, executor, comm, name, v);
-    if (comm.rank() != 0 || std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; }))
-      continue;
-    std::vector<int64_t> shape{static_cast<int64_t>(v.size())};
-    if (w != program.weights.end()) {
-      const std::vector<int64_t> whole = WeightParts(plan, comm.rank(), *w).whole().shape;
-      if (TensorView{DType::F32, whole, nullptr}.numel() == shape[0])
-        shape = whole;
-    }
-    stateValues.push_back(std::move(v));
-    state.push_back({name, DType::F32, shape, [&stateValues, i = stateValues.size() - 1](char *to) {
-                       std::memcpy(to, stateValues[i].data(), stateValues[i].size() * 4);
-                     }});
-  }
-  if (comm.rank() == 0)
-    writeTrainingCheckpoint(run.save, run.model, run.planPath, tensors, state, progress);
-}
 
 /// The model's multiply-add parameters per token (6 x this is the FLOPs of
 /// a token's forward and backward, attention's products left out): every
@@ -454,13 +311,13 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
     }
     if (!run.save.empty() &&
         ((run.saveEvery > 0 && (step + 1) % run.saveEvery == 0) || step + 1 == run.steps))
-      saveCheckpoint(plan, executor, comm, program, run,
+      saveCheckpoint(plan, executor, comm, program, run.target(),
                      {step + 1, consumed, M, L, B, run.start.shuffleSeed});
     progress.add(1);
   }
   progress.finish();
   if (run.start.step == run.steps && !run.save.empty()) // a checkpoint saved again
-    saveCheckpoint(plan, executor, comm, program, run,
+    saveCheckpoint(plan, executor, comm, program, run.target(),
                    {run.steps, consumed, M, L, B, run.start.shuffleSeed});
   if (!run.metricsOut.empty() && lead)
     writeFileAtomically(run.metricsOut, metrics);
@@ -470,58 +327,6 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
     if (lead)
       writeSafetensors(run.weightsOut, trained);
   }
-}
-
-/// --resume: the checkpoint's progress (its update's shape must be the
-/// plan's) and its state buffers into the executor's.
-TrainingProgress resumeFrom(const std::string &dir, const Checkpoint &checkpoint,
-                            RankExecutor &executor, const Plan &plan, int rank,
-                            const PlanProgram &optimizer, int64_t B, int64_t L, int64_t steps,
-                            int64_t shuffleSeed, bool saveAgain) {
-  const ShardedCheckpoint *sharded = checkpoint.shardedCheckpoint();
-  if (!sharded || !sharded->training())
-    inputError("--resume {}: not a training checkpoint (moert train --save writes one)", dir);
-  const TrainingProgress &p = *sharded->training();
-  if (p.microBatches != optimizer.microBatches || p.seqLen != L || p.microBatchSize != B)
-    inputError("{}/manifest.json: training: an update of {} micro-batches of {} x {} tokens, "
-               "but the plan's is {} of {} x {}: resume with a plan of the same shape",
-               dir, p.microBatches, p.microBatchSize, p.seqLen, optimizer.microBatches, B, L);
-  // (--steps equal to the checkpoint's with --save: no update, the
-  // checkpoint written again from this plan's layout.)
-  if (p.step > steps || (p.step == steps && !saveAgain))
-    inputError("--steps {}: {} is at update {} already{}", steps, dir, p.step,
-               p.step == steps ? " (with --save it is written again, from this plan's layout)"
-                               : "");
-  if (p.shuffleSeed != shuffleSeed)
-    inputError("--resume {}: its sample order is {}, this run's {}: give the same "
-               "--shuffle-seed",
-               dir, p.shuffleSeed < 0 ? std::string("in order") : fmt::format("seed {}", p.shuffleSeed),
-               shuffleSeed < 0 ? std::string("in order") : fmt::format("seed {}", shuffleSeed));
-  const std::vector<std::string> names = executor.stateNames();
-  for (const ShardedCheckpoint::Tensor &t : sharded->state()) {
-    if (t.dtype != DType::F32 || std::find(names.begin(), names.end(), t.name) == names.end())
-      inputError("{}/manifest.json: training.state: '{}' is not an F32 state of the plan's "
-                 "programs",
-                 dir, t.name);
-    std::vector<float> values(t.bytes() / 4);
-    sharded->assemble(t, reinterpret_cast<char *>(values.data()));
-    // (A ZeRO shard takes its rows of the whole; a weight held in parts
-    // the rank's part: its experts, its box.)
-    const PlanWeight *w = weightOfState(optimizer, t.name);
-    const std::optional<WeightParts> parts =
-        w ? std::optional<WeightParts>(std::in_place, plan, rank, *w) : std::nullopt;
-    const bool split = parts && parts->split();
-    const int64_t expected =
-        split ? TensorView{DType::F32, parts->whole().shape, nullptr}.numel()
-              : executor.stateShard(t.name).logicalElements;
-    if (static_cast<int64_t>(values.size()) != expected)
-      inputError("{}/manifest.json: training.state: '{}' has {} values, the plan's {}", dir,
-                 t.name, values.size(), expected);
-    if (split)
-      values = parts->part(values);
-    executor.writeState(t.name, values);
-  }
-  return p;
 }
 
 } // namespace

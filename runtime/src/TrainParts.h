@@ -1,18 +1,24 @@
-// A training run's weights that the ranks hold in parts (TrainParts.cpp):
+// A training run's state (TrainParts.cpp, TrainState.cpp): the weights that
+// the ranks hold in parts (TrainParts.cpp):
 // an expert stack split over ep (its experts) and etp (their slices), a
 // tensor-parallel weight split over tp.
 // Checkpoints hold every tensor whole: --save and --weights-out gather the
 // parts, --resume gives each rank its part (docs/training.md).
 #pragma once
 
+#include "moert/Checkpoint.h"
 #include "moert/Comm.h"
 #include "moert/Plan.h"
+#include "moert/SafetensorsWriter.h"
+#include "moert/ShardedCheckpoint.h"
 
 #include <functional>
 #include <string>
 #include <vector>
 
 namespace moert {
+
+class RankExecutor;
 
 /// How rank `rank` holds weight `w` (a PlanWeight of its program).
 class WeightParts {
@@ -45,5 +51,41 @@ private:
 
 /// The weight of a state's name ("exp_avg:<weight>") in `program`, or null.
 const PlanWeight *weightOfState(const PlanProgram &program, const std::string &state);
+
+// TrainState.cpp: the run's state in checkpoints.
+
+/// `values` (f32, weight w's shape) as the checkpoint's tensors of w: one,
+/// or one per expert of a stack, by their checkpoint names; in `dtype` F32,
+/// or BF16 (values that are bf16 already: exact).
+void appendByName(const PlanWeight &w, const std::vector<float> &values,
+                  std::vector<TensorToWrite> &tensors, DType dtype = DType::F32);
+/// The dtype the checkpoint holds weight `w` in (its slices').
+DType storedDtype(const PlanLayout &layout, const PlanWeight &w);
+/// The trained weights by checkpoint name, whole (`values` keeps them;
+/// every rank calls it, rank 0 gets them): f32, or with `layout` each in the
+/// dtype of its slices.
+std::vector<TensorToWrite> trainedWeights(const Plan &plan, RankExecutor &executor, Comm &comm,
+                                          const PlanProgram &program,
+                                          std::vector<std::vector<float>> &values,
+                                          const PlanLayout *layout = nullptr);
+/// Where --save writes: the directory, the model and plan it names, the
+/// plan's layout (the weights' dtypes).
+struct CheckpointTarget {
+  std::string dir, planPath;
+  CheckpointModel model;
+  const PlanLayout &layout;
+};
+/// --save: the weights and every state that is not all zeros, whole; every
+/// rank calls it, rank 0 writes.
+void saveCheckpoint(const Plan &plan, RankExecutor &executor, Comm &comm,
+                    const PlanProgram &program, const CheckpointTarget &target,
+                    const TrainingProgress &progress);
+/// --resume: the checkpoint's progress (its update's shape must be the
+/// plan's) and its states, each rank given its part. `saveAgain`: --save
+/// with --steps at the checkpoint's update (written again, no update).
+TrainingProgress resumeFrom(const std::string &dir, const Checkpoint &checkpoint,
+                            RankExecutor &executor, const Plan &plan, int rank,
+                            const PlanProgram &optimizer, int64_t B, int64_t L, int64_t steps,
+                            int64_t shuffleSeed, bool saveAgain);
 
 } // namespace moert
