@@ -1,0 +1,167 @@
+// The CUDA device's class (CudaDevice.cpp: the device's interface and its
+// steps; CudaDeviceSetup.cpp: opening the device, its module, arena,
+// weights and rope tables). Internal to runtime/src/cuda.
+#pragma once
+
+#include "../Device.h"
+#include "../InputFile.h"
+#include "../PlanChecks.h"
+#include "CudaApi.h"
+#include "CudaGemm.h"
+#include "CudaMemory.h"
+#include "NcclComm.h"
+
+#include "moert/Error.h"
+#include "moert/RankWeights.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+
+namespace moert::cuda {
+
+/// Steps of at most this many tokens are captured into CUDA graphs.
+constexpr int64_t kGraphMaxTokens = 64;
+
+class CudaDevice final : public Device {
+
+  /// What the device holds for each program of the rank (one per entry, the
+  /// rank's own first): its kernel table and module, scratch, rope tables,
+  /// grouped GEMM steps and captured graphs, and the executor's memory of it.
+  struct Entry {
+    const PlanProgram *program = nullptr;
+    const KernelTable *table = nullptr;
+    CUmodule module = nullptr;
+    std::map<std::string, CUfunction> functions;
+    CUfunction packBf16 = nullptr; ///< moe_pack_bf16 of the module
+    std::vector<CUdeviceptr> scratch, ropeCos, ropeSin;
+    std::vector<bool> grouped; ///< per step: dropless expert GEMMs
+    bool graphsEnabled = false;
+    std::map<std::pair<int64_t, int64_t>, CUgraphExec> graphs;
+    const RankProgram *memory = nullptr; ///< the executor's: buffers, KV caches
+  };
+
+public:
+  ~CudaDevice() override;
+
+  std::string name() const override;
+
+  void open(const Plan &plan, int64_t rankIndex, const Checkpoint &ckpt, Comm &comm) override;
+
+  DeviceMemory &memory() override;
+  /// Captured graphs replay fixed addresses: the staging is reserved.
+  RankProgram::Staging staging() const override;
+  /// The collectives go over NCCL.
+  Comm *communicator() override;
+
+  void bind(const RankProgram &p) override;
+
+  /// The batch's per-token / per-logit-row index arrays (the kernels read
+  /// them), then the steps: small steps (decode) replay a graph captured
+  /// per (T, R); large ones (prefill) run directly, with the dropless
+  /// expert GEMMs grouped over counted rows.
+  void run(const RankProgram &p, const Batch &batch, const std::function<void()> &steps) override;
+
+  void synchronize() override;
+  bool synchronous() const override;
+
+  int64_t weightBytes() const override;
+  int64_t loadedWeightBytes() const override;
+  /// The arena: weights, scratch, rope tables, the batch's index arrays.
+  int64_t ownPeakBytes() const override;
+
+private:
+  //===--------------------------------------------------------------------===//
+  // Setup
+  //===--------------------------------------------------------------------===//
+
+  /// The entry of the executor's program `p`.
+  Entry &entryOf(const RankProgram &p);
+
+  void readTable(Entry &e, const PlanProgram &p);
+
+  void selectDevice();
+
+  /// The plan carries its kernels (source and fatbin, docs/cuda.md): they
+  /// are written to a private temporary directory for cuModuleLoad and
+  /// removed once loaded (the fake driver of the tests builds the source
+  /// found beside the fatbin). True when the module has moe_pack_bf16.
+  bool loadModule(Entry &e);
+
+  /// The driver's own pieces, in one arena (the program's buffers and KV
+  /// caches are RankProgram's).
+  void allocate();
+
+  /// Weights that are the B operand of a GEMM in a 16-bit type (`widened`)
+  /// and weights that a kernel reads as stored (`stored`).
+  void weightUse(std::set<size_t> &widened, std::set<size_t> &stored);
+
+  void uploadWeights(const Checkpoint &ckpt);
+
+  /// cos/sin of each rope table, as the CPU backend computes them: the
+  /// parameters are those of the steps that use the table.
+  void uploadRopeTables(Entry &e);
+
+  //===--------------------------------------------------------------------===//
+  // Steps
+  //===--------------------------------------------------------------------===//
+
+  /// A step's launches: kernels from the table (rows: the step's, T or R)
+  /// and cuBLAS GEMMs.
+  int64_t compute(size_t i, const PlanStep &s, int64_t rows) override;
+
+  void exchanged(size_t, const PlanStep &s, int64_t most) override;
+
+  static uint64_t address(const void *p);
+
+  /// A parameter's value (indices were checked when the plan was read).
+  uint64_t resolve(const KernelRef &ref, int64_t T, int64_t R) const;
+
+  void launch(const KernelLaunch &l, int64_t rows, int64_t T, int64_t R);
+
+  static cudaDataType weightType(const std::string &dtype);
+
+  /// A GEMM of the table (C[m, n] (+)= op(A) op(B), row-major: CudaGemm.h).
+  /// `groupedStep` >= 0: a dropless expert GEMM of that step, run as a
+  /// grouped GEMM over each block's counted rows only (the counts are read
+  /// back once per step: such programs are not captured into graphs).
+  void gemm(const KernelGemm &g, int64_t T, int64_t R, int64_t groupedStep);
+
+  const Plan *plan = nullptr;
+  int64_t rank = 0;
+  const PlanProgram *program = nullptr;
+  const cuda::Api *api = nullptr;
+  CUdevice device = 0;
+  CUcontext context = nullptr;
+  CUstream stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  std::unique_ptr<cuda::NcclComm> nccl;
+  cuda::Memory memory_;
+  std::vector<Entry> entries;
+  cuda::Arena arena;
+  std::vector<CUdeviceptr> weightPtrs;
+  std::vector<CUdeviceptr> weightF32Ptrs; ///< f32 copies of 16-bit GEMM weights (or 0)
+  bool bf16Gemm = false;         ///< BF16 weights multiply bf16-rounded activations
+  CUdeviceptr packScratch = 0;   ///< the rounded A operand
+  int64_t packBytes = 0;
+  std::set<size_t> widened, stored;      ///< weightUse()
+  CUdeviceptr batchSequence = 0, batchPosition = 0, batchLogitRows = 0, batchArgmax = 0;
+  int64_t weightsOnDevice = 0, loaded = 0;
+  std::vector<int32_t> stepCounts;   // the counts of the grouped step in flight
+  int64_t countsStep = -1;
+  int64_t exchangedRows = -1; // most rows of a block received by the last all_to_all (-1: none)
+  struct Current {
+    Entry *entry = nullptr;
+    int64_t T = 0, R = 0;
+    bool capturing = false;
+  } current; ///< the forward pass in flight
+};
+
+} // namespace moert::cuda
