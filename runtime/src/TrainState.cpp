@@ -59,7 +59,7 @@ void readWholeState(const Plan &plan, const PlanProgram &program, RankExecutor &
                     Comm &comm, const std::string &name, std::vector<float> &out) {
   const StateShard shard = executor.stateShard(name);
   if (const PlanWeight *w = weightOfState(program, name);
-      w && WeightParts(plan, comm.rank(), *w).split()) {
+      !shard.sharded && w && WeightParts(plan, comm.rank(), *w).split()) {
     std::vector<float> own;
     executor.readState(name, own);
     WeightParts(plan, comm.rank(), *w).gather(comm, name, own, out);
@@ -74,15 +74,23 @@ void readWholeState(const Plan &plan, const PlanProgram &program, RankExecutor &
       out.clear();
     return;
   }
+  // A ZeRO shard: the replicas' rows of the rank's state (its part of a
+  // tensor-parallel weight), gathered over the dp group, then the parts.
   std::vector<float> own;
   executor.readState(name, own);
-  std::vector<int> world(static_cast<size_t>(comm.size()));
-  for (int r = 0; r < comm.size(); ++r)
-    world[static_cast<size_t>(r)] = r;
-  out.resize(static_cast<size_t>(shard.elements) * world.size());
-  comm.allGather(own.data(), shard.elements * 4, out.data(), world,
+  const std::vector<int> replicas =
+      plan.groupOf(comm.rank(), {CollectiveGroup::Mesh::Attention, CollectiveGroup::Axis::DP});
+  out.resize(static_cast<size_t>(shard.elements) * replicas.size());
+  comm.allGather(own.data(), shard.elements * 4, out.data(), replicas,
                  fmt::format("the shards of state '{}'", name));
   out.resize(static_cast<size_t>(shard.logicalElements));
+  if (const PlanWeight *w = weightOfState(program, name);
+      w && WeightParts(plan, comm.rank(), *w).split()) {
+    std::vector<float> part = std::move(out);
+    WeightParts(plan, comm.rank(), *w).gather(comm, name, part, out);
+  }
+  if (comm.rank() != 0)
+    out.clear();
 }
 
 /// The trained weights by checkpoint name (`values` keeps them; a bf16

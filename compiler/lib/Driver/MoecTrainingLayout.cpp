@@ -226,8 +226,8 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
       if (replicas % ep == 0 && request.config->numExperts % ep == 0)
         eps.push_back(ep);
   SmallVector<int64_t> zeros;
-  if (request.zeroAuto && replicas > 1 && options.optimizer && !tensorParallel)
-    zeros = {0, 1, 2};
+  if (request.zeroAuto && replicas > 1 && options.optimizer)
+    zeros = tensorParallel ? SmallVector<int64_t>{0, 1} : SmallVector<int64_t>{0, 1, 2};
   else
     zeros = {options.optimizer ? options.optimizer->zero : 0};
   SmallVector<Candidate> candidates;

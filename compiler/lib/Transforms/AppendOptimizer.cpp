@@ -261,6 +261,10 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     if ((degree(train, "ep") > 1 || degree(train, "tp") > 1) && !sharded)
       for (Value *v : {&denseSq, &denseErr, &expertSq, &expertErr, &partSq, &partErr})
         *v = b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr());
+    // (ZeRO over tensor parallelism: the split weights' squares apart.)
+    if (sharded && degree(train, "tp") > 1)
+      for (Value *v : {&partSq, &partErr})
+        *v = b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr());
     b.create<exec::InputsOp>(loc, Value(), Value(), Value(), step);
     auto launch = [&](StringRef kernel, ValueRange ins, ValueRange ws, ValueRange outs,
                       ArrayRef<NamedAttribute> constants, bool updates = false) {
@@ -356,12 +360,20 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       SmallVector<NamedAttribute> rowsOf;
       if (!shardedGrads)
         rowsOf.push_back(b.getNamedAttr("replicas", b.getI64IntegerAttr(replicas)));
-      launch("sum_squares", optSums, {}, {normSq, normSqErr}, rowsOf);
-      b.create<exec::CollectiveOp>(loc, b.getStringAttr("all_reduce"), mesh,
-                                   b.getStringAttr("dp"), ValueRange{normSq, normSqErr},
-                                   ValueRange{}, ValueRange{normSq, normSqErr},
-                                   b.getDictionaryAttr({}), StringAttr());
-      launch("grad_norm", {stats, normSq, normSqErr}, {}, {stats},
+      // (Under TP the split weights' squares are added over tp as well.)
+      SmallVector<Value> whole, parts;
+      for (auto [i, w] : llvm::enumerate(params))
+        (splitOverTp(w) ? parts : whole).push_back(optSums[i]);
+      SmallVector<Value> normIns{stats, normSq, normSqErr};
+      launch("sum_squares", whole, {}, {normSq, normSqErr}, rowsOf);
+      allReduceOver(mesh, "dp", ValueRange{normSq, normSqErr});
+      if (!parts.empty()) {
+        launch("sum_squares", parts, {}, {partSq, partErr}, rowsOf);
+        allReduceOver(mesh, "dp", ValueRange{partSq, partErr});
+        allReduceOver(mesh, "tp", ValueRange{partSq, partErr});
+        normIns.append({partSq, partErr});
+      }
+      launch("grad_norm", normIns, {}, {stats},
              {b.getNamedAttr("from_squares", b.getBoolAttr(true)), maxNorm, micro});
     } else if (ep > 1 || tp > 1) {
       // Expert or tensor parallelism: the replicated weights' squares once,
