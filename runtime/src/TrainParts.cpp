@@ -1,11 +1,14 @@
 // A training run's weights held in parts (TrainParts.h). Every part is a
 // box of the whole tensor that the plan's layout names (PlanLayout: an
-// expert's per rank, or a tensor-parallel weight's), so gathering is the
-// same for all of them: every rank's part (an all-gather over the world;
-// replicas hold the same values) put in its box.
+// expert's per rank, or a tensor-parallel weight's), held from the origin
+// of the rank's part (a padded part's extra rows come last), so gathering
+// is the same for all of them: every rank's part (an all-gather over the
+// world; replicas hold the same values) put in its box (copyBoxIn).
 #include "TrainParts.h"
 #include "moert/Error.h"
 #include "moert/PlanLayout.h"
+#include "moert/ShardedCheckpoint.h"
+#include "moert/Tensor.h"
 
 #include <fmt/format.h>
 
@@ -15,24 +18,7 @@ namespace moert {
 namespace {
 
 int64_t numel(const std::vector<int64_t> &shape) {
-  int64_t n = 1;
-  for (int64_t d : shape)
-    n *= d;
-  return n;
-}
-
-/// Runs copy(at in the part, at in the whole, count) over the rows of box
-/// `shape` at `offset` of a whole of `wholeShape`, the part (of
-/// `partShape`) holding it from its origin (1-D: one row).
-template <typename Copy>
-void forBox(const std::vector<int64_t> &partShape, const std::vector<int64_t> &wholeShape,
-            const std::vector<int64_t> &offset, const std::vector<int64_t> &shape, Copy copy) {
-  const bool matrix = shape.size() == 2;
-  const int64_t rows = matrix ? shape[0] : 1, cols = shape.back();
-  const int64_t partCols = partShape.back(), wholeCols = wholeShape.back();
-  const int64_t row0 = matrix ? offset[0] : 0, col0 = offset.back();
-  for (int64_t r = 0; r < rows; ++r)
-    copy(r * partCols, (row0 + r) * wholeCols + col0, cols);
+  return TensorView{DType::F32, shape, nullptr}.numel();
 }
 
 } // namespace
@@ -72,24 +58,21 @@ int64_t WeightParts::firstExpert(int rank) const {
   return plan_.ranks.at(rank).coords.ep * own_.experts;
 }
 
-void WeightParts::forParts(int rank, const std::function<void(int64_t, int64_t, int64_t)> &copy) const {
+void WeightParts::forParts(int rank, const std::function<void(int64_t, int64_t,
+                                                                const PlanSlice &)> &box) const {
   if (own_.experts == 0) {
-    const PlanSlice *s = plan_.layout->slice(rank, own_.name);
-    forBox(own_.shape, whole_.shape, s->offset, s->shape, copy);
+    box(0, 0, *plan_.layout->slice(rank, own_.name));
     return;
   }
-  const std::vector<int64_t> partExpert(own_.shape.begin() + 1, own_.shape.end()),
-      wholeExpert(whole_.shape.begin() + 1, whole_.shape.end());
-  const int64_t partSize = numel(partExpert), wholeSize = numel(wholeExpert);
+  const int64_t partSize = numel({own_.shape.begin() + 1, own_.shape.end()}),
+                wholeSize = numel({whole_.shape.begin() + 1, whole_.shape.end()});
   for (int64_t l = 0; l < own_.experts; ++l) {
     const int64_t e = firstExpert(rank) + l;
     const PlanSlice *s = plan_.layout->slice(rank, own_.expertName(e));
     if (!s)
       runtimeError("'{}': rank {} holds no slice of it in the plan's layout", own_.expertName(e),
                    rank);
-    forBox(partExpert, wholeExpert, s->offset, s->shape, [&](int64_t at, int64_t to, int64_t n) {
-      copy(l * partSize + at, e * wholeSize + to, n);
-    });
+    box(l * partSize, e * wholeSize, *s);
   }
 }
 
@@ -104,8 +87,9 @@ void WeightParts::gather(Comm &comm, const std::string &what, const std::vector<
   whole.assign(static_cast<size_t>(numel(whole_.shape)), 0.0f);
   for (int r : world) {
     const float *from = all.data() + static_cast<size_t>(r) * own.size();
-    forParts(r, [&](int64_t at, int64_t to, int64_t n) {
-      std::copy_n(from + at, n, whole.data() + to);
+    forParts(r, [&](int64_t at, int64_t to, const PlanSlice &s) {
+      copyBoxIn(reinterpret_cast<const char *>(from + at), s.globalShape, s.offset, s.shape, 4,
+                reinterpret_cast<char *>(whole.data() + to));
     });
   }
 }
@@ -114,8 +98,9 @@ std::vector<float> WeightParts::part(const std::vector<float> &whole) const {
   if (!split_)
     return whole;
   std::vector<float> own(static_cast<size_t>(numel(own_.shape)), 0.0f);
-  forParts(rank_, [&](int64_t at, int64_t to, int64_t n) {
-    std::copy_n(whole.data() + to, n, own.data() + at);
+  forParts(rank_, [&](int64_t at, int64_t to, const PlanSlice &s) {
+    copyBoxOut(reinterpret_cast<const char *>(whole.data() + to), s.globalShape, s.offset,
+               s.shape, 4, reinterpret_cast<char *>(own.data() + at));
   });
   return own;
 }

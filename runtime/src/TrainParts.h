@@ -19,6 +19,7 @@
 namespace moert {
 
 class RankExecutor;
+struct PlanSlice;
 
 /// How rank `rank` holds weight `w` (a PlanWeight of its program).
 class WeightParts {
@@ -40,8 +41,10 @@ public:
 private:
   /// Rank `rank`'s first expert of a stack.
   int64_t firstExpert(int rank) const;
-  /// copy(at in the part, at in the whole, count) over rank `rank`'s boxes.
-  void forParts(int rank, const std::function<void(int64_t, int64_t, int64_t)> &copy) const;
+  /// box(where in the part, where in the whole, its slice) for each of rank
+  /// `rank`'s boxes (an expert's, or the weight's).
+  void forParts(int rank,
+                const std::function<void(int64_t, int64_t, const PlanSlice &)> &box) const;
 
   bool split_ = false;
   const Plan &plan_;

@@ -16,7 +16,8 @@
 //               vocabulary-sharded embedding, routed experts under TP).
 // A use that needs a replicated value gets an all_reduce, marked at the
 // first such use and shared by later ones: a shared expert's and the routed
-// experts' partial sums meet in one add and take one all_reduce.
+// experts' partial sums meet in one add and take one all_reduce. A training
+// program's loss and backward ops have their rules in PartitionGradients.cpp.
 //
 //===----------------------------------------------------------------------===//
 #include "moe/Dialect/MoE/IR/MoEOps.h"

@@ -198,8 +198,17 @@ void grad::mlpBackwardRecomputed(const float *dy, const float *x, int64_t T, con
   mlpBackward(dy, x, T, gate, up, down, act, a, u, h, dx, dgate, dup, ddown);
 }
 
-void crossEntropyGrad(const float *logits, int64_t tokens, int64_t width, int64_t vocab,
-                      const int32_t *labels, const float ce[2], float *out) {
+namespace {
+
+/// The cross-entropy's gradient row by row: out 0, and for a row with a
+/// label (checked against vocab) its `n` columns from the softmax's
+/// `peak` and normaliser `sum` (null: the columns' own), the label's
+/// column (`label` in the row: -1 when another part holds it) less 1, all
+/// over ce[1].
+template <typename Totals>
+void crossEntropyRows(const float *logits, int64_t tokens, int64_t width, int64_t n,
+                      int64_t first, int64_t vocab, const int32_t *labels, const float ce[2],
+                      Totals totals, float *out) {
   const double scale = ce[1] > 0 ? 1.0 / ce[1] : 0.0;
   parallelFor(tokens, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -211,41 +220,43 @@ void crossEntropyGrad(const float *logits, int64_t tokens, int64_t width, int64_
       if (labels[t] < 0 || labels[t] >= vocab)
         inputError("cross_entropy_grad: label {} of row {} is outside [0, {})", labels[t], t,
                    vocab);
-      const float peak = *std::max_element(row, row + vocab);
-      const double sum = expShifted(row, vocab, peak, o);
-      const float factor = static_cast<float>(scale / sum);
-      for (int64_t v = 0; v < vocab; ++v)
+      float peak;
+      double sum;
+      totals(t, row, peak, sum);
+      const double own = expShifted(row, n, peak, o);
+      const float factor = static_cast<float>(scale / (sum > 0 ? sum : own));
+      for (int64_t v = 0; v < n; ++v)
         o[v] *= factor;
-      o[labels[t]] -= static_cast<float>(scale);
+      const int64_t label = labels[t] - first;
+      if (label >= 0 && label < n)
+        o[label] -= static_cast<float>(scale);
     }
   }, 4);
+}
+
+} // namespace
+
+void crossEntropyGrad(const float *logits, int64_t tokens, int64_t width, int64_t vocab,
+                      const int32_t *labels, const float ce[2], float *out) {
+  crossEntropyRows(logits, tokens, width, vocab, 0, vocab, labels, ce,
+                   [&](int64_t, const float *row, float &peak, double &sum) {
+                     peak = *std::max_element(row, row + vocab);
+                     sum = 0; // (the row's own)
+                   },
+                   out);
 }
 
 void crossEntropyGradPart(const float *logits, int64_t tokens, int64_t width, int64_t real,
                           int64_t first, int64_t vocab, const int32_t *labels, const float ce[2],
                           const float *stats, int64_t parts, float *out) {
-  const double scale = ce[1] > 0 ? 1.0 / ce[1] : 0.0;
-  parallelFor(tokens, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const float *row = logits + t * width;
-      float *o = out + t * width;
-      std::fill(o, o + width, 0.0f);
-      if (labels[t] == -100)
-        continue;
-      if (labels[t] < 0 || labels[t] >= vocab)
-        inputError("cross_entropy_grad: label {} of row {} is outside [0, {})", labels[t], t,
-                   vocab);
-      // The whole row's shift and normaliser, from every part's statistics.
-      const VocabTotals v = vocabTotals(stats + 4 * parts * t, parts);
-      expShifted(row, real, v.peak, o);
-      const float factor = static_cast<float>(scale / v.sum);
-      for (int64_t c = 0; c < real; ++c)
-        o[c] *= factor;
-      const int64_t label = labels[t] - first;
-      if (label >= 0 && label < real)
-        o[label] -= static_cast<float>(scale);
-    }
-  }, 4);
+  // The whole row's shift and normaliser, from every part's statistics.
+  crossEntropyRows(logits, tokens, width, real, first, vocab, labels, ce,
+                   [&](int64_t t, const float *, float &peak, double &sum) {
+                     const VocabTotals v = vocabTotals(stats + 4 * parts * t, parts);
+                     peak = v.peak;
+                     sum = v.sum;
+                   },
+                   out);
 }
 
 void linearGrad(const float *dy, const float *x, int64_t tokens, const Matrix &w, float *dx,
