@@ -23,23 +23,23 @@ std::string RankExecutor::deviceName() const { return device->name(); }
 
 namespace {
 
-/// Weight `w`'s f32 values as the checkpoint stores them (the rank's whole
-/// tensors; an expert stack's experts one after another).
+/// Weight `w`'s f32 values as the checkpoint stores them: the rank's slice
+/// of each tensor (an expert stack's experts one after another), from the
+/// origin of the rank's shape (a padded part's extra rows 0).
 std::vector<float> checkpointValues(const Plan &plan, int64_t rank, const Checkpoint &ckpt,
                                     const PlanWeight &w) {
   const std::vector<int64_t> shape = w.experts ? w.tensorShape() : w.shape;
-  std::vector<float> values;
+  const size_t size = static_cast<size_t>(TensorView{DType::F32, shape, nullptr}.numel());
+  std::vector<float> values(size * static_cast<size_t>(std::max<int64_t>(w.experts, 1)), 0.0f);
   for (int64_t l = 0; l < std::max<int64_t>(w.experts, 1); ++l) {
     const std::string name =
         w.experts ? w.expertName(plan.ranks.at(rank).coords.ep * w.experts + l) : w.name;
     const PlanSlice *slice = plan.layout->slice(rank, name);
-    if (!slice || slice->dtype != DType::F32 || slice->shape != shape ||
-        std::any_of(slice->offset.begin(), slice->offset.end(), [](int64_t o) { return o; }))
-      runtimeError("'{}': master weights of a part of a tensor: not supported yet", name);
-    const size_t at = values.size();
-    values.resize(at + static_cast<size_t>(TensorView{DType::F32, shape, nullptr}.numel()));
-    ckpt.readBox(name, slice->offset, shape, DType::F32,
-                 reinterpret_cast<char *>(values.data() + at), shape);
+    if (!slice || slice->dtype != DType::F32)
+      runtimeError("'{}': no f32 slice of it for rank {} to start its master weights from",
+                   name, rank);
+    ckpt.readBox(name, slice->offset, slice->shape, DType::F32,
+                 reinterpret_cast<char *>(values.data() + static_cast<size_t>(l) * size), shape);
   }
   return values;
 }
