@@ -83,17 +83,22 @@ TEST(ExpertBlockGradTest, BlocksGiveOneRanksGradientsBitForBit) {
   for (int64_t q = 0; q < 2; ++q)
     cpu::dispatchGrad(dbuf.data() + q * E * C * H, H, slots.data() + q * n * k, n, k,
                       dx.data() + q * n * H);
-  // One rank: each micro-batch's experts_grad, the weight gradients added
-  // (two terms: the compensated sum is their rounded sum).
+  // One rank: each micro-batch's experts_grad from what its experts_saved
+  // kept (the default, --recompute none), the weight gradients added (two
+  // terms: the compensated sum is their rounded sum).
   std::vector<float> dxOne(T * H), dwOne(T * k), sums[3] = {std::vector<float>(E * I * H, 0.0f),
                                                           std::vector<float>(E * I * H, 0.0f),
                                                           std::vector<float>(E * H * I, 0.0f)};
   for (int64_t q = 0; q < 2; ++q) {
     std::vector<float> pg(E * I * H), pu(E * I * H), pd(E * H * I);
+    std::vector<float> y(n * H), sg(n * k * I), su(n * k * I), so(n * k * H);
+    const cpu::ExpertsSaved saved{sg.data(), su.data(), so.data()};
+    cpu::experts(x.data() + q * n * H, n, H, w.data() + q * n * k, sel.data() + q * n * k, k,
+                 gate, up, down, cpu::Activation::Silu, y.data(), &saved);
     cpu::expertsGrad(dy.data() + q * n * H, x.data() + q * n * H, n, H, w.data() + q * n * k,
                      sel.data() + q * n * k, k, gate, up, down, cpu::Activation::Silu,
                      dxOne.data() + q * n * H, dwOne.data() + q * n * k, pg.data(), pu.data(),
-                     pd.data());
+                     pd.data(), sg.data(), su.data(), so.data());
     for (size_t i = 0; i < pg.size(); ++i) {
       sums[0][i] += pg[i];
       sums[1][i] += pu[i];

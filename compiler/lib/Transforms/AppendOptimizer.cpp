@@ -13,8 +13,10 @@
 // states, added back by grad_total), so that an update is the same on every
 // layout. With zero=1 the moments and masters are sharded between the
 // replicas (ZeRO-1): each updates its rows, then the weights are gathered.
-// Under expert parallelism an expert stack's sums are its rank's experts',
-// added over edp only, and the norm adds the ep group's squares of them.
+// Under expert or tensor parallelism an expert stack's sums are its rank's
+// (its experts', its rows'), added over edp only; the norm adds the
+// replicated weights' squares once, the experts' over ep and etp, and the
+// tensor-parallel parts' over tp (with ZeRO-1: over dp first).
 //
 //===----------------------------------------------------------------------===//
 #include "moe/Dialect/Exec/IR/ExecOps.h"
@@ -255,8 +257,8 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       normSqErr =
           b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr());
     }
-    // Expert parallelism: the squares of the replicated weights' sums and
-    // of the rank's experts'.
+    // Expert or tensor parallelism: the squares of the replicated weights'
+    // sums, of the rank's experts' and of its parts'.
     Value denseSq, denseErr, expertSq, expertErr, partSq, partErr;
     if ((degree(train, "ep") > 1 || degree(train, "tp") > 1) && !sharded)
       for (Value *v : {&denseSq, &denseErr, &expertSq, &expertErr, &partSq, &partErr})
