@@ -52,7 +52,8 @@ void allReduce(const Context &c, const PlanStep &s, int64_t rows,
 /// the CPU device.)
 void addInFixedOrder(const Context &c, const PlanStep &s, const std::vector<int> &group,
                      const std::string &what, int64_t part, bool gather) {
-  const PlanBuffer &in = c.program->buffers[s.in[0]];
+  // (In place on the outputs: the inputs themselves, or a copy of them.)
+  const PlanBuffer &in = c.program->buffers[s.out[0]];
   const int64_t n = in.rows * in.width, members = static_cast<int64_t>(group.size());
   const int64_t me =
       std::find(group.begin(), group.end(), static_cast<int>(c.rank)) - group.begin();
@@ -62,7 +63,7 @@ void addInFixedOrder(const Context &c, const PlanStep &s, const std::vector<int>
   // Per member: m sums, then m errors.
   std::vector<float> out(static_cast<size_t>(2 * chunk * members)),
       all(static_cast<size_t>(2 * chunk * members)), mine(static_cast<size_t>(2 * chunk));
-  char *sum = bytesOf(c, s.in[0]), *err = paired ? bytesOf(c, s.in[1]) : nullptr;
+  char *sum = bytesOf(c, s.out[0]), *err = paired ? bytesOf(c, s.out[1]) : nullptr;
   // Values [from, from + m) of member q's part that exist.
   auto valid = [&](int64_t from, int64_t m) { return std::clamp<int64_t>(n - from, 0, m); };
   // Member q's (sum, error) pairs of chunk `at` of its part into `piece`.
@@ -296,15 +297,9 @@ int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
       const PlanBuffer &in = c.program->buffers[s.in[0]];
       const int64_t members = static_cast<int64_t>(c.groups.at(index).size());
       const int64_t part = (in.rows * in.width + members - 1) / members;
-      if (s.out[0] != s.in[0]) { // (in place on the output)
+      if (s.out[0] != s.in[0]) // (added in place on the output)
         c.memory->copy2d(c.address(s.out[0]), in.rows * in.width * 4,
                          c.address(s.in[0]), in.rows * in.width * 4, in.rows * in.width * 4, 1);
-        PlanStep onOutput = s;
-        onOutput.in[0] = s.out[0];
-        addInFixedOrder(c, onOutput, c.groups.at(index), trainingStep(c, index, s), part,
-                        /*gather=*/true);
-        return -1;
-      }
       addInFixedOrder(c, s, c.groups.at(index), trainingStep(c, index, s), part,
                       /*gather=*/true);
     } else {

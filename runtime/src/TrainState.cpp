@@ -58,11 +58,13 @@ DType storedDtype(const PlanLayout &layout, const PlanWeight &w) {
 void readWholeState(const Plan &plan, const PlanProgram &program, RankExecutor &executor,
                     Comm &comm, const std::string &name, std::vector<float> &out) {
   const StateShard shard = executor.stateShard(name);
-  if (const PlanWeight *w = weightOfState(program, name);
-      !shard.sharded && w && WeightParts(plan, comm.rank(), *w).split()) {
+  const PlanWeight *w = weightOfState(program, name);
+  const std::optional<WeightParts> parts =
+      w ? std::optional<WeightParts>(std::in_place, plan, comm.rank(), *w) : std::nullopt;
+  if (!shard.sharded && parts && parts->split()) {
     std::vector<float> own;
     executor.readState(name, own);
-    WeightParts(plan, comm.rank(), *w).gather(comm, name, own, out);
+    parts->gather(comm, name, own, out);
     if (comm.rank() != 0)
       out.clear();
     return;
@@ -84,10 +86,9 @@ void readWholeState(const Plan &plan, const PlanProgram &program, RankExecutor &
   comm.allGather(own.data(), shard.elements * 4, out.data(), replicas,
                  fmt::format("the shards of state '{}'", name));
   out.resize(static_cast<size_t>(shard.logicalElements));
-  if (const PlanWeight *w = weightOfState(program, name);
-      w && WeightParts(plan, comm.rank(), *w).split()) {
+  if (parts && parts->split()) {
     std::vector<float> part = std::move(out);
-    WeightParts(plan, comm.rank(), *w).gather(comm, name, part, out);
+    parts->gather(comm, name, part, out);
   }
   if (comm.rank() != 0)
     out.clear();

@@ -285,11 +285,11 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     // Under tensor parallelism too (each rank's experts see its rows, and
     // its slices of them with etp): every holder of the same slices of the
     // same experts (edp) adds its sum, once per update.
-    const int64_t ep = degree(train, "ep"), etp = degree(train, "etp");
-    const int64_t edp = replicas * degree(train, "tp") / (ep * etp);
+    const int64_t ep = degree(train, "ep"), etp = degree(train, "etp"), tp = degree(train, "tp");
+    const int64_t edp = replicas * tp / (ep * etp);
     auto expertsRef = FlatSymbolRefAttr::get(ctx, "experts");
     auto distributedExperts = [&](exec::WeightOp w) {
-      return (ep > 1 || degree(train, "tp") > 1) && w.getExperts().has_value();
+      return (ep > 1 || tp > 1) && w.getExperts().has_value();
     };
     // The experts a rank holds only a part of (its experts, its slices).
     auto splitOverEp = [&](exec::WeightOp w) {
@@ -297,7 +297,6 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     };
     // Tensor parallelism: a weight whose rank holds a part of it (its shape
     // is not the model's: moe.logical_weights).
-    const int64_t tp = degree(train, "tp");
     llvm::StringMap<Type> logical;
     if (auto all = train->getParentOfType<ModuleOp>()->getAttrOfType<ArrayAttr>(
             "moe.logical_weights"))
