@@ -221,14 +221,22 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
         if (other.state == pb.state)
           b.fail("state", fmt::format("'{}' is declared twice", pb.state));
     }
+    if (b.has("shard_group")) {
+      const std::string group = b.string("shard_group");
+      if (group != "edp" || !b.has("logical_rows"))
+        b.fail("shard_group", "expected \"edp\", of a ZeRO shard (logical_rows)");
+      pb.shardOverEdp = true;
+    }
     if (b.has("logical_rows")) {
-      // A ZeRO shard: ceil(logical_rows / dp) rows each.
+      // A ZeRO shard: ceil(logical_rows / n) rows each, n = dp (or edp).
       pb.logicalRows = b.integer("logical_rows", 1);
-      const int64_t dp = plan.degrees.dp;
-      if (pb.state.empty() || pb.logicalRows > pb.rows * dp || pb.logicalRows <= (pb.rows - 1) * dp)
-        b.fail("logical_rows", fmt::format("expected a state buffer of ceil({} / dp) = {} rows "
-                                           "(a shard of each of the {} data-parallel replicas)",
-                                           pb.logicalRows, (pb.logicalRows + dp - 1) / dp, dp));
+      const int64_t n = pb.shardOverEdp ? plan.degrees.edp : plan.degrees.dp;
+      const char *group = pb.shardOverEdp ? "edp" : "dp";
+      if (pb.state.empty() || pb.logicalRows > pb.rows * n || pb.logicalRows <= (pb.rows - 1) * n)
+        b.fail("logical_rows", fmt::format("expected a state buffer of ceil({} / {}) = {} rows "
+                                           "(a shard of each of the {} members of the {} group)",
+                                           pb.logicalRows, group, (pb.logicalRows + n - 1) / n, n,
+                                           group));
     }
     program.buffers.push_back(pb);
   }

@@ -23,13 +23,15 @@ void RankProgram::prepare(const Plan &plan, int64_t rank, DeviceMemory &memory_,
       buffers.push_back(memory->allocate(b.rows * b.width * 4));
       continue;
     }
-    // A ZeRO shard: replica d holds rows [d rows, (d + 1) rows) of its
-    // logical state.
+    // A ZeRO shard: member d of its group (dp, or edp) holds rows
+    // [d rows, (d + 1) rows) of its logical state.
     StateShard shard{b.rows * b.width, b.rows * b.width, 0, false};
     if (b.logicalRows > 0) {
+      const RankCoords &coords = plan.ranks.at(rank).coords;
       shard.logicalElements = b.logicalRows * b.width;
-      shard.offset = plan.ranks.at(rank).coords.dp * b.rows * b.width;
+      shard.offset = (b.shardOverEdp ? coords.edp : coords.dp) * b.rows * b.width;
       shard.sharded = true;
+      shard.overEdp = b.shardOverEdp;
     }
     auto [it, added] = states.emplace(b.state, State{nullptr, b.rows * b.width, shard});
     if (added)

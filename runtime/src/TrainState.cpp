@@ -77,11 +77,14 @@ void readWholeState(const Plan &plan, const PlanProgram &program, RankExecutor &
     return;
   }
   // A ZeRO shard: the replicas' rows of the rank's state (its part of a
-  // tensor-parallel weight), gathered over the dp group, then the parts.
+  // tensor-parallel weight, its experts), gathered over the dp group (an
+  // expert stack's over edp), then the parts.
   std::vector<float> own;
   executor.readState(name, own);
-  const std::vector<int> replicas =
-      plan.groupOf(comm.rank(), {CollectiveGroup::Mesh::Attention, CollectiveGroup::Axis::DP});
+  const std::vector<int> replicas = plan.groupOf(
+      comm.rank(), shard.overEdp
+                       ? CollectiveGroup{CollectiveGroup::Mesh::Experts, CollectiveGroup::Axis::EDP}
+                       : CollectiveGroup{CollectiveGroup::Mesh::Attention, CollectiveGroup::Axis::DP});
   out.resize(static_cast<size_t>(shard.elements) * replicas.size());
   comm.allGather(own.data(), shard.elements * 4, out.data(), replicas,
                  fmt::format("the shards of state '{}'", name));

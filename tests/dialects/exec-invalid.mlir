@@ -341,6 +341,22 @@ exec.program @p entry "optimizer" stage 0 {
 // -----
 
 exec.program @p entry "optimizer" stage 0 {
+  // expected-error @below {{'exec.buffer' op shard_group: only a ZeRO shard (logical_rows) has one}}
+  %b = exec.buffer f32 rows 2 width 4 {shard_group = "edp", state = "exp_avg:w"}
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "optimizer" stage 0 {
+  // expected-error @below {{'exec.buffer' op shard_group 'ep': expected dp or edp}}
+  %b = exec.buffer f32 rows 2 width 4 {logical_rows = 4 : i64, shard_group = "ep", state = "exp_avg:w"}
+  exec.return
+}
+
+// -----
+
+exec.program @p entry "optimizer" stage 0 {
   %w = exec.weight "w" : tensor<4x4xf32>
   // expected-error @below {{'exec.collective' op a collective of a weight is an all_gather of one weight in place, with its 'shard_rows' (ZeRO)}}
   exec.collective "all_reduce" over @mesh["dp"] weights(%w) {shard_rows = 2 : i64}

@@ -336,14 +336,6 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
                   "): each data-parallel replica runs the same number of micro-batches");
   if (zeroStage < 0 || zeroStage > 2)
     return refuse("--zero " + Twine(int64_t(zeroStage)) + ": expected 0, 1 or 2");
-  if (zeroStage > 1 && tensor > 1)
-    return refuse("not supported yet: --zero " + Twine(int64_t(zeroStage)) + " with --tp " +
-                  Twine(tensor) + " (ZeRO-2's per micro-batch reduce_scatter would skip the "
-                  "experts' sums over the tensor-parallel group; use --zero 1)");
-  if (zeroStage > 0 && experts > 1)
-    return refuse("not supported yet: --zero " + Twine(int64_t(zeroStage)) + " with --ep " +
-                  Twine(experts) + " (ZeRO shards the states of data-parallel replicas; "
-                  "over expert parallelism use --zero 0)");
   if (zeroStage > 0 && replicas == 1)
     return refuse("--zero " + Twine(int64_t(zeroStage)) +
                   ": expected --dp N with N > 1 (ZeRO shards the optimizer's states between "

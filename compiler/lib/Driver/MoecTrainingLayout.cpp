@@ -102,10 +102,10 @@ struct UpdateTime {
 /// the weights ((N - 1) / N of their bytes), ZeRO-2's reduce_scatter per
 /// micro-batch instead (2 f32 per parameter x (N - 1) / N each). Expert
 /// parallelism over ep of the replicas: a rank holds and updates 1/ep of
-/// the routed experts, whose sums go over edp = N / ep replicas only, and
-/// sends (ep - 1) / ep of its routed rows (k per token, H f32 each) four
-/// times per MoE layer and micro-batch (the blocks and the outputs, then
-/// their gradients).
+/// the routed experts, whose sums (and ZeRO shards) go over edp = N / ep
+/// replicas only, and sends (ep - 1) / ep of its routed rows (k per token,
+/// H f32 each) four times per MoE layer and micro-batch (the blocks and the
+/// outputs, then their gradients).
 UpdateTime updateTime(const Workload &w, const sharding::Cluster &machine, int64_t replicas,
                       int64_t ep, int64_t zero, const Recompute &recompute,
                       double tokensPerMicroBatch, int64_t microBatchesPerReplica, bool bf16,
@@ -122,34 +122,41 @@ UpdateTime updateTime(const Workload &w, const sharding::Cluster &machine, int64
   else if (recompute.experts)
     flopsPerToken += 2 * w.activeExperts;
   t.compute = share * tokensPerMicroBatch * flopsPerToken / peak;
-  const double held = dense + w.expertParameters / E;
-  const double updated = zero >= 1 ? held / N : held;
+  const double held = dense + w.expertParameters / E, edp = N / E;
+  const double updated =
+      zero >= 1 ? dense / N + (w.expertParameters / E) / (edp > 1 ? edp : 1) : held;
   t.optimizer = optimizer ? 7 * 4 * updated / (machine.memoryBandwidth / ways) : 0;
   if (replicas > 1) {
-    const double others = (N - 1) / N;
     double collectives = 0;
-    if (ep > 1) { // (ZeRO 0 only)
-      const double edp = N / E;
-      t.commBytes += 4 * 4 * dense * others + 4 * 4 * (w.expertParameters / E) * (edp - 1) / edp;
-      collectives += 2 * static_cast<double>(w.tensors - (edp > 1 ? 0 : w.expertTensors)) + 1;
-      const double moeLayers = static_cast<double>(w.expertTensors) / 3;
+    // The sums of `params` parameters in `tensors` tensors over n members.
+    auto reduce = [&](double params, double tensors, double n) {
+      if (n <= 1)
+        return;
+      const double others = (n - 1) / n;
+      if (zero == 0) {
+        t.commBytes += 4 * 4 * params * others;
+        collectives += 2 * tensors;
+      } else if (zero == 1) { // the reduce_scatter half of it
+        t.commBytes += 2 * 4 * params * others;
+        collectives += tensors + 2;
+      } else {
+        t.commBytes += share * 2 * 4 * params * others;
+        collectives += share * tensors + 2;
+      }
+      if (zero >= 1) { // the updated weights gathered
+        t.commBytes += w.weightBytes / w.parameters * params * others;
+        collectives += tensors;
+      }
+    };
+    const double expertTensors = static_cast<double>(w.expertTensors);
+    reduce(dense, static_cast<double>(w.tensors) - expertTensors, N);
+    reduce(w.expertParameters / E, expertTensors, edp);
+    if (ep > 1) {
+      const double moeLayers = expertTensors / 3;
       t.commBytes += share * moeLayers * 4 * tokensPerMicroBatch *
                      static_cast<double>(config.expertsPerToken) *
                      static_cast<double>(config.hiddenSize) * 4 * (E - 1) / E;
-      collectives += share * moeLayers * 4;
-    } else if (zero == 0) {
-      t.commBytes += 4 * 4 * w.parameters * others;
-      collectives += 2 * static_cast<double>(w.tensors);
-    } else if (zero == 1) { // the reduce_scatter half of it
-      t.commBytes += 2 * 4 * w.parameters * others;
-      collectives += static_cast<double>(w.tensors) + 2;
-    } else {
-      t.commBytes += share * 2 * 4 * w.parameters * others;
-      collectives += share * static_cast<double>(w.tensors) + 2;
-    }
-    if (zero >= 1) {
-      t.commBytes += w.weightBytes * others;
-      collectives += static_cast<double>(w.tensors);
+      collectives += share * moeLayers * 4 + 1;
     }
     const sharding::Link &link = replicas <= machine.devicesPerNode || machine.name == "cpu"
                                      ? machine.intraNode
@@ -223,20 +230,19 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
   const bool tensorParallel = options.layout && options.layout->tp > 1;
   if (request.expertsAuto && replicas > 1 && options.optimizer && !tensorParallel)
     for (int64_t ep = 2; ep <= replicas; ++ep)
-      if (replicas % ep == 0 && request.config->numExperts % ep == 0)
+      if (replicas % ep == 0 && request.config->numExperts > 0 &&
+          request.config->numExperts % ep == 0)
         eps.push_back(ep);
   SmallVector<int64_t> zeros;
   if (request.zeroAuto && replicas > 1 && options.optimizer)
-    zeros = tensorParallel ? SmallVector<int64_t>{0, 1} : SmallVector<int64_t>{0, 1, 2};
+    zeros = {0, 1, 2};
   else
     zeros = {options.optimizer ? options.optimizer->zero : 0};
   SmallVector<Candidate> candidates;
   for (int64_t ep : eps)
     for (int64_t zero : zeros)
       for (const Recompute &r : recomputes)
-        // (ZeRO over expert parallelism is not built yet: stage 0 there.)
-        if (ep == 1 || zero == 0)
-          candidates.push_back({ep, zero, r, {}, std::nullopt});
+        candidates.push_back({ep, zero, r, {}, std::nullopt});
 
   // The time model needs the trained weights: the first candidate's
   // programs give them.

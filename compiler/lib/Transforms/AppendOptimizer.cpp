@@ -133,29 +133,47 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       auto [rows, width] = stateShape(w);
       return b.create<exec::BufferOp>(loc, bufferType, f32, rows, width,
                                       b.getStringAttr(kind + ":" + w.getTensor()),
-                                      IntegerAttr());
+                                      IntegerAttr(), StringAttr());
     };
-    // ZeRO: a state sharded between the replicas (replica d holds rows
-    // [d k, (d + 1) k) of its R rows, k = ceil(R / dp)): from stage 1 the
-    // optimizer's own states, from stage 2 the gradient sums too.
+    // Expert or tensor parallelism: an expert stack a rank holds is its
+    // experts (its slices of them with etp), the same on the edp group.
     const int64_t replicas = dataParallel(train);
-    const bool sharded = zero >= 1 && replicas > 1, shardedGrads = zero == 2 && replicas > 1;
+    const int64_t ep = degree(train, "ep"), etp = degree(train, "etp"), tp = degree(train, "tp");
+    const int64_t edp = replicas * tp / (ep * etp);
+    auto distributedExperts = [&](exec::WeightOp w) {
+      return (ep > 1 || tp > 1) && w.getExperts().has_value();
+    };
+    // ZeRO: a state sharded between the ranks that hold the same weight,
+    // the dp group (an expert stack under EP or TP: the edp group); member
+    // d holds rows [d k, (d + 1) k) of its R rows, k = ceil(R / n): from
+    // stage 1 the optimizer's own states, from stage 2 the gradient sums too.
+    auto shardGroup = [&](exec::WeightOp w) { return distributedExperts(w) ? edp : replicas; };
+    const bool sharded = zero >= 1 && replicas > 1;
+    auto isSharded = [&](exec::WeightOp w) { return zero >= 1 && shardGroup(w) > 1; };
+    auto gradsSharded = [&](exec::WeightOp w) { return zero == 2 && shardGroup(w) > 1; };
     auto shardRows = [&](exec::WeightOp w) {
-      return (stateShape(w).first + replicas - 1) / replicas;
+      return (stateShape(w).first + shardGroup(w) - 1) / shardGroup(w);
     };
     auto shardedState = [&](OpBuilder &b, Location loc, StringRef kind, exec::WeightOp w) {
       auto [rows, width] = stateShape(w);
       return b.create<exec::BufferOp>(loc, bufferType, f32, shardRows(w), width,
                                       b.getStringAttr(kind + ":" + w.getTensor()),
-                                      b.getI64IntegerAttr(rows));
+                                      b.getI64IntegerAttr(rows),
+                                      distributedExperts(w) ? b.getStringAttr("edp") : StringAttr());
     };
     auto optimizerState = [&](OpBuilder &b, Location loc, StringRef kind, exec::WeightOp w) {
-      return sharded ? shardedState(b, loc, kind, w) : state(b, loc, kind, w);
+      return isSharded(w) ? shardedState(b, loc, kind, w) : state(b, loc, kind, w);
     };
     auto gradState = [&](OpBuilder &b, Location loc, StringRef kind, exec::WeightOp w) {
-      return shardedGrads ? shardedState(b, loc, kind, w) : state(b, loc, kind, w);
+      return gradsSharded(w) ? shardedState(b, loc, kind, w) : state(b, loc, kind, w);
     };
     auto mesh = FlatSymbolRefAttr::get(ctx, "mesh");
+    auto expertsRef = FlatSymbolRefAttr::get(ctx, "experts");
+    // The group a weight's state is sharded over (ZeRO's collectives).
+    auto shardOver = [&](exec::WeightOp w) {
+      return distributedExperts(w) ? std::pair(expertsRef, StringRef("edp"))
+                                   : std::pair(mesh, StringRef("dp"));
+    };
 
     // The train program: each gradient added into its sum, before the return.
     auto buffers = body.getOps<exec::BufferOp>();
@@ -203,11 +221,11 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
         outs.push_back(errs[i]);
       }
       // ZeRO-2: every replica's gradient rows of the shard, added into it
-      // in replica order (reduce_scatter over dp).
-      if (shardedGrads)
+      // in replica order (reduce_scatter over dp, or edp).
+      if (gradsSharded(params[i]))
         b.create<exec::CollectiveOp>(
-            ret.getLoc(), b.getStringAttr("reduce_scatter"), mesh, b.getStringAttr("dp"), ins,
-            ValueRange{}, outs,
+            ret.getLoc(), b.getStringAttr("reduce_scatter"), shardOver(params[i]).first,
+            b.getStringAttr(shardOver(params[i]).second), ins, ValueRange{}, outs,
             b.getDictionaryAttr(
                 {b.getNamedAttr("shard_rows", b.getI64IntegerAttr(shardRows(params[i])))}),
             StringAttr());
@@ -233,9 +251,9 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     for (auto cache : body.getOps<exec::KVCacheOp>()) // (the entries of a stage share them)
       b.clone(*cache);
     Value step = b.create<exec::BufferOp>(loc, bufferType, b.getI32Type(), 1, 1, StringAttr(),
-                                          IntegerAttr());
-    Value stats =
-        b.create<exec::BufferOp>(loc, bufferType, f32, 1, 4, StringAttr(), IntegerAttr());
+                                          IntegerAttr(), StringAttr());
+    Value stats = b.create<exec::BufferOp>(loc, bufferType, f32, 1, 4, StringAttr(),
+                                           IntegerAttr(), StringAttr());
     SmallVector<Value> optSums, moments, squares, loads, masters, optErrs;
     for (auto &[bias, load] : biases)
       loads.push_back(state(b, loc, "expert_load", bias));
@@ -249,24 +267,31 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       if (compensated)
         optErrs.push_back(gradState(b, loc, "grad_err", w));
     }
+    auto scalar = [&] {
+      return b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr(),
+                                      StringAttr());
+    };
     // ZeRO: the norm's sum of squares, each replica's over its rows of the
     // sums (a value and its error), added over dp.
     Value normSq, normSqErr;
     if (sharded) {
-      normSq = b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr());
-      normSqErr =
-          b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr());
+      normSq = scalar();
+      normSqErr = scalar();
     }
     // Expert or tensor parallelism: the squares of the replicated weights'
     // sums, of the rank's experts' and of its parts'.
     Value denseSq, denseErr, expertSq, expertErr, partSq, partErr;
-    if ((degree(train, "ep") > 1 || degree(train, "tp") > 1) && !sharded)
+    if ((ep > 1 || tp > 1) && !sharded)
       for (Value *v : {&denseSq, &denseErr, &expertSq, &expertErr, &partSq, &partErr})
-        *v = b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr());
-    // (ZeRO over tensor parallelism: the split weights' squares apart.)
-    if (sharded && degree(train, "tp") > 1)
+        *v = scalar();
+    // (ZeRO over tensor or expert parallelism: the split weights' squares
+    // and the experts' apart.)
+    if (sharded && tp > 1)
       for (Value *v : {&partSq, &partErr})
-        *v = b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr());
+        *v = scalar();
+    if (sharded && (ep > 1 || tp > 1))
+      for (Value *v : {&expertSq, &expertErr})
+        *v = scalar();
     b.create<exec::InputsOp>(loc, Value(), Value(), Value(), step);
     auto launch = [&](StringRef kernel, ValueRange ins, ValueRange ws, ValueRange outs,
                       ArrayRef<NamedAttribute> constants, bool updates = false) {
@@ -285,12 +310,6 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     // Under tensor parallelism too (each rank's experts see its rows, and
     // its slices of them with etp): every holder of the same slices of the
     // same experts (edp) adds its sum, once per update.
-    const int64_t ep = degree(train, "ep"), etp = degree(train, "etp"), tp = degree(train, "tp");
-    const int64_t edp = replicas * tp / (ep * etp);
-    auto expertsRef = FlatSymbolRefAttr::get(ctx, "experts");
-    auto distributedExperts = [&](exec::WeightOp w) {
-      return (ep > 1 || tp > 1) && w.getExperts().has_value();
-    };
     // The experts a rank holds only a part of (its experts, its slices).
     auto splitOverEp = [&](exec::WeightOp w) {
       return (ep > 1 || etp > 1) && w.getExperts().has_value();
@@ -321,21 +340,22 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
           allReduceOver(mesh, "dp", buffers);
       };
       // ZeRO-1: each replica needs only its rows of the sums, added in
-      // place (reduce_scatter over dp; the other rows keep its own). ZeRO-2:
-      // the train program reduced the sums into their shards already.
-      for (size_t i = 0; i < params.size() && !shardedGrads; ++i) {
-        if (distributedExperts(params[i])) {
-          if (edp > 1)
+      // place (reduce_scatter over dp or edp; the other rows keep its own).
+      // ZeRO-2: the train program reduced the sums into their shards already.
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (gradsSharded(params[i]))
+          continue;
+        if (!isSharded(params[i])) {
+          if (!distributedExperts(params[i]))
+            allReduce(sumAndError(i));
+          else if (edp > 1)
             allReduceOver(expertsRef, "edp", sumAndError(i));
           continue;
         }
-        if (!sharded) {
-          allReduce(sumAndError(i));
-          continue;
-        }
         b.create<exec::CollectiveOp>(
-            loc, b.getStringAttr("reduce_scatter"), mesh, b.getStringAttr("dp"), sumAndError(i),
-            ValueRange{}, sumAndError(i),
+            loc, b.getStringAttr("reduce_scatter"), shardOver(params[i]).first,
+            b.getStringAttr(shardOver(params[i]).second), sumAndError(i), ValueRange{},
+            sumAndError(i),
             b.getDictionaryAttr(
                 {b.getNamedAttr("shard_rows", b.getI64IntegerAttr(shardRows(params[i])))}),
             StringAttr());
@@ -359,12 +379,13 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     if (sharded) {
       // (ZeRO-1: of each replica's rows of the whole sums.)
       SmallVector<NamedAttribute> rowsOf;
-      if (!shardedGrads)
+      if (zero == 1)
         rowsOf.push_back(b.getNamedAttr("replicas", b.getI64IntegerAttr(replicas)));
-      // (Under TP the split weights' squares are added over tp as well.)
-      SmallVector<Value> whole, parts;
+      // (Under TP the split weights' squares are added over tp as well;
+      // under EP or TP the experts' over edp, ep and etp.)
+      SmallVector<Value> whole, parts, experts;
       for (auto [i, w] : llvm::enumerate(params))
-        (splitOverTp(w) ? parts : whole).push_back(optSums[i]);
+        (distributedExperts(w) ? experts : splitOverTp(w) ? parts : whole).push_back(optSums[i]);
       SmallVector<Value> normIns{stats, normSq, normSqErr};
       launch("sum_squares", whole, {}, {normSq, normSqErr}, rowsOf);
       allReduceOver(mesh, "dp", ValueRange{normSq, normSqErr});
@@ -373,6 +394,17 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
         allReduceOver(mesh, "dp", ValueRange{partSq, partErr});
         allReduceOver(mesh, "tp", ValueRange{partSq, partErr});
         normIns.append({partSq, partErr});
+      }
+      if (!experts.empty()) {
+        SmallVector<NamedAttribute> expertRows;
+        if (zero == 1 && edp > 1)
+          expertRows = {b.getNamedAttr("replicas", b.getI64IntegerAttr(edp)),
+                        b.getNamedAttr("shard_group", b.getStringAttr("edp"))};
+        launch("sum_squares", experts, {}, {expertSq, expertErr}, expertRows);
+        for (auto [group, n] : {std::pair(StringRef("edp"), edp), {"ep", ep}, {"etp", etp}})
+          if (n > 1)
+            allReduceOver(expertsRef, group, ValueRange{expertSq, expertErr});
+        normIns.append({expertSq, expertErr});
       }
       launch("grad_norm", normIns, {}, {stats},
              {b.getNamedAttr("from_squares", b.getBoolAttr(true)), maxNorm, micro});
@@ -419,12 +451,13 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
               b.getNamedAttr("micro_batches", b.getI64IntegerAttr(microBatches))},
              /*updates=*/true);
     }
-    // ZeRO-1: each replica updated its rows of every weight; the weights
-    // gathered whole.
-    if (sharded)
-      for (exec::WeightOp w : params)
+    // ZeRO: each member updated its rows of every sharded weight; the
+    // weights gathered whole over the group.
+    for (exec::WeightOp w : params)
+      if (isSharded(w))
         b.create<exec::CollectiveOp>(
-            loc, b.getStringAttr("all_gather"), mesh, b.getStringAttr("dp"), ValueRange{},
+            loc, b.getStringAttr("all_gather"), shardOver(w).first,
+            b.getStringAttr(shardOver(w).second), ValueRange{},
             ValueRange{weightOf.lookup(w.getResult())}, ValueRange{},
             b.getDictionaryAttr({b.getNamedAttr("shard_rows", b.getI64IntegerAttr(shardRows(w)))}),
             StringAttr());

@@ -268,7 +268,8 @@ struct Lowering {
       buffer.push_back(b.create<exec::BufferOp>(fn.getLoc(), bufferType, element,
                                                 r < 0 ? maxTokens : r, width,
                                                 /*state=*/StringAttr(),
-                                                /*logical_rows=*/IntegerAttr()));
+                                                /*logical_rows=*/IntegerAttr(),
+                                                /*shard_group=*/StringAttr()));
     }
     auto bufferId = [&](int64_t id) -> FailureOr<Value> {
       if (id < 0 || id >= int64_t(buffer.size()))

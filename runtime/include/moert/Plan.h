@@ -54,6 +54,9 @@ struct PlanBuffer {
   /// `width`, and data-parallel replica d holds its rows [d rows, (d + 1)
   /// rows) (those beyond the end are zeros).
   int64_t logicalRows = 0;
+  /// The shard's group (shard_group): dp, or edp for an expert stack's state
+  /// under expert or tensor parallelism (member d: the rank's edp coordinate).
+  bool shardOverEdp = false;
 };
 
 struct PlanCache {
@@ -96,6 +99,9 @@ struct OptimizerParams {
   /// sum_squares over ZeRO-1's whole sums: each replica's rows only, of
   /// this many replicas (0: every row).
   int64_t replicas = 0;
+  /// sum_squares' rows: of the rank's edp member (an expert stack's sums
+  /// under EP or TP, shard_group "edp"), not its dp one.
+  bool shardOverEdp = false;
 };
 
 struct PlanStep {

@@ -46,6 +46,7 @@ enum class DeviceKind { Cpu, Cuda };
 struct StateShard {
   int64_t elements = 0, logicalElements = 0, offset = 0;
   bool sharded = false; ///< a ZeRO shard (the plan's logical_rows), on every replica alike
+  bool overEdp = false; ///< sharded over the edp group (an expert stack's state), else dp
 };
 
 /// Whether state `name` is of one of these kinds (the name before ':').

@@ -61,8 +61,12 @@ void checkAllGather(const StepChecker &c, const PlanStep &step) {
     for (int64_t d : w.shape)
       elements *= d;
     const int64_t rows = elements / w.shape.back(), n = c.groupSize();
-    c.expect(c.program.entry == "optimizer" && step.group.axis == CollectiveGroup::Axis::DP,
-             "an all_gather of a weight is an optimizer program's, over dp");
+    const bool overEdp = step.group.mesh == CollectiveGroup::Mesh::Experts &&
+                         step.group.axis == CollectiveGroup::Axis::EDP && w.experts > 0;
+    c.expect(c.program.entry == "optimizer" &&
+                 (step.group.axis == CollectiveGroup::Axis::DP || overEdp),
+             "an all_gather of a weight is an optimizer program's, over dp (an expert "
+             "stack's: over edp)");
     c.expect(step.shardRows > 0 && step.shardRows * n >= rows && (step.shardRows - 1) * n < rows,
              fmt::format("shard_rows {}: expected ceil({} / {}), the rows of '{}' each member "
                          "updated",
@@ -91,10 +95,12 @@ void checkReduceScatter(const StepChecker &c, const PlanStep &step) {
     c.arity(step.in.size(), 0, 0, step.in.size());
     const PlanBuffer &sum = c.program.buffers[step.in[0]];
     const int64_t n = c.groupSize();
-    c.expect(c.program.entry == "optimizer" && step.group.axis == CollectiveGroup::Axis::DP &&
+    c.expect(c.program.entry == "optimizer" &&
+                 (step.group.axis == CollectiveGroup::Axis::DP ||
+                  step.group.axis == CollectiveGroup::Axis::EDP) &&
                  (step.in.size() == 1 || step.in.size() == 2) && step.out == step.in,
-             "an in-place reduce_scatter is an optimizer program's, over dp, of a sum (and its "
-             "error)");
+             "an in-place reduce_scatter is an optimizer program's, over dp or edp, of a sum "
+             "(and its error)");
     for (int64_t id : step.in) {
       const PlanBuffer &b = c.program.buffers[id];
       c.expect(!b.state.empty() && b.logicalRows == 0 && b.dtype == DType::F32 &&
@@ -109,7 +115,10 @@ void checkReduceScatter(const StepChecker &c, const PlanStep &step) {
   const bool compensated = step.in.size() == 3;
   c.arity(compensated ? 3 : 2, 0, 0, compensated ? 2 : 1);
   const PlanBuffer &g = c.program.buffers[step.in[0]], &sum = c.program.buffers[step.in[1]];
-  c.expect(step.group.axis == CollectiveGroup::Axis::DP, "a reduce_scatter is over dp");
+  c.expect(step.group.axis == (sum.shardOverEdp ? CollectiveGroup::Axis::EDP
+                                                  : CollectiveGroup::Axis::DP),
+           fmt::format("a reduce_scatter into a shard is over its group ({})",
+                       sum.shardOverEdp ? "edp" : "dp"));
   c.expect(step.in[1] == step.out[0] && !sum.state.empty() && sum.logicalRows > 0 &&
                g.dtype == DType::F32 && g.rows * g.width == sum.logicalRows * sum.width &&
                step.shardRows == sum.rows,

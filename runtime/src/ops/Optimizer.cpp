@@ -145,9 +145,10 @@ void checkGradNorm(const StepChecker &c, const PlanStep &step) {
 /// rank's rows of the whole sums); out: the sum of their squares as a
 /// value and its error (f32: their double sum, then the rest).
 void checkSumSquares(const StepChecker &c, const PlanStep &step) {
-  c.expect(step.optimizer.replicas == 0 || step.optimizer.replicas == c.plan.degrees.dp,
-           fmt::format("replicas {}: expected the plan's dp ({})", step.optimizer.replicas,
-                       c.plan.degrees.dp));
+  const int64_t members = step.optimizer.shardOverEdp ? c.plan.degrees.edp : c.plan.degrees.dp;
+  c.expect(step.optimizer.replicas == 0 || step.optimizer.replicas == members,
+           fmt::format("replicas {}: expected the plan's {} ({})", step.optimizer.replicas,
+                       step.optimizer.shardOverEdp ? "edp" : "dp", members));
   c.expect(!step.in.empty() && step.weights.empty() && step.out.size() == 2 &&
                single(c, step.out[0]) && single(c, step.out[1]),
            "expected the gradient sums in, their sum of squares and its error out (buffers of "
@@ -160,10 +161,17 @@ void checkSumSquares(const StepChecker &c, const PlanStep &step) {
 void parseSumSquares(const JsonFields &a, PlanStep &step) {
   if (a.has("replicas"))
     step.optimizer.replicas = a.bounded("replicas", 1, int64_t(1) << 20);
+  // (An expert stack's sums under EP or TP: the rank's edp member's rows.)
+  if (a.has("shard_group")) {
+    if (a.string("shard_group") != "edp" || !a.has("replicas"))
+      a.fail("shard_group", "expected \"edp\", with replicas");
+    step.optimizer.shardOverEdp = true;
+  }
 }
 
 /// The squares of inputs `first`.. (with optimizer.replicas: of this
-/// replica's rows [d k, (d + 1) k) of each, k = ceil(rows / replicas)).
+/// replica's rows [d k, (d + 1) k) of each, k = ceil(rows / replicas), d
+/// its dp coordinate, or with shard_group its edp one).
 double squaresOf(cpu::StepContext &c, size_t first) {
   const PlanStep &s = *c.step;
   double squares = 0;
@@ -172,7 +180,7 @@ double squaresOf(cpu::StepContext &c, size_t first) {
     const int64_t width = c.width(s.in[i]);
     if (s.optimizer.replicas > 0) {
       const int64_t k = (rows + s.optimizer.replicas - 1) / s.optimizer.replicas;
-      from = std::min(rows, c.coords.dp * k);
+      from = std::min(rows, (s.optimizer.shardOverEdp ? c.coords.edp : c.coords.dp) * k);
       rows = std::min(rows, from + k) - from;
     }
     squares += cpu::sumOfSquares(c.in(i) + from * width, rows * width);
@@ -280,7 +288,8 @@ int64_t runAdamW(cpu::StepContext &c) {
   int64_t first = 0, end = sumElements;
   if (moments.logicalRows > 0) {
     end = moments.logicalRows * moments.width;
-    first = std::min(end, c.coords.dp * moments.rows * moments.width);
+    const int64_t member = moments.shardOverEdp ? c.coords.edp : c.coords.dp;
+    first = std::min(end, member * moments.rows * moments.width);
     end = std::min(end, first + moments.rows * moments.width);
   }
   const int64_t sumFrom = sums.logicalRows > 0 ? first : 0;

@@ -63,7 +63,7 @@ inline constexpr const char *kGradient[] = {"weight", "buffer"};
 /// its programs run every phase).
 inline constexpr const char *kSchedule[] = {"prefill", "decode"};
 inline constexpr const char *kBuffer[] = {"rows", "width", "dtype", "bytes", "state",
-                                            "logical_rows"};
+                                            "logical_rows", "shard_group"};
 inline constexpr const char *kKVCache[] = {"key_width", "value_width", "bytes"};
 inline constexpr const char *kInputs[] = {"tokens", "positions", "labels", "step"};
 inline constexpr const char *kProgramMemory[] = {"weights", "activations", "kv_cache", "state",

@@ -101,6 +101,8 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
         (*buffers.back().getAsObject())["state"] = state.getValue();
         if (auto logical = b.getLogicalRowsAttr()) // a ZeRO shard
           (*buffers.back().getAsObject())["logical_rows"] = logical.getInt();
+        if (auto group = b.getShardGroupAttr(); group && group.getValue() == "edp")
+          (*buffers.back().getAsObject())["shard_group"] = "edp";
         stateBytes += bytes;
       } else {
         bufferBytes += bytes;

@@ -111,6 +111,12 @@ LogicalResult BufferOp::verify() {
     if (logical.getInt() < 1)
       return emitOpError("logical_rows must be positive, got ") << logical.getInt();
   }
+  if (auto group = getShardGroupAttr()) {
+    if (!getLogicalRowsAttr())
+      return emitOpError("shard_group: only a ZeRO shard (logical_rows) has one");
+    if (group.getValue() != "dp" && group.getValue() != "edp")
+      return emitOpError("shard_group '") << group.getValue() << "': expected dp or edp";
+  }
   return success();
 }
 

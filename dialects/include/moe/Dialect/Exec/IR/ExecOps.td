@@ -107,9 +107,14 @@ def Exec_BufferOp : Exec_Op<"buffer", [HasParent<"ProgramOp">,
     as well, the state is a ZeRO shard: the logical state has
     `logical_rows` rows, and data-parallel replica d holds its rows
     [d rows, (d + 1) rows) (the last replicas' beyond the end are zeros).
+    `shard_group = "edp"` shards it over the expert-data-parallel group
+    instead (an expert stack's state under expert or tensor parallelism:
+    member d of the ranks holding the same experts holds rows
+    [d rows, (d + 1) rows) of the rank's experts' state).
   }];
   let arguments = (ins TypeAttr:$element_type, I64Attr:$rows, I64Attr:$width,
-                       OptionalAttr<StrAttr>:$state, OptionalAttr<I64Attr>:$logical_rows);
+                       OptionalAttr<StrAttr>:$state, OptionalAttr<I64Attr>:$logical_rows,
+                       OptionalAttr<StrAttr>:$shard_group);
   let results = (outs Exec_BufferType:$result);
   let assemblyFormat = "$element_type `rows` $rows `width` $width attr-dict";
   let hasVerifier = 1;
