@@ -130,6 +130,9 @@ cl::opt<int64_t> globalBatchSize(
 
 /// --ep given with --train (trainingOptions): no choice of it left.
 bool expertsGiven = false;
+/// --world-size N alone with --train (no --dp, --tp, --ep, --etp): the
+/// planner chooses tensor parallelism too.
+bool worldAlone = false;
 
 } // namespace
 
@@ -141,6 +144,7 @@ Error driver::chooseRecompute(mlir::MLIRContext &context, mlir::ModuleOp module,
   request.recomputeAuto = recompute == "auto";
   request.zeroAuto = zeroStage.getNumOccurrences() == 0;
   request.expertsAuto = request.zeroAuto && !expertsGiven;
+  request.tensorAuto = request.zeroAuto && worldAlone;
   request.budget = memoryBudget.getNumOccurrences() ? int64_t(memoryBudget) : 0;
   request.config = &config;
   return chooseTrainingLayout(context, module, options, request);
@@ -211,6 +215,7 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
                     Twine(l.worldSize));
     experts = std::max<int64_t>(l.ep, 1);
     expertsGiven = l.ep > 0;
+    worldAlone = l.worldSize > 0 && l.dp == 0 && l.tp == 0 && l.ep == 0 && l.etp == 0;
     replicas = l.dp ? l.dp : l.worldSize ? l.worldSize / tensor : tensor > 1 ? 1 : experts;
     if (replicas < 1)
       return refuse("--train: expected --world-size N or --dp N with N >= 1");

@@ -1,8 +1,9 @@
 //===- MoecTrainingLayout.cpp - a training plan's memory and time --*- C++ -*-===//
 //
 // The planner's training mode (docs/training.md, "Choosing ZeRO and
-// recompute"): each candidate (expert parallelism and the ZeRO stage over
-// the data-parallel replicas, what the backward pass recomputes) gets the
+// recompute"): each candidate (tensor and expert parallelism, the ZeRO
+// stage over the data-parallel replicas, what the backward pass
+// recomputes) gets the
 // training memory model of the programs it compiles to
 // (moe::rankProgramMemory: what moert train --report-memory measures) and
 // a time model of one update on a rank; the
@@ -17,6 +18,7 @@
 #include "moe/Target/PlanWriter.h"
 
 #include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/Diagnostics.h"
 #include "mlir/Pass/PassManager.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/WithColor.h"
@@ -105,28 +107,34 @@ struct UpdateTime {
 /// the routed experts, whose sums (and ZeRO shards) go over edp = N / ep
 /// replicas only, and sends (ep - 1) / ep of its routed rows (k per token,
 /// H f32 each) four times per MoE layer and micro-batch (the blocks and the
-/// outputs, then their gradients).
+/// outputs, then their gradients). Tensor parallelism over tp ranks of a
+/// replica: each computes 1/tp of its FLOPs and holds 1/tp of the dense
+/// weights (the experts whole, their sums over edp = N tp / ep), and
+/// all_reduces the replica's activations four times per layer and
+/// micro-batch (attention's and the MLP's outputs, then their input
+/// gradients: 2 (tp - 1) / tp of tokens x H f32 each).
 UpdateTime updateTime(const Workload &w, const sharding::Cluster &machine, int64_t replicas,
-                      int64_t ep, int64_t zero, const Recompute &recompute,
+                      int64_t tp, int64_t ep, int64_t zero, const Recompute &recompute,
                       double tokensPerMicroBatch, int64_t microBatchesPerReplica, bool bf16,
                       bool optimizer, const hf::ModelConfig &config) {
   UpdateTime t;
   const double N = static_cast<double>(replicas), share = static_cast<double>(microBatchesPerReplica);
-  const double E = static_cast<double>(ep), dense = w.parameters - w.expertParameters;
+  const double T = static_cast<double>(tp), E = static_cast<double>(ep);
+  const double dense = (w.parameters - w.expertParameters) / T;
   // The CPU machine's ranks are processes sharing its cores and memory.
-  const double ways = machine.name == "cpu" ? N : 1;
+  const double ways = machine.name == "cpu" ? N * T : 1;
   const double peak = machine.peakFlops(bf16 ? sharding::DType::BF16 : sharding::DType::F32) / ways;
   double flopsPerToken = 6 * w.active;
   if (recompute.layers)
     flopsPerToken += 2 * w.active;
   else if (recompute.experts)
     flopsPerToken += 2 * w.activeExperts;
-  t.compute = share * tokensPerMicroBatch * flopsPerToken / peak;
-  const double held = dense + w.expertParameters / E, edp = N / E;
+  t.compute = share * tokensPerMicroBatch * flopsPerToken / (peak * T);
+  const double held = dense + w.expertParameters / E, edp = N * T / E;
   const double updated =
       zero >= 1 ? dense / N + (w.expertParameters / E) / (edp > 1 ? edp : 1) : held;
   t.optimizer = optimizer ? 7 * 4 * updated / (machine.memoryBandwidth / ways) : 0;
-  if (replicas > 1) {
+  if (replicas * tp > 1) {
     double collectives = 0;
     // The sums of `params` parameters in `tensors` tensors over n members.
     auto reduce = [&](double params, double tensors, double n) {
@@ -151,6 +159,12 @@ UpdateTime updateTime(const Workload &w, const sharding::Cluster &machine, int64
     const double expertTensors = static_cast<double>(w.expertTensors);
     reduce(dense, static_cast<double>(w.tensors) - expertTensors, N);
     reduce(w.expertParameters / E, expertTensors, edp);
+    if (tp > 1) {
+      const double layers = static_cast<double>(config.numLayers);
+      t.commBytes += share * layers * 4 * tokensPerMicroBatch *
+                     static_cast<double>(config.hiddenSize) * 4 * 2 * (T - 1) / T;
+      collectives += share * layers * 4;
+    }
     if (ep > 1) {
       const double moeLayers = expertTensors / 3;
       t.commBytes += share * moeLayers * 4 * tokensPerMicroBatch *
@@ -158,7 +172,7 @@ UpdateTime updateTime(const Workload &w, const sharding::Cluster &machine, int64
                      static_cast<double>(config.hiddenSize) * 4 * (E - 1) / E;
       collectives += share * moeLayers * 4 + 1;
     }
-    const sharding::Link &link = replicas <= machine.devicesPerNode || machine.name == "cpu"
+    const sharding::Link &link = replicas * tp <= machine.devicesPerNode || machine.name == "cpu"
                                      ? machine.intraNode
                                      : machine.interNode;
     t.comm = t.commBytes / link.bandwidth + collectives * link.latency;
@@ -167,7 +181,7 @@ UpdateTime updateTime(const Workload &w, const sharding::Cluster &machine, int64
 }
 
 struct Candidate {
-  int64_t ep;
+  int64_t tp, ep;
   int64_t zero;
   Recompute recompute;
   UpdateTime time;
@@ -181,12 +195,13 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
   if (!options.train || options.lossOnly || (!request.recomputeAuto && !request.zeroAuto &&
                                              !options.explain))
     return Error::success();
-  const int64_t replicas = options.layout ? options.layout->dp : 1;
+  const int64_t givenTp = options.layout ? std::max<int64_t>(options.layout->tp, 1) : 1;
+  const int64_t world = (options.layout ? options.layout->dp : 1) * givenTp;
   const sharding::Cluster machine = *sharding::builtinCluster("cpu");
   // The CPU machine's ranks share its memory.
   const int64_t budget =
       request.budget > 0 ? request.budget
-                         : int64_t(0.9 * double(machine.memoryBytes) / double(replicas));
+                         : int64_t(0.9 * double(machine.memoryBytes) / double(world));
   auto measure = [&](Candidate &c, mlir::ModuleOp *keep = nullptr) -> Error {
     mlir::OwningOpRef<mlir::ModuleOp> probe = module.clone();
     CompileOptions trial = options;
@@ -194,13 +209,21 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
     trial.recomputeLayers = c.recompute.layers;
     if (trial.optimizer)
       trial.optimizer->zero = c.zero;
-    if (trial.layout)
+    if (trial.layout) {
       trial.layout->ep = c.ep;
+      trial.layout->tp = c.tp;
+      trial.layout->dp = world / c.tp;
+    }
     trial.output.clear();
     trial.explain = false;
     trial.target = "cpu"; // (the memory is the programs', whatever the target)
     mlir::PassManager pm(&context);
     buildPipeline(pm, trial, Phase::Exec);
+    // (A tensor-parallel candidate the model refuses, OLMoE's whole-row
+    // q_norm for one, is no candidate: measured quietly.)
+    std::optional<mlir::ScopedDiagnosticHandler> quiet;
+    if (c.tp != givenTp)
+      quiet.emplace(&context, [](mlir::Diagnostic &) { return mlir::success(); });
     if (mlir::failed(pm.run(*probe)))
       return createStringError(inconvertibleErrorCode(),
                                "the training programs do not compile (choosing --recompute / "
@@ -226,23 +249,33 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
     recomputes = {kNone, kFull};
   // Expert parallelism: as given, or (the planner's layout) every degree
   // that divides the replicas and the experts.
+  const int64_t replicas = world / givenTp;
   SmallVector<int64_t> eps{options.layout ? options.layout->ep : 1};
-  const bool tensorParallel = options.layout && options.layout->tp > 1;
-  if (request.expertsAuto && replicas > 1 && options.optimizer && !tensorParallel)
+  if (request.expertsAuto && replicas > 1 && options.optimizer && givenTp == 1)
     for (int64_t ep = 2; ep <= replicas; ++ep)
       if (replicas % ep == 0 && request.config->numExperts > 0 &&
           request.config->numExperts % ep == 0)
         eps.push_back(ep);
-  SmallVector<int64_t> zeros;
-  if (request.zeroAuto && replicas > 1 && options.optimizer)
-    zeros = {0, 1, 2};
-  else
-    zeros = {options.optimizer ? options.optimizer->zero : 0};
+  auto zerosOver = [&](int64_t dp) -> SmallVector<int64_t> {
+    if (request.zeroAuto && dp > 1 && options.optimizer)
+      return {0, 1, 2};
+    return {options.optimizer && dp > 1 ? options.optimizer->zero : 0};
+  };
   SmallVector<Candidate> candidates;
   for (int64_t ep : eps)
-    for (int64_t zero : zeros)
+    for (int64_t zero : zerosOver(replicas))
       for (const Recompute &r : recomputes)
-        candidates.push_back({ep, zero, r, {}, std::nullopt});
+        candidates.push_back({givenTp, ep, zero, r, {}, std::nullopt});
+  // Tensor parallelism (--world-size N alone): every T > 1 dividing the
+  // ranks and the attention heads, the other N / T ranks replicas.
+  const hf::ModelConfig &config = *request.config;
+  if (request.tensorAuto && options.optimizer)
+    for (int64_t tp = 2; tp <= world; ++tp)
+      if (world % tp == 0 && config.numHeads % tp == 0 &&
+          (config.numKVHeads == 0 || config.numKVHeads % tp == 0))
+        for (int64_t zero : zerosOver(world / tp))
+          for (const Recompute &r : recomputes)
+            candidates.push_back({tp, 1, zero, r, {}, std::nullopt});
 
   // The time model needs the trained weights: the first candidate's
   // programs give them.
@@ -254,9 +287,10 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
   const int64_t micro = options.optimizer ? options.optimizer->microBatches : 1;
   const bool bf16 = work.weightBytes < 3 * work.parameters; // (bf16 compute weights)
   for (Candidate &c : candidates)
-    c.time = updateTime(work, machine, replicas, c.ep, c.zero, c.recompute,
-                        double(options.maxBatchTokens), std::max<int64_t>(1, micro / replicas),
-                        bf16, options.optimizer.has_value(), *request.config);
+    c.time = updateTime(work, machine, world / c.tp, c.tp, c.ep, c.zero, c.recompute,
+                        double(options.maxBatchTokens),
+                        std::max<int64_t>(1, micro / (world / c.tp)), bf16,
+                        options.optimizer.has_value(), config);
   // The fastest that fits; measured in that order (all of them to explain).
   SmallVector<size_t> order(candidates.size());
   std::iota(order.begin(), order.end(), 0);
@@ -265,17 +299,30 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
   });
   // (Notes as they are tried: "--recompute auto: ..." on one rank.)
   const std::string label =
-      request.zeroAuto && replicas > 1 ? "training layout" : "--recompute auto";
+      request.zeroAuto && world > 1 ? "training layout" : "--recompute auto";
   auto named = [&](const Candidate &c) {
     return std::string(c.recompute.what) +
-           (replicas > 1 ? formatv(", ZeRO-{0}", c.zero).str() : std::string()) +
-           (c.ep > 1 ? formatv(", experts split over ep = {0}", c.ep).str() : std::string());
+           (world / c.tp > 1 ? formatv(", ZeRO-{0}", c.zero).str() : std::string()) +
+           (c.ep > 1 ? formatv(", experts split over ep = {0}", c.ep).str() : std::string()) +
+           (c.tp > 1 ? formatv(", tensor parallelism over tp = {0}", c.tp).str()
+                     : std::string());
+  };
+  // (A tensor-parallel candidate that does not compile is dropped.)
+  std::vector<bool> dropped(candidates.size(), false);
+  auto tryMeasure = [&](size_t i) -> Error {
+    if (Error e = measure(candidates[i])) {
+      if (candidates[i].tp == givenTp)
+        return e;
+      consumeError(std::move(e));
+      dropped[i] = true;
+    }
+    return Error::success();
   };
   std::optional<size_t> chosen;
   for (size_t i : order) {
     Candidate &c = candidates[i];
-    if (!c.memory && (options.explain || !chosen))
-      if (Error e = measure(c))
+    if (!c.memory && !dropped[i] && (options.explain || !chosen))
+      if (Error e = tryMeasure(i))
         return e;
     if (chosen || !c.memory)
       continue;
@@ -288,45 +335,58 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
   }
   bool fits = chosen.has_value();
   if (!chosen) { // none fits: the least memory
-    for (Candidate &c : candidates)
-      if (!c.memory)
-        if (Error e = measure(c))
+    for (size_t i = 0; i < candidates.size(); ++i)
+      if (!candidates[i].memory && !dropped[i])
+        if (Error e = tryMeasure(i))
           return e;
-    chosen = std::min_element(candidates.begin(), candidates.end(),
-                              [](const Candidate &a, const Candidate &b) {
-                                return a.memory->total() < b.memory->total();
-                              }) -
-             candidates.begin();
+    for (size_t i = 0; i < candidates.size(); ++i)
+      if (candidates[i].memory &&
+          (!chosen || candidates[i].memory->total() < candidates[*chosen].memory->total()))
+        chosen = i;
   }
   const Candidate &pick = candidates[*chosen];
   options.recomputeExperts = pick.recompute.experts;
   options.recomputeLayers = pick.recompute.layers;
   if (options.optimizer)
     options.optimizer->zero = pick.zero;
-  if (options.layout)
+  if (options.layout) {
     options.layout->ep = pick.ep;
-  if (*chosen != order.front() || !fits)
+    options.layout->tp = pick.tp;
+    options.layout->dp = world / pick.tp;
+  }
+  if (*chosen != order.front() || !fits) {
+    // (The options that give the choice: "--zero 1 --recompute none", or
+    // on one rank the recompute's name alone.)
+    std::string flags;
+    if (pick.tp > 1)
+      flags += formatv("--tp {0} --dp {1} ", pick.tp, world / pick.tp).str();
+    if (pick.ep > 1)
+      flags += formatv("--ep {0} ", pick.ep).str();
+    if (world / pick.tp > 1)
+      flags += formatv("--zero {0} ", pick.zero).str();
+    if (!flags.empty())
+      flags += "--recompute ";
     WithColor::note(errs(), "moec")
-        << label << ": "
-        << (pick.ep > 1 ? formatv("--ep {0} ", pick.ep).str() : std::string())
-        << (replicas > 1 ? formatv("--zero {0} --recompute ", pick.zero).str() : std::string())
-        << pick.recompute.name << " ("
-        << named(pick) << ": " << pick.memory->total() << " bytes"
-        << (fits ? "" : ", still over the budget") << ")\n";
+        << label << ": " << flags << pick.recompute.name << " (" << named(pick) << ": "
+        << pick.memory->total() << " bytes" << (fits ? "" : ", still over the budget") << ")\n";
+  }
   if (!options.explain)
     return Error::success();
   if (candidates.size() > 1) {
-    outs() << formatv("training layouts of a rank ({0} data-parallel replica{1}; time of an "
+    outs() << formatv("training layouts of a rank ({0} rank{1}: dp x tp; time of an "
                       "update on the {2} machine, nothing overlapped; bytes):\n",
-                      replicas, replicas > 1 ? "s" : "", machine.name);
-    outs() << formatv("  {0,-3} {1,-5} {2,-10} {3,14} {4,11} {5,11} {6,11} {7,14} {8,7}\n",
-                      "ep", "zero", "recompute", "memory", "compute s", "optimizer s",
-                      "comm s", "comm bytes", "comm %");
+                      world, world > 1 ? "s" : "", machine.name);
+    outs() << formatv("  {0,-3} {1,-3} {2,-3} {3,-5} {4,-10} {5,14} {6,11} {7,11} {8,11} "
+                      "{9,14} {10,7}\n",
+                      "dp", "tp", "ep", "zero", "recompute", "memory", "compute s",
+                      "optimizer s", "comm s", "comm bytes", "comm %");
     for (size_t i : order) {
       const Candidate &c = candidates[i];
-      outs() << formatv("  {0,-3} {1,-5} {2,-10} {3,14} {4,11:e2} {5,11:e2} {6,11:e2} "
-                        "{7,14:f0} {8,6:f1}%{9}\n",
-                        c.ep, c.zero, c.recompute.name,
+      if (dropped[i])
+        continue;
+      outs() << formatv("  {0,-3} {1,-3} {2,-3} {3,-5} {4,-10} {5,14} {6,11:e2} {7,11:e2} "
+                        "{8,11:e2} {9,14:f0} {10,6:f1}%{11}\n",
+                        world / c.tp, c.tp, c.ep, c.zero, c.recompute.name,
                         c.memory ? std::to_string(c.memory->total()) : std::string("-"),
                         c.time.compute, c.time.optimizer, c.time.comm, c.time.commBytes,
                         100 * c.time.comm / c.time.total(),
@@ -347,8 +407,10 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
     outs() << formatv("  {0,-28} {1,14}\n", "state " + kind, kindBytes);
   outs() << formatv("  {0,-28} {1,14}   budget {2}: recompute {3}{4}\n", "total",
                     memory.total(), budget, pick.recompute.name,
-                    (replicas > 1 ? formatv(", zero {0}", pick.zero).str() : std::string()) +
-                        (pick.ep > 1 ? formatv(", ep {0}", pick.ep).str() : std::string()));
+                    (world / pick.tp > 1 ? formatv(", zero {0}", pick.zero).str()
+                                         : std::string()) +
+                        (pick.ep > 1 ? formatv(", ep {0}", pick.ep).str() : std::string()) +
+                        (pick.tp > 1 ? formatv(", tp {0}", pick.tp).str() : std::string()));
   outs() << formatv("communication not overlapped: {0:f1}% of the update ({1:e2} s of "
                     "{2:e2} s)\n",
                     100 * pick.time.comm / pick.time.total(), pick.time.comm,
