@@ -145,6 +145,46 @@ func.func @rms_norm_epsilon(%x: tensor<?x64xbf16>, %w: tensor<64xbf16>) {
 
 // -----
 
+func.func @rms_norm_squares_type(%x: tensor<?x32xf32>, %w: tensor<32xf32>, %s: tensor<?x2xf32>) {
+  // expected-error@+1 {{'moe.rms_norm' op expected sum_squares of [T, 1] f32 but got 'tensor<?x2xf32>'}}
+  %0 = moe.rms_norm %x, %w sum_squares(%s : tensor<?x2xf32>) eps = 1.0e-05 {row_width = 64 : i64} : tensor<?x32xf32>, tensor<32xf32>
+  return
+}
+
+// -----
+
+func.func @rms_norm_squares_weight(%x: tensor<?x32xf32>, %w: tensor<16xf32>, %s: tensor<?x1xf32>) {
+  // expected-error@+1 {{'moe.rms_norm' op with sum_squares, expected the weight of the input width 32 but got 16}}
+  %0 = moe.rms_norm %x, %w sum_squares(%s : tensor<?x1xf32>) eps = 1.0e-05 {row_width = 64 : i64} : tensor<?x32xf32>, tensor<16xf32>
+  return
+}
+
+// -----
+
+func.func @rms_norm_squares_row_width(%x: tensor<?x32xf32>, %w: tensor<32xf32>, %s: tensor<?x1xf32>) {
+  // expected-error@+1 {{'moe.rms_norm' op with sum_squares, expected row_width: a multiple of the input width}}
+  %0 = moe.rms_norm %x, %w sum_squares(%s : tensor<?x1xf32>) eps = 1.0e-05 {row_width = 48 : i64} : tensor<?x32xf32>, tensor<32xf32>
+  return
+}
+
+// -----
+
+func.func @rms_norm_row_width_alone(%x: tensor<?x32xf32>, %w: tensor<32xf32>) {
+  // expected-error@+1 {{'moe.rms_norm' op row_width: only with sum_squares}}
+  %0 = moe.rms_norm %x, %w eps = 1.0e-05 {row_width = 64 : i64} : tensor<?x32xf32>, tensor<32xf32>
+  return
+}
+
+// -----
+
+func.func @row_sum_squares_result(%x: tensor<?x32xf32>) {
+  // expected-error@+1 {{'moe.row_sum_squares' op expected a result of [T, 1] f32 but got 'tensor<?x1xbf16>'}}
+  %0 = moe.row_sum_squares %x : tensor<?x32xf32> -> tensor<?x1xbf16>
+  return
+}
+
+// -----
+
 func.func @layer_norm_width(%x: tensor<?x64xf32>, %w: tensor<32xf32>) {
   // expected-error@+1 {{'moe.layer_norm' op expected a weight of the input width 64 but got 32}}
   %0 = moe.layer_norm %x, %w eps = 1.0e-05 : tensor<?x64xf32>, tensor<32xf32>

@@ -70,6 +70,17 @@ func.func @rms_norm(%x: tensor<?x64xbf16>, %w: tensor<64xbf16>, %q: tensor<?x128
   return %0, %1 : tensor<?x64xbf16>, tensor<?x128xbf16>
 }
 
+// A rank's part of rows tensor parallelism splits (OLMoE's whole-row q
+// norm): its sum of squares, and the norm of its part by the whole row's.
+// CHECK-LABEL: func.func @rms_norm_of_part
+// CHECK:         %[[S:.+]] = moe.row_sum_squares %{{.+}} : tensor<?x32xf32> -> tensor<?x1xf32>
+// CHECK:         moe.rms_norm %{{.+}}, %{{.+}} sum_squares(%[[S]] : tensor<?x1xf32>) eps = 1.000000e-05 {row_width = 64 : i64} : tensor<?x32xf32>, tensor<32xf32>
+func.func @rms_norm_of_part(%x: tensor<?x32xf32>, %w: tensor<32xf32>) -> tensor<?x32xf32> {
+  %s = moe.row_sum_squares %x : tensor<?x32xf32> -> tensor<?x1xf32>
+  %0 = moe.rms_norm %x, %w sum_squares(%s : tensor<?x1xf32>) eps = 1.0e-05 {row_width = 64 : i64} : tensor<?x32xf32>, tensor<32xf32>
+  return %0 : tensor<?x32xf32>
+}
+
 // CHECK-LABEL: func.func @layer_norm
 // CHECK-SAME:    (%[[X:[^:]+]]: tensor<?x64xf32>, %[[W:[^:]+]]: tensor<64xf32>, %[[B:[^:]+]]: tensor<64xf32>)
 // CHECK:         %[[N0:.+]] = moe.layer_norm %[[X]], %[[W]], %[[B]] eps = 1.000000e-05 : tensor<?x64xf32>, tensor<64xf32>, tensor<64xf32>

@@ -33,6 +33,10 @@ Operation *firstReaderNorm(moe::AddOp add) {
     if (!first || user->isBeforeInBlock(first))
       first = user;
   }
+  // (Not a norm of rows tensor parallelism splits: add_norm has no
+  // sum_squares.)
+  if (auto rms = dyn_cast_or_null<moe::RMSNormOp>(first); rms && rms.getSumSquares())
+    return nullptr;
   if (first && isa<moe::RMSNormOp, moe::LayerNormOp>(first))
     return first;
   return nullptr;

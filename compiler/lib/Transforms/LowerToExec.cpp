@@ -76,7 +76,11 @@ NamedAttrList kernelConstants(Builder &b, Operation *op) {
   if (op->hasAttr("moe.recomputed"))
     a.set("recompute", b.getBoolAttr(true));
   llvm::TypeSwitch<Operation *>(op)
-      .Case([&](moe::RMSNormOp o) { a.set("eps", f64(o.getEpsilon())); })
+      .Case([&](moe::RMSNormOp o) {
+        a.set("eps", f64(o.getEpsilon()));
+        if (auto width = o.getRowWidth()) // (a part of rows TP splits)
+          a.set("row_width", i64(*width));
+      })
       .Case([&](moe::LayerNormOp o) { a.set("eps", f64(o.getEpsilon())); })
       .Case([&](moe::AddNormOp o) {
         a.set("eps", f64(o.getEpsilon()));

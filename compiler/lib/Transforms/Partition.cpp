@@ -341,11 +341,31 @@ LogicalResult Partitioner::rewrite(Operation &op) {
     if (dist(input) == Dist::Local) {
       int64_t group = cast<RankedTensorType>(op.getOperand(1).getType()).getNumElements();
       int64_t global = cast<RankedTensorType>(input.getType()).getDimSize(1);
-      if (isa<moe::LayerNormOp>(op) || group == global)
-        return fail("normalises a whole row that tensor parallelism splits "
-                    "(e.g. OLMoE's q_norm / k_norm): tp > 1 is not supported yet "
-                    "for this model; use --ep, --dp or --pp");
+      if (isa<moe::LayerNormOp>(op))
+        return fail("a layer_norm of rows that tensor parallelism splits: not supported yet; "
+                    "use --ep, --dp or --pp");
       mapAsIs();
+      // A norm of the whole row (OLMoE's q_norm / k_norm): the rank's part
+      // of each row's sum of squares, added over tp, then its part of the
+      // row normalised by the whole row's mean.
+      if (group == global) {
+        auto norm = cast<moe::RMSNormOp>(op);
+        if (norm.getSumSquares())
+          return fail("expected a norm of whole rows before moe-partition");
+        Value part = mapping.lookup(input);
+        auto partType = cast<RankedTensorType>(part.getType());
+        auto squaresType = RankedTensorType::get({partType.getDimSize(0), 1}, b.getF32Type());
+        Value squares =
+            b.create<moe::RowSumSquaresOp>(op.getLoc(), squaresType, part).getResult();
+        FailureOr<Value> w = weight(norm.getWeight(), &op);
+        if (failed(w))
+          return failure();
+        auto copy = b.create<moe::RMSNormOp>(op.getLoc(), partType, part, *w,
+                                             wholeOfPartial(squares), norm.getEpsilonAttr(),
+                                             b.getI64IntegerAttr(global));
+        set(norm.getResult(), copy.getResult(), Dist::Local);
+        return success();
+      }
       if (localWidth(input) % group)
         return fail("norm groups do not divide the tensor-parallel width");
       Operation *copy = cloneAs(Dist::Local);

@@ -165,6 +165,11 @@ LogicalResult Partitioner::rewriteTraining(Operation &op, bool &handled) {
     return success();
   }
   if (auto g = dyn_cast<moe::RMSNormGradOp>(op)) {
+    if (distOf(g.getInput()) == Dist::Local &&
+        cast<RankedTensorType>(g.getWeight().getType()).getDimSize(0) ==
+            cast<RankedTensorType>(g.getInput().getType()).getDimSize(1))
+      return fail("not supported yet: the gradient of a norm of whole rows that tensor "
+                  "parallelism splits (OLMoE's q_norm / k_norm; its forward runs under TP)");
     if (distOf(g.getInput()) == Dist::Local) { // a norm of each head's part
       if (failed(map(g.getGrad(), Dist::Local)) || failed(map(g.getInput(), Dist::Local)) ||
           failed(map(g.getWeight(), Dist::Replicated)))

@@ -106,8 +106,8 @@ private:
   }
   Value rmsNorm(Value x, const std::string &prefix, int64_t size, double eps) {
     Value w = weight(prefix + ".weight", {size});
-    return b.create<moe::RMSNormOp>(loc, x.getType(), x, w,
-                                    b.getF64FloatAttr(eps));
+    return b.create<moe::RMSNormOp>(loc, x.getType(), x, w, /*sum_squares=*/Value(),
+                                    b.getF64FloatAttr(eps), /*row_width=*/IntegerAttr());
   }
   Value mlp(Value x, const std::string &prefix, int64_t inter);
 

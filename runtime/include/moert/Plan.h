@@ -133,6 +133,9 @@ struct PlanStep {
   /// all_gather of a weight (ZeRO): the rows of its state view each
   /// data-parallel replica updated.
   int64_t shardRows = 0;
+  /// rms_norm of a part of rows tensor parallelism splits: the whole row's
+  /// width (its mean is the sum_squares input over it; 0: none).
+  int64_t rowWidth = 0;
 };
 
 /// The program of one pipeline stage, run by every rank of the stage. Its

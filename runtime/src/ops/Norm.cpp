@@ -17,11 +17,44 @@ void checkNorm(const StepChecker &c, const PlanStep &step, bool layerNorm) {
   c.expect(step.eps > 0, "eps must be > 0");
 }
 
-void checkRmsNorm(const StepChecker &c, const PlanStep &step) { checkNorm(c, step, false); }
+/// rms_norm: in the rows (and, with row_width, their whole rows' sums of
+/// squares [T, 1]: a part of rows tensor parallelism splits).
+void checkRmsNorm(const StepChecker &c, const PlanStep &step) {
+  if (step.rowWidth == 0)
+    return checkNorm(c, step, false);
+  c.arity(2, 1, 1, 1);
+  const int64_t w = c.tokens(step.in[0]);
+  c.expect(c.tokens(step.in[1]) == 1, "input 1: expected the rows' sums of squares, [T, 1]");
+  c.expect(c.weight(0, 1).shape[0] == w, "with row_width, expected the weight of the part");
+  c.expect(step.rowWidth % w == 0, fmt::format("row_width {}: expected a multiple of the "
+                                               "part's width {}", step.rowWidth, w));
+  c.expect(c.tokens(step.out[0]) == w, "output width differs from the input's");
+  c.expect(step.eps > 0, "eps must be > 0");
+}
+
+void parseRmsNorm(const JsonFields &a, PlanStep &step) {
+  if (a.has("row_width"))
+    step.rowWidth = a.bounded("row_width", 1, int64_t(1) << 40);
+}
+
+/// row_sum_squares: in [T, D], out [T, 1].
+void checkRowSumSquares(const StepChecker &c, const PlanStep &step) {
+  c.arity(1, 0, 0, 1);
+  c.expect(c.tokens(step.out[0]) == 1, "expected an output of [T, 1]");
+}
+
+int64_t runRowSumSquares(cpu::StepContext &c) {
+  cpu::rowSumSquares(c.in(0), c.rows, c.inWidth(0), c.out(0));
+  return c.rows;
+}
 void checkLayerNorm(const StepChecker &c, const PlanStep &step) { checkNorm(c, step, true); }
 
 int64_t runRmsNorm(cpu::StepContext &c) {
-  cpu::rmsNorm(c.in(0), c.rows, c.inWidth(0), c.weight(0), c.step->eps, c.out(0));
+  if (c.step->rowWidth > 0)
+    cpu::rmsNormOfSquares(c.in(0), c.rows, c.inWidth(0), c.weight(0), c.in(1), c.step->rowWidth,
+                          c.step->eps, c.out(0));
+  else
+    cpu::rmsNorm(c.in(0), c.rows, c.inWidth(0), c.weight(0), c.step->eps, c.out(0));
   return c.rows;
 }
 
@@ -67,7 +100,9 @@ int64_t runAddNorm(cpu::StepContext &c) {
 } // namespace
 
 const OpDef kAddNorm = {"add_norm", Collective::None, 0, parseAddNorm, checkAddNorm, runAddNorm};
-const OpDef kRmsNorm = {"rms_norm", Collective::None, 0, nullptr, checkRmsNorm, runRmsNorm};
+const OpDef kRmsNorm = {"rms_norm", Collective::None, 0, parseRmsNorm, checkRmsNorm, runRmsNorm};
+const OpDef kRowSumSquares = {"row_sum_squares", Collective::None, 0, nullptr, checkRowSumSquares,
+                              runRowSumSquares};
 const OpDef kLayerNorm = {"layer_norm", Collective::None, 0, nullptr, checkLayerNorm,
                           runLayerNorm};
 

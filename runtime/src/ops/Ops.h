@@ -19,7 +19,7 @@ namespace moert::ops {
 // Embedding.cpp, Linear.cpp
 extern const OpDef kEmbedding, kLinear;
 // Norm.cpp
-extern const OpDef kRmsNorm, kLayerNorm, kAddNorm;
+extern const OpDef kRmsNorm, kLayerNorm, kAddNorm, kRowSumSquares;
 // Attention.cpp
 extern const OpDef kRope, kAttention, kMlaAttention;
 // Elementwise.cpp

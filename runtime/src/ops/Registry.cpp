@@ -6,7 +6,7 @@ namespace moert {
 
 const std::vector<const OpDef *> &registeredOps() {
   static const std::vector<const OpDef *> ops = {
-      &ops::kEmbedding,  &ops::kRmsNorm,     &ops::kLayerNorm, &ops::kAddNorm,   &ops::kLinear,
+      &ops::kEmbedding,  &ops::kRmsNorm,     &ops::kRowSumSquares, &ops::kLayerNorm, &ops::kAddNorm,   &ops::kLinear,
       &ops::kRope,       &ops::kAttention,   &ops::kMlaAttention,
       &ops::kSplit,      &ops::kConcat,      &ops::kAdd,         &ops::kSigmoidGate,
       &ops::kMlp,        &ops::kRouter,      &ops::kRoute,     &ops::kExperts,

@@ -326,7 +326,8 @@ namespace {
 constexpr int kAny = 1 << 20;
 const StepLowering kLowerings[] = {
     {"embedding", 1, 1, 1, 1, 1, 1, &Emitter::lowerEmbedding},
-    {"rms_norm", 1, 1, 1, 1, 1, 1, &Emitter::lowerRmsNorm},
+    {"rms_norm", 1, 2, 1, 1, 1, 1, &Emitter::lowerRmsNorm},
+    {"row_sum_squares", 1, 1, 0, 0, 1, 1, &Emitter::lowerRowSumSquares},
     {"layer_norm", 1, 1, 1, 2, 1, 1, &Emitter::lowerLayerNorm},
     {"add_norm", 2, 2, 1, 2, 2, 2, &Emitter::lowerAddNorm},
     {"rope", 2, 2, 0, 0, 1, 1, &Emitter::lowerRope},

@@ -226,8 +226,63 @@ llvm::Error Emitter::lowerEmbedding(const Step &s, Array &launches, std::string 
 }
 
 llvm::Error Emitter::lowerRmsNorm(const Step &s, Array &launches, std::string &) {
+  // (With the rows' sums of squares: a part of rows tensor parallelism
+  // splits, normalised by the whole row's mean.)
+  if (s.in.size() == 2) {
+    launches.push_back(rmsNormOfSquares(s.index, s.in[0], s.in[1], s.weights[0], s.out[0],
+                                        s.constants.number("eps"),
+                                        s.constants.integer("row_width")));
+    return llvm::Error::success();
+  }
   launches.push_back(
       rmsNorm(s.index, s.in[0], s.weights[0], s.out[0], s.constants.number("eps")));
+  return llvm::Error::success();
+}
+
+/// rms_norm of a part of each row (row_width values in all): one block a
+/// row, the mean from the whole row's sum of squares, as the CPU kernel
+/// (the mean, + eps, 1 / sqrt in f32; w (x r)).
+Object Emitter::rmsNormOfSquares(int64_t i, int64_t in, int64_t squares, int64_t w, int64_t out,
+                                 double eps, int64_t rowWidth) {
+  const int64_t W = width(in), B = blockFor(W);
+  WeightType wt = weightType(dtype(w));
+  std::string body = subst(R"(  const long long row = blockIdx.x;
+  if (row >= T) return;
+  const float mean = sq[row] / static_cast<float>(@RW@);
+  const float rstd = 1.0f / sqrtf(mean + @EPS@);
+  for (int i = threadIdx.x; i < @W@; i += @B@)
+    out[row * @W@ + i] = __fmul_rn(@LOAD@(w[i]), __fmul_rn(x[row * @W@ + i], rstd));
+)", {{"RW", str(rowWidth)}, {"W", str(W)}, {"B", str(B)}, {"EPS", floatLit(eps)},
+     {"LOAD", wt.load}});
+  return kernel(i, "rms_norm",
+                {{"const float *x", "buf:" + str(in)},
+                 {"const float *__restrict__ sq", "buf:" + str(squares)},
+                 {"const " + wt.type + " *__restrict__ w", "weight:" + str(w)},
+                 {"float *out", "buf:" + str(out)},
+                 {"long long T", "T"}},
+                body, grid1(dim(1)), B);
+}
+
+/// row_sum_squares: one block a row, its squares added (f32, as the CUDA
+/// rms_norm adds them).
+llvm::Error Emitter::lowerRowSumSquares(const Step &s, Array &launches, std::string &) {
+  const int64_t in = s.in[0], out = s.out[0], W = width(in), B = blockFor(W);
+  std::string body = subst(R"(  __shared__ float red[32];
+  const long long row = blockIdx.x;
+  if (row >= T) return;
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < @W@; i += @B@) {
+    const float v = x[row * @W@ + i];
+    s = __fadd_rn(s, __fmul_rn(v, v));
+  }
+  s = moe_block_sum(s, red, @B@);
+  if (threadIdx.x == 0) out[row] = s;
+)", {{"W", str(W)}, {"B", str(B)}});
+  launches.push_back(kernel(s.index, "row_sum_squares",
+                            {{"const float *__restrict__ x", "buf:" + str(in)},
+                             {"float *__restrict__ out", "buf:" + str(out)},
+                             {"long long T", "T"}},
+                            body, grid1(dim(1)), B));
   return llvm::Error::success();
 }
 

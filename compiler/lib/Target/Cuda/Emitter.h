@@ -136,6 +136,7 @@ public:
   // Step lowerings by family (StepLowering).
   llvm::Error lowerEmbedding(const Step &, Array &, std::string &);
   llvm::Error lowerRmsNorm(const Step &, Array &, std::string &);
+  llvm::Error lowerRowSumSquares(const Step &, Array &, std::string &);
   llvm::Error lowerLayerNorm(const Step &, Array &, std::string &);
   llvm::Error lowerAddNorm(const Step &, Array &, std::string &);
   llvm::Error lowerRope(const Step &, Array &, std::string &);
@@ -345,6 +346,8 @@ private:
   // Kernel builders.
   Object embedding(int64_t i, int64_t out, int64_t ids, int64_t table, bool shard);
   Object rmsNorm(int64_t i, int64_t in, int64_t w, int64_t out, double eps);
+  Object rmsNormOfSquares(int64_t i, int64_t in, int64_t squares, int64_t w, int64_t out,
+                          double eps, int64_t rowWidth);
   Object route(int64_t i, const Constants &routing, int64_t E, const std::string &logits,
                int64_t bias, int64_t weightsOut, int64_t expertsOut);
   Object layerNorm(int64_t i, int64_t in, int64_t w, int64_t b, int64_t out, double eps);

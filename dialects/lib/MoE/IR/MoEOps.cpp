@@ -146,8 +146,39 @@ void RMSNormOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
   setName(getResult(), "norm");
 }
 LogicalResult RMSNormOp::verify() {
-  return verifyNormWidth(*this, getInput(), getWeight(),
-                         getEpsilon().convertToDouble());
+  if (failed(verifyNormWidth(*this, getInput(), getWeight(), getEpsilon().convertToDouble())))
+    return failure();
+  // A part of rows that tensor parallelism splits: the whole row's sum of
+  // squares, and the part's weight.
+  if (Value squares = getSumSquares()) {
+    auto type = cast<RankedTensorType>(squares.getType());
+    if (!type.getElementType().isF32() || mismatch(dim(squares, 1), 1))
+      return emitOpError("expected sum_squares of [T, 1] f32 but got ") << type;
+    if (mismatch(dim(squares, 0), dim(getInput(), 0)))
+      return emitOpError("expected sum_squares for each of the input's rows");
+    if (mismatch(dim(getWeight(), 0), dim(getInput(), 1)))
+      return emitOpError("with sum_squares, expected the weight of the input width ")
+             << dim(getInput(), 1) << " but got " << dim(getWeight(), 0);
+    auto rowWidth = getRowWidth();
+    if (!rowWidth || *rowWidth < 1 ||
+        (known(dim(getInput(), 1)) && *rowWidth % dim(getInput(), 1) != 0))
+      return emitOpError("with sum_squares, expected row_width: a multiple of the input width");
+  } else if (getRowWidth()) {
+    return emitOpError("row_width: only with sum_squares");
+  }
+  return success();
+}
+
+void RowSumSquaresOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  setName(getResult(), "squares");
+}
+LogicalResult RowSumSquaresOp::verify() {
+  auto type = cast<RankedTensorType>(getResult().getType());
+  if (!type.getElementType().isF32() || mismatch(dim(getResult(), 1), 1))
+    return emitOpError("expected a result of [T, 1] f32 but got ") << type;
+  if (mismatch(dim(getResult(), 0), dim(getInput(), 0)))
+    return emitOpError("expected a result row for each input row");
+  return success();
 }
 
 void LayerNormOp::getAsmResultNames(OpAsmSetValueNameFn setName) {

@@ -47,6 +47,13 @@ void embedding(const Matrix &table, const int32_t *tokens, int64_t count, float 
 /// g / sqrt(mean(g^2) + eps) * weight.
 void rmsNorm(const float *x, int64_t tokens, int64_t width, const TensorView &weight,
              double eps, float *out);
+/// rmsNorm of parts of rows that tensor parallelism splits: each row of
+/// `width` values is normalised by its whole row's mean square,
+/// squares[t] / rowWidth (the row's sum of squares), times weight (width).
+void rmsNormOfSquares(const float *x, int64_t tokens, int64_t width, const TensorView &weight,
+                      const float *squares, int64_t rowWidth, double eps, float *out);
+/// Each row's sum of squares (accumulated in double), in f32: out[t].
+void rowSumSquares(const float *x, int64_t tokens, int64_t width, float *out);
 /// LayerNorm over each row (biased variance); bias may be null.
 void layerNorm(const float *x, int64_t tokens, int64_t width, const TensorView &weight,
                const TensorView *bias, double eps, float *out);

@@ -170,15 +170,37 @@ def MoE_RMSNormOp : MoE_NamedResultOp<"rms_norm", [AllTypesMatch<["input", "resu
     `g / sqrt(mean(g^2) + epsilon) * weight`, computed in f32 and rounded to the
     result type after the scaling.
 
+    With `sum_squares` ([T, 1] f32) the input is a part of rows of
+    `row_width` values that tensor parallelism splits (moe-partition's form
+    of OLMoE's q_norm / k_norm, which normalise the whole row): the mean
+    is `sum_squares / row_width` (the whole row's sum of squares, each
+    rank's moe.row_sum_squares added over tp), and `weight` is the part's.
+
     ```mlir
     %n = moe.rms_norm %h, %input_layernorm eps = 1.000000e-05 : tensor<?x4096xbf16>, tensor<4096xbf16>
     ```
   }];
-  let arguments = (ins MoE_Activations:$input, MoE_Vector:$weight, F64Attr:$epsilon);
+  let arguments = (ins MoE_Activations:$input, MoE_Vector:$weight,
+                       Optional<MoE_Activations>:$sum_squares, F64Attr:$epsilon,
+                       OptionalAttr<I64Attr>:$row_width);
   let results = (outs MoE_Activations:$result);
   let assemblyFormat = [{
-    $input `,` $weight `eps` `=` $epsilon attr-dict `:` type($input) `,` type($weight)
+    $input `,` $weight (`sum_squares` `(` $sum_squares^ `:` type($sum_squares) `)`)?
+    `eps` `=` $epsilon attr-dict `:` type($input) `,` type($weight)
   }];
+  let hasVerifier = 1;
+}
+
+def MoE_RowSumSquaresOp : MoE_NamedResultOp<"row_sum_squares"> {
+  let summary = "each row's sum of squares, [T, D] -> [T, 1] in f32";
+  let description = [{
+    The sum of the squares of each row's values (in f32, accumulated in
+    double): under tensor parallelism a rank's part of the sum a whole-row
+    moe.rms_norm needs (`sum_squares`, added over tp).
+  }];
+  let arguments = (ins MoE_Activations:$input);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;
 }
 
