@@ -1120,6 +1120,30 @@ func.func @rms_norm_grad(%dy: tensor<?x8xf32>, %x: tensor<?x8xf32>, %w: tensor<8
 
 // -----
 
+func.func @rms_norm_grad_row_stats(%dy: tensor<?x8xf32>, %x: tensor<?x8xf32>, %w: tensor<8xf32>, %s: tensor<?x3xf32>) {
+  // expected-error@+1 {{'moe.rms_norm_grad' op expected row_stats of [T, 2] f32 but got 'tensor<?x3xf32>'}}
+  %dx, %dw = moe.rms_norm_grad %dy, %x, %w row_stats(%s : tensor<?x3xf32>) eps = 1.0e-05 {row_width = 16 : i64} : tensor<?x8xf32>, tensor<?x8xf32>, tensor<8xf32> -> tensor<?x8xf32>, tensor<8xf32>
+  return
+}
+
+// -----
+
+func.func @rms_norm_grad_row_width(%dy: tensor<?x8xf32>, %x: tensor<?x8xf32>, %w: tensor<8xf32>, %s: tensor<?x2xf32>) {
+  // expected-error@+1 {{'moe.rms_norm_grad' op with row_stats, expected row_width: a multiple of the input width}}
+  %dx, %dw = moe.rms_norm_grad %dy, %x, %w row_stats(%s : tensor<?x2xf32>) eps = 1.0e-05 {row_width = 12 : i64} : tensor<?x8xf32>, tensor<?x8xf32>, tensor<8xf32> -> tensor<?x8xf32>, tensor<8xf32>
+  return
+}
+
+// -----
+
+func.func @rms_norm_grad_stats_result(%dy: tensor<?x8xf32>, %x: tensor<?x8xf32>, %w: tensor<8xf32>) {
+  // expected-error@+1 {{'moe.rms_norm_grad_stats' op expected a result of [T, 2] f32 but got 'tensor<?x1xf32>'}}
+  %s = moe.rms_norm_grad_stats %dy, %x, %w : tensor<?x8xf32>, tensor<?x8xf32>, tensor<8xf32> -> tensor<?x1xf32>
+  return
+}
+
+// -----
+
 func.func @attention_grad_types(%do: tensor<?x8xf32>, %q: tensor<?x8xf32>, %k: tensor<?x4xf32>) {
   // expected-error@+1 {{'moe.attention_grad' op expected the gradients in the types of query, key and value}}
   %dq, %dk, %dv = moe.attention_grad %do, %q, %k, %k heads = 2 kv_heads = 1 scale = 0.5 : tensor<?x8xf32>, tensor<?x8xf32>, tensor<?x4xf32>, tensor<?x4xf32> -> tensor<?x8xf32>, tensor<?x8xf32>, tensor<?x4xf32>

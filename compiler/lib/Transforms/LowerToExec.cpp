@@ -126,7 +126,11 @@ NamedAttrList kernelConstants(Builder &b, Operation *op) {
 
       .Case<moe::CrossEntropyOp, moe::VocabStatsOp, moe::CrossEntropyOfStatsOp>(
           [&](auto o) { a.set("vocab", i64(o.getVocab())); })
-      .Case([&](moe::RMSNormGradOp o) { a.set("eps", f64(o.getEpsilon())); })
+      .Case([&](moe::RMSNormGradOp o) {
+        a.set("eps", f64(o.getEpsilon()));
+        if (auto width = o.getRowWidth()) // (a part of rows TP splits)
+          a.set("row_width", i64(*width));
+      })
 
       .Case([&](moe::AllReduceOp o) {
         // A weight gradient's parts (static): its values, not the rows.

@@ -165,11 +165,29 @@ LogicalResult Partitioner::rewriteTraining(Operation &op, bool &handled) {
     return success();
   }
   if (auto g = dyn_cast<moe::RMSNormGradOp>(op)) {
+    // A norm of whole rows that TP splits (OLMoE's q_norm / k_norm): the
+    // rank's row sums over its part, added over tp, stand for the row's;
+    // the weight's gradient is its part's.
+    const int64_t rowWidth = cast<RankedTensorType>(g.getInput().getType()).getDimSize(1);
     if (distOf(g.getInput()) == Dist::Local &&
-        cast<RankedTensorType>(g.getWeight().getType()).getDimSize(0) ==
-            cast<RankedTensorType>(g.getInput().getType()).getDimSize(1))
-      return fail("not supported yet: the gradient of a norm of whole rows that tensor "
-                  "parallelism splits (OLMoE's q_norm / k_norm; its forward runs under TP)");
+        cast<RankedTensorType>(g.getWeight().getType()).getDimSize(0) == rowWidth) {
+      if (g.getRowStats())
+        return fail("expected the gradient of a norm of whole rows before moe-partition");
+      if (failed(map(g.getGrad(), Dist::Local)) || failed(map(g.getInput(), Dist::Local)) ||
+          failed(map(g.getWeight(), Dist::Replicated)))
+        return failure();
+      Value dy = mapping.lookup(g.getGrad()), x = mapping.lookup(g.getInput()),
+            w = mapping.lookup(g.getWeight());
+      auto statsType = RankedTensorType::get(
+          {cast<RankedTensorType>(x.getType()).getDimSize(0), 2}, b.getF32Type());
+      Value stats = b.create<moe::RMSNormGradStatsOp>(op.getLoc(), statsType, dy, x, w);
+      auto grad = b.create<moe::RMSNormGradOp>(
+          op.getLoc(), x.getType(), f32Of(g.getWeight()), dy, x, w, wholeOfPartial(stats),
+          g.getEpsilonAttr(), b.getI64IntegerAttr(rowWidth));
+      set(g.getInputGrad(), grad.getInputGrad(), Dist::Local);
+      set(g.getWeightGrad(), grad.getWeightGrad(), Dist::Local);
+      return success();
+    }
     if (distOf(g.getInput()) == Dist::Local) { // a norm of each head's part
       if (failed(map(g.getGrad(), Dist::Local)) || failed(map(g.getInput(), Dist::Local)) ||
           failed(map(g.getWeight(), Dist::Replicated)))

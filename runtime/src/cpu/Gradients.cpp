@@ -302,6 +302,56 @@ void rmsNormGrad(const float *dy, const float *x, int64_t tokens, int64_t width,
   }
 }
 
+void rmsNormGradStats(const float *dy, const float *x, int64_t tokens, int64_t width,
+                      const TensorView &weight, float *out) {
+  std::vector<float> w(static_cast<size_t>(width));
+  for (int64_t i = 0; i < width; ++i)
+    w[i] = weight.at(i);
+  parallelFor(tokens, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float *xt = x + t * width, *dyt = dy + t * width;
+      double squares = 0, dot = 0;
+      for (int64_t i = 0; i < width; ++i) {
+        squares += static_cast<double>(xt[i]) * xt[i];
+        dot += static_cast<double>(dyt[i]) * w[i] * xt[i];
+      }
+      out[2 * t] = static_cast<float>(squares);
+      out[2 * t + 1] = static_cast<float>(dot);
+    }
+  }, 16);
+}
+
+void rmsNormGradOfStats(const float *dy, const float *x, int64_t tokens, int64_t width,
+                        const TensorView &weight, const float *stats, int64_t rowWidth,
+                        double eps, float *dx, float *dw) {
+  std::vector<float> w(static_cast<size_t>(width));
+  for (int64_t i = 0; i < width; ++i)
+    w[i] = weight.at(i);
+  // (As rmsNormGrad, with the whole row's sums: dot there is sum dy w x r.)
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(tokens, numThreads()));
+  std::vector<std::vector<double>> partial(chunks, std::vector<double>(width, 0.0));
+  const double n = static_cast<double>(rowWidth);
+  parallelFor(chunks, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t t = tokens * c / chunks; t < tokens * (c + 1) / chunks; ++t) {
+        const float *xt = x + t * width, *dyt = dy + t * width;
+        float *dxt = dx + t * width;
+        const double r = 1.0 / std::sqrt(static_cast<double>(stats[2 * t]) / n + eps);
+        const double dot = static_cast<double>(stats[2 * t + 1]) * r;
+        for (int64_t i = 0; i < width; ++i) {
+          dxt[i] = static_cast<float>(r * (dyt[i] * w[i] - xt[i] * r * dot / n));
+          partial[c][i] += static_cast<double>(dyt[i]) * xt[i] * r;
+        }
+      }
+  });
+  for (int64_t i = 0; i < width; ++i) {
+    double sum = 0;
+    for (const std::vector<double> &p : partial)
+      sum += p[i];
+    dw[i] = static_cast<float>(sum);
+  }
+}
+
 void mlpGrad(const float *dy, const float *x, int64_t tokens, const Matrix &gate,
              const Matrix &up, const Matrix &down, Activation act, float *dx, float *dgate,
              float *dup, float *ddown) {

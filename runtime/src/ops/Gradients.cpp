@@ -73,19 +73,51 @@ int64_t runLinearGrad(cpu::StepContext &c) {
   return c.rows;
 }
 
+/// in: dy, x (and with row_width the rows' [sum of squares, sum of dy w x]
+/// over their whole rows: a part of rows tensor parallelism splits).
 void checkRmsNormGrad(const StepChecker &c, const PlanStep &step) {
-  c.arity(2, 1, 1, 2);
+  c.arity(step.rowWidth > 0 ? 3 : 2, 1, 1, 2);
   const PlanWeight &w = c.weight(0, 1);
   const int64_t width = c.tokens(step.in[0]);
   c.expect(c.tokens(step.in[1]) == width && c.tokens(step.out[0]) == width &&
                width % w.shape[0] == 0,
            "dy, x and dx differ in width or the weight does not divide it");
+  if (step.rowWidth > 0) {
+    c.expect(c.tokens(step.in[2]) == 2, "input 2: expected the rows' statistics, [T, 2]");
+    c.expect(w.shape[0] == width && step.rowWidth % width == 0,
+             fmt::format("row_width {}: expected a multiple of the part's width {}, and the "
+                         "weight of the part",
+                         step.rowWidth, width));
+  }
   expectWeightGradient(c, step.out[1], w);
 }
 
+void parseRmsNormGrad(const JsonFields &a, PlanStep &step) {
+  if (a.has("row_width"))
+    step.rowWidth = a.bounded("row_width", 1, int64_t(1) << 40);
+}
+
 int64_t runRmsNormGrad(cpu::StepContext &c) {
-  cpu::rmsNormGrad(c.in(0), c.in(1), c.rows, c.inWidth(0), c.weight(0), c.step->eps, c.out(0),
-                   c.out(1));
+  if (c.step->rowWidth > 0)
+    cpu::rmsNormGradOfStats(c.in(0), c.in(1), c.rows, c.inWidth(0), c.weight(0), c.in(2),
+                            c.step->rowWidth, c.step->eps, c.out(0), c.out(1));
+  else
+    cpu::rmsNormGrad(c.in(0), c.in(1), c.rows, c.inWidth(0), c.weight(0), c.step->eps,
+                     c.out(0), c.out(1));
+  return c.rows;
+}
+
+/// rms_norm_grad_stats: in dy, x; weight w; out [T, 2].
+void checkRmsNormGradStats(const StepChecker &c, const PlanStep &step) {
+  c.arity(2, 1, 1, 1);
+  const int64_t width = c.tokens(step.in[0]);
+  c.expect(c.tokens(step.in[1]) == width && c.weight(0, 1).shape[0] == width,
+           "dy, x and the weight differ in width");
+  c.expect(c.tokens(step.out[0]) == 2, "expected an output of [T, 2]");
+}
+
+int64_t runRmsNormGradStats(cpu::StepContext &c) {
+  cpu::rmsNormGradStats(c.in(0), c.in(1), c.rows, c.inWidth(0), c.weight(0), c.out(0));
   return c.rows;
 }
 
@@ -333,8 +365,11 @@ const OpDef kCrossEntropyGrad = {"cross_entropy_grad", Collective::None, OpDef::
                                  checkCrossEntropyGrad, runCrossEntropyGrad};
 const OpDef kLinearGrad = {"linear_grad", Collective::None, OpDef::Backward, nullptr, checkLinearGrad,
                            runLinearGrad};
-const OpDef kRmsNormGrad = {"rms_norm_grad", Collective::None, OpDef::Backward, nullptr, checkRmsNormGrad,
+const OpDef kRmsNormGrad = {"rms_norm_grad", Collective::None, OpDef::Backward, parseRmsNormGrad,
+                            checkRmsNormGrad,
                             runRmsNormGrad};
+const OpDef kRmsNormGradStats = {"rms_norm_grad_stats", Collective::None, OpDef::Backward, nullptr,
+                                 checkRmsNormGradStats, runRmsNormGradStats};
 const OpDef kRopeGrad = {"rope_grad", Collective::None, 0, nullptr, checkRopeGrad, runRopeGrad};
 const OpDef kAttentionGrad = {"attention_grad", Collective::None, 0, nullptr,
                               checkAttentionGrad, runAttentionGrad};

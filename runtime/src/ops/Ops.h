@@ -30,7 +30,7 @@ extern const OpDef kMlp, kRouter, kRoute, kExperts, kExpertsSaved, kDispatch, kE
 // Loss.cpp
 extern const OpDef kCrossEntropy, kRouterStats, kLmLoss, kVocabStats, kCrossEntropyOfStats;
 // Gradients.cpp
-extern const OpDef kCrossEntropyGrad, kLinearGrad, kRmsNormGrad, kRopeGrad, kAttentionGrad,
+extern const OpDef kCrossEntropyGrad, kLinearGrad, kRmsNormGrad, kRmsNormGradStats, kRopeGrad, kAttentionGrad,
     kMlpGrad, kEmbeddingGrad, kRouteGrad, kExpertsGrad, kRouterStatsGrad, kBiasGrad,
     kSigmoidGateGrad, kMlaAttentionGrad;
 // Optimizer.cpp

@@ -15,7 +15,7 @@ const std::vector<const OpDef *> &registeredOps() {
       &ops::kDispatchGrad,
       &ops::kCrossEntropy, &ops::kRouterStats, &ops::kLmLoss, &ops::kVocabStats,
       &ops::kCrossEntropyOfStats,
-      &ops::kCrossEntropyGrad, &ops::kLinearGrad, &ops::kRmsNormGrad, &ops::kRopeGrad,
+      &ops::kCrossEntropyGrad, &ops::kLinearGrad, &ops::kRmsNormGrad, &ops::kRmsNormGradStats, &ops::kRopeGrad,
       &ops::kAttentionGrad, &ops::kMlpGrad, &ops::kEmbeddingGrad, &ops::kRouteGrad,
       &ops::kExpertsGrad, &ops::kRouterStatsGrad, &ops::kBiasGrad, &ops::kSigmoidGateGrad,
       &ops::kMlaAttentionGrad,

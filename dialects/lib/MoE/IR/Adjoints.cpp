@@ -37,7 +37,9 @@ LogicalResult RMSNormOp::buildAdjoint(OpBuilder &b, ArrayRef<Value> resultGrads,
     return emitOpError("not supported yet: the gradient of a norm of rows that tensor "
                        "parallelism splits (sum_squares)");
   auto grad = b.create<RMSNormGradOp>(getLoc(), getInput().getType(), f32Like(getWeight()),
-                                      resultGrads[0], getInput(), getWeight(), getEpsilonAttr());
+                                      resultGrads[0], getInput(), getWeight(),
+                                      /*row_stats=*/Value(), getEpsilonAttr(),
+                                      /*row_width=*/IntegerAttr());
   operandGrads.assign({grad.getInputGrad(), grad.getWeightGrad()});
   return success();
 }

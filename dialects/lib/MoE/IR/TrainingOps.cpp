@@ -135,6 +135,31 @@ LogicalResult RMSNormGradOp::verify() {
       getInputGrad().getType() != getInput().getType() ||
       shapeOf(getWeightGrad()) != shapeOf(getWeight()))
     return emitOpError("expected dy and dx of the input's type and dw of the weight's shape");
+  if (Value stats = getRowStats()) {
+    auto type = cast<RankedTensorType>(stats.getType());
+    if (!type.getElementType().isF32() || type.getRank() != 2 ||
+        (!type.isDynamicDim(1) && type.getDimSize(1) != 2))
+      return emitOpError("expected row_stats of [T, 2] f32 but got ") << type;
+    const int64_t width = cast<RankedTensorType>(getInput().getType()).getDimSize(1);
+    if (shapeOf(getWeight()) != ArrayRef<int64_t>{width})
+      return emitOpError("with row_stats, expected the weight of the input width");
+    auto rowWidth = getRowWidth();
+    if (!rowWidth || *rowWidth < 1 || (!ShapedType::isDynamic(width) && *rowWidth % width))
+      return emitOpError("with row_stats, expected row_width: a multiple of the input width");
+  } else if (getRowWidth()) {
+    return emitOpError("row_width: only with row_stats");
+  }
+  return success();
+}
+
+LogicalResult RMSNormGradStatsOp::verify() {
+  auto type = cast<RankedTensorType>(getResult().getType());
+  if (!type.getElementType().isF32() || (!type.isDynamicDim(1) && type.getDimSize(1) != 2))
+    return emitOpError("expected a result of [T, 2] f32 but got ") << type;
+  if (getGrad().getType() != getInput().getType() ||
+      shapeOf(getWeight()) !=
+          ArrayRef<int64_t>{cast<RankedTensorType>(getInput().getType()).getDimSize(1)})
+    return emitOpError("expected dy of the input's type and the weight of its width");
   return success();
 }
 

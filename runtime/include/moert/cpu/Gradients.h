@@ -29,6 +29,15 @@ void linearGrad(const float *dy, const float *x, int64_t tokens, const Matrix &w
 /// and groups).
 void rmsNormGrad(const float *dy, const float *x, int64_t tokens, int64_t width,
                  const TensorView &weight, double eps, float *dx, float *dw);
+/// Each row's [sum of x^2, sum of dy w x] (in double, out in f32): a part's
+/// of rows that tensor parallelism splits (rmsNormGradOfStats adds them).
+void rmsNormGradStats(const float *dy, const float *x, int64_t tokens, int64_t width,
+                      const TensorView &weight, float *out);
+/// rmsNormGrad of parts of rows of `rowWidth` (weight: the part's): stats
+/// [T, 2] are the whole rows' rmsNormGradStats; dw the part's.
+void rmsNormGradOfStats(const float *dy, const float *x, int64_t tokens, int64_t width,
+                        const TensorView &weight, const float *stats, int64_t rowWidth,
+                        double eps, float *dx, float *dw);
 
 /// moe.attention over the batch's sequences (each whole: positions from 0,
 /// InputError otherwise): dq, dk, dv from dO and the recomputed softmax.

@@ -65,16 +65,41 @@ def MoE_RMSNormGradOp : MoE_Op<"rms_norm_grad", [Pure]> {
     + eps) and n = g r: `input_grad = r (dy w - n mean(dy w n))`,
     `weight_grad[i] = sum over rows and groups of dy[i] n[i]` (f32).
 
+    With `row_stats` ([T, 2] f32) the input is a part of rows of
+    `row_width` values that tensor parallelism splits (moe.rms_norm with
+    sum_squares): the row's sum of squares and its sum of dy w x
+    (moe.rms_norm_grad_stats of each part, added over tp) stand for the
+    group's; `weight_grad` is the part's.
+
     ```mlir
     %dx, %dw = moe.rms_norm_grad %dy, %x, %w eps = 1.0e-05 : tensor<?x64xf32>, tensor<?x64xf32>, tensor<64xf32> -> tensor<?x64xf32>, tensor<64xf32>
     ```
   }];
   let arguments = (ins MoE_Activations:$grad, MoE_Activations:$input, MoE_Vector:$weight,
-                       F64Attr:$epsilon);
+                       Optional<MoE_Activations>:$row_stats, F64Attr:$epsilon,
+                       OptionalAttr<I64Attr>:$row_width);
   let results = (outs MoE_Activations:$input_grad, 1DTensorOf<[F32]>:$weight_grad);
   let assemblyFormat = [{
-    $grad `,` $input `,` $weight `eps` `=` $epsilon attr-dict `:` type($grad) `,` type($input)
+    $grad `,` $input `,` $weight (`row_stats` `(` $row_stats^ `:` type($row_stats) `)`)?
+    `eps` `=` $epsilon attr-dict `:` type($grad) `,` type($input)
     `,` type($weight) `->` type($input_grad) `,` type($weight_grad)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_RMSNormGradStatsOp : MoE_Op<"rms_norm_grad_stats", [Pure]> {
+  let summary = "each row's sum of squares and sum of dy w x, [T, 2] in f32";
+  let description = [{
+    The two row sums the gradient of a norm of whole rows needs (moe.rms_norm
+    with sum_squares): under tensor parallelism each rank's over its part of
+    the rows (accumulated in double), added over tp into moe.rms_norm_grad's
+    `row_stats`.
+  }];
+  let arguments = (ins MoE_Activations:$grad, MoE_Activations:$input, MoE_Vector:$weight);
+  let results = (outs MoE_Activations:$result);
+  let assemblyFormat = [{
+    $grad `,` $input `,` $weight attr-dict `:` type($grad) `,` type($input) `,` type($weight)
+    `->` type($result)
   }];
   let hasVerifier = 1;
 }
