@@ -36,9 +36,14 @@ void RankProgram::prepare(const Plan &plan, int64_t rank, DeviceMemory &memory_,
     auto [it, added] = states.emplace(b.state, State{nullptr, b.rows * b.width, shard});
     if (added)
       it->second.address = memory->allocate(b.rows * b.width * 4);
-    else if (it->second.elements != b.rows * b.width)
-      runtimeError("state buffer '{}' of {} values, {} in another entry", b.state,
-                   b.rows * b.width, it->second.elements);
+    else if (it->second.elements != b.rows * b.width ||
+             it->second.shard.logicalElements != shard.logicalElements ||
+             it->second.shard.overEdp != shard.overEdp)
+      runtimeError("state buffer '{}' of {} values ({} logical, shard over {}), {} ({}, over "
+                   "{}) in another entry",
+                   b.state, b.rows * b.width, shard.logicalElements, shard.overEdp ? "edp" : "dp",
+                   it->second.elements, it->second.shard.logicalElements,
+                   it->second.shard.overEdp ? "edp" : "dp");
     buffers.push_back(it->second.address);
   }
   caches.clear();

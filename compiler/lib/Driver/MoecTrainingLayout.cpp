@@ -20,6 +20,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/Pass/PassManager.h"
+#include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/WithColor.h"
 
@@ -51,10 +52,17 @@ struct Workload {
   int64_t expertTensors = 0;   ///< routed expert stacks (3 per MoE layer)
 };
 
-/// (`ep`: the programs' expert stacks hold 1/ep of the experts each; the
-/// workload is the whole model's.)
+/// (The whole model's: each weight's logical shape, moe.logical_weights,
+/// where a rank holds a part of it (its experts, its TP part); else its
+/// shape, an expert stack's 1/ep of the experts scaled by `ep`.)
 Workload workloadOf(mlir::ModuleOp module, const hf::ModelConfig &config, int64_t ep) {
   Workload w;
+  llvm::StringMap<int64_t> logical;
+  if (auto all = module->getAttrOfType<mlir::ArrayAttr>("moe.logical_weights"))
+    for (auto entry : all.getAsRange<mlir::DictionaryAttr>())
+      if (auto name = entry.getAs<mlir::StringAttr>("name"))
+        if (auto type = entry.getAs<mlir::TypeAttr>("type"))
+          logical[name.getValue()] = cast<mlir::ShapedType>(type.getValue()).getNumElements();
   // The weights the train program differentiates (the optimizer's).
   for (auto program : module.getOps<exec::ProgramOp>()) {
     if (program.getEntry() != "train")
@@ -63,8 +71,11 @@ Workload workloadOf(mlir::ModuleOp module, const hf::ModelConfig &config, int64_
     for (mlir::Value trained : ret.getGradientOf()) {
       auto weight = trained.getDefiningOp<exec::WeightOp>();
       auto type = cast<mlir::RankedTensorType>(weight.getTensorType());
-      const double n = static_cast<double>(type.getNumElements()) *
-                       (weight.getExpertsAttr() ? static_cast<double>(ep) : 1.0);
+      auto whole = logical.find(weight.getTensor());
+      const double n = whole != logical.end()
+                           ? static_cast<double>(whole->second)
+                           : static_cast<double>(type.getNumElements()) *
+                                 (weight.getExpertsAttr() ? static_cast<double>(ep) : 1.0);
       w.parameters += n;
       w.weightBytes += n * (type.getElementType().isBF16() ? 2 : 4);
       ++w.tensors;

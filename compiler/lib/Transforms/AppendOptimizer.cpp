@@ -110,6 +110,10 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       return train.emitError("moe-append-optimizer: ")
              << int64_t(microBatches) << " micro-batches of an update do not split between "
              << dataParallel(train) << " data-parallel replicas";
+    // (ZeRO shards between replicas: the norm's sums over dp assume some.)
+    if (zero >= 1 && dataParallel(train) == 1)
+      return train.emitError("moe-append-optimizer: zero=")
+             << int64_t(zero) << " needs data-parallel replicas (moe.sharding's dp > 1)";
     if (ret.getGradients().empty())
       return train.emitError("moe-append-optimizer: @")
              << train.getSymName() << " computes no gradients (compiled with --loss-only?)";

@@ -40,6 +40,7 @@ void parseRmsNorm(const JsonFields &a, PlanStep &step) {
 /// row_sum_squares: in [T, D], out [T, 1].
 void checkRowSumSquares(const StepChecker &c, const PlanStep &step) {
   c.arity(1, 0, 0, 1);
+  c.tokens(step.in[0]);
   c.expect(c.tokens(step.out[0]) == 1, "expected an output of [T, 1]");
 }
 

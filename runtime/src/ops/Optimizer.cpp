@@ -257,6 +257,16 @@ void checkAdamW(const StepChecker &c, const PlanStep &step) {
                          i));
   c.expect(sharded || c.program.buffers[step.in[2]].logicalRows == 0,
            "input 2: a gradient sum that is a ZeRO shard needs sharded moments");
+  // (One shard of one group: the moments', the master's and a sharded
+  // sum's rows alike; an edp shard only of an expert stack.)
+  const PlanBuffer &moments = c.program.buffers[step.in[3]];
+  for (size_t i = 2; i < step.in.size() && sharded; ++i) {
+    const PlanBuffer &b = c.program.buffers[step.in[i]];
+    c.expect(b.logicalRows == 0 || (b.rows == moments.rows && b.shardOverEdp == moments.shardOverEdp),
+             fmt::format("input {}: expected a shard of the moments' rows and group", i));
+  }
+  c.expect(!moments.shardOverEdp || w.experts > 0,
+           fmt::format("'{}': only an expert stack's states are shards over edp", w.name));
   c.expect(step.out[0] == step.in[3] && step.out[1] == step.in[4] && step.out[2] == step.in[2] &&
                (!bf16 || step.out[3] == step.in[5]),
            "expected outputs m, v, the gradient sum (and the master): inputs 3, 4, 2 (and 5)");
