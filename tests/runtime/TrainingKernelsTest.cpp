@@ -251,6 +251,55 @@ TEST(GradientsTest, RmsNormInGroups) {
   }
 }
 
+// A norm of whole rows that tensor parallelism splits (OLMoE's q_norm):
+// each part's row sums added stand for the whole row's, forward and
+// backward, and the parts give the whole row's values and its weight's
+// gradient in parts.
+TEST(GradientsTest, RmsNormOfRowPartsIsTheWholeRows) {
+  const int64_t T = 5, part = 8, parts = 2, width = part * parts;
+  const double eps = 1e-6;
+  std::vector<float> x = randomValues(T * width, 11), w = randomValues(width, 12),
+                     dy = randomValues(T * width, 13);
+  TensorView whole{DType::F32, {width}, w.data()};
+  std::vector<float> y(T * width), dx(T * width), dw(width);
+  cpu::rmsNorm(x.data(), T, width, whole, eps, y.data());
+  cpu::rmsNormGrad(dy.data(), x.data(), T, width, whole, eps, dx.data(), dw.data());
+  // Each part's rows, its sums, and their totals.
+  auto columns = [&](const std::vector<float> &v, int64_t p) {
+    std::vector<float> out(T * part);
+    for (int64_t t = 0; t < T; ++t)
+      std::copy_n(v.data() + t * width + p * part, part, out.data() + t * part);
+    return out;
+  };
+  std::vector<float> squares(T, 0.0f), stats(2 * T, 0.0f);
+  for (int64_t p = 0; p < parts; ++p) {
+    std::vector<float> xp = columns(x, p), dyp = columns(dy, p), s(T), st(2 * T);
+    TensorView wp{DType::F32, {part}, w.data() + p * part};
+    cpu::rowSumSquares(xp.data(), T, part, s.data());
+    cpu::rmsNormGradStats(dyp.data(), xp.data(), T, part, wp, st.data());
+    for (int64_t i = 0; i < T; ++i)
+      squares[i] += s[i];
+    for (int64_t i = 0; i < 2 * T; ++i)
+      stats[i] += st[i];
+  }
+  for (int64_t p = 0; p < parts; ++p) {
+    std::vector<float> xp = columns(x, p), dyp = columns(dy, p), yp(T * part), dxp(T * part),
+                       dwp(part);
+    TensorView wp{DType::F32, {part}, w.data() + p * part};
+    cpu::rmsNormOfSquares(xp.data(), T, part, wp, squares.data(), width, eps, yp.data());
+    cpu::rmsNormGradOfStats(dyp.data(), xp.data(), T, part, wp, stats.data(), width, eps,
+                            dxp.data(), dwp.data());
+    const std::vector<float> wantY = columns(y, p), wantDx = columns(dx, p);
+    for (int64_t i = 0; i < T * part; ++i) {
+      EXPECT_NEAR(yp[i], wantY[i], 1e-6 * std::abs(wantY[i]) + 1e-7) << "y " << p << " " << i;
+      EXPECT_NEAR(dxp[i], wantDx[i], 1e-5 * std::abs(wantDx[i]) + 1e-6) << "dx " << p << " " << i;
+    }
+    for (int64_t i = 0; i < part; ++i)
+      EXPECT_NEAR(dwp[i], dw[p * part + i], 1e-5 * std::abs(dw[p * part + i]) + 1e-6)
+          << "dw " << p << " " << i;
+  }
+}
+
 TEST(GradientsTest, AttentionOfTwoSequencesWithGqaAndWindow) {
   for (int64_t window : {0, 2}) {
     const int64_t heads = 4, kvHeads = 2, d = 3, vd = 2, T = 7;

@@ -265,36 +265,34 @@ void linearGrad(const float *dy, const float *x, int64_t tokens, const Matrix &w
   matmulTN(dy, w.rows, x, w.cols, tokens, w.rows, w.cols, dw, 0, bf16Products(w));
 }
 
-void rmsNormGrad(const float *dy, const float *x, int64_t tokens, int64_t width,
-                 const TensorView &weight, double eps, float *dx, float *dw) {
-  const int64_t n = weight.numel(), groups = width / n;
-  std::vector<float> w(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i)
-    w[i] = weight.at(i);
-  // Per-thread partial dw, added in thread order (the same bits for a given
-  // thread count).
+namespace {
+
+/// rms_norm_grad's loop over rows in groups of w.size(): `factors(t, xg,
+/// dyg)` gives a group's r and its sum of dy w x r, `n` the count they are
+/// a mean over; dx = r (dy w - x r dot / n) and dw the sum of dy x r,
+/// per-thread partial sums added in thread order (the same bits for a given
+/// thread count).
+template <class Factors>
+void rmsNormGradRows(const float *dy, const float *x, int64_t tokens, int64_t width,
+                     const std::vector<float> &w, double n, Factors factors, float *dx,
+                     float *dw) {
+  const int64_t group = static_cast<int64_t>(w.size()), groups = width / group;
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(tokens, numThreads()));
-  std::vector<std::vector<double>> partial(chunks, std::vector<double>(n, 0.0));
+  std::vector<std::vector<double>> partial(chunks, std::vector<double>(group, 0.0));
   parallelFor(chunks, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c)
       for (int64_t t = tokens * c / chunks; t < tokens * (c + 1) / chunks; ++t)
         for (int64_t g = 0; g < groups; ++g) {
-          const float *xg = x + t * width + g * n, *dyg = dy + t * width + g * n;
-          float *dxg = dx + t * width + g * n;
-          double squares = 0;
-          for (int64_t i = 0; i < n; ++i)
-            squares += static_cast<double>(xg[i]) * xg[i];
-          const double r = 1.0 / std::sqrt(squares / n + eps);
-          double dot = 0;
-          for (int64_t i = 0; i < n; ++i)
-            dot += static_cast<double>(dyg[i]) * w[i] * xg[i] * r;
-          for (int64_t i = 0; i < n; ++i) {
+          const float *xg = x + t * width + g * group, *dyg = dy + t * width + g * group;
+          float *dxg = dx + t * width + g * group;
+          const auto [r, dot] = factors(t, xg, dyg);
+          for (int64_t i = 0; i < group; ++i) {
             dxg[i] = static_cast<float>(r * (dyg[i] * w[i] - xg[i] * r * dot / n));
             partial[c][i] += static_cast<double>(dyg[i]) * xg[i] * r;
           }
         }
   });
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; i < group; ++i) {
     double sum = 0;
     for (const std::vector<double> &p : partial)
       sum += p[i];
@@ -302,11 +300,36 @@ void rmsNormGrad(const float *dy, const float *x, int64_t tokens, int64_t width,
   }
 }
 
+std::vector<float> widened(const TensorView &weight) {
+  std::vector<float> w(static_cast<size_t>(weight.numel()));
+  for (int64_t i = 0; i < weight.numel(); ++i)
+    w[i] = weight.at(i);
+  return w;
+}
+
+} // namespace
+
+void rmsNormGrad(const float *dy, const float *x, int64_t tokens, int64_t width,
+                 const TensorView &weight, double eps, float *dx, float *dw) {
+  const std::vector<float> w = widened(weight);
+  const int64_t n = weight.numel();
+  rmsNormGradRows(dy, x, tokens, width, w, static_cast<double>(n),
+                  [&](int64_t, const float *xg, const float *dyg) {
+                    double squares = 0;
+                    for (int64_t i = 0; i < n; ++i)
+                      squares += static_cast<double>(xg[i]) * xg[i];
+                    const double r = 1.0 / std::sqrt(squares / n + eps);
+                    double dot = 0;
+                    for (int64_t i = 0; i < n; ++i)
+                      dot += static_cast<double>(dyg[i]) * w[i] * xg[i] * r;
+                    return std::pair(r, dot);
+                  },
+                  dx, dw);
+}
+
 void rmsNormGradStats(const float *dy, const float *x, int64_t tokens, int64_t width,
                       const TensorView &weight, float *out) {
-  std::vector<float> w(static_cast<size_t>(width));
-  for (int64_t i = 0; i < width; ++i)
-    w[i] = weight.at(i);
+  const std::vector<float> w = widened(weight);
   parallelFor(tokens, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const float *xt = x + t * width, *dyt = dy + t * width;
@@ -324,32 +347,14 @@ void rmsNormGradStats(const float *dy, const float *x, int64_t tokens, int64_t w
 void rmsNormGradOfStats(const float *dy, const float *x, int64_t tokens, int64_t width,
                         const TensorView &weight, const float *stats, int64_t rowWidth,
                         double eps, float *dx, float *dw) {
-  std::vector<float> w(static_cast<size_t>(width));
-  for (int64_t i = 0; i < width; ++i)
-    w[i] = weight.at(i);
-  // (As rmsNormGrad, with the whole row's sums: dot there is sum dy w x r.)
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(tokens, numThreads()));
-  std::vector<std::vector<double>> partial(chunks, std::vector<double>(width, 0.0));
+  // (The whole rows' sums: their r, and their sum of dy w x times it.)
   const double n = static_cast<double>(rowWidth);
-  parallelFor(chunks, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c)
-      for (int64_t t = tokens * c / chunks; t < tokens * (c + 1) / chunks; ++t) {
-        const float *xt = x + t * width, *dyt = dy + t * width;
-        float *dxt = dx + t * width;
-        const double r = 1.0 / std::sqrt(static_cast<double>(stats[2 * t]) / n + eps);
-        const double dot = static_cast<double>(stats[2 * t + 1]) * r;
-        for (int64_t i = 0; i < width; ++i) {
-          dxt[i] = static_cast<float>(r * (dyt[i] * w[i] - xt[i] * r * dot / n));
-          partial[c][i] += static_cast<double>(dyt[i]) * xt[i] * r;
-        }
-      }
-  });
-  for (int64_t i = 0; i < width; ++i) {
-    double sum = 0;
-    for (const std::vector<double> &p : partial)
-      sum += p[i];
-    dw[i] = static_cast<float>(sum);
-  }
+  rmsNormGradRows(dy, x, tokens, width, widened(weight), n,
+                  [&](int64_t t, const float *, const float *) {
+                    const double r = 1.0 / std::sqrt(static_cast<double>(stats[2 * t]) / n + eps);
+                    return std::pair(r, static_cast<double>(stats[2 * t + 1]) * r);
+                  },
+                  dx, dw);
 }
 
 void mlpGrad(const float *dy, const float *x, int64_t tokens, const Matrix &gate,
