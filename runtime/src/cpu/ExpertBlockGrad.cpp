@@ -75,14 +75,24 @@ void expertFfnGrad(const float *dout, const float *buf, const int32_t *counts, i
     float *dg = dgate + l * I * H, *du = dup + l * I * H, *dd = ddown + l * H * I;
     const int64_t sizes[3] = {I * H, I * H, H * I};
     float *sums[3] = {dg, du, dd};
-    for (int i = 0; i < 3; ++i)
-      std::fill(sums[i], sums[i] + sizes[i], 0.0f);
+    // The first source with rows writes the sums (0 plus them is them, with
+    // no error); the errors exist from a second one on.
     std::vector<float> &errors = blockGradErrors();
-    errors.assign(static_cast<size_t>(3 * I * H), 0.0f);
+    bool any = false, compensated = false;
     for (int64_t q = 0; q < sources; ++q) {
       const int64_t n = counts[q * El + l], block = (q * El + l) * C * H;
       if (n == 0)
         continue;
+      if (!any) {
+        mlpBackwardRecomputed(dout + block, buf + block, n, gate[l], up[l], down[l], act,
+                              dbuf + block, dg, du, dd);
+        any = true;
+        continue;
+      }
+      if (!compensated) {
+        errors.assign(static_cast<size_t>(3 * I * H), 0.0f);
+        compensated = true;
+      }
       std::vector<float> &part = blockGradPart();
       part.resize(static_cast<size_t>(3 * I * H));
       float *parts[3] = {part.data(), part.data() + I * H, part.data() + 2 * I * H};
@@ -91,8 +101,12 @@ void expertFfnGrad(const float *dout, const float *buf, const int32_t *counts, i
       for (int i = 0; i < 3; ++i)
         accumulate(parts[i], sums[i], errors.data() + i * I * H, sizes[i]);
     }
-    for (int i = 0; i < 3; ++i)
-      addCompensation(sums[i], errors.data() + i * I * H, sizes[i]);
+    for (int i = 0; i < 3; ++i) {
+      if (!any)
+        std::fill(sums[i], sums[i] + sizes[i], 0.0f);
+      else if (compensated)
+        addCompensation(sums[i], errors.data() + i * I * H, sizes[i]);
+    }
   }
 }
 
