@@ -115,7 +115,8 @@ struct UpdateTime {
 /// the weights ((N - 1) / N of their bytes), ZeRO-2's reduce_scatter per
 /// micro-batch instead (2 f32 per parameter x (N - 1) / N each). Expert
 /// parallelism over ep of the replicas: a rank holds and updates 1/ep of
-/// the routed experts, whose sums (and ZeRO shards) go over edp = N / ep
+/// the routed experts (whose backward recomputes their gate and up
+/// products), whose sums (and ZeRO shards) go over edp = N / ep
 /// replicas only, and sends (ep - 1) / ep of its routed rows (k per token,
 /// H f32 each) four times per MoE layer and micro-batch (the blocks and the
 /// outputs, then their gradients). Tensor parallelism over tp ranks of a
@@ -140,6 +141,8 @@ UpdateTime updateTime(const Workload &w, const sharding::Cluster &machine, int64
     flopsPerToken += 2 * w.active;
   else if (recompute.experts)
     flopsPerToken += 2 * w.activeExperts;
+  else if (ep > 1 || tp > 1) // (expert_ffn_grad recomputes the gate and up products)
+    flopsPerToken += 2 * w.activeExperts * 2 / 3;
   t.compute = share * tokensPerMicroBatch * flopsPerToken / (peak * T);
   const double held = dense + w.expertParameters / E, edp = N * T / E;
   const double updated =
