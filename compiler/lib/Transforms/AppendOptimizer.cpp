@@ -275,25 +275,19 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       return b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr(),
                                       StringAttr());
     };
-    // ZeRO: the norm's sum of squares, each replica's over its rows of the
-    // sums (a value and its error), added over dp.
-    Value normSq, normSqErr;
-    if (sharded) {
-      normSq = scalar();
-      normSqErr = scalar();
-    }
-    // Expert or tensor parallelism: the squares of the replicated weights'
-    // sums, of the rank's experts' and of its parts'.
+    // The norm from sums of squares (a value and its error) where the
+    // ranks hold parts: ZeRO's shards, expert or tensor parallelism's parts.
+    // Those of the replicated weights, of the tensor-parallel parts and of
+    // the rank's experts apart.
+    const bool fromSquares = sharded || ep > 1 || tp > 1;
     Value denseSq, denseErr, expertSq, expertErr, partSq, partErr;
-    if ((ep > 1 || tp > 1) && !sharded)
-      for (Value *v : {&denseSq, &denseErr, &expertSq, &expertErr, &partSq, &partErr})
+    if (fromSquares)
+      for (Value *v : {&denseSq, &denseErr})
         *v = scalar();
-    // (ZeRO over tensor or expert parallelism: the split weights' squares
-    // and the experts' apart.)
-    if (sharded && tp > 1)
+    if (fromSquares && tp > 1)
       for (Value *v : {&partSq, &partErr})
         *v = scalar();
-    if (sharded && (ep > 1 || tp > 1))
+    if (fromSquares && (ep > 1 || tp > 1))
       for (Value *v : {&expertSq, &expertErr})
         *v = scalar();
     b.create<exec::InputsOp>(loc, Value(), Value(), Value(), step);
@@ -314,10 +308,6 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     // Under tensor parallelism too (each rank's experts see its rows, and
     // its slices of them with etp): every holder of the same slices of the
     // same experts (edp) adds its sum, once per update.
-    // The experts a rank holds only a part of (its experts, its slices).
-    auto splitOverEp = [&](exec::WeightOp w) {
-      return (ep > 1 || etp > 1) && w.getExperts().has_value();
-    };
     // Tensor parallelism: a weight whose rank holds a part of it (its shape
     // is not the model's: moe.logical_weights).
     llvm::StringMap<Type> logical;
@@ -380,59 +370,39 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     SmallVector<Value> normIns{stats};
     NamedAttribute maxNorm = b.getNamedAttr("max_norm", b.getF64FloatAttr(clipGradNorm)),
                    micro = b.getNamedAttr("micro_batches", b.getI64IntegerAttr(microBatches));
-    if (sharded) {
-      // (ZeRO-1: of each replica's rows of the whole sums.)
-      SmallVector<NamedAttribute> rowsOf;
+    if (fromSquares) {
+      // Each sum's squares once: ZeRO-1's of each replica's rows of the
+      // whole sums (its edp member's rows for an expert stack), added over
+      // the shards' group; the TP parts' over tp as well; the experts' over
+      // ep and etp (their ranks hold other experts, other slices).
+      SmallVector<NamedAttribute> rowsOf, expertRows;
       if (zero == 1)
         rowsOf.push_back(b.getNamedAttr("replicas", b.getI64IntegerAttr(replicas)));
-      // (Under TP the split weights' squares are added over tp as well;
-      // under EP or TP the experts' over edp, ep and etp.)
-      SmallVector<Value> whole, parts, experts;
+      const bool expertShards = zero >= 1 && edp > 1;
+      if (zero == 1 && expertShards)
+        expertRows = {b.getNamedAttr("replicas", b.getI64IntegerAttr(edp)),
+                      b.getNamedAttr("shard_group", b.getStringAttr("edp"))};
+      SmallVector<Value> dense, parts, experts;
       for (auto [i, w] : llvm::enumerate(params))
-        (distributedExperts(w) ? experts : splitOverTp(w) ? parts : whole).push_back(optSums[i]);
-      SmallVector<Value> normIns{stats, normSq, normSqErr};
-      launch("sum_squares", whole, {}, {normSq, normSqErr}, rowsOf);
-      allReduceOver(mesh, "dp", ValueRange{normSq, normSqErr});
+        (distributedExperts(w) ? experts : splitOverTp(w) ? parts : dense).push_back(optSums[i]);
+      normIns.append({denseSq, denseErr});
+      launch("sum_squares", dense, {}, {denseSq, denseErr}, rowsOf);
+      if (sharded)
+        allReduceOver(mesh, "dp", ValueRange{denseSq, denseErr});
       if (!parts.empty()) {
         launch("sum_squares", parts, {}, {partSq, partErr}, rowsOf);
-        allReduceOver(mesh, "dp", ValueRange{partSq, partErr});
+        if (sharded)
+          allReduceOver(mesh, "dp", ValueRange{partSq, partErr});
         allReduceOver(mesh, "tp", ValueRange{partSq, partErr});
         normIns.append({partSq, partErr});
       }
       if (!experts.empty()) {
-        SmallVector<NamedAttribute> expertRows;
-        if (zero == 1 && edp > 1)
-          expertRows = {b.getNamedAttr("replicas", b.getI64IntegerAttr(edp)),
-                        b.getNamedAttr("shard_group", b.getStringAttr("edp"))};
         launch("sum_squares", experts, {}, {expertSq, expertErr}, expertRows);
-        for (auto [group, n] : {std::pair(StringRef("edp"), edp), {"ep", ep}, {"etp", etp}})
+        for (auto [group, n] :
+             {std::pair(StringRef("edp"), expertShards ? edp : 1), {"ep", ep}, {"etp", etp}})
           if (n > 1)
             allReduceOver(expertsRef, group, ValueRange{expertSq, expertErr});
         normIns.append({expertSq, expertErr});
-      }
-      launch("grad_norm", normIns, {}, {stats},
-             {b.getNamedAttr("from_squares", b.getBoolAttr(true)), maxNorm, micro});
-    } else if (ep > 1 || tp > 1) {
-      // Expert or tensor parallelism: the replicated weights' squares once,
-      // the split ones' (the rank's experts, its parts) added over the ep
-      // or tp group.
-      SmallVector<Value> dense, experts, parts;
-      for (auto [i, w] : llvm::enumerate(params))
-        (splitOverEp(w) ? experts : splitOverTp(w) ? parts : dense).push_back(optSums[i]);
-      SmallVector<Value> normIns{stats, denseSq, denseErr};
-      launch("sum_squares", dense, {}, {denseSq, denseErr}, {});
-      if (!experts.empty()) {
-        launch("sum_squares", experts, {}, {expertSq, expertErr}, {});
-        if (ep > 1)
-          allReduceOver(expertsRef, "ep", ValueRange{expertSq, expertErr});
-        if (etp > 1)
-          allReduceOver(expertsRef, "etp", ValueRange{expertSq, expertErr});
-        normIns.append({expertSq, expertErr});
-      }
-      if (!parts.empty()) {
-        launch("sum_squares", parts, {}, {partSq, partErr}, {});
-        allReduceOver(mesh, "tp", ValueRange{partSq, partErr});
-        normIns.append({partSq, partErr});
       }
       launch("grad_norm", normIns, {}, {stats},
              {b.getNamedAttr("from_squares", b.getBoolAttr(true)), maxNorm, micro});
