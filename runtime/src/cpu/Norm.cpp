@@ -233,6 +233,22 @@ void rmsNorm(const float *x, int64_t tokens, int64_t width, const TensorView &we
   }, 16);
 }
 
+namespace {
+
+/// body(Rows{}) with the row kernels of the active ISA level.
+template <class Body>
+void withRows(Body &&body) {
+#ifdef MOERT_X86
+  if (activeIsa() >= Isa::Avx512)
+    return body(Avx512Rows{});
+  if (activeIsa() >= Isa::Avx2)
+    return body(Avx2Rows{});
+#endif
+  body(ScalarRows{});
+}
+
+} // namespace
+
 void rmsNormOfSquares(const float *x, int64_t tokens, int64_t width, const TensorView &weight,
                       const float *squares, int64_t rowWidth, double eps, float *out) {
   if (weight.numel() != width || rowWidth < width)
@@ -241,40 +257,23 @@ void rmsNormOfSquares(const float *x, int64_t tokens, int64_t width, const Tenso
   const std::vector<float> w = widen(weight);
   const float epsF = static_cast<float>(eps);
   parallelFor(tokens, [&](int64_t begin, int64_t end) {
-    // (As rmsNormRows: the mean, `+ eps`, 1 / sqrt in f32.)
-    for (int64_t t = begin; t < end; ++t) {
-      const float mean = squares[t] / static_cast<float>(rowWidth);
-      const float rstd = 1.0f / std::sqrt(mean + epsF);
-#ifdef MOERT_X86
-      if (activeIsa() >= Isa::Avx512) {
-        Avx512Rows::scale(x + t * width, rstd, w.data(), width, out + t * width);
-        continue;
+    withRows([&](auto rows) {
+      // (As rmsNormRows: the mean, `+ eps`, 1 / sqrt in f32.)
+      for (int64_t t = begin; t < end; ++t) {
+        const float mean = squares[t] / static_cast<float>(rowWidth);
+        decltype(rows)::scale(x + t * width, 1.0f / std::sqrt(mean + epsF), w.data(), width,
+                              out + t * width);
       }
-      if (activeIsa() >= Isa::Avx2) {
-        Avx2Rows::scale(x + t * width, rstd, w.data(), width, out + t * width);
-        continue;
-      }
-#endif
-      ScalarRows::scale(x + t * width, rstd, w.data(), width, out + t * width);
-    }
+    });
   }, 16);
 }
 
 void rowSumSquares(const float *x, int64_t tokens, int64_t width, float *out) {
   parallelFor(tokens, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-#ifdef MOERT_X86
-      if (activeIsa() >= Isa::Avx512) {
-        out[t] = static_cast<float>(Avx512Rows::sumSquares(x + t * width, width));
-        continue;
-      }
-      if (activeIsa() >= Isa::Avx2) {
-        out[t] = static_cast<float>(Avx2Rows::sumSquares(x + t * width, width));
-        continue;
-      }
-#endif
-      out[t] = static_cast<float>(ScalarRows::sumSquares(x + t * width, width));
-    }
+    withRows([&](auto rows) {
+      for (int64_t t = begin; t < end; ++t)
+        out[t] = static_cast<float>(decltype(rows)::sumSquares(x + t * width, width));
+    });
   }, 16);
 }
 
