@@ -16,11 +16,11 @@
 #include "moe/Analysis/Cluster.h"
 #include "moe/Dialect/Exec/IR/ExecOps.h"
 #include "moe/Target/PlanWriter.h"
+#include "moe/Transforms/Layout.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/Pass/PassManager.h"
-#include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/WithColor.h"
 
@@ -57,12 +57,7 @@ struct Workload {
 /// shape, an expert stack's 1/ep of the experts scaled by `ep`.)
 Workload workloadOf(mlir::ModuleOp module, const hf::ModelConfig &config, int64_t ep) {
   Workload w;
-  llvm::StringMap<int64_t> logical;
-  if (auto all = module->getAttrOfType<mlir::ArrayAttr>("moe.logical_weights"))
-    for (auto entry : all.getAsRange<mlir::DictionaryAttr>())
-      if (auto name = entry.getAs<mlir::StringAttr>("name"))
-        if (auto type = entry.getAs<mlir::TypeAttr>("type"))
-          logical[name.getValue()] = cast<mlir::ShapedType>(type.getValue()).getNumElements();
+  const llvm::StringMap<mlir::Type> logical = moe::logicalWeightTypes(module);
   // The weights the train program differentiates (the optimizer's).
   for (auto program : module.getOps<exec::ProgramOp>()) {
     if (program.getEntry() != "train")
@@ -73,7 +68,8 @@ Workload workloadOf(mlir::ModuleOp module, const hf::ModelConfig &config, int64_
       auto type = cast<mlir::RankedTensorType>(weight.getTensorType());
       auto whole = logical.find(weight.getTensor());
       const double n = whole != logical.end()
-                           ? static_cast<double>(whole->second)
+                           ? static_cast<double>(
+                                 cast<mlir::ShapedType>(whole->second).getNumElements())
                            : static_cast<double>(type.getNumElements()) *
                                  (weight.getExpertsAttr() ? static_cast<double>(ep) : 1.0);
       w.parameters += n;
@@ -233,8 +229,8 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
     trial.target = "cpu"; // (the memory is the programs', whatever the target)
     mlir::PassManager pm(&context);
     buildPipeline(pm, trial, Phase::Exec);
-    // (A tensor-parallel candidate the model refuses, OLMoE's whole-row
-    // q_norm for one, is no candidate: measured quietly.)
+    // (A tensor-parallel candidate the model refuses is no candidate:
+    // measured quietly.)
     std::optional<mlir::ScopedDiagnosticHandler> quiet;
     if (c.tp != givenTp)
       quiet.emplace(&context, [](mlir::Diagnostic &) { return mlir::success(); });

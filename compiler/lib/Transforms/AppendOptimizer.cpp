@@ -20,6 +20,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "moe/Dialect/Exec/IR/ExecOps.h"
+#include "moe/Transforms/Layout.h"
 #include "moe/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"
@@ -310,13 +311,8 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     // same experts (edp) adds its sum, once per update.
     // Tensor parallelism: a weight whose rank holds a part of it (its shape
     // is not the model's: moe.logical_weights).
-    llvm::StringMap<Type> logical;
-    if (auto all = train->getParentOfType<ModuleOp>()->getAttrOfType<ArrayAttr>(
-            "moe.logical_weights"))
-      for (auto entry : all.getAsRange<DictionaryAttr>())
-        if (auto name = entry.getAs<StringAttr>("name"))
-          if (auto type = entry.getAs<TypeAttr>("type"))
-            logical[name.getValue()] = type.getValue();
+    const llvm::StringMap<Type> logical =
+        moe::logicalWeightTypes(train->getParentOfType<ModuleOp>());
     auto splitOverTp = [&](exec::WeightOp w) {
       auto it = logical.find(w.getTensor());
       return tp > 1 && !w.getExperts() && it != logical.end() &&

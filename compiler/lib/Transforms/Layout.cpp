@@ -437,6 +437,16 @@ llvm::Expected<std::unique_ptr<moe::PlannedLayout>> moe::recordedLayout(ModuleOp
   return std::make_unique<PlannedLayout>(std::move(*planned));
 }
 
+llvm::StringMap<Type> moe::logicalWeightTypes(ModuleOp module) {
+  llvm::StringMap<Type> types;
+  if (auto all = module->getAttrOfType<ArrayAttr>("moe.logical_weights"))
+    for (auto entry : all.getAsRange<DictionaryAttr>())
+      if (auto name = entry.getAs<StringAttr>("name"))
+        if (auto type = entry.getAs<TypeAttr>("type"))
+          types[name.getValue()] = type.getValue();
+  return types;
+}
+
 ArrayAttr moe::logicalWeightsAttr(func::FuncOp forward) {
   Builder b(forward.getContext());
   SmallVector<Attribute> entries;

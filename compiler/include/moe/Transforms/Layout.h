@@ -14,6 +14,7 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
+#include "llvm/ADT/StringMap.h"
 #include "llvm/Support/Error.h"
 
 #include <string>
@@ -72,6 +73,11 @@ llvm::Expected<std::vector<hf::TensorSpec>> modelWeights(mlir::ModuleOp module);
 /// moe-lower-to-exec keep them on the module (`moe.logical_weights`) for the
 /// plan's top-level weights and the planner once @forward is gone.
 mlir::ArrayAttr logicalWeightsAttr(mlir::func::FuncOp forward);
+
+/// The whole model's type of each weight `module` keeps in
+/// moe.logical_weights, by its name (an expert stack's all experts; empty
+/// without the attribute): the shape a rank's part of it is a part of.
+llvm::StringMap<mlir::Type> logicalWeightTypes(mlir::ModuleOp module);
 
 /// The planner's search for `module` (the config.json of its moe.source for
 /// the model's sizes, its weights' roles, the workload of its moe.workload).
