@@ -50,11 +50,10 @@ DType storedDtype(const PlanLayout &layout, const PlanWeight &w) {
 }
 
 /// State `name`'s whole logical values on rank 0, the writer (a ZeRO
-/// shard's gathered from every replica of the world, data-parallel training
-/// making every rank one, in replica order; an expert stack's split over ep
-/// gathered over the ep group); other ranks get them only for a shard,
-/// where they take part. Every rank calls it, for the same states in the
-/// same order.
+/// shard's gathered over its group, dp or an expert stack's edp, in member
+/// order; a weight held in parts, its experts or a TP box, then gathered
+/// over the world into its boxes); other ranks get none. Every rank calls
+/// it, for the same states in the same order.
 void readWholeState(const Plan &plan, const PlanProgram &program, RankExecutor &executor,
                     Comm &comm, const std::string &name, std::vector<float> &out) {
   const StateShard shard = executor.stateShard(name);
