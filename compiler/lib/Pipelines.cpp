@@ -134,6 +134,9 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
     adamw.expertBiasUpdateRate = o.optimizer->expertBiasUpdateRate;
     adamw.zero = o.optimizer->zero;
     pm.addPass(createMoEAppendOptimizer(adamw));
+    // Pipeline stages: the order of the micro-batches' forward and
+    // backward programs (nothing to do without stages).
+    pm.addPass(createMoESchedulePipeline());
   }
   // The whole schedule of the exec programs proven again (a training
   // plan's update: its train and optimizer programs together).

@@ -25,6 +25,20 @@ const char *axisName(CollectiveGroup::Axis axis) {
 }
 
 int64_t widthOf(const Context &c, int64_t id) { return c.program->buffers[id].width; }
+
+} // namespace
+
+int peerOf(const Context &c, const PlanStep &s) {
+  return static_cast<int>(c.plan->stageRank(c.rank, peerStage(s, c.program->stage)));
+}
+
+int64_t transferBytes(const Context &c, int64_t id, int64_t rows) {
+  // The batch's rows of an activation; all rows of a value of fixed size.
+  const PlanBuffer &b = c.program->buffers[id];
+  return (b.rows == c.program->maxBatchTokens ? rows : b.rows) * b.width * 4;
+}
+
+namespace {
 char *bytesOf(const Context &c, int64_t id) { return static_cast<char *>(c.address(id)); }
 
 /// The step's rows (a state buffer: addInFixedOrder).
@@ -325,12 +339,11 @@ int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
   case Collective::Send:
   case Collective::Recv: {
     // The pipeline: activations go to the rank with the same dp and tp on
-    // the next stage.
+    // the next stage (a pipelined backward's gradients to the one before).
     const bool sending = s.op->collective == Collective::Send;
-    const int64_t stage = c.plan->ranks[c.rank].coords.pp + (sending ? 1 : -1);
-    const int peer = static_cast<int>(c.plan->stageRank(c.rank, stage));
+    const int peer = peerOf(c, s);
     const int64_t id = sending ? s.in[0] : s.out[0];
-    const int64_t bytes = rows * widthOf(c, id) * 4;
+    const int64_t bytes = transferBytes(c, id, rows);
     if (sending)
       c.comm->send(c.address(id), bytes, peer,
                    fmt::format("step {} (send to rank {})", index, peer));

@@ -73,4 +73,9 @@ int64_t run(const Context &c, size_t index, const PlanStep &step, int64_t rows);
 std::vector<std::vector<int>> groupsOf(const Plan &plan, int64_t rank,
                                        const PlanProgram &program);
 
+/// The world rank a send or recv step of the context's program talks to.
+int peerOf(const Context &c, const PlanStep &s);
+/// The bytes a send or recv of buffer `id` moves over a batch of `rows`.
+int64_t transferBytes(const Context &c, int64_t id, int64_t rows);
+
 } // namespace moert::collectives

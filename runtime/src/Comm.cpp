@@ -335,6 +335,40 @@ public:
     wait(requests, what, pair(peer));
   }
 
+  void sendRecv(const std::vector<Piece> &sends, const std::vector<Piece> &recvs, int peer,
+                const std::string &what) override {
+    fault.tick(worldRank, what);
+    checkPeer(peer, what);
+    // Receives first, then sends, then all of them waited for: messages
+    // between two ranks arrive in order.
+    std::vector<MPI_Request> requests;
+    std::vector<int> expected;
+    for (const Piece &p : recvs) {
+      char *at = static_cast<char *>(p.data);
+      forChunks(p.bytes, [&](int64_t offset, int count) {
+        requests.emplace_back();
+        expected.push_back(count);
+        MPI_Irecv(at + offset, count, MPI_BYTE, peer, kDataTag, MPI_COMM_WORLD, &requests.back());
+      });
+    }
+    const size_t receives = requests.size();
+    for (const Piece &p : sends) {
+      const char *at = static_cast<const char *>(p.data);
+      forChunks(p.bytes, [&](int64_t offset, int count) {
+        requests.emplace_back();
+        MPI_Isend(at + offset, count, MPI_BYTE, peer, kDataTag, MPI_COMM_WORLD, &requests.back());
+      });
+    }
+    std::vector<MPI_Status> statuses = wait(requests, what, pair(peer));
+    for (size_t i = 0; i < receives; ++i) {
+      int got = 0;
+      MPI_Get_count(&statuses[i], MPI_BYTE, &got);
+      if (got != expected[i])
+        abort(fmt::format("{}: expected {} bytes in a piece from rank {} but got {}", what,
+                          expected[i], peer, got));
+    }
+  }
+
   void recv(void *data, int64_t bytes, int peer, const std::string &what) override {
     fault.tick(worldRank, what);
     checkPeer(peer, what);
@@ -539,6 +573,12 @@ std::unique_ptr<Comm> createComm(int *argc, char ***argv) {
   if (underMpirun())
     return std::make_unique<MpiComm>(argc, argv);
   return std::make_unique<LocalComm>();
+}
+
+void Comm::sendRecv(const std::vector<Piece> &, const std::vector<Piece> &, int peer,
+                    const std::string &what) {
+  runtimeError("{}: a fused send and receive with rank {}: not supported by this communicator",
+               what, peer);
 }
 
 } // namespace moert

@@ -170,7 +170,8 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
   if (pr.has("entry")) {
     program.entry = pr.string("entry");
     if (program.entry != "forward" && program.entry != "prefill" && program.entry != "decode" &&
-        program.entry != "train" && program.entry != "optimizer")
+        program.entry != "train" && program.entry != "train_forward" &&
+        program.entry != "optimizer")
       pr.fail("entry", fmt::format("'{}': not supported yet (this moert runs forward, prefill, "
                                    "decode, train and optimizer programs)",
                                    program.entry));
@@ -215,8 +216,13 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
       b.fail("bytes", "expected rows x width x 4");
     if (b.has("state")) {
       pb.state = b.string("state");
-      if (pb.state.empty() || pb.dtype != DType::F32)
+      // (A pipeline stage's kept values, "stash:<i>", may be ids.)
+      const bool kept = pb.state.rfind("stash:", 0) == 0;
+      if (pb.state.empty() || (pb.dtype != DType::F32 && !kept))
         b.fail("state", "expected the name of an F32 state buffer");
+      if (kept && (plan.degrees.pp == 1 ||
+                   (program.entry != "train" && program.entry != "train_forward")))
+        b.fail("state", "only a pipeline stage's train programs keep values (stash)");
       for (const PlanBuffer &other : program.buffers)
         if (other.state == pb.state)
           b.fail("state", fmt::format("'{}' is declared twice", pb.state));
@@ -265,7 +271,8 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
   inputs.onlyMembers(members::kInputs);
   // A training program also reads its labels and gives its loss (instead
   // of logits).
-  const bool training = program.entry == "train" || optimizer;
+  const bool training =
+      program.entry == "train" || program.entry == "train_forward" || optimizer;
   for (auto [field, target] : {std::pair<const char *, int64_t *>{"tokens", &program.tokensBuffer},
                                {"positions", &program.positionsBuffer},
                                {"labels", &program.labelsBuffer}}) {
@@ -282,7 +289,7 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
     }
     *target = id;
   }
-  readTrainingOutputs(pr, inputs, program, last);
+  readTrainingOutputs(pr, inputs, program, last, plan.degrees.pp > 1);
   readOptimizerMembers(pr, inputs, program);
   program.logitsBuffer = pr.integer("logits", -1);
   if ((!last || training) && program.logitsBuffer != -1)
@@ -356,10 +363,11 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
     program.steps.push_back(std::move(step));
     checkStep(plan, program, index, i);
   }
-  if (last && heads == 0 && !optimizer)
+  // (A pipeline stage's backward program has none: its forward one has.)
+  if (last && heads == 0 && !optimizer && !(plan.degrees.pp > 1 && program.entry == "train"))
     pr.fail("steps", "the last stage has no LM head (a linear with \"head\": true)");
   checkDataFlow(program, pr);
-  checkWeightBinding(program, pr);
+  checkWeightBinding(program, pr, plan.degrees.pp > 1);
   if (pr.has("cuda"))
     program.cuda = readKernelTable(program, pr.child("cuda"));
   return program;

@@ -149,7 +149,7 @@ void checkDataFlow(const PlanProgram &program, const JsonFields &pr) {
   }
 }
 
-void checkWeightBinding(const PlanProgram &program, const JsonFields &pr) {
+void checkWeightBinding(const PlanProgram &program, const JsonFields &pr, bool pipelined) {
   // A weight id swapped for another of the same shape passes every shape
   // check; in a plan numbered in binding order it is out of order, bound
   // twice or never bound.
@@ -187,7 +187,9 @@ void checkWeightBinding(const PlanProgram &program, const JsonFields &pr) {
     for (int64_t id : step.weights) {
       const PlanWeight &w = program.weights[id];
       if (step.op->has(OpDef::Backward)) {
-        if (firstStep[id] < 0)
+        // (A pipeline stage's backward program reads the weights its
+        // forward program binds.)
+        if (firstStep[id] < 0 && !(pipelined && program.entry == "train"))
           pr.element("steps", i).fail(
               "weights", fmt::format("weight {} ('{}') is read by a backward step before any "
                                      "forward step binds it",
@@ -215,7 +217,7 @@ void checkWeightBinding(const PlanProgram &program, const JsonFields &pr) {
                                    id, w.name, firstStep[id]));
     }
   }
-  if (next != program.weights.size())
+  if (next != program.weights.size() && !(pipelined && program.entry == "train"))
     pr.fail("weights", fmt::format("weight {} ('{}') is bound by no step", next,
                                    program.weights[next].name));
 }

@@ -82,6 +82,6 @@ void checkDataFlow(const PlanProgram &program, const JsonFields &pr);
 /// Weight binding: steps bind the program's weights in order (weight 0
 /// first, then 1, ...), each weight once; the one weight two steps share is
 /// a tied embedding table that the LM head reuses.
-void checkWeightBinding(const PlanProgram &program, const JsonFields &pr);
+void checkWeightBinding(const PlanProgram &program, const JsonFields &pr, bool pipelined);
 
 } // namespace moert

@@ -10,6 +10,59 @@
 
 namespace moert {
 
+namespace {
+
+/// "pipeline_schedule": per stage, each micro-batch of a replica's share
+/// of an update once forward ("F<j>") and, later, once backward ("B<j>");
+/// "+" fuses a step's receives with the sends of the step before.
+void readPipelineSchedule(const JsonFields &r, Plan &plan) {
+  const nlohmann::json &stages = r.array("pipeline_schedule");
+  if (static_cast<int64_t>(stages.size()) != plan.degrees.pp)
+    r.fail("pipeline_schedule", fmt::format("{} stages for pp = {}", stages.size(),
+                                            plan.degrees.pp));
+  int64_t micro = 0;
+  for (const PlanProgram &p : plan.programs)
+    if (p.entry == "optimizer")
+      micro = p.microBatches / std::max<int64_t>(plan.degrees.dp, 1);
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const std::string where = fmt::format("pipeline_schedule[{}]", s);
+    if (!stages[s].is_array())
+      r.fail(where, "expected a list of steps");
+    std::vector<Plan::PipelineStep> steps;
+    std::vector<int> seen(static_cast<size_t>(micro), 0); // 1: forward, 2: and backward
+    for (const nlohmann::json &step : stages[s]) {
+      std::string text = step.is_string() ? step.get<std::string>() : "";
+      Plan::PipelineStep p;
+      p.fused = !text.empty() && text[0] == '+';
+      if (p.fused)
+        text.erase(0, 1);
+      p.backward = !text.empty() && text[0] == 'B';
+      int64_t j = -1;
+      if (text.size() > 1 && (text[0] == 'F' || text[0] == 'B') &&
+          text.find_first_not_of("0123456789", 1) == std::string::npos && text.size() < 10)
+        j = std::stoll(text.substr(1));
+      if (j < 0 || j >= micro)
+        r.fail(where, fmt::format("step {}: expected F<j>, B<j> (or with '+') for a micro-batch "
+                                  "j below {}",
+                                  step.dump(), micro));
+      int &state = seen[static_cast<size_t>(j)];
+      if (state != (p.backward ? 1 : 0))
+        r.fail(where, fmt::format("step {}: each micro-batch runs forward once, then backward "
+                                  "once",
+                                  step.dump()));
+      ++state;
+      p.microBatch = j;
+      steps.push_back(p);
+    }
+    if (std::count(seen.begin(), seen.end(), 2) != micro)
+      r.fail(where, fmt::format("expected every one of the {} micro-batches forward and backward",
+                                micro));
+    plan.pipelineSchedule.push_back(std::move(steps));
+  }
+}
+
+} // namespace
+
 void readEntries(const JsonFields &r, Plan &plan) {
   const std::vector<PlanProgram> &programs = plan.programs;
   const std::string &first = programs[0].entry;
@@ -73,14 +126,27 @@ void readEntries(const JsonFields &r, Plan &plan) {
   plan.training = first == "train";
   // A training plan: the train entry and, with moec compile --optimizer,
   // the optimizer entry.
-  plan.optimizer = entries.size() == 2 && entries[1] == "optimizer";
+  plan.optimizer = entries.size() >= 2 && entries[1] == "optimizer";
   if (std::find(entries.begin(), entries.end(), "optimizer") != entries.end() &&
       !(plan.training && plan.optimizer))
     r.fail("programs", "an optimizer program is the second entry of a training plan");
-  if (plan.training && entries.size() > 1 + plan.optimizer)
+  // A pipelined one: each stage's forward program beside its backward one.
+  const bool pipelined = plan.training && plan.degrees.pp > 1;
+  if (pipelined && !(plan.optimizer && entries.size() == 3 && entries[2] == "train_forward"))
+    r.fail("programs", "a training plan over pipeline stages has the train (backward), "
+                       "optimizer and train_forward entries");
+  if (plan.training && entries.size() > 1 + plan.optimizer + pipelined)
     r.fail("programs", fmt::format("a train program beside entry '{}' (a training plan has "
                                    "the train and optimizer entries)",
                                    entries[1 + plan.optimizer]));
+  if (!plan.training && std::find(entries.begin(), entries.end(), "train_forward") != entries.end())
+    r.fail("programs", "a train_forward program in a plan that does not train");
+  if (r.has("pipeline_schedule") != pipelined)
+    r.fail("pipeline_schedule", pipelined ? "missing: a pipelined training plan's order of "
+                                            "steps"
+                                          : "only a training plan over pipeline stages has one");
+  if (pipelined)
+    readPipelineSchedule(r, plan);
   if (plan.training) {
     if (r.has("schedule"))
       r.fail("schedule", "a training plan has no generation schedule");
@@ -107,6 +173,17 @@ void readEntries(const JsonFields &r, Plan &plan) {
   for (const std::string &entry : entries)
     if (std::find(used.begin(), used.end(), entry) == used.end())
       schedule.fail("decode", fmt::format("no phase runs entry '{}'", entry));
+}
+
+int64_t Plan::stashSlots(int64_t stage) const {
+  if (stage < 0 || stage >= static_cast<int64_t>(pipelineSchedule.size()))
+    return 1;
+  int64_t held = 0, most = 1;
+  for (const PipelineStep &s : pipelineSchedule[static_cast<size_t>(stage)]) {
+    held += s.backward ? -1 : 1;
+    most = std::max(most, held);
+  }
+  return most;
 }
 
 } // namespace moert

@@ -42,7 +42,7 @@ std::shared_ptr<const KernelTable> readKernelTable(const PlanProgram &program,
 /// gradients (PlanTraining.cpp), checked against its buffers and weights;
 /// other programs must have none of them. InputError naming the field.
 void readTrainingOutputs(const JsonFields &pr, const JsonFields &inputs, PlanProgram &program,
-                         bool last);
+                         bool last, bool pipelined);
 /// An optimizer program's step input, stats and micro_batches
 /// (PlanOptimizer.cpp); refuses them in any other program.
 void readOptimizerMembers(const JsonFields &pr, const JsonFields &inputs, PlanProgram &program);

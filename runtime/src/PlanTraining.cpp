@@ -9,8 +9,12 @@
 namespace moert {
 
 void readTrainingOutputs(const JsonFields &pr, const JsonFields &inputs, PlanProgram &program,
-                         bool last) {
-  const bool training = program.entry == "train";
+                         bool last, bool pipelined) {
+  // (A pipeline stage's forward program, "train_forward", reads the labels
+  // and, on the last stage, gives the loss; its backward program, "train",
+  // the gradients.)
+  const bool forwardPart = program.entry == "train_forward";
+  const bool training = program.entry == "train" || forwardPart;
   auto buffer = [&](const JsonFields &reader, const std::string &field, int64_t id) {
     if (id < 0 || id >= static_cast<int64_t>(program.buffers.size()))
       reader.fail(field, fmt::format("buffer {} out of range", id));
@@ -20,7 +24,7 @@ void readTrainingOutputs(const JsonFields &pr, const JsonFields &inputs, PlanPro
     inputs.fail("labels", training ? "missing: a train program reads the labels"
                                    : "only a train program reads labels");
   program.lossBuffer = pr.has("loss") ? pr.integer("loss", -1) : -1;
-  if (training && last) {
+  if (training && last && (forwardPart || !pipelined)) {
     if (!pr.has("loss"))
       pr.fail("loss", "missing: the last stage of a train program gives the loss");
     const PlanBuffer &b = buffer(pr, "loss", program.lossBuffer);
@@ -31,7 +35,7 @@ void readTrainingOutputs(const JsonFields &pr, const JsonFields &inputs, PlanPro
   }
   if (!pr.has("gradients"))
     return;
-  if (!training)
+  if (!training || forwardPart)
     pr.fail("gradients", "only a train program gives gradients");
   const nlohmann::json &list = pr.array("gradients");
   std::set<int64_t> weights, buffers;

@@ -5,6 +5,8 @@
 #include "moert/Error.h"
 #include "moert/PlanLayout.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <set>
 
@@ -55,7 +57,8 @@ void RankExecutor::prepare(const Plan &plan, int64_t rank, const Checkpoint &wei
     programs.push_back(std::make_unique<RankProgram>());
     programs.back()->prepare(plan, rank, device->memory(), device->communicator(),
                              device->staging(), entry,
-                             programs.size() > 1 ? programs.front().get() : nullptr);
+                             programs.size() > 1 ? programs.front().get() : nullptr,
+                             programs.size() > 1 ? programs[programs.size() - 2].get() : nullptr);
     device->bind(*programs.back());
     programs.back()->setWeightParts(
         [d = device.get()](int64_t id) { return d->weightParts(static_cast<size_t>(id)); });
@@ -105,6 +108,58 @@ void RankExecutor::forward(const Batch &batch, std::vector<float> &logits,
   // batch's logit rows only.
   program.readOutput(static_cast<int64_t>(batch.logitRows.size()), logits);
   device->synchronize();
+}
+
+void RankExecutor::pipelineStep(const Plan::PipelineStep &step, const Batch &batch,
+                                std::vector<float> &loss, const Plan::PipelineStep *next,
+                                const Batch *nextBatch) {
+  auto indexOf = [&](const Plan::PipelineStep &s) {
+    return entryIndex(s.backward ? "train" : "train_forward");
+  };
+  const size_t index = indexOf(step);
+  RankProgram &program = *programs[index];
+  program.bindSlot(step.microBatch);
+  program.writeInputs(batch);
+  // A fused step's first receives came with the step before's sends; its
+  // own last sends go with the next step's receives.
+  const size_t begin = step.fused ? program.leadingRecvs() : 0;
+  const bool fuseNext = next && next->fused;
+  const size_t end = program.program().steps.size() - (fuseNext ? program.trailingSends() : 0);
+  device->run(program, batch, [&] {
+    runSteps(program.collectives(), batch.size(), *device,
+             device->synchronous() ? &seconds[index] : nullptr, begin, end);
+  });
+  program.readOutput(static_cast<int64_t>(batch.logitRows.size()), loss);
+  if (!fuseNext)
+    return;
+  RankProgram &after = *programs[indexOf(*next)];
+  after.bindSlot(next->microBatch);
+  const collectives::Context &from = program.collectives(), &to = after.collectives();
+  std::vector<Comm::Piece> sends, recvs;
+  int peer = -1;
+  auto samePeer = [&](int p) {
+    if (peer >= 0 && p != peer)
+      runtimeError("a fused pipeline step exchanges with ranks {} and {}", peer, p);
+    peer = p;
+  };
+  for (size_t i = end; i < program.program().steps.size(); ++i) {
+    const PlanStep &s = program.program().steps[i];
+    samePeer(collectives::peerOf(from, s));
+    sends.push_back({0, from.address(s.in[0]),
+                     collectives::transferBytes(from, s.in[0], batch.size())});
+  }
+  for (size_t i = 0; i < after.leadingRecvs(); ++i) {
+    const PlanStep &s = after.program().steps[i];
+    samePeer(collectives::peerOf(to, s));
+    recvs.push_back({0, to.address(s.out[0]),
+                     collectives::transferBytes(to, s.out[0], nextBatch->size())});
+  }
+  if (peer < 0 || sends.empty() || recvs.empty())
+    runtimeError("a fused pipeline step without sends or receives");
+  device->synchronize();
+  from.comm->sendRecv(sends, recvs, peer,
+                      fmt::format("{}{}exchange with rank {} (pipeline)", phase_,
+                                  phase_.empty() ? "" : ": ", peer));
 }
 
 void RankExecutor::readGradient(size_t i, std::vector<float> &out, const std::string &entry) {

@@ -9,7 +9,7 @@ namespace moert {
 
 void RankProgram::prepare(const Plan &plan, int64_t rank, DeviceMemory &memory_, Comm *comm,
                           Staging staging, const PlanProgram *entry,
-                          const RankProgram *cachesOf) {
+                          const RankProgram *cachesOf, const RankProgram *statesOf) {
   plan_ = &plan;
   program_ = entry ? entry : &plan.programOf(rank);
   memory = &memory_;
@@ -17,7 +17,8 @@ void RankProgram::prepare(const Plan &plan, int64_t rank, DeviceMemory &memory_,
   buffers.clear();
   // A state buffer persists: the rank's first program allocates it (zeros)
   // and the other entries that name it share it.
-  states = cachesOf ? cachesOf->states : std::map<std::string, State>();
+  states = statesOf ? statesOf->states : cachesOf ? cachesOf->states : std::map<std::string, State>();
+  slotted.clear();
   for (const PlanBuffer &b : program_->buffers) {
     if (b.state.empty()) {
       buffers.push_back(memory->allocate(b.rows * b.width * 4));
@@ -33,10 +34,15 @@ void RankProgram::prepare(const Plan &plan, int64_t rank, DeviceMemory &memory_,
       shard.sharded = true;
       shard.overEdp = b.shardOverEdp;
     }
-    auto [it, added] = states.emplace(b.state, State{nullptr, b.rows * b.width, shard});
-    if (added)
+    auto [it, added] = states.emplace(b.state, State{nullptr, b.rows * b.width, shard, {}});
+    const bool kept = b.state.rfind("stash:", 0) == 0;
+    if (added && kept) {
+      for (int64_t i = 0; i < plan.stashSlots(program_->stage); ++i)
+        it->second.slots.push_back(memory->allocate(b.rows * b.width * 4));
+      it->second.address = it->second.slots.front();
+    } else if (added) {
       it->second.address = memory->allocate(b.rows * b.width * 4);
-    else if (it->second.elements != b.rows * b.width ||
+    } else if (it->second.elements != b.rows * b.width ||
              it->second.shard.logicalElements != shard.logicalElements ||
              it->second.shard.overEdp != shard.overEdp)
       runtimeError("state buffer '{}' of {} values ({} logical, shard over {}), {} ({}, over "
@@ -44,6 +50,8 @@ void RankProgram::prepare(const Plan &plan, int64_t rank, DeviceMemory &memory_,
                    b.state, b.rows * b.width, shard.logicalElements, shard.overEdp ? "edp" : "dp",
                    it->second.elements, it->second.shard.logicalElements,
                    it->second.shard.overEdp ? "edp" : "dp");
+    if (kept)
+      slotted.push_back({buffers.size(), b.state});
     buffers.push_back(it->second.address);
   }
   caches.clear();
@@ -122,7 +130,8 @@ void RankProgram::readStats(std::vector<float> &stats) {
 std::vector<std::string> RankProgram::stateNames() const {
   std::vector<std::string> names;
   for (const auto &[name, state] : states)
-    names.push_back(name);
+    if (state.slots.empty()) // (a pipeline stage's kept values are no training state)
+      names.push_back(name);
   return names;
 }
 
@@ -182,6 +191,28 @@ void RankProgram::readGradient(size_t i, std::vector<float> &out) {
   const PlanBuffer &b = program_->buffers[g.buffer];
   out.resize(static_cast<size_t>(b.rows * b.width));
   memory->read(out.data(), buffer(g.buffer), static_cast<int64_t>(out.size()) * 4);
+}
+
+void RankProgram::bindSlot(int64_t microBatch) {
+  for (const auto &[buffer, name] : slotted) {
+    const std::vector<void *> &slots = states.at(name).slots;
+    buffers[buffer] = slots[static_cast<size_t>(microBatch) % slots.size()];
+  }
+}
+
+size_t RankProgram::leadingRecvs() const {
+  size_t n = 0;
+  while (n < program_->steps.size() && program_->steps[n].op->collective == Collective::Recv)
+    ++n;
+  return n;
+}
+
+size_t RankProgram::trailingSends() const {
+  size_t n = 0;
+  const std::vector<PlanStep> &steps = program_->steps;
+  while (n < steps.size() && steps[steps.size() - 1 - n].op->collective == Collective::Send)
+    ++n;
+  return n;
 }
 
 } // namespace moert

@@ -34,9 +34,18 @@ public:
   /// instead, and its state buffers by name (others are allocated, zeros).
   /// Collective steps go through `comm` (may be null for a plan of one
   /// rank).
+  /// `statesOf` (the rank's entry prepared last): the states its entries
+  /// declared so far, shared by name (else cachesOf's). A pipeline stage's
+  /// kept values (states "stash:<i>") get Plan::stashSlots copies, one per
+  /// micro-batch in flight (bindSlot).
   void prepare(const Plan &plan, int64_t rank, DeviceMemory &memory, Comm *comm,
                Staging staging, const PlanProgram *entry = nullptr,
-               const RankProgram *cachesOf = nullptr);
+               const RankProgram *cachesOf = nullptr, const RankProgram *statesOf = nullptr);
+  /// Binds micro-batch `microBatch`'s slot of every kept value.
+  void bindSlot(int64_t microBatch);
+  /// The receives the program starts with, the sends it ends with (steps).
+  size_t leadingRecvs() const;
+  size_t trailingSends() const;
   const PlanProgram &program() const { return *program_; }
 
   /// The collective steps' context (runSteps).
@@ -70,7 +79,8 @@ public:
   /// stats [lr, grad_norm, clip_coef, skipped] out.
   void writeStep(int64_t step);
   void readStats(std::vector<float> &stats);
-  /// The program's state buffers (its own and those it shares), by name.
+  /// The program's state buffers (its own and those it shares), by name;
+  /// not a pipeline stage's kept values.
   std::vector<std::string> stateNames() const;
   /// State `name` to / from the host (f32, its elements in order; a ZeRO
   /// shard's own rows, written from the whole logical state);
@@ -86,7 +96,9 @@ private:
     void *address = nullptr;
     int64_t elements = 0;
     StateShard shard;
+    std::vector<void *> slots; ///< a kept value's, one per micro-batch in flight
   };
+  std::vector<std::pair<size_t, std::string>> slotted; ///< (buffer, its kept value's state)
   struct Cache {
     float *keys = nullptr, *values = nullptr;
   };

@@ -59,10 +59,14 @@ void RankWeights::bind(const Plan &thePlan, int64_t rankIndex, const Checkpoint 
   for (const PlanWeight &w : plan->weights)
     logical.emplace(w.name, &w);
 
+  // (Used by any entry of the rank: a pipeline stage's backward program
+  // declares its embedding table only for its gradient, which its forward
+  // program's lookup binds.)
   std::vector<bool> used(program->weights.size(), false);
-  for (const PlanStep &s : program->steps)
-    for (int64_t w : s.weights)
-      used[w] = true;
+  for (const PlanProgram *entry : plan->entriesOf(rankIndex))
+    for (const PlanStep &s : entry->steps)
+      for (int64_t w : s.weights)
+        used[static_cast<size_t>(w)] = true;
   weights_.assign(program->weights.size(), {});
   owned.clear();
   blockScales.clear();

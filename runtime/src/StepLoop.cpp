@@ -2,15 +2,21 @@
 #include "moert/Error.h"
 #include "moert/Op.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace moert {
 
 int64_t runSteps(const collectives::Context &c, int64_t tokens, StepKernels &kernels,
                  std::vector<double> *seconds) {
+  return runSteps(c, tokens, kernels, seconds, 0, c.program->steps.size());
+}
+
+int64_t runSteps(const collectives::Context &c, int64_t tokens, StepKernels &kernels,
+                 std::vector<double> *seconds, size_t begin, size_t end) {
   int64_t rows = tokens;
   const std::vector<PlanStep> &steps = c.program->steps;
-  for (size_t i = 0; i < steps.size(); ++i) {
+  for (size_t i = begin; i < std::min(end, steps.size()); ++i) {
     const PlanStep &s = steps[i];
     auto start = std::chrono::steady_clock::now();
     if (s.op->collective != Collective::None) {

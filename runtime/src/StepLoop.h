@@ -32,5 +32,9 @@ public:
 /// wall time.
 int64_t runSteps(const collectives::Context &c, int64_t tokens, StepKernels &kernels,
                  std::vector<double> *seconds = nullptr);
+/// Steps [begin, end) only (a pipeline schedule's fused step runs a
+/// program's first receives, or its last sends, apart).
+int64_t runSteps(const collectives::Context &c, int64_t tokens, StepKernels &kernels,
+                 std::vector<double> *seconds, size_t begin, size_t end);
 
 } // namespace moert

@@ -242,7 +242,31 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
     const auto started = Clock::now();
     double terms[4] = {0, 0, 0, 0};
     int64_t count = 0;
-    for (int64_t m = 0; m < share; ++m) {
+    if (!plan.pipelineSchedule.empty()) {
+      // Pipeline stages: the stage's forward and backward steps over the
+      // replica's micro-batches in the plan's order (1F1B); the last
+      // stage's forwards give the loss.
+      const RankCoords &coords = plan.ranks.at(comm.rank()).coords;
+      const auto &order = plan.pipelineSchedule.at(static_cast<size_t>(coords.pp));
+      std::vector<Batch> batches;
+      for (int64_t m = 0; m < share; ++m)
+        batches.push_back(samples.microBatch(consumed + replica * share + m));
+      for (size_t i = 0; i < order.size(); ++i) {
+        const Plan::PipelineStep &st = order[i];
+        const Plan::PipelineStep *next = i + 1 < order.size() ? &order[i + 1] : nullptr;
+        executor.setPhase(fmt::format("update {}, micro-batch {} ({})", step + 1,
+                                      st.microBatch + 1, st.backward ? "backward" : "forward"));
+        loss.clear();
+        executor.pipelineStep(st, batches[static_cast<size_t>(st.microBatch)], loss, next,
+                              next ? &batches[static_cast<size_t>(next->microBatch)] : nullptr);
+        if (st.backward)
+          continue;
+        for (size_t k = 0; k < loss.size() && k < 4; ++k)
+          terms[k] += loss[k];
+        count += batches[static_cast<size_t>(st.microBatch)].size();
+      }
+    }
+    for (int64_t m = 0; m < share && plan.pipelineSchedule.empty(); ++m) {
       const Batch batch = samples.microBatch(consumed + replica * share + m);
       executor.setPhase(fmt::format("update {}, micro-batch {}", step + 1, m + 1));
       executor.forward(batch, loss);
@@ -262,7 +286,11 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
       std::vector<double> all(5 * world.size());
       comm.allGather(own, sizeof own, all.data(), world,
                      fmt::format("step {}: the loss terms", step + 1));
-      auto counted = [&](size_t r) { return plan.ranks.at(static_cast<int64_t>(r)).coords.tp == 0; };
+      // (and a pipeline's last stage's: it computes the loss).
+      auto counted = [&](size_t r) {
+        const RankCoords &c = plan.ranks.at(static_cast<int64_t>(r)).coords;
+        return c.tp == 0 && c.pp == plan.degrees.pp - 1;
+      };
       for (int k = 0; k < 4; ++k) {
         terms[k] = 0;
         for (size_t r = 0; r < world.size(); ++r)
@@ -404,10 +432,10 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     inputError("{}: a plan for {} ranks, run on {} (start it with mpirun -np {})", planPath,
                plan.worldSize, comm.size(), plan.worldSize);
   if (plan.worldSize > 1 &&
-      (plan.degrees.dp * plan.degrees.tp != plan.worldSize || plan.degrees.pp > 1 || steps == 0))
+      (plan.degrees.dp * plan.degrees.tp * plan.degrees.pp != plan.worldSize || steps == 0))
     inputError("{}: not supported yet: training on {} ranks {}", planPath, plan.worldSize,
                steps == 0 ? "without --steps (the gradients of one rank's micro-batches)"
-                          : "in pipeline stages (pp > 1)");
+                          : "of this layout");
   const PlanProgram &program = plan.programOf(comm.rank());
   if (steps > 0 && !plan.optimizer)
     inputError("--steps {}: {} has no optimizer (compile it with moec compile --train "
@@ -468,7 +496,9 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     run.planPath = planPath;
     run.layout = plan.layout;
     run.model = checkpointModel(*checkpoint, weightsPath, plan.modelType, plan.layout->source);
-    const PlanProgram &optimizer = *plan.entriesOf(comm.rank()).back();
+    const std::vector<const PlanProgram *> entries = plan.entriesOf(comm.rank());
+    const PlanProgram &optimizer = **std::find_if(
+        entries.begin(), entries.end(), [](const PlanProgram *p) { return p->entry == "optimizer"; });
     run.start.shuffleSeed = shuffleSeed;
     if (!resume.empty())
       run.start = resumeFrom(resume, *checkpoint, *executor, plan, comm.rank(), optimizer, B, L,

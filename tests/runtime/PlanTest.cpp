@@ -350,7 +350,8 @@ TEST(PlanLoad, BadFieldsAreNamed) {
             }),
             "PLAN: programs[0].steps[4].attrs.axis: \"ep\" is not an axis of @mesh (pp, dp, tp)");
   EXPECT_EQ(loadError([](json &p) { p["programs"][0]["steps"][0] = step("send", {2}, {}, {}); }),
-            "PLAN: programs[0].steps[0] (send): a send on stage 0, the last of 1");
+            "PLAN: programs[0].steps[0] (send): a send on stage 0 of 1 with stage 1: expected a "
+            "neighbouring stage");
   // A program's entry (its exec.program's): forward runs; an entry this
   // moert does not run is refused by name, not run as if it were one.
   EXPECT_EQ(loadError([](json &p) { p["programs"][0]["entry"] = "forward"; }), "");

@@ -141,6 +141,10 @@ bool worldAlone = false;
 Error driver::chooseRecompute(mlir::MLIRContext &context, mlir::ModuleOp module,
                               CompileOptions &options, const hf::ModelConfig &config) {
   TrainingChoice request;
+  // Pipeline stages are given, not chosen, and recompute none (the
+  // planner's training mode does not model the pipeline yet).
+  if (options.layout && options.layout->pp > 1)
+    return Error::success();
   request.recomputeAuto = recompute == "auto";
   request.zeroAuto = zeroStage.getNumOccurrences() == 0;
   request.expertsAuto = request.zeroAuto && !expertsGiven;
@@ -193,30 +197,40 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
   // expert parallelism across data parallelism); --world-size alone is the
   // planner's choice among them (dp = N, ZeRO and recompute by the training
   // memory and time model).
-  int64_t replicas = 1, experts = 1, tensor = 1, slices = 1;
+  int64_t replicas = 1, experts = 1, tensor = 1, slices = 1, stages = 1;
   if (distribution) {
     const LayoutRequest &l = *options.layout;
-    for (auto [name, degree] : {std::pair<const char *, int64_t>{"pp", l.pp}})
-      if (degree > 1)
-        return refuse("not supported yet: --train with --" + Twine(name) + " " + Twine(degree) +
-                      " (distributed training: data, expert and tensor parallelism, --dp N --ep E "
-                      "--tp T)");
+    // Pipeline stages (--pp P): each replica's layers over P ranks.
+    stages = std::max<int64_t>(l.pp, 1);
+    if (stages > 1 && (l.tp > 1 || l.etp > 1))
+      return refuse("not supported yet: --train --pp " + Twine(stages) +
+                    " with --tp or --etp (pipeline stages with data or expert parallelism)");
+    if (stages > 1 && recompute != "auto" && recompute != "none")
+      return refuse("not supported yet: --recompute " + recompute + " with --pp " +
+                    Twine(stages));
+    if (stages > 1 && options.target != "cpu")
+      return refuse("not supported yet: --train --pp with --target " + options.target);
+    if (stages > 1 && l.worldSize && l.worldSize % stages)
+      return refuse("--train --pp " + Twine(stages) + ": expected a divisor of --world-size " +
+                    Twine(l.worldSize));
     if (!l.gpu.empty() || !l.cluster.empty() || !l.dtype.empty())
       return refuse("not supported yet: --train with --gpu, --cluster or --dtype (a training "
                     "plan runs on the CPU machine the planner assumes): give --world-size N "
                     "or --dp N (and --ep E, --tp T)");
     tensor = std::max<int64_t>(l.tp, 1);
-    if (l.dp && l.worldSize && l.worldSize != l.dp * tensor)
+    const int64_t perStage = l.worldSize / stages;
+    if (l.dp && l.worldSize && perStage != l.dp * tensor)
       return refuse("--train --dp " + Twine(l.dp) + ": expected --world-size " +
-                    Twine(l.dp * tensor) + " (dp x tp: every rank a replica" +
+                    Twine(l.dp * tensor * stages) + " (dp x tp" + (stages > 1 ? " x pp" : "") +
+                    ": every rank a replica" +
                     (tensor > 1 ? " or a part of one" : "") + "), not " + Twine(l.worldSize));
     if (l.worldSize % tensor)
       return refuse("--train --tp " + Twine(tensor) + ": expected a divisor of --world-size " +
                     Twine(l.worldSize));
     experts = std::max<int64_t>(l.ep, 1);
     expertsGiven = l.ep > 0;
-    worldAlone = l.worldSize > 0 && l.dp == 0 && l.tp == 0 && l.ep == 0 && l.etp == 0;
-    replicas = l.dp ? l.dp : l.worldSize ? l.worldSize / tensor : tensor > 1 ? 1 : experts;
+    worldAlone = l.worldSize > 0 && l.dp == 0 && l.tp == 0 && l.ep == 0 && l.etp == 0 && l.pp == 0;
+    replicas = l.dp ? l.dp : l.worldSize ? perStage / tensor : tensor > 1 || stages > 1 ? 1 : experts;
     if (replicas < 1)
       return refuse("--train: expected --world-size N or --dp N with N >= 1");
     slices = std::max<int64_t>(l.etp, 1);
@@ -243,11 +257,11 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
   // program itself (moe-differentiate's capacity-factor); each replica's
   // likewise.
   options.layout.reset();
-  if (replicas * tensor > 1) {
+  if (replicas * tensor * stages > 1) {
     LayoutRequest layout;
-    layout.worldSize = replicas * tensor;
+    layout.worldSize = replicas * tensor * stages;
     layout.dp = replicas;
-    layout.pp = 1;
+    layout.pp = stages;
     layout.etp = slices;
     layout.tp = tensor;
     layout.ep = experts;
@@ -277,8 +291,10 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
   options.auxLossCoef = auxLossCoef;
   options.zLossCoef = routerZLossCoef;
   if (optimizerKind == "none")
-    return replicas * tensor > 1
-               ? refuse((tensor > 1 ? "--tp " + Twine(tensor) : "--dp " + Twine(replicas)) +
+    return replicas * tensor * stages > 1
+               ? refuse((stages > 1   ? "--pp " + Twine(stages)
+                         : tensor > 1 ? "--tp " + Twine(tensor)
+                                      : "--dp " + Twine(replicas)) +
                         ": expected --optimizer adamw (the optimizer program adds the "
                         "replicas' gradients)")
                : Error::success();

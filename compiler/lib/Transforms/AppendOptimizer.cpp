@@ -143,7 +143,8 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     // Expert or tensor parallelism: an expert stack a rank holds is its
     // experts (its slices of them with etp), the same on the edp group.
     const int64_t replicas = dataParallel(train);
-    const int64_t ep = degree(train, "ep"), etp = degree(train, "etp"), tp = degree(train, "tp");
+    const int64_t ep = degree(train, "ep"), etp = degree(train, "etp"), tp = degree(train, "tp"),
+                  pp = degree(train, "pp");
     const int64_t edp = replicas * tp / (ep * etp);
     auto distributedExperts = [&](exec::WeightOp w) {
       return (ep > 1 || tp > 1) && w.getExperts().has_value();
@@ -199,7 +200,13 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     // (Once per bias: a routing recomputed in the backward pass,
     // moe-recompute-layers, repeats the forward's choices.)
     SmallVector<std::pair<exec::WeightOp, Value>> biases; // the bias, its load
-    for (auto route : llvm::to_vector(body.getOps<exec::LaunchOp>())) {
+    // (A pipeline stage's routings are in its forward program.)
+    SmallVector<exec::LaunchOp> routes(body.getOps<exec::LaunchOp>());
+    for (auto forward : train->getParentOfType<ModuleOp>().getOps<exec::ProgramOp>())
+      if (forward.getEntry() == "train_forward" && forward.getStage() == train.getStage())
+        llvm::append_range(routes, forward.getBody().front().getOps<exec::LaunchOp>());
+    for (auto route : routes) {
+      Block &body = *route->getBlock();
       const size_t withBias = route.getKernel() == "route" ? 1 : route.getKernel() == "router" ? 2 : 0;
       if (expertBiasUpdateRate == 0 || withBias == 0 || route.getWeights().size() != withBias)
         continue;
@@ -218,7 +225,16 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
                                /*updates_weights=*/false);
       biases.push_back({bias, load});
     }
-    b.setInsertionPoint(ret);
+    // (Before a pipeline stage's sends to the stage before, which end its
+    // backward program: moe-schedule-pipeline fuses them with the next
+    // step's receives.)
+    Operation *end = ret;
+    while (auto send = dyn_cast_or_null<exec::CollectiveOp>(end->getPrevNode())) {
+      if (send.getKind() != "send")
+        break;
+      end = send;
+    }
+    b.setInsertionPoint(end);
     for (auto [i, gradient] : llvm::enumerate(ret.getGradients())) {
       SmallVector<Value> ins{gradient, sums[i]}, outs{sums[i]};
       if (compensated) {
@@ -280,7 +296,8 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     // ranks hold parts: ZeRO's shards, expert or tensor parallelism's parts.
     // Those of the replicated weights, of the tensor-parallel parts and of
     // the rank's experts apart.
-    const bool fromSquares = sharded || ep > 1 || tp > 1;
+    // (Pipeline stages: each stage's squares of its weights, added over pp.)
+    const bool fromSquares = sharded || ep > 1 || tp > 1 || pp > 1;
     Value denseSq, denseErr, expertSq, expertErr, partSq, partErr;
     if (fromSquares)
       for (Value *v : {&denseSq, &denseErr})
@@ -382,14 +399,20 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       for (auto [i, w] : llvm::enumerate(params))
         (distributedExperts(w) ? experts : splitOverTp(w) ? parts : dense).push_back(optSums[i]);
       normIns.append({denseSq, denseErr});
+      auto overStages = [&](Value sq, Value err) {
+        if (pp > 1)
+          allReduceOver(mesh, "pp", ValueRange{sq, err});
+      };
       launch("sum_squares", dense, {}, {denseSq, denseErr}, rowsOf);
       if (sharded)
         allReduceOver(mesh, "dp", ValueRange{denseSq, denseErr});
+      overStages(denseSq, denseErr);
       if (!parts.empty()) {
         launch("sum_squares", parts, {}, {partSq, partErr}, rowsOf);
         if (sharded)
           allReduceOver(mesh, "dp", ValueRange{partSq, partErr});
         allReduceOver(mesh, "tp", ValueRange{partSq, partErr});
+        overStages(partSq, partErr);
         normIns.append({partSq, partErr});
       }
       if (!experts.empty()) {
@@ -398,6 +421,7 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
              {std::pair(StringRef("edp"), expertShards ? edp : 1), {"ep", ep}, {"etp", etp}})
           if (n > 1)
             allReduceOver(expertsRef, group, ValueRange{expertSq, expertErr});
+        overStages(expertSq, expertErr);
         normIns.append({expertSq, expertErr});
       }
       launch("grad_norm", normIns, {}, {stats},

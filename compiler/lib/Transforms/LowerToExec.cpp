@@ -252,13 +252,42 @@ struct Lowering {
              << fn.getSymName() << " has no assigned buffers (run moe-assign-buffers)";
     // A training program (moe-append-loss) also takes its labels and
     // returns its loss.
+    // (A pipelined one's stage is a forward program, "train_forward", and
+    // a backward one, "train", which also take or give the values kept
+    // between them: moe.stash, states "stash:<i>".)
     auto entry = fn->getAttrOfType<StringAttr>("moe.entry");
-    const bool training = entry && entry.getValue() == "train";
+    const bool training =
+        entry && (entry.getValue() == "train" || entry.getValue() == "train_forward");
     const unsigned arguments = training ? 3 : 2;
-    if (argBuffers.size() != arguments || fn.getNumArguments() != arguments)
+    auto stashOf = [&](DictionaryAttr attrs) -> std::optional<int64_t> {
+      auto i = attrs ? attrs.getAs<IntegerAttr>(moe::kStashAttr) : IntegerAttr();
+      return i ? std::optional<int64_t>(i.getInt()) : std::nullopt;
+    };
+    DenseMap<int64_t, int64_t> stashBuffers; // buffer id -> stash index
+    for (unsigned i = arguments; i < fn.getNumArguments(); ++i)
+      if (auto stash = stashOf(fn.getArgAttrDict(i)); stash && i < argBuffers.size())
+        stashBuffers[argBuffers[i]] = *stash;
+    if (argBuffers.size() != fn.getNumArguments() ||
+        fn.getNumArguments() != arguments + stashBuffers.size())
       return fn.emitError("moe-lower-to-exec: expected the arguments tokens and positions")
-             << (training ? " and labels" : "");
+             << (training ? " and labels" : "") << " (and values kept on the rank)";
     Block &body = fn.getBody().front();
+    auto ret = cast<func::ReturnOp>(body.getTerminator());
+    for (unsigned i = 0; i < ret.getNumOperands(); ++i) {
+      std::optional<int64_t> stash = stashOf(fn.getResultAttrDict(i));
+      if (!stash)
+        continue;
+      Value v = ret.getOperand(i);
+      int64_t id = -1;
+      if (auto arg = dyn_cast<BlockArgument>(v)) {
+        id = argBuffers[arg.getArgNumber()];
+      } else if (auto ids = v.getDefiningOp()->getAttrOfType<DenseI64ArrayAttr>("moe.buffers")) {
+        id = ids[cast<OpResult>(v).getResultNumber()];
+      }
+      if (id < 0 || !stashBuffers.try_emplace(id, *stash).second)
+        return fn.emitError("moe-lower-to-exec: kept value ")
+               << *stash << " has no buffer of its own";
+    }
 
     OpBuilder b(fn);
     auto program = b.create<exec::ProgramOp>(fn.getLoc(), fn.getSymName(),
@@ -270,12 +299,17 @@ struct Lowering {
     // Buffers, in id order (activations in f32, ids and counts in i32).
     auto bufferType = b.getType<exec::BufferType>();
     SmallVector<Value> buffer;
-    for (auto [r, width, type] : llvm::zip(rows.asArrayRef(), widths.asArrayRef(), types)) {
+    for (auto [id, r, width, type] :
+         llvm::enumerate(rows.asArrayRef(), widths.asArrayRef(), types)) {
       Type element = cast<TypeAttr>(type).getValue();
       element = element.isInteger(32) ? element : b.getF32Type();
+      auto stash = stashBuffers.find(int64_t(id));
       buffer.push_back(b.create<exec::BufferOp>(fn.getLoc(), bufferType, element,
                                                 r < 0 ? maxTokens : r, width,
-                                                /*state=*/StringAttr(),
+                                                stash == stashBuffers.end()
+                                                    ? StringAttr()
+                                                    : b.getStringAttr(
+                                                          "stash:" + Twine(stash->second)),
                                                 /*logical_rows=*/IntegerAttr(),
                                                 /*shard_group=*/StringAttr()));
     }
@@ -286,12 +320,45 @@ struct Lowering {
     };
 
     // Weights, in the order the ops first bind them (moert checks it: a
-    // weight id swapped for another of the same shape is then out of order).
+    // weight id swapped for another of the same shape is then out of order);
+    // a pipeline stage's backward program, whose ops only read them, in its
+    // forward program's order (the entries of a stage declare the same).
     DenseMap<Operation *, Value> weight;
-    for (Operation &op : body) {
-      if (isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp, func::ReturnOp>(op))
-        continue;
-      for (Value operand : op.getOperands()) {
+    SmallVector<Operation *> binders;
+    llvm::StringMap<int64_t> order; // (a backward program: its forward's weights)
+    func::FuncOp forwardOfStage;     // (and its KV caches)
+    for (Operation &op : body)
+      if (!isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp, func::ReturnOp>(op))
+        binders.push_back(&op);
+    if (entry && entry.getValue() == "train")
+      for (auto other : module.getOps<func::FuncOp>()) {
+        auto otherEntry = other->getAttrOfType<StringAttr>("moe.entry");
+        if (!otherEntry || otherEntry.getValue() != "train_forward" ||
+            other->getAttr("moe.stage") != fn->getAttr("moe.stage"))
+          continue;
+        forwardOfStage = other;
+        for (Operation &op : other.getBody().front())
+          for (Value operand : op.getOperands())
+            if (Operation *w = weightOf(operand))
+              order.try_emplace(cast<moe::WeightOpInterface>(w).getTensorName(), order.size());
+        // The stage's weights in the forward program's order.
+        SmallVector<std::pair<int64_t, Operation *>> weights;
+        for (Operation &op : body)
+          if (Operation *w = isa<moe::WeightOp, moe::ExpertWeightOp>(op) ? &op : nullptr) {
+            auto it = order.find(cast<moe::WeightOpInterface>(w).getTensorName());
+            weights.push_back({it == order.end() ? INT64_MAX : it->second, w});
+          }
+        llvm::stable_sort(weights, [](auto &a, auto &b) { return a.first < b.first; });
+        binders.clear();
+        for (auto &[i, w] : weights)
+          binders.push_back(w);
+      }
+    for (Operation *binder : binders) {
+      Operation &op = *binder;
+      SmallVector<Value> operands(op.getOperands());
+      if (isa<moe::WeightOp, moe::ExpertWeightOp>(op))
+        operands.assign(1, op.getResult(0));
+      for (Value operand : operands) {
         Operation *w = weightOf(operand);
         if (!w || weight.count(w))
           continue;
@@ -308,15 +375,51 @@ struct Lowering {
           weight[w].getDefiningOp()->setAttr("moe.int8_block", block);
       }
     }
+    // A gradient's weight that no op binds (a pipeline stage's embedding
+    // table, whose gradient reads only the token ids), after them.
+    // (Not split: its logical type, moe.logical_weights.)
+    llvm::StringMap<Value> unbound;
+    for (unsigned i = 0; i < ret.getNumOperands(); ++i) {
+      auto name = fn.getResultAttrOfType<StringAttr>(i, "moe.gradient_of");
+      if (!name || llvm::any_of(weight, [&](auto &w) {
+            return cast<moe::WeightOpInterface>(w.first).getTensorName() == name.getValue();
+          }))
+        continue;
+      auto logical = module->getAttrOfType<ArrayAttr>("moe.logical_weights");
+      for (auto w : logical ? logical.getAsRange<DictionaryAttr>()
+                            : ArrayAttr().getAsRange<DictionaryAttr>())
+        if (w.getAs<StringAttr>("name") == name && !w.get("experts"))
+          unbound[name.getValue()] = b.create<exec::WeightOp>(
+              fn.getLoc(), b.getType<exec::WeightType>(), name, w.getAs<TypeAttr>("type"),
+              IntegerAttr());
+    }
+    if (!order.empty()) {
+      // All of them in the forward program's order.
+      SmallVector<exec::WeightOp> declared(block->getOps<exec::WeightOp>());
+      Operation *anchor = declared.back()->getNextNode();
+      auto at = [&](exec::WeightOp w) {
+        auto it = order.find(w.getTensor());
+        return it == order.end() ? INT64_MAX : it->second;
+      };
+      llvm::stable_sort(declared, [&](exec::WeightOp a, exec::WeightOp b) { return at(a) < at(b); });
+      for (exec::WeightOp w : declared) {
+        if (anchor)
+          w->moveBefore(anchor);
+        else
+          w->moveBefore(block, block->end());
+      }
+    }
     for (Operation &op : body)
       if (isa<moe::WeightOp, moe::ExpertWeightOp>(op) && !weight.count(&op))
         return op.emitError("moe-lower-to-exec: @")
                << fn.getSymName() << ": weight '"
                << cast<moe::WeightOpInterface>(op).getTensorName() << "' is bound by no op";
 
-    // KV caches, in the order of their ids.
+    // KV caches, in the order of their ids (a pipeline stage's backward
+    // program declares its forward program's: the entries of a stage share
+    // them).
     int64_t caches = 0;
-    for (Operation &op : body) {
+    for (Operation &op : forwardOfStage ? forwardOfStage.getBody().front() : body) {
       auto kv = op.getAttrOfType<IntegerAttr>("moe.kv_cache");
       if (!kv || (op.hasAttr("moe.recomputes_cache_of") && kv.getInt() < caches))
         continue;
@@ -362,14 +465,23 @@ struct Lowering {
       if (isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp>(op))
         continue;
       if (auto ret = dyn_cast<func::ReturnOp>(op)) {
+        // The logits or the loss (none: a pipeline stage's backward
+        // program, or a forward one before the last stage), then a
+        // differentiated training program's gradients, by weight; the
+        // values kept for the backward program are in their states.
         Value result;
-        if (ret.getNumOperands())
-          result = bufferOf.lookup(ret.getOperand(0));
-        // A differentiated training program's gradients, by weight.
         SmallVector<Value> gradients, of;
-        for (unsigned i = 1; i < ret.getNumOperands(); ++i) {
+        for (unsigned i = 0; i < ret.getNumOperands(); ++i) {
+          if (stashOf(fn.getResultAttrDict(i)))
+            continue;
           auto name = fn.getResultAttrOfType<StringAttr>(i, "moe.gradient_of");
-          Value w;
+          if (!name) {
+            if (result)
+              return ret.emitError("moe-lower-to-exec: a second result that is not a gradient");
+            result = bufferOf.lookup(ret.getOperand(i));
+            continue;
+          }
+          Value w = unbound.lookup(name.getValue());
           for (auto &[forward, declared] : weight)
             if (name && cast<moe::WeightOpInterface>(forward).getTensorName() == name.getValue())
               w = declared;
@@ -441,19 +553,26 @@ struct LowerToExec : moe::impl::MoELowerToExecBase<LowerToExec> {
                        "(run moe-specialize-workload)");
       return signalPassFailure();
     }
-    // The programs: @forward, or one @stage<s> per pipeline stage, in order.
+    // The programs: @forward, or one @stage<s> per pipeline stage, in order
+    // (a pipelined training program: then its @stage<s>_forward ones).
     SmallVector<func::FuncOp> programs;
+    SmallVector<int64_t> stageOf;
     auto forward = module.lookupSymbol<func::FuncOp>("forward");
     if (forward) {
       programs.push_back(forward);
+      stageOf.push_back(0);
     } else {
+      llvm::StringMap<int64_t> next; // per entry, the next stage
       for (auto fn : module.getOps<func::FuncOp>())
         if (auto stage = fn->getAttrOfType<IntegerAttr>("moe.stage")) {
-          if (stage.getInt() != int64_t(programs.size())) {
+          auto entry = fn->getAttrOfType<StringAttr>("moe.entry");
+          int64_t &expected = next[entry ? entry.getValue() : ""];
+          if (stage.getInt() != expected++) {
             fn.emitError("moe-lower-to-exec: expected the stages in order");
             return signalPassFailure();
           }
           programs.push_back(fn);
+          stageOf.push_back(stage.getInt());
         }
     }
     if (programs.empty()) {
@@ -470,8 +589,8 @@ struct LowerToExec : moe::impl::MoELowerToExecBase<LowerToExec> {
     if (forward && !module->hasAttr("moe.logical_weights"))
       module->setAttr("moe.logical_weights", moe::logicalWeightsAttr(forward));
     Lowering lowering{module, maxTokens.getInt()};
-    for (auto [stage, fn] : llvm::enumerate(programs))
-      if (failed(lowering.lower(fn, int64_t(stage))))
+    for (auto [stage, fn] : llvm::zip(stageOf, programs))
+      if (failed(lowering.lower(fn, stage)))
         return signalPassFailure();
     for (func::FuncOp fn : programs)
       fn.erase();

@@ -556,6 +556,17 @@ LogicalResult Partitioner::buildStage(int64_t stage, ArrayRef<int64_t> stageOfOp
 LogicalResult Partitioner::run() {
   if (failed(readSharding()))
     return failure();
+  // A differentiated training program (its gradients follow the loss) over
+  // pipeline stages: a forward and a backward function per stage.
+  auto entryName = forward->getAttrOfType<StringAttr>("moe.entry");
+  if (d.pp > 1 && entryName && entryName.getValue() == "train" && forward.getNumResults() == 1)
+    return forward.emitError("not supported yet: a loss-only training program over pp ")
+           << d.pp << " stages";
+  if (d.pp > 1 && entryName && entryName.getValue() == "train") {
+    if (failed(runPipelined()))
+      return failure();
+    return finish();
+  }
   SmallVector<int64_t> stageOfOp;
   if (failed(assignStages(stageOfOp)))
     return failure();
@@ -582,6 +593,10 @@ LogicalResult Partitioner::run() {
                                           : ArrayRef<Value>(),
                           crossing[s])))
       return failure();
+  return finish();
+}
+
+LogicalResult Partitioner::finish() {
   // The model's whole weights, for the plan (moe-emit-plan), and its sizes
   // as the ops state them, for the planner after partitioning.
   module->setAttr("moe.logical_weights", moe::logicalWeightsAttr(forward));

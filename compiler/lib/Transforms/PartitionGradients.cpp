@@ -89,9 +89,6 @@ LogicalResult Partitioner::rewriteTraining(Operation &op, bool &handled) {
   if (!handled)
     return success();
   auto fail = [&](const Twine &message) { return op.emitOpError(message), failure(); };
-  if (d.pp > 1)
-    return fail("not supported yet: partitioning a training program with pp=" + Twine(d.pp) +
-                " (distributed training: data, expert and tensor parallelism)");
   if (auto grad = dyn_cast<moe::ExpertFFNGradOp>(op))
     return expertFFNGrad(grad);
 

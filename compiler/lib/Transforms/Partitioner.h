@@ -70,6 +70,23 @@ private:
   LogicalResult assignStages(SmallVectorImpl<int64_t> &stageOfOp);
   LogicalResult buildStage(int64_t stage, ArrayRef<int64_t> stageOfOp,
                            ArrayRef<Value> incoming, ArrayRef<Value> outgoing);
+  /// PartitionPipeline.cpp: a training program over pp > 1 stages, a
+  /// forward and a backward function per stage.
+  LogicalResult runPipelined();
+  /// The module's logical weights and sizes kept, @forward erased.
+  LogicalResult finish();
+  /// A value the function takes or gives, with the attribute that says how.
+  struct Port {
+    Value old;
+    StringRef attr;   ///< kRecvFromAttr, kSendToAttr, kStashAttr, or empty
+    int64_t value = 0;
+  };
+  /// Function `name` of `stage` (entry `entry`) of the ops `includes`
+  /// selects (by index in @forward), taking the model's inputs and `args`,
+  /// giving `results` (a gradient's `moe.gradient_of` copied).
+  LogicalResult buildFunction(StringRef name, int64_t stage, StringRef entryName,
+                              function_ref<bool(int64_t)> includes, ArrayRef<Port> args,
+                              ArrayRef<Port> results);
   LogicalResult rewrite(Operation &op);
   LogicalResult expertFFN(moe::ExpertFFNOp op);
   /// PartitionGradients.cpp: a training program's loss and backward ops

@@ -88,6 +88,11 @@ struct Event {
   int64_t stage = 0;
   bool experts = false; ///< the group's mesh: @experts (else @mesh)
   int64_t axis = 0;     ///< the group's axis on its mesh
+  /// A fused exchange with the peer (a pipeline schedule's step fused with
+  /// the one before: that step's sends and this one's receives at once):
+  /// the shapes it sends and receives, which the peer's must mirror.
+  bool pair = false;
+  std::string sends, recvs;
   std::string match;    ///< what the members must agree on: op, mesh, axis
   std::string shape;    ///< and then the operands' shapes
   std::string text;     ///< the op in messages
@@ -206,7 +211,9 @@ LogicalResult simulate(ModuleOp module, const Degrees &d,
     if (e->peer) {
       // Whichever of the pair arrives last completes it.
       Coords c = coordsOf(d, r);
-      if (e->stage != c.attention[0] + (e->sending ? 1 : -1) || e->stage < 0 || e->stage >= d.pp)
+      // (A pipelined training program's backward sends to the stage
+      // before and receives from the one after.)
+      if (std::abs(e->stage - c.attention[0]) != 1 || e->stage < 0 || e->stage >= d.pp)
         return e->op->emitError("rank ") << r << (e->sending ? " sends to" : " receives from")
                                          << " stage " << e->stage << " on stage "
                                          << c.attention[0];
@@ -214,7 +221,18 @@ LogicalResult simulate(ModuleOp module, const Degrees &d,
       peerCoords[0] = e->stage;
       int64_t peer = rankOf(d, false, peerCoords);
       const Event *other = at(peer);
-      if (other && other->peer && other->sending != e->sending) {
+      if (e->pair) {
+        if (other && other->pair && other->stage == c.attention[0]) {
+          if (other->sends != e->recvs || other->recvs != e->sends)
+            return e->op->emitError(llvm::formatv("rank {0}: {1} meets {2} on rank {3}: "
+                                                  "different shapes",
+                                                  r, e->text, other->text, peer));
+          advance(r);
+          advance(peer);
+        }
+        continue;
+      }
+      if (other && other->peer && !other->pair && other->sending != e->sending) {
         if (other->shape != e->shape)
           return e->op->emitError(llvm::formatv("rank {0}: {1} meets {2} on rank {3}: "
                                                 "different shapes",
@@ -270,12 +288,18 @@ struct VerifyCollectives
     const Degrees &d = *degrees;
     int64_t world = d.world();
 
-    // Each rank's program: moe.ranks lists it, else moe.stage is its pp.
-    SmallVector<Operation *> programOf(world, nullptr);
+    // Each rank's program: moe.ranks lists it, else moe.stage is its pp. A
+    // pipelined training program's stage has a forward function (entry
+    // "train_forward") before it: one micro-batch's forward, then its
+    // backward (moe-verify-exec-collectives proves the plan's schedule of
+    // every micro-batch).
+    SmallVector<Operation *> programOf(world, nullptr), forwardOf(world, nullptr);
     for (auto fn : module.getOps<func::FuncOp>()) {
       auto stage = fn->getAttrOfType<IntegerAttr>("moe.stage");
+      auto entry = fn->getAttrOfType<StringAttr>("moe.entry");
+      const bool forwardPart = entry && entry.getValue() == "train_forward";
       if (failed(assignRanks(fn, stage ? std::optional<int64_t>(stage.getInt()) : std::nullopt,
-                             d, programOf)))
+                             d, forwardPart ? forwardOf : programOf)))
         return signalPassFailure();
     }
     std::vector<std::vector<Event>> sequence(world);
@@ -287,12 +311,14 @@ struct VerifyCollectives
       // A collective still to be placed (moe-insert-collectives) cannot be
       // proven: refuse it rather than prove the schedule without it.
       Operation *unplaced = nullptr;
-      programOf[r]->walk([&](Operation *op) {
-        if (std::optional<Event> e = moeEvent(op))
-          sequence[r].push_back(*e);
-        if (!unplaced && moe::awaitsCollective(op))
-          unplaced = op;
-      });
+      for (Operation *program : {forwardOf[r], programOf[r]})
+        if (program)
+          program->walk([&](Operation *op) {
+            if (std::optional<Event> e = moeEvent(op))
+              sequence[r].push_back(*e);
+            if (!unplaced && moe::awaitsCollective(op))
+              unplaced = op;
+          });
       if (unplaced) {
         unplaced->emitError("a collective is not placed yet (run moe-insert-collectives first)");
         return signalPassFailure();
@@ -365,6 +391,94 @@ Event execEvent(exec::CollectiveOp c, exec::ProgramOp program) {
   return e;
 }
 
+/// A pipelined training plan's update on every rank: its stage's
+/// moe.pipeline_schedule (moe-schedule-pipeline), each step its forward or
+/// backward program's collectives, a fused step's receives and the sends
+/// that end the step before it one exchange; then the optimizer program.
+LogicalResult verifyPipeline(ModuleOp module, const Degrees &d, ArrayAttr schedule,
+                             llvm::MapVector<StringRef, SmallVector<Operation *>> &programs) {
+  const int64_t world = d.world();
+  for (StringRef entry : {"train", "train_forward", "optimizer"})
+    if (!programs.count(entry))
+      return module.emitError("moe.pipeline_schedule: no '") << entry << "' programs";
+  if (int64_t(schedule.size()) != d.pp)
+    return module.emitError("moe.pipeline_schedule: ")
+           << schedule.size() << " stages' steps for pp = " << d.pp;
+  std::vector<std::vector<Event>> sequence(world);
+  for (int64_t r = 0; r < world; ++r) {
+    const int64_t stage = coordsOf(d, r).attention[0];
+    auto steps = dyn_cast<ArrayAttr>(schedule[stage]);
+    if (!steps)
+      return module.emitError("moe.pipeline_schedule: stage ") << stage << " is not a list";
+    std::vector<Event> &seq = sequence[r];
+    size_t stepBegin = 0;
+    for (Attribute a : steps) {
+      auto name = dyn_cast<StringAttr>(a);
+      StringRef text = name ? name.getValue() : "";
+      const bool fused = text.consume_front("+");
+      const bool backward = text.consume_front("B");
+      int64_t micro = -1;
+      if ((!backward && !text.consume_front("F")) || text.getAsInteger(10, micro) || micro < 0)
+        return module.emitError("moe.pipeline_schedule: stage ")
+               << stage << ": step " << a << " is not F<j>, B<j> or +F<j>, +B<j>";
+      auto program = cast<exec::ProgramOp>(programs[backward ? "train" : "train_forward"][r]);
+      std::vector<Event> events;
+      for (auto c : program.getBody().front().getOps<exec::CollectiveOp>()) {
+        events.push_back(execEvent(c, program));
+        events.back().text += llvm::formatv(" (micro-batch {0}, {1} step {2})", micro,
+                                            backward ? "backward" : "forward",
+                                            name.getValue());
+      }
+      const size_t begin = seq.size();
+      if (fused) {
+        // The sends ending the step before, the receives starting this one.
+        size_t firstSend = seq.size();
+        while (firstSend > stepBegin && seq[firstSend - 1].peer && seq[firstSend - 1].sending &&
+               !seq[firstSend - 1].pair)
+          --firstSend;
+        size_t recvs = 0;
+        while (recvs < events.size() && events[recvs].peer && !events[recvs].sending)
+          ++recvs;
+        if (firstSend == seq.size() || recvs == 0)
+          return program.emitError(llvm::formatv(
+              "moe.pipeline_schedule: stage {0}'s step {1} is fused with the step before, but "
+              "{2}",
+              stage, name.getValue(),
+              recvs == 0 ? "it starts with no receive" : "that step ends with no send"));
+        Event pair = events.front();
+        pair.pair = true;
+        pair.text = llvm::formatv("exchange with stage {0}: ", pair.stage);
+        for (size_t i = firstSend; i < seq.size(); ++i) {
+          if (seq[i].stage != pair.stage)
+            return program.emitError(llvm::formatv(
+                "moe.pipeline_schedule: stage {0}'s step {1} fuses sends to stage {2} with "
+                "receives from stage {3}",
+                stage, name.getValue(), seq[i].stage, pair.stage));
+          pair.sends += seq[i].shape + ";";
+          pair.text += seq[i].text + "; ";
+        }
+        for (size_t i = 0; i < recvs; ++i) {
+          if (events[i].stage != pair.stage)
+            return program.emitError("moe.pipeline_schedule: a fused step receives from two "
+                                     "stages");
+          pair.recvs += events[i].shape + ";";
+          pair.text += events[i].text + (i + 1 < recvs ? "; " : "");
+        }
+        seq.resize(firstSend);
+        seq.push_back(pair);
+        events.erase(events.begin(), events.begin() + recvs);
+      }
+      stepBegin = fused ? seq.size() - 1 : begin;
+      seq.insert(seq.end(), events.begin(), events.end());
+    }
+    auto opt = cast<exec::ProgramOp>(programs["optimizer"][r]);
+    for (auto c : opt.getBody().front().getOps<exec::CollectiveOp>())
+      seq.push_back(execEvent(c, opt));
+  }
+  return simulate(module, d, sequence, "a pipelined training update (moe.pipeline_schedule, "
+                                       "then optimizer)");
+}
+
 struct VerifyExecCollectives
     : moe::impl::MoEVerifyExecCollectivesBase<VerifyExecCollectives> {
   void runOnOperation() override {
@@ -400,6 +514,12 @@ struct VerifyExecCollectives
     // entry is a schedule of its own (every rank runs the same entry in a
     // step).
     auto optimizer = programs.find("optimizer");
+    if (auto schedule = module->getAttrOfType<ArrayAttr>("moe.pipeline_schedule")) {
+      if (failed(verifyPipeline(module, d, schedule, programs)))
+        return signalPassFailure();
+      module->setAttr("moe.exec_collectives_verified", UnitAttr::get(module.getContext()));
+      return;
+    }
     for (auto &[entry, of] : programs) {
       if (entry == "optimizer")
         continue;

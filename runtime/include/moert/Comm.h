@@ -59,6 +59,11 @@ public:
   /// order.
   virtual void send(const void *data, int64_t bytes, int peer, const std::string &what) = 0;
   virtual void recv(void *data, int64_t bytes, int peer, const std::string &what) = 0;
+  /// Sends `sends` to `peer` while receiving `recvs` from it (a pipeline
+  /// schedule's fused step: each side sends before the other receives, so
+  /// blocking sends would wait for each other); Piece::member is unused.
+  virtual void sendRecv(const std::vector<Piece> &sends, const std::vector<Piece> &recvs,
+                        int peer, const std::string &what);
   /// `bytes` bytes from group member `root` (an index into group) to all.
   virtual void broadcast(void *data, int64_t bytes, int root, const std::vector<int> &group,
                          const std::string &what) = 0;

@@ -133,10 +133,22 @@ struct PlanStep {
   /// all_gather of a weight (ZeRO): the rows of its state view each
   /// data-parallel replica updated.
   int64_t shardRows = 0;
+  /// A send's or recv's other pipeline stage (its "stage" attribute; -1,
+  /// absent: the next stage of a send, the one before of a recv; see
+  /// moert::peerStage).
+  int64_t peerStage = -1;
   /// rms_norm of a part of rows tensor parallelism splits: the whole row's
   /// width (its mean is the sum_squares input over it; 0: none).
   int64_t rowWidth = 0;
 };
+
+/// The stage a send (or recv) step of a program of `stage` sends to
+/// (receives from).
+inline int64_t peerStage(const PlanStep &step, int64_t stage) {
+  if (step.peerStage >= 0)
+    return step.peerStage;
+  return stage + (step.op && step.op->collective == Collective::Send ? 1 : -1);
+}
 
 /// The program of one pipeline stage, run by every rank of the stage. Its
 /// weights have the rank-local shapes; steps index them and its buffers.
@@ -224,6 +236,18 @@ struct Plan {
   /// A training plan with an optimizer entry (moec compile --optimizer):
   /// its weights are written by the optimizer (the device owns them).
   bool optimizer = false;
+  /// A pipelined training plan (pp > 1): each stage's forward programs
+  /// (entry "train_forward") and backward ones ("train") run in this order
+  /// per update, per stage (moe-schedule-pipeline; docs/training.md).
+  struct PipelineStep {
+    bool backward = false;
+    bool fused = false; ///< its receives and the step before's sends are one exchange
+    int64_t microBatch = 0;
+  };
+  std::vector<std::vector<PipelineStep>> pipelineSchedule;
+  /// The most micro-batches stage `stage` holds between their forward and
+  /// backward steps (the slots of its kept values, "stash:<i>" states).
+  int64_t stashSlots(int64_t stage) const;
 
   const PlanProgram &programOf(int64_t rank) const { return programs[ranks[rank].program]; }
   /// The programs of `rank`'s stage, its own program first, one per entry.

@@ -79,6 +79,14 @@ public:
   /// collective group runs the same entry in a step.
   void forward(const Batch &batch, std::vector<float> &logits, const std::string &entry = {});
 
+  /// A pipelined training plan's step (Plan::pipelineSchedule): the stage's
+  /// forward ("train_forward") or backward ("train") program on its
+  /// micro-batch `batch`, with that micro-batch's slot of the values kept
+  /// between them; the last stage's forward gives the loss. When `next` is
+  /// fused with it, the program's last sends and `next`'s first receives
+  /// (of `nextBatch`) run as one exchange with the neighbour.
+  void pipelineStep(const Plan::PipelineStep &step, const Batch &batch, std::vector<float> &loss,
+                    const Plan::PipelineStep *next, const Batch *nextBatch);
   /// After a step of a differentiated train program: the gradient of its
   /// weight program.gradients[i].weight, f32 in the weight's local shape.
   void readGradient(size_t i, std::vector<float> &out, const std::string &entry = {});

@@ -145,17 +145,32 @@ void checkAllToAll(const StepChecker &c, const PlanStep &step) {
            "output counts width differs from the input's");
 }
 
+/// stage: the other stage of a send or recv (a pipelined training
+/// program's backward sends to the stage before and receives from the one
+/// after); absent, the next stage of a send, the one before of a recv.
+void parseSend(const JsonFields &a, PlanStep &step) {
+  step.peerStage = a.has("stage") ? a.integer("stage", 0) : -1;
+}
+
+/// A value crossing a stage cut: the batch's rows of an activation, or
+/// all rows of a fixed-size value (a layer's router statistics, which the
+/// load-balancing loss of the last stage reads).
+void checkPeer(const StepChecker &c, const PlanStep &step, bool sending) {
+  const int64_t own = c.program.stage, pp = c.plan.degrees.pp;
+  const int64_t peer = peerStage(step, own);
+  c.expect(peer >= 0 && peer < pp && (peer == own + 1 || peer == own - 1),
+           fmt::format("a {} on stage {} of {} with stage {}: expected a neighbouring stage",
+                       sending ? "send" : "recv", own, pp, peer));
+}
+
 void checkSend(const StepChecker &c, const PlanStep &step) {
   c.arity(1, 0, 0, 0);
-  c.tokens(step.in[0]);
-  c.expect(c.program.stage + 1 < c.plan.degrees.pp,
-           fmt::format("a send on stage {}, the last of {}", c.program.stage, c.plan.degrees.pp));
+  checkPeer(c, step, true);
 }
 
 void checkRecv(const StepChecker &c, const PlanStep &step) {
   c.arity(0, 0, 0, 1);
-  c.tokens(step.out[0]);
-  c.expect(c.program.stage > 0, "a recv on the first stage");
+  checkPeer(c, step, false);
 }
 
 constexpr unsigned kGroup = OpDef::InGroup | OpDef::RunsEmpty;
@@ -170,7 +185,7 @@ const OpDef kAllToAll = {"all_to_all", Collective::AllToAll, kGroup, nullptr, ch
                          nullptr};
 const OpDef kReduceScatter = {"reduce_scatter", Collective::ReduceScatter, kGroup, parseAllGather,
                               checkReduceScatter, nullptr};
-const OpDef kSend = {"send", Collective::Send, OpDef::RunsEmpty, nullptr, checkSend, nullptr};
-const OpDef kRecv = {"recv", Collective::Recv, OpDef::RunsEmpty, nullptr, checkRecv, nullptr};
+const OpDef kSend = {"send", Collective::Send, OpDef::RunsEmpty, parseSend, checkSend, nullptr};
+const OpDef kRecv = {"recv", Collective::Recv, OpDef::RunsEmpty, parseSend, checkRecv, nullptr};
 
 } // namespace moert::ops

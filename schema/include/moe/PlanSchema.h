@@ -43,7 +43,8 @@ namespace members {
 inline constexpr const char *kRoot[] = {"format",   "version",  "producer",    "model",
                                         "workload", "world_size", "degrees",   "vocab",
                                         "stage_begin", "weights", "programs",  "ranks",
-                                        "planner",  "schedule", "integrity"};
+                                        "planner",  "schedule", "pipeline_schedule",
+                                        "integrity"};
 inline constexpr const char *kModel[] = {"model_type",   "source", "vocab_size",
                                          "max_position_embeddings", "eos_token_ids",
                                          "unused_tensor_prefixes"};

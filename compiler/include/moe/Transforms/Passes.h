@@ -30,6 +30,14 @@ inline constexpr llvm::StringLiteral kGatherAttr = "moe.gather";
 inline constexpr llvm::StringLiteral kRecvFromAttr = "moe.recv_from";
 inline constexpr llvm::StringLiteral kSendToAttr = "moe.send_to";
 
+/// A pipelined training program (docs/training.md, "Pipeline parallelism"):
+/// set by moe-partition on a stage's forward function's result and its
+/// backward function's argument that carry the same value from one to the
+/// other on the rank (`moe.stash = i`, the i-th of the stage). The exec
+/// programs hold it in state `stash:<i>`, one slot per micro-batch in
+/// flight.
+inline constexpr llvm::StringLiteral kStashAttr = "moe.stash";
+
 /// Whether `op` is a mark moe-insert-collectives has still to replace by a
 /// collective (a partial-sum annotation or its user's, an moe.exchange, an
 /// moe.gather, a function with stage transfers in its signature): lowering

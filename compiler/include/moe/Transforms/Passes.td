@@ -443,6 +443,30 @@ def MoEVerifyCollectives : Pass<"moe-verify-collectives", "mlir::ModuleOp"> {
   }];
 }
 
+def MoESchedulePipeline : Pass<"moe-schedule-pipeline", "mlir::ModuleOp"> {
+  let summary = "a pipelined training plan's one-forward-one-backward schedule";
+  let description = [{
+    For a training module whose stages have forward programs (entry
+    `train_forward`, moe-partition over pp > 1) beside their backward ones
+    (`train`) and optimizer programs: writes `moe.pipeline_schedule`, per
+    stage the steps of an update in order, `F<j>` (the forward program on
+    micro-batch j of the replica's `micro_batches` / dp) or `B<j>`, 1F1B:
+    stage s runs min(pp - 1 - s, m) forwards, then alternates a forward
+    and a backward, then the remaining backwards. A step written `+F<j>` /
+    `+B<j>` is fused with the step before: that step's final sends and this
+    step's first receives, which go to and come from the same stage, are
+    one exchange (each side sends while it receives; blocking sends in 1F1B
+    order deadlock: each stage would send to the other first). With
+    `unfused`, no step is fused (moe-verify-exec-collectives refuses that
+    schedule). Orders the programs train, optimizer, train_forward, each
+    entry's by stage.
+  }];
+  let options = [
+    Option<"unfused", "unfused", "bool", "false",
+           "fuse no sends with the next step's receives (a schedule that deadlocks)">,
+  ];
+}
+
 def MoEVerifyExecCollectives : Pass<"moe-verify-exec-collectives", "mlir::ModuleOp"> {
   let summary = "prove that every rank's exec programs issue matching collectives";
   let description = [{
@@ -455,7 +479,11 @@ def MoEVerifyExecCollectives : Pass<"moe-verify-exec-collectives", "mlir::Module
     training plan's train and optimizer programs are one schedule, an
     update: the train program as many times as a replica runs it
     (`micro_batches` / dp), then the optimizer program; every other entry
-    is a schedule of its own. Programs are straight-line, so no token
+    is a schedule of its own. A pipelined training plan's update is its
+    `moe.pipeline_schedule` (moe-schedule-pipeline) on each rank, each step
+    its forward or backward program's collectives (a fused step's receives
+    and the sends before it one exchange, which meets the peer's mirrored
+    exchange), then the optimizer program. Programs are straight-line, so no token
     count, empty micro-batch or idle expert changes which collectives a rank
     issues. Fails naming the ranks and the ops they would wait in, or the
     members that meet with different shapes; marks the module

@@ -389,6 +389,18 @@ llvm::Expected<JsonValue> moe::buildPlan(ModuleOp module) {
       {"ranks", std::move(ranks)}});
   if (!schedule.empty())
     (*plan.getAsObject())["schedule"] = std::move(schedule);
+  // A pipelined training plan's order of steps per stage
+  // (moe-schedule-pipeline).
+  if (auto stages = module->getAttrOfType<ArrayAttr>("moe.pipeline_schedule")) {
+    Array pipeline;
+    for (auto steps : stages.getAsRange<ArrayAttr>()) {
+      Array list;
+      for (auto step : steps.getAsRange<StringAttr>())
+        list.push_back(step.getValue());
+      pipeline.push_back(std::move(list));
+    }
+    (*plan.getAsObject())["pipeline_schedule"] = std::move(pipeline);
+  }
   return plan;
 }
 

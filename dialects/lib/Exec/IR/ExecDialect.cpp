@@ -103,7 +103,10 @@ LogicalResult BufferOp::verify() {
   int64_t rows = getRowsAttr().getInt(), width = getWidthAttr().getInt();
   if (rows <= 0 || width <= 0)
     return emitOpError("rows and width must be positive, got ") << rows << " x " << width;
-  if (auto state = getStateAttr(); state && (state.getValue().empty() || !t.isF32()))
+  // (A pipeline stage's kept values, "stash:<i>", may be ids too.)
+  if (auto state = getStateAttr();
+      state && (state.getValue().empty() ||
+                (!t.isF32() && !state.getValue().starts_with("stash:"))))
     return emitOpError("a state buffer needs a name and f32 values");
   if (auto logical = getLogicalRowsAttr()) {
     if (!getStateAttr())

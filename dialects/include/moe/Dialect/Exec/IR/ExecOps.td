@@ -111,6 +111,9 @@ def Exec_BufferOp : Exec_Op<"buffer", [HasParent<"ProgramOp">,
     instead (an expert stack's state under expert or tensor parallelism:
     member d of the ranks holding the same experts holds rows
     [d rows, (d + 1) rows) of the rank's experts' state).
+    State `stash:<i>` (f32 or i32) is a pipeline stage's value kept from
+    its forward program to its backward one: one slot per micro-batch in
+    flight, each run binding its micro-batch's.
   }];
   let arguments = (ins TypeAttr:$element_type, I64Attr:$rows, I64Attr:$width,
                        OptionalAttr<StrAttr>:$state, OptionalAttr<I64Attr>:$logical_rows,

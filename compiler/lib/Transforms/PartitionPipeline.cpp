@@ -1,0 +1,244 @@
+//===- PartitionPipeline.cpp - moe-partition over pipeline stages -*- C++ -*-===//
+//
+// A differentiated training program cut into pipeline stages
+// (docs/training.md, "Pipeline parallelism"): each stage gets a forward
+// function (@stage<s>_forward, entry "train_forward": its layers' forward
+// ops, the last stage's loss too) and a backward function (@stage<s>,
+// entry "train": its layers' backward ops, its weights' gradients), so that
+// a schedule (moe-schedule-pipeline) can interleave the micro-batches'
+// forward and backward steps (1F1B).
+//
+// The program is one block: forward ops, the loss, then the backward ops
+// (moe-differentiate). A forward op's stage is its layer's as in inference;
+// a backward op's the layer of the weights it uses (the LM head's and final
+// norm's: the last stage; the embedding's: the first), else the op's before
+// it, so stages rise through the forward ops and fall through the backward
+// ones. A value a later step needs travels the shortest way there:
+//   - forward to a later stage's forward or backward: sent stage to stage
+//     with the forward's activations (moe.send_to / moe.recv_from), as the
+//     router statistics of the load-balancing loss go to the last stage;
+//   - forward to the same stage's backward: kept on the rank (moe.stash),
+//     one slot per micro-batch in flight;
+//   - to an earlier stage's backward: kept, then sent stage to stage down
+//     with the backward's gradients (a later layer's router statistics that
+//     the first layers' router gradient reads).
+// The model's inputs (tokens, positions, labels) are arguments of every
+// function: the runtime writes the micro-batch's into each.
+//
+//===----------------------------------------------------------------------===//
+#include "Partitioner.h"
+#include "moe/Transforms/Passes.h"
+
+#include "llvm/ADT/SetVector.h"
+
+namespace moe::partition {
+
+LogicalResult Partitioner::runPipelined() {
+  if (d.tp > 1)
+    return forward.emitError("not supported yet: training with pp ")
+           << d.pp << " and tp " << d.tp << " (pipeline with data or expert parallelism)";
+  Block &body = forward.getBody().front();
+  auto ret = cast<func::ReturnOp>(body.getTerminator());
+  Operation *lossOp = ret.getOperand(0).getDefiningOp();
+  if (!lossOp)
+    return forward.emitError("expected the loss as the program's first result");
+
+  // Stage and phase of every op.
+  auto stageOfLayer = [&](int64_t layer) {
+    return int64_t(llvm::upper_bound(stageBegin, layer) - stageBegin.begin()) - 1;
+  };
+  SmallVector<int64_t> stageOf;
+  SmallVector<bool> backwardOf;
+  DenseMap<Operation *, int64_t> index;
+  int64_t current = 0;
+  bool backward = false, seenLayer = false;
+  // Weight op -> the stage whose ops use it (one stage per weight).
+  DenseMap<Operation *, int64_t> weightStage;
+  for (Operation &op : body) {
+    index[&op] = int64_t(stageOf.size());
+    const bool skip = isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp, func::ReturnOp>(op);
+    int64_t stage = current;
+    if (!skip) {
+      bool usesWeight = false;
+      std::optional<int64_t> layer;
+      for (Value operand : op.getOperands())
+        if (Operation *w = weightOpOf(operand)) {
+          usesWeight = true;
+          if (auto l = cast<moe::WeightOpInterface>(w).getDecoderLayer())
+            layer = layer ? std::max(*layer, *l) : *l;
+        }
+      if (layer) {
+        seenLayer = true;
+        stage = stageOfLayer(*layer);
+      } else if (usesWeight) {
+        // The embedding (first) or the final norm and LM head (last): in the
+        // forward ops before / after the layers, in the backward ops the
+        // other way round.
+        stage = seenLayer != backward ? d.pp - 1 : 0;
+      }
+      if (backward ? stage > current : stage < current)
+        return op.emitOpError("belongs to pipeline stage ")
+               << stage << " but follows an op of stage " << current << " in the "
+               << (backward ? "backward" : "forward")
+               << " pass: the program does not cut into contiguous stages";
+      current = stage;
+      for (Value operand : op.getOperands())
+        if (Operation *w = weightOpOf(operand)) {
+          auto [it, inserted] = weightStage.try_emplace(w, stage);
+          if (!inserted && it->second != stage)
+            return op.emitOpError("not supported yet: weight '")
+                   << weightName(w) << "' is used on pipeline stages " << it->second << " and "
+                   << stage << " of a training program (tied embeddings over pp)";
+        }
+    }
+    stageOf.push_back(stage);
+    backwardOf.push_back(backward);
+    if (&op == lossOp) {
+      if (stage != d.pp - 1)
+        return op.emitOpError("the loss is on stage ") << stage << ", not the last";
+      backward = true;
+      seenLayer = false;
+      current = d.pp - 1;
+    }
+  }
+
+  // Where each value goes (the header's three ways), in program order.
+  std::vector<llvm::SetVector<Value>> sendForward(d.pp), sendBackward(d.pp), stash(d.pp);
+  for (Operation &op : body) {
+    if (isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp, func::ReturnOp>(op))
+      continue;
+    const int64_t from = stageOf[index[&op]];
+    const bool fromBackward = backwardOf[index[&op]];
+    for (Value v : op.getResults()) {
+      // The highest stage that needs it, the lowest backward use.
+      int64_t top = from, low = d.pp;
+      bool usedBackward = false;
+      SmallVector<int64_t> backwardUses;
+      for (Operation *user : v.getUsers()) {
+        if (isa<func::ReturnOp>(user))
+          continue;
+        const int64_t s = stageOf[index[user]];
+        if (backwardOf[index[user]]) {
+          backwardUses.push_back(s);
+          usedBackward = true;
+          low = std::min(low, s);
+        }
+        if (!fromBackward)
+          top = std::max(top, s);
+      }
+      if (!fromBackward) {
+        for (int64_t s = from; s < top; ++s)
+          sendForward[s].insert(v);
+        for (int64_t s : backwardUses)
+          if (s > from)
+            stash[s].insert(v);
+        if (usedBackward && low <= from)
+          stash[from].insert(v);
+      }
+      for (int64_t s = from; s > low && usedBackward; --s)
+        sendBackward[s].insert(v);
+    }
+  }
+
+  // The gradients each stage's backward function returns.
+  std::vector<SmallVector<Port>> gradients(d.pp);
+  for (unsigned i = 1; i < ret.getNumOperands(); ++i) {
+    Value g = ret.getOperand(i);
+    Operation *def = g.getDefiningOp();
+    if (!def || !backwardOf[index[def]])
+      return ret.emitOpError("result ") << i << " is not computed by the backward pass";
+    gradients[stageOf[index[def]]].push_back({g, "moe.gradient_of", i});
+  }
+
+  auto between = [&](int64_t s, bool phase) {
+    return [&, s, phase](int64_t i) { return stageOf[i] == s && backwardOf[i] == phase; };
+  };
+  // The backward functions first (entry "train", the program a plan's
+  // first entry names), then the forward ones.
+  for (int64_t s = 0; s < d.pp; ++s) {
+    SmallVector<Port> args, results;
+    for (auto [i, v] : llvm::enumerate(stash[s]))
+      args.push_back({v, kStashAttr, int64_t(i)});
+    if (s + 1 < d.pp)
+      for (Value v : sendBackward[s + 1])
+        args.push_back({v, kRecvFromAttr, s + 1});
+    if (s > 0)
+      for (Value v : sendBackward[s])
+        results.push_back({v, kSendToAttr, s - 1});
+    results.append(gradients[s]);
+    if (failed(buildFunction(("stage" + Twine(s)).str(), s, "train", between(s, true), args,
+                             results)))
+      return failure();
+  }
+  for (int64_t s = 0; s < d.pp; ++s) {
+    SmallVector<Port> args, results;
+    if (s > 0)
+      for (Value v : sendForward[s - 1])
+        args.push_back({v, kRecvFromAttr, s - 1});
+    if (s == d.pp - 1)
+      results.push_back({ret.getOperand(0), "", 0});
+    for (Value v : sendForward[s])
+      results.push_back({v, kSendToAttr, s + 1});
+    for (auto [i, v] : llvm::enumerate(stash[s]))
+      results.push_back({v, kStashAttr, int64_t(i)});
+    if (failed(buildFunction(("stage" + Twine(s) + "_forward").str(), s, "train_forward",
+                             between(s, false), args, results)))
+      return failure();
+  }
+  return success();
+}
+
+LogicalResult Partitioner::buildFunction(StringRef name, int64_t stage, StringRef entryName,
+                                         function_ref<bool(int64_t)> includes,
+                                         ArrayRef<Port> args, ArrayRef<Port> results) {
+  values.clear();
+  weights.clear();
+  FunctionType type = forward.getFunctionType();
+  SmallVector<Type> inputs(type.getInputs()), resultTypes;
+  for (const Port &p : args)
+    inputs.push_back(p.old.getType());
+  b.setInsertionPoint(forward);
+  auto fn = b.create<func::FuncOp>(forward.getLoc(), name, b.getFunctionType(inputs, {}));
+  const unsigned modelInputs = type.getNumInputs();
+  for (unsigned i = 0; i < modelInputs; ++i)
+    fn.setArgAttrs(i, forward.getArgAttrDict(i));
+  for (auto [i, p] : llvm::enumerate(args))
+    fn.setArgAttr(modelInputs + i, p.attr, b.getI64IntegerAttr(p.value));
+  fn->setAttr("moe.entry", b.getStringAttr(entryName));
+  fn->setAttr("moe.stage", b.getI64IntegerAttr(stage));
+  entry = fn.addEntryBlock();
+  b.setInsertionPointToEnd(entry);
+  Block &body = forward.getBody().front();
+  for (auto [old, now] : llvm::zip(body.getArguments(), entry->getArguments()))
+    set(old, now, Dist::Replicated);
+  for (auto [p, arg] : llvm::zip(args, entry->getArguments().drop_front(modelInputs)))
+    set(p.old, arg, Dist::Replicated);
+  int64_t i = 0;
+  for (Operation &op : body) {
+    if (!includes(i++) ||
+        isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp, func::ReturnOp>(op))
+      continue;
+    if (failed(rewrite(op)))
+      return failure();
+  }
+  SmallVector<Value> operands;
+  for (const Port &p : results) {
+    FailureOr<Value> r = replicated(p.old, forward);
+    if (failed(r))
+      return failure();
+    operands.push_back(*r);
+  }
+  b.create<func::ReturnOp>(forward.getLoc(), operands);
+  fn.setType(b.getFunctionType(inputs, ValueRange(operands).getTypes()));
+  for (auto [i, p] : llvm::enumerate(results)) {
+    if (p.attr == "moe.gradient_of")
+      fn.setResultAttrs(i, forward.getResultAttrDict(p.value));
+    else if (p.attr.empty())
+      fn.setResultAttrs(i, forward.getResultAttrDict(0));
+    else
+      fn.setResultAttr(i, p.attr, b.getI64IntegerAttr(p.value));
+  }
+  return success();
+}
+
+} // namespace moe::partition
