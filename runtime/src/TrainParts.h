@@ -57,6 +57,16 @@ const PlanWeight *weightOfState(const PlanProgram &program, const std::string &s
 
 // TrainState.cpp: the run's state in checkpoints.
 
+/// Whether `rank` is its pipeline stage's first rank (dp, tp, ep 0): the
+/// rank that holds the stage's weights and states whole for a checkpoint
+/// (rank 0 without pipeline stages).
+bool stageLead(const Plan &plan, int rank);
+/// Pipeline stages: every stage lead's `tensors` (whole) to rank 0, after
+/// its own, in stage order (the other ranks' lists end empty); nothing
+/// without stages. Every rank calls it.
+void gatherStages(const Plan &plan, Comm &comm, std::vector<TensorToWrite> &tensors,
+                  const std::string &what);
+
 /// `values` (f32, weight w's shape) as the checkpoint's tensors of w: one,
 /// or one per expert of a stack, by their checkpoint names; in `dtype` F32,
 /// or BF16 (values that are bf16 already: exact).

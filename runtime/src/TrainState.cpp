@@ -10,9 +10,87 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <optional>
 
 namespace moert {
+
+bool stageLead(const Plan &plan, int rank) {
+  const int64_t stage = plan.ranks.at(rank).coords.pp;
+  return plan.stageRank(0, stage) == rank;
+}
+
+void gatherStages(const Plan &plan, Comm &comm, std::vector<TensorToWrite> &tensors,
+                  const std::string &what) {
+  if (plan.degrees.pp <= 1)
+    return;
+  // Each stage's lead sends rank 0 its tensors: a count, then per tensor
+  // its name, dtype, shape and bytes (the stages' weights in stage order
+  // are the one-rank program's).
+  auto lead = [&](int64_t stage) { return static_cast<int>(plan.stageRank(0, stage)); };
+  for (int64_t stage = 1; stage < plan.degrees.pp; ++stage) {
+    const std::string message = fmt::format("{} of stage {}", what, stage);
+    if (comm.rank() == lead(stage)) {
+      std::string blob;
+      auto put = [&](const void *data, size_t bytes) {
+        blob.append(static_cast<const char *>(data), bytes);
+      };
+      const int64_t count = static_cast<int64_t>(tensors.size());
+      put(&count, 8);
+      for (const TensorToWrite &t : tensors) {
+        const int64_t nameSize = static_cast<int64_t>(t.name.size()),
+                      dtype = static_cast<int64_t>(t.dtype),
+                      rank = static_cast<int64_t>(t.shape.size());
+        put(&nameSize, 8);
+        put(t.name.data(), t.name.size());
+        put(&dtype, 8);
+        put(&rank, 8);
+        put(t.shape.data(), t.shape.size() * 8);
+        const size_t bytes = TensorView{t.dtype, t.shape, nullptr}.bytes();
+        const size_t at = blob.size();
+        blob.resize(at + bytes);
+        t.fill(blob.data() + at);
+      }
+      const int64_t size = static_cast<int64_t>(blob.size());
+      comm.send(&size, 8, 0, message);
+      comm.send(blob.data(), size, 0, message);
+    } else if (comm.rank() == 0) {
+      int64_t size = 0;
+      comm.recv(&size, 8, lead(stage), message);
+      auto blob = std::make_shared<std::string>(static_cast<size_t>(size), '\0');
+      comm.recv(blob->data(), size, lead(stage), message);
+      size_t at = 0;
+      auto get = [&](void *data, size_t bytes) {
+        if (at + bytes > blob->size())
+          runtimeError("{}: a truncated message", message);
+        std::memcpy(data, blob->data() + at, bytes);
+        at += bytes;
+      };
+      int64_t count = 0;
+      get(&count, 8);
+      for (int64_t i = 0; i < count; ++i) {
+        int64_t nameSize = 0, dtype = 0, rank = 0;
+        get(&nameSize, 8);
+        TensorToWrite t;
+        t.name.resize(static_cast<size_t>(nameSize));
+        get(t.name.data(), t.name.size());
+        get(&dtype, 8);
+        t.dtype = static_cast<DType>(dtype);
+        get(&rank, 8);
+        t.shape.resize(static_cast<size_t>(rank));
+        get(t.shape.data(), t.shape.size() * 8);
+        const size_t bytes = TensorView{t.dtype, t.shape, nullptr}.bytes(), from = at;
+        at += bytes;
+        if (at > blob->size())
+          runtimeError("{}: a truncated message", message);
+        t.fill = [blob, from, bytes](char *to) { std::memcpy(to, blob->data() + from, bytes); };
+        tensors.push_back(std::move(t));
+      }
+    }
+  }
+  if (comm.rank() != 0)
+    tensors.clear();
+}
 
 /// `values` (f32, weight w's local shape) as the checkpoint's tensors of w:
 /// one, or one per expert of a stack, by their checkpoint names.
@@ -64,12 +142,12 @@ void readWholeState(const Plan &plan, const PlanProgram &program, RankExecutor &
     std::vector<float> own;
     executor.readState(name, own);
     parts->gather(comm, name, own, out);
-    if (comm.rank() != 0)
+    if (!stageLead(plan, comm.rank()))
       out.clear();
     return;
   }
   if (!shard.sharded) {
-    if (comm.rank() == 0)
+    if (stageLead(plan, comm.rank()))
       executor.readState(name, out);
     else
       out.clear();
@@ -92,7 +170,7 @@ void readWholeState(const Plan &plan, const PlanProgram &program, RankExecutor &
     std::vector<float> part = std::move(out);
     parts->gather(comm, name, part, out);
   }
-  if (comm.rank() != 0)
+  if (!stageLead(plan, comm.rank()))
     out.clear();
 }
 
@@ -117,13 +195,14 @@ std::vector<TensorToWrite> trainedWeights(const Plan &plan, RankExecutor &execut
       std::vector<float> own;
       executor.readWeight(i, own);
       parts.gather(comm, w.name, own, values[i]);
-    } else if (comm.rank() == 0) {
+    } else if (stageLead(plan, comm.rank())) {
       executor.readWeight(i, values[i]);
     }
-    if (comm.rank() == 0)
+    if (stageLead(plan, comm.rank()))
       appendByName(parts.whole(), values[i], tensors,
                    layout ? storedDtype(*layout, w) : DType::F32);
   }
+  gatherStages(plan, comm, tensors, "the trained weights");
   return tensors;
 }
 
@@ -152,7 +231,8 @@ void saveCheckpoint(const Plan &plan, RankExecutor &executor, Comm &comm,
       continue;
     std::vector<float> v;
     readWholeState(plan, program, executor, comm, name, v);
-    if (comm.rank() != 0 || std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; }))
+    if (!stageLead(plan, comm.rank()) ||
+        std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; }))
       continue;
     std::vector<int64_t> shape{static_cast<int64_t>(v.size())};
     if (w != program.weights.end()) {
@@ -165,6 +245,10 @@ void saveCheckpoint(const Plan &plan, RankExecutor &executor, Comm &comm,
                        std::memcpy(to, stateValues[i].data(), stateValues[i].size() * 4);
                      }});
   }
+  gatherStages(plan, comm, state, "the optimizer states");
+  // (In the order one rank saves them: by name.)
+  std::stable_sort(state.begin(), state.end(),
+                   [](const TensorToWrite &a, const TensorToWrite &b) { return a.name < b.name; });
   if (comm.rank() == 0)
     writeTrainingCheckpoint(target.dir, target.model, target.planPath, tensors, state, progress);
 }

@@ -202,9 +202,9 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
     const LayoutRequest &l = *options.layout;
     // Pipeline stages (--pp P): each replica's layers over P ranks.
     stages = std::max<int64_t>(l.pp, 1);
-    if (stages > 1 && (l.tp > 1 || l.etp > 1))
+    if (stages > 1 && (l.tp > 1 || l.etp > 1 || l.ep > 1))
       return refuse("not supported yet: --train --pp " + Twine(stages) +
-                    " with --tp or --etp (pipeline stages with data or expert parallelism)");
+                    " with --tp, --ep or --etp (pipeline stages with data parallelism)");
     if (stages > 1 && recompute != "auto" && recompute != "none")
       return refuse("not supported yet: --recompute " + recompute + " with --pp " +
                     Twine(stages));
@@ -357,6 +357,9 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
                   "): each data-parallel replica runs the same number of micro-batches");
   if (zeroStage < 0 || zeroStage > 2)
     return refuse("--zero " + Twine(int64_t(zeroStage)) + ": expected 0, 1 or 2");
+  if (zeroStage > 0 && options.layout && options.layout->pp > 1)
+    return refuse("not supported yet: --zero " + Twine(int64_t(zeroStage)) + " with --pp " +
+                  Twine(options.layout->pp));
   if (zeroStage > 0 && replicas == 1)
     return refuse("--zero " + Twine(int64_t(zeroStage)) +
                   ": expected --dp N with N > 1 (ZeRO shards the optimizer's states between "

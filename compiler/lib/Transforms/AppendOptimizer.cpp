@@ -211,6 +211,11 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       if (expertBiasUpdateRate == 0 || withBias == 0 || route.getWeights().size() != withBias)
         continue;
       auto bias = route.getWeights().back().getDefiningOp<exec::WeightOp>();
+      // (The train program's own declaration of it, which the optimizer's
+      // maps: a pipeline stage's forward program declares the same.)
+      for (exec::WeightOp w : weights)
+        if (w.getTensor() == bias.getTensor())
+          bias = w;
       if (llvm::any_of(biases, [&](auto counted) { return counted.first == bias; }))
         continue;
       if (!cast<RankedTensorType>(bias.getTensorType()).getElementType().isF32())

@@ -18,6 +18,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/Mesh/IR/MeshOps.h"
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 namespace moe {
@@ -394,7 +395,21 @@ struct Lowering {
               IntegerAttr());
     }
     if (!order.empty()) {
-      // All of them in the forward program's order.
+      // The forward program's weights that no op here reads (a routing's
+      // correction bias), then all of them in the forward program's order.
+      llvm::StringSet<> have;
+      for (auto w : block->getOps<exec::WeightOp>())
+        have.insert(w.getTensor());
+      for (Operation &op : forwardOfStage.getBody().front())
+        if (auto w = dyn_cast<moe::WeightOpInterface>(op);
+            w && isa<moe::WeightOp, moe::ExpertWeightOp>(op) && have.insert(w.getTensorName()).second) {
+          IntegerAttr experts;
+          if (auto e = dyn_cast<moe::ExpertWeightOp>(op))
+            experts = b.getI64IntegerAttr(e.getNumExperts());
+          b.create<exec::WeightOp>(op.getLoc(), b.getType<exec::WeightType>(),
+                                   b.getStringAttr(w.getTensorName()),
+                                   TypeAttr::get(op.getResult(0).getType()), experts);
+        }
       SmallVector<exec::WeightOp> declared(block->getOps<exec::WeightOp>());
       Operation *anchor = declared.back()->getNextNode();
       auto at = [&](exec::WeightOp w) {

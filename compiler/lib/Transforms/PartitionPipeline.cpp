@@ -153,23 +153,8 @@ LogicalResult Partitioner::runPipelined() {
   auto between = [&](int64_t s, bool phase) {
     return [&, s, phase](int64_t i) { return stageOf[i] == s && backwardOf[i] == phase; };
   };
-  // The backward functions first (entry "train", the program a plan's
-  // first entry names), then the forward ones.
-  for (int64_t s = 0; s < d.pp; ++s) {
-    SmallVector<Port> args, results;
-    for (auto [i, v] : llvm::enumerate(stash[s]))
-      args.push_back({v, kStashAttr, int64_t(i)});
-    if (s + 1 < d.pp)
-      for (Value v : sendBackward[s + 1])
-        args.push_back({v, kRecvFromAttr, s + 1});
-    if (s > 0)
-      for (Value v : sendBackward[s])
-        results.push_back({v, kSendToAttr, s - 1});
-    results.append(gradients[s]);
-    if (failed(buildFunction(("stage" + Twine(s)).str(), s, "train", between(s, true), args,
-                             results)))
-      return failure();
-  }
+  // The forward functions in stage order, then the backward ones the other
+  // way (each takes what the ones before it give, as they give it).
   for (int64_t s = 0; s < d.pp; ++s) {
     SmallVector<Port> args, results;
     if (s > 0)
@@ -185,6 +170,24 @@ LogicalResult Partitioner::runPipelined() {
                              between(s, false), args, results)))
       return failure();
   }
+  for (int64_t s = d.pp - 1; s >= 0; --s) {
+    SmallVector<Port> args, results;
+    for (auto [i, v] : llvm::enumerate(stash[s]))
+      args.push_back({v, kStashAttr, int64_t(i)});
+    if (s + 1 < d.pp)
+      for (Value v : sendBackward[s + 1])
+        args.push_back({v, kRecvFromAttr, s + 1});
+    if (s > 0)
+      for (Value v : sendBackward[s])
+        results.push_back({v, kSendToAttr, s - 1});
+    results.append(gradients[s]);
+    if (failed(buildFunction(("stage" + Twine(s)).str(), s, "train", between(s, true), args,
+                             results)))
+      return failure();
+  }
+  // (In stage order, as every entry's programs are.)
+  for (int64_t s = 0; s < d.pp; ++s)
+    module.lookupSymbol<func::FuncOp>(("stage" + Twine(s)).str())->moveBefore(forward);
   return success();
 }
 
@@ -212,7 +215,7 @@ LogicalResult Partitioner::buildFunction(StringRef name, int64_t stage, StringRe
   for (auto [old, now] : llvm::zip(body.getArguments(), entry->getArguments()))
     set(old, now, Dist::Replicated);
   for (auto [p, arg] : llvm::zip(args, entry->getArguments().drop_front(modelInputs)))
-    set(p.old, arg, Dist::Replicated);
+    set(p.old, arg, portDist.lookup(p.old));
   int64_t i = 0;
   for (Operation &op : body) {
     if (!includes(i++) ||
@@ -223,6 +226,14 @@ LogicalResult Partitioner::buildFunction(StringRef name, int64_t stage, StringRe
   }
   SmallVector<Value> operands;
   for (const Port &p : results) {
+    // A value another function takes goes as it is (a rank's part of a
+    // split value stays its part), a partial sum whole.
+    auto it = values.find(p.old);
+    if (it != values.end() && it->second.dist == Dist::Local && !p.attr.empty()) {
+      operands.push_back(it->second.value);
+      portDist[p.old] = Dist::Local;
+      continue;
+    }
     FailureOr<Value> r = replicated(p.old, forward);
     if (failed(r))
       return failure();

@@ -84,6 +84,9 @@ private:
   /// Function `name` of `stage` (entry `entry`) of the ops `includes`
   /// selects (by index in @forward), taking the model's inputs and `args`,
   /// giving `results` (a gradient's `moe.gradient_of` copied).
+  /// How each value a pipeline function gives travels (its distribution
+  /// where it is taken).
+  DenseMap<Value, Dist> portDist;
   LogicalResult buildFunction(StringRef name, int64_t stage, StringRef entryName,
                               function_ref<bool(int64_t)> includes, ArrayRef<Port> args,
                               ArrayRef<Port> results);
