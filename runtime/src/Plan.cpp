@@ -374,10 +374,11 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
 }
 
 /// Widths of the sends (or recvs) of a program, in order.
-std::vector<int64_t> transfers(const PlanProgram &program, Collective op) {
+/// The widths of `program`'s sends (or recvs) to (from) stage `peer`.
+std::vector<int64_t> transfers(const PlanProgram &program, Collective op, int64_t peer) {
   std::vector<int64_t> widths;
   for (const PlanStep &s : program.steps)
-    if (s.op->collective == op)
+    if (s.op->collective == op && peerStage(s, program.stage) == peer)
       widths.push_back(program.buffers[op == Collective::Send ? s.in[0] : s.out[0]].width);
   return widths;
 }
@@ -496,16 +497,21 @@ Plan Plan::load(const std::string &path) {
   for (size_t i = 0; i < programs.size(); ++i)
     plan.programs.push_back(readProgram(plan, r.element("programs", i), i));
   readEntries(r, plan);
-  // What stage s sends, stage s + 1 receives, in the same order and widths.
+  // What stage s sends stage t (s + 1, or s - 1 in a pipelined backward
+  // program), stage t receives from s, in the same order and widths.
   for (size_t i = 0; i < plan.programs.size(); ++i)
-    for (size_t j = 0; j < plan.programs.size(); ++j)
-      if (plan.programs[j].stage == plan.programs[i].stage + 1 &&
-          plan.programs[j].entry == plan.programs[i].entry &&
-          transfers(plan.programs[i], Collective::Send) != transfers(plan.programs[j], Collective::Recv))
+    for (size_t j = 0; j < plan.programs.size(); ++j) {
+      const PlanProgram &from = plan.programs[i], &to = plan.programs[j];
+      if (std::abs(to.stage - from.stage) != 1 || to.entry != from.entry)
+        continue;
+      const std::vector<int64_t> sent = transfers(from, Collective::Send, to.stage),
+                                 received = transfers(to, Collective::Recv, from.stage);
+      if (sent != received)
         r.fail(fmt::format("programs[{}]", j),
-               fmt::format("its recvs (widths {}) differ from the sends of programs[{}] "
-                           "(widths {})", shapeString(transfers(plan.programs[j], Collective::Recv)),
-                           i, shapeString(transfers(plan.programs[i], Collective::Send))));
+               fmt::format("its recvs from stage {} (widths {}) differ from the sends of "
+                           "programs[{}] (widths {})",
+                           from.stage, shapeString(received), i, shapeString(sent)));
+    }
 
   const json &ranks = r.array("ranks");
   if (static_cast<int64_t>(ranks.size()) != plan.worldSize)

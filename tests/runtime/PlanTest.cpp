@@ -794,8 +794,8 @@ TEST(PlanLoad, PipelineStages) {
     message = e.what();
   }
   fs::remove(path);
-  EXPECT_EQ(message, path + ": programs[1]: its recvs (widths [2, 4]) differ from the sends of "
-                            "programs[0] (widths [4])");
+  EXPECT_EQ(message, path + ": programs[1]: its recvs from stage 0 (widths [2, 4]) differ from "
+                            "the sends of programs[0] (widths [4])");
 
   // A decode entry of stage 0 only: every entry runs on every stage.
   plan["programs"][1]["steps"] = {step("recv", {}, {}, {9}),

@@ -232,7 +232,8 @@ LogicalResult simulate(ModuleOp module, const Degrees &d,
         }
         continue;
       }
-      if (other && other->peer && !other->pair && other->sending != e->sending) {
+      if (other && other->peer && !other->pair && other->sending != e->sending &&
+          other->stage == c.attention[0]) {
         if (other->shape != e->shape)
           return e->op->emitError(llvm::formatv("rank {0}: {1} meets {2} on rank {3}: "
                                                 "different shapes",
