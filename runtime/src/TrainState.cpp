@@ -280,6 +280,14 @@ TrainingProgress resumeFrom(const std::string &dir, const Checkpoint &checkpoint
                shuffleSeed < 0 ? std::string("in order") : fmt::format("seed {}", shuffleSeed));
   const std::vector<std::string> names = executor.stateNames();
   for (const ShardedCheckpoint::Tensor &t : sharded->state()) {
+    // (Pipeline stages: the states of another stage's weights are its.)
+    const std::string of = t.name.substr(t.name.find(':') + 1);
+    if (plan.degrees.pp > 1 && std::find(names.begin(), names.end(), t.name) == names.end() &&
+        std::any_of(plan.weights.begin(), plan.weights.end(),
+                    [&](const PlanWeight &w) { return w.name == of; }) &&
+        std::none_of(optimizer.weights.begin(), optimizer.weights.end(),
+                     [&](const PlanWeight &w) { return w.name == of; }))
+      continue;
     if (t.dtype != DType::F32 || std::find(names.begin(), names.end(), t.name) == names.end())
       inputError("{}/manifest.json: training.state: '{}' is not an F32 state of the plan's "
                  "programs",
