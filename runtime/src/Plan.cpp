@@ -564,13 +564,15 @@ Plan Plan::load(const std::string &path) {
     rank.predictedPeakBytes = program.weightBytes + program.cacheBytes +
                               storedWeightBytesDelta(plan, static_cast<int64_t>(ri));
     plan.ranks.push_back(std::move(rank));
-    // Each entry's buffers; a state buffer once however many entries name it.
+    // Each entry's buffers; a state buffer once however many entries name it
+    // (a pipeline stage's kept value once per micro-batch in flight).
     std::set<std::string> states;
     for (const PlanProgram *entry : plan.entriesOf(static_cast<int64_t>(ri))) {
       plan.ranks.back().predictedPeakBytes += entry->activationBytes;
       for (const PlanBuffer &b : entry->buffers)
         if (!b.state.empty() && states.insert(b.state).second)
-          plan.ranks.back().predictedPeakBytes += b.bytes;
+          plan.ranks.back().predictedPeakBytes +=
+              b.bytes * (b.state.rfind("stash:", 0) == 0 ? plan.stashSlots(program.stage) : 1);
     }
   }
   return plan;

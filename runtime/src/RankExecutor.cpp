@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <set>
 
 namespace moert {
@@ -122,12 +123,26 @@ void RankExecutor::pipelineStep(const Plan::PipelineStep &step, const Batch &bat
   program.writeInputs(batch);
   // A fused step's first receives came with the step before's sends; its
   // own last sends go with the next step's receives.
-  const size_t begin = step.fused ? program.leadingRecvs() : 0;
+  // (The receives and sends timed apart: the time a stage waits for its
+  // neighbours, the pipeline's bubble, is in them.)
+  using Clock = std::chrono::steady_clock;
+  auto timed = [&](auto &&f) {
+    const auto t = Clock::now();
+    f();
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  const size_t recvs = program.leadingRecvs(), sends = program.trailingSends();
+  const size_t begin = step.fused ? recvs : 0;
   const bool fuseNext = next && next->fused;
-  const size_t end = program.program().steps.size() - (fuseNext ? program.trailingSends() : 0);
+  const size_t size = program.program().steps.size();
+  const size_t end = size - (fuseNext ? sends : 0);
+  const size_t computeBegin = std::max(begin, recvs), computeEnd = std::max(computeBegin, size - sends);
   device->run(program, batch, [&] {
-    runSteps(program.collectives(), batch.size(), *device,
-             device->synchronous() ? &seconds[index] : nullptr, begin, end);
+    std::vector<double> *times = device->synchronous() ? &seconds[index] : nullptr;
+    const collectives::Context &c = program.collectives();
+    pipelineWait_ += timed([&] { runSteps(c, batch.size(), *device, times, begin, computeBegin); });
+    pipelineBusy_ += timed([&] { runSteps(c, batch.size(), *device, times, computeBegin, computeEnd); });
+    pipelineWait_ += timed([&] { runSteps(c, batch.size(), *device, times, computeEnd, end); });
   });
   program.readOutput(static_cast<int64_t>(batch.logitRows.size()), loss);
   if (!fuseNext)
@@ -135,7 +150,7 @@ void RankExecutor::pipelineStep(const Plan::PipelineStep &step, const Batch &bat
   RankProgram &after = *programs[indexOf(*next)];
   after.bindSlot(next->microBatch);
   const collectives::Context &from = program.collectives(), &to = after.collectives();
-  std::vector<Comm::Piece> sends, recvs;
+  std::vector<Comm::Piece> sendPieces, recvPieces;
   int peer = -1;
   auto samePeer = [&](int p) {
     if (peer >= 0 && p != peer)
@@ -145,21 +160,23 @@ void RankExecutor::pipelineStep(const Plan::PipelineStep &step, const Batch &bat
   for (size_t i = end; i < program.program().steps.size(); ++i) {
     const PlanStep &s = program.program().steps[i];
     samePeer(collectives::peerOf(from, s));
-    sends.push_back({0, from.address(s.in[0]),
+    sendPieces.push_back({0, from.address(s.in[0]),
                      collectives::transferBytes(from, s.in[0], batch.size())});
   }
   for (size_t i = 0; i < after.leadingRecvs(); ++i) {
     const PlanStep &s = after.program().steps[i];
     samePeer(collectives::peerOf(to, s));
-    recvs.push_back({0, to.address(s.out[0]),
+    recvPieces.push_back({0, to.address(s.out[0]),
                      collectives::transferBytes(to, s.out[0], nextBatch->size())});
   }
-  if (peer < 0 || sends.empty() || recvs.empty())
+  if (peer < 0 || sendPieces.empty() || recvPieces.empty())
     runtimeError("a fused pipeline step without sends or receives");
   device->synchronize();
-  from.comm->sendRecv(sends, recvs, peer,
-                      fmt::format("{}{}exchange with rank {} (pipeline)", phase_,
-                                  phase_.empty() ? "" : ": ", peer));
+  pipelineWait_ += timed([&] {
+    from.comm->sendRecv(sendPieces, recvPieces, peer,
+                        fmt::format("{}{}exchange with rank {} (pipeline)", phase_,
+                                    phase_.empty() ? "" : ": ", peer));
+  });
 }
 
 void RankExecutor::readGradient(size_t i, std::vector<float> &out, const std::string &entry) {

@@ -194,6 +194,31 @@ double activeParameters(const PlanProgram &program) {
   return params;
 }
 
+/// Pipeline stages: each stage's time waiting for its neighbours (in its
+/// receives, sends and exchanges) as a share of its forward and backward
+/// steps, beside the 1F1B bubble of equal stages, (pp - 1) / (m + pp - 1);
+/// rank 0 prints every stage's first replica's.
+void reportBubble(const Plan &plan, RankExecutor &executor, Comm &comm, int64_t micro) {
+  const double own[2] = {executor.pipelineBusySeconds(), executor.pipelineWaitSeconds()};
+  std::vector<double> all(2 * static_cast<size_t>(comm.size()));
+  std::vector<int> world(static_cast<size_t>(comm.size()));
+  for (int r = 0; r < comm.size(); ++r)
+    world[static_cast<size_t>(r)] = r;
+  comm.allGather(own, sizeof own, all.data(), world, "the pipeline's busy and idle times");
+  if (comm.rank() != 0)
+    return;
+  const int64_t pp = plan.degrees.pp;
+  const double model = static_cast<double>(pp - 1) / static_cast<double>(micro + pp - 1);
+  for (int64_t stage = 0; stage < pp; ++stage) {
+    const size_t r = static_cast<size_t>(plan.stageRank(0, stage));
+    const double busy = all[2 * r], wait = all[2 * r + 1];
+    fmt::print("pipeline stage {}: waited {:.1f}% of its steps' time for its neighbours "
+               "(busy {:.3f} s, waiting {:.3f} s); the 1F1B bubble of equal stages: "
+               "(pp - 1) / (m + pp - 1) = {:.1f}%\n",
+               stage, 100 * wait / (busy + wait), busy, wait, 100 * model);
+  }
+}
+
 /// moert train --steps N: updates run.start.step + 1 .. N of the plan's
 /// optimizer, each over its micro-batches (the run's micro-batches from
 /// run.start's position, Samples); a line per update, --save every
@@ -344,6 +369,8 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
     progress.add(1);
   }
   progress.finish();
+  if (!plan.pipelineSchedule.empty() && run.steps > run.start.step)
+    reportBubble(plan, executor, comm, share);
   if (run.start.step == run.steps && !run.save.empty()) // a checkpoint saved again
     saveCheckpoint(plan, executor, comm, program, run.target(),
                    {run.steps, consumed, M, L, B, run.start.shuffleSeed});

@@ -78,15 +78,18 @@ void WeightParts::forParts(int rank, const std::function<void(int64_t, int64_t,
 
 void WeightParts::gather(Comm &comm, const std::string &what, const std::vector<float> &own,
                          std::vector<float> &whole) const {
-  std::vector<int> world(static_cast<size_t>(comm.size()));
+  // The ranks of the rank's pipeline stage (all of them without stages).
+  std::vector<int> stage;
   for (int r = 0; r < comm.size(); ++r)
-    world[static_cast<size_t>(r)] = r;
-  std::vector<float> all(own.size() * world.size());
-  comm.allGather(own.data(), static_cast<int64_t>(own.size()) * 4, all.data(), world,
+    if (plan_.ranks.at(r).coords.pp == plan_.ranks.at(rank_).coords.pp)
+      stage.push_back(r);
+  std::vector<float> all(own.size() * stage.size());
+  comm.allGather(own.data(), static_cast<int64_t>(own.size()) * 4, all.data(), stage,
                  fmt::format("the parts of '{}'", what));
   whole.assign(static_cast<size_t>(numel(whole_.shape)), 0.0f);
-  for (int r : world) {
-    const float *from = all.data() + static_cast<size_t>(r) * own.size();
+  for (size_t i = 0; i < stage.size(); ++i) {
+    const int r = stage[i];
+    const float *from = all.data() + i * own.size();
     forParts(r, [&](int64_t at, int64_t to, const PlanSlice &s) {
       copyBoxIn(reinterpret_cast<const char *>(from + at), s.globalShape, s.offset, s.shape, 4,
                 reinterpret_cast<char *>(whole.data() + to));

@@ -30,8 +30,8 @@ public:
   /// The whole weight as a PlanWeight (every expert; the model's shape).
   const PlanWeight &whole() const { return whole_; }
   /// The rank's values `own` (its part, in its shape) gathered into the
-  /// whole (every rank of the world calls it, for the same weights in the
-  /// same order).
+  /// whole (every rank of its pipeline stage calls it, for the same
+  /// weights in the same order).
   void gather(Comm &comm, const std::string &what, const std::vector<float> &own,
               std::vector<float> &whole) const;
   /// The rank's part of the whole values (the padding rows of a

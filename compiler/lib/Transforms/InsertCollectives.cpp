@@ -132,6 +132,15 @@ LogicalResult exchangeGrad(moe::ExpertFFNGradOp op) {
         a2a && a2a.getBuffer() == op.getBuffer() && a2a.getMesh() == mesh.getValue() &&
         a2a.getAxis() == axis.getInt())
       received = a2a;
+  // A pipeline stage's backward program keeps the forward's blocks as they
+  // were dispatched (its arguments): they are exchanged again here, the
+  // same rows to the same ranks.
+  if (!received && isa<BlockArgument>(op.getBuffer()) && isa<BlockArgument>(op.getCounts())) {
+    OpBuilder b(op);
+    received = b.create<moe::AllToAllOp>(op.getLoc(), op.getBuffer().getType(),
+                                         op.getCounts().getType(), op.getBuffer(),
+                                         op.getCounts(), mesh, axis);
+  }
   if (!received || received.getCounts() != op.getCounts())
     return op.emitOpError("moe-insert-collectives: expected the forward's exchange of its "
                           "blocks (an moe.expert_ffn of the same buffer and counts, marked "

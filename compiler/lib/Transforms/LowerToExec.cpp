@@ -238,6 +238,37 @@ struct Lowering {
     return w ? w.getOperation() : nullptr;
   }
 
+  /// exec.weight of weight op `w` (its rank-local type), at `b`.
+  static Value declareWeight(OpBuilder &b, Operation *w) {
+    auto type = cast<RankedTensorType>(w->getResult(0).getType());
+    IntegerAttr experts;
+    if (auto e = dyn_cast<moe::ExpertWeightOp>(w))
+      experts = b.getI64IntegerAttr(e.getNumExperts());
+    Value declared = b.create<exec::WeightOp>(
+        w->getLoc(), b.getType<exec::WeightType>(),
+        b.getStringAttr(cast<moe::WeightOpInterface>(w).getTensorName()), TypeAttr::get(type),
+        experts);
+    // moe-quantize-weights' mark: moert keeps the weight as int8.
+    if (Attribute block = w->getAttr("moe.int8_block"))
+      declared.getDefiningOp()->setAttr("moe.int8_block", block);
+    return declared;
+  }
+
+  /// A pipeline stage's backward program's forward program (entry
+  /// "train_forward", the same stage), or null.
+  func::FuncOp forwardProgramOf(func::FuncOp fn) {
+    auto entry = fn->getAttrOfType<StringAttr>("moe.entry");
+    if (!entry || entry.getValue() != "train")
+      return {};
+    for (auto other : module.getOps<func::FuncOp>()) {
+      auto otherEntry = other->getAttrOfType<StringAttr>("moe.entry");
+      if (otherEntry && otherEntry.getValue() == "train_forward" &&
+          other->getAttr("moe.stage") == fn->getAttr("moe.stage"))
+        return other;
+    }
+    return {};
+  }
+
   LogicalResult lower(func::FuncOp fn, int64_t stage) {
     if (moe::awaitsCollective(fn))
       return fn.emitError("moe-lower-to-exec: @")
@@ -321,108 +352,45 @@ struct Lowering {
     };
 
     // Weights, in the order the ops first bind them (moert checks it: a
-    // weight id swapped for another of the same shape is then out of order);
-    // a pipeline stage's backward program, whose ops only read them, in its
-    // forward program's order (the entries of a stage declare the same).
+    // weight id swapped for another of the same shape is then out of order).
     DenseMap<Operation *, Value> weight;
-    SmallVector<Operation *> binders;
-    llvm::StringMap<int64_t> order; // (a backward program: its forward's weights)
-    func::FuncOp forwardOfStage;     // (and its KV caches)
-    for (Operation &op : body)
-      if (!isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp, func::ReturnOp>(op))
-        binders.push_back(&op);
-    if (entry && entry.getValue() == "train")
-      for (auto other : module.getOps<func::FuncOp>()) {
-        auto otherEntry = other->getAttrOfType<StringAttr>("moe.entry");
-        if (!otherEntry || otherEntry.getValue() != "train_forward" ||
-            other->getAttr("moe.stage") != fn->getAttr("moe.stage"))
-          continue;
-        forwardOfStage = other;
-        for (Operation &op : other.getBody().front())
-          for (Value operand : op.getOperands())
-            if (Operation *w = weightOf(operand))
-              order.try_emplace(cast<moe::WeightOpInterface>(w).getTensorName(), order.size());
-        // The stage's weights in the forward program's order.
-        SmallVector<std::pair<int64_t, Operation *>> weights;
-        for (Operation &op : body)
-          if (Operation *w = isa<moe::WeightOp, moe::ExpertWeightOp>(op) ? &op : nullptr) {
-            auto it = order.find(cast<moe::WeightOpInterface>(w).getTensorName());
-            weights.push_back({it == order.end() ? INT64_MAX : it->second, w});
-          }
-        llvm::stable_sort(weights, [](auto &a, auto &b) { return a.first < b.first; });
-        binders.clear();
-        for (auto &[i, w] : weights)
-          binders.push_back(w);
-      }
-    for (Operation *binder : binders) {
-      Operation &op = *binder;
-      SmallVector<Value> operands(op.getOperands());
-      if (isa<moe::WeightOp, moe::ExpertWeightOp>(op))
-        operands.assign(1, op.getResult(0));
-      for (Value operand : operands) {
+    for (Operation &op : body) {
+      if (isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp, func::ReturnOp>(op))
+        continue;
+      for (Value operand : op.getOperands()) {
         Operation *w = weightOf(operand);
         if (!w || weight.count(w))
           continue;
-        auto type = cast<RankedTensorType>(w->getResult(0).getType());
-        IntegerAttr experts;
-        if (auto e = dyn_cast<moe::ExpertWeightOp>(w))
-          experts = b.getI64IntegerAttr(e.getNumExperts());
-        weight[w] = b.create<exec::WeightOp>(
-            w->getLoc(), b.getType<exec::WeightType>(),
-            b.getStringAttr(cast<moe::WeightOpInterface>(w).getTensorName()), TypeAttr::get(type),
-            experts);
-        // moe-quantize-weights' mark: moert keeps the weight as int8.
-        if (Attribute block = w->getAttr("moe.int8_block"))
-          weight[w].getDefiningOp()->setAttr("moe.int8_block", block);
+        weight[w] = declareWeight(b, w);
       }
     }
-    // A gradient's weight that no op binds (a pipeline stage's embedding
-    // table, whose gradient reads only the token ids), after them.
-    // (Not split: its logical type, moe.logical_weights.)
-    llvm::StringMap<Value> unbound;
-    for (unsigned i = 0; i < ret.getNumOperands(); ++i) {
-      auto name = fn.getResultAttrOfType<StringAttr>(i, "moe.gradient_of");
-      if (!name || llvm::any_of(weight, [&](auto &w) {
-            return cast<moe::WeightOpInterface>(w.first).getTensorName() == name.getValue();
-          }))
-        continue;
-      auto logical = module->getAttrOfType<ArrayAttr>("moe.logical_weights");
-      for (auto w : logical ? logical.getAsRange<DictionaryAttr>()
-                            : ArrayAttr().getAsRange<DictionaryAttr>())
-        if (w.getAs<StringAttr>("name") == name && !w.get("experts"))
-          unbound[name.getValue()] = b.create<exec::WeightOp>(
-              fn.getLoc(), b.getType<exec::WeightType>(), name, w.getAs<TypeAttr>("type"),
-              IntegerAttr());
-    }
-    if (!order.empty()) {
-      // The forward program's weights that no op here reads (a routing's
-      // correction bias), then all of them in the forward program's order.
-      llvm::StringSet<> have;
-      for (auto w : block->getOps<exec::WeightOp>())
-        have.insert(w.getTensor());
+    // A pipeline stage's backward program, whose ops only read weights,
+    // declares its forward program's, in their order (the entries of a
+    // stage declare the same): those its ops read, and the others (the
+    // embedding's table, whose gradient reads only the token ids; a
+    // routing's correction bias).
+    func::FuncOp forwardOfStage = forwardProgramOf(fn);
+    if (forwardOfStage) {
+      llvm::StringMap<int64_t> order;
+      llvm::StringSet<> declared;
+      for (auto &[op, value] : weight)
+        declared.insert(cast<moe::WeightOpInterface>(op).getTensorName());
       for (Operation &op : forwardOfStage.getBody().front())
-        if (auto w = dyn_cast<moe::WeightOpInterface>(op);
-            w && isa<moe::WeightOp, moe::ExpertWeightOp>(op) && have.insert(w.getTensorName()).second) {
-          IntegerAttr experts;
-          if (auto e = dyn_cast<moe::ExpertWeightOp>(op))
-            experts = b.getI64IntegerAttr(e.getNumExperts());
-          b.create<exec::WeightOp>(op.getLoc(), b.getType<exec::WeightType>(),
-                                   b.getStringAttr(w.getTensorName()),
-                                   TypeAttr::get(op.getResult(0).getType()), experts);
-        }
-      SmallVector<exec::WeightOp> declared(block->getOps<exec::WeightOp>());
-      Operation *anchor = declared.back()->getNextNode();
+        for (Value operand : op.getOperands())
+          if (Operation *w = weightOf(operand)) {
+            StringRef name = cast<moe::WeightOpInterface>(w).getTensorName();
+            order.try_emplace(name, order.size());
+            if (declared.insert(name).second)
+              declareWeight(b, w);
+          }
+      SmallVector<exec::WeightOp> all(block->getOps<exec::WeightOp>());
       auto at = [&](exec::WeightOp w) {
         auto it = order.find(w.getTensor());
         return it == order.end() ? INT64_MAX : it->second;
       };
-      llvm::stable_sort(declared, [&](exec::WeightOp a, exec::WeightOp b) { return at(a) < at(b); });
-      for (exec::WeightOp w : declared) {
-        if (anchor)
-          w->moveBefore(anchor);
-        else
-          w->moveBefore(block, block->end());
-      }
+      llvm::stable_sort(all, [&](exec::WeightOp a, exec::WeightOp b) { return at(a) < at(b); });
+      for (exec::WeightOp w : all)
+        w->moveBefore(block, block->end());
     }
     for (Operation &op : body)
       if (isa<moe::WeightOp, moe::ExpertWeightOp>(op) && !weight.count(&op))
@@ -496,9 +464,9 @@ struct Lowering {
             result = bufferOf.lookup(ret.getOperand(i));
             continue;
           }
-          Value w = unbound.lookup(name.getValue());
-          for (auto &[forward, declared] : weight)
-            if (name && cast<moe::WeightOpInterface>(forward).getTensorName() == name.getValue())
+          Value w;
+          for (auto declared : block->getOps<exec::WeightOp>())
+            if (declared.getTensor() == name.getValue())
               w = declared;
           if (!w || !bufferOf.lookup(ret.getOperand(i)))
             return ret.emitError("moe-lower-to-exec: result ")

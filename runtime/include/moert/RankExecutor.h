@@ -87,6 +87,10 @@ public:
   /// (of `nextBatch`) run as one exchange with the neighbour.
   void pipelineStep(const Plan::PipelineStep &step, const Batch &batch, std::vector<float> &loss,
                     const Plan::PipelineStep *next, const Batch *nextBatch);
+  /// Seconds the pipeline steps so far spent computing, and waiting in
+  /// their receives, sends and exchanges (the bubble, and the transfers).
+  double pipelineBusySeconds() const { return pipelineBusy_; }
+  double pipelineWaitSeconds() const { return pipelineWait_; }
   /// After a step of a differentiated train program: the gradient of its
   /// weight program.gradients[i].weight, f32 in the weight's local shape.
   void readGradient(size_t i, std::vector<float> &out, const std::string &entry = {});
@@ -140,6 +144,7 @@ private:
   std::unique_ptr<Device> device;
   std::vector<std::unique_ptr<RankProgram>> programs; ///< one per entry, the rank's own first
   std::string phase_; ///< setPhase (the programs' collectives point at it)
+  double pipelineBusy_ = 0, pipelineWait_ = 0;
   std::vector<std::vector<double>> seconds;          ///< per entry, per step
 };
 

@@ -17,6 +17,9 @@ include "mlir/Interfaces/InferTypeOpInterface.td"
 
 def MoE_FloatTensor : RankedTensorOf<[AnyFloat]>;
 def MoE_Activations : 2DTensorOf<[AnyFloat]>;
+// What pipeline stages send each other: activations, router statistics,
+// an expert dispatch's slots and counts (i32).
+def MoE_Transferred : RankedTensorOf<[AnyFloat, I32]>;
 def MoE_TokenIds : 1DTensorOf<[AnySignlessInteger]>;
 def MoE_Vector : 1DTensorOf<[AnyFloat]>;
 def MoE_Matrix : 2DTensorOf<[AnyFloat]>;
@@ -582,29 +585,32 @@ def MoE_AllGatherOp : MoE_CollectiveOp<"all_gather"> {
 }
 
 def MoE_SendOp : MoE_Op<"send"> {
-  let summary = "send activations to the next pipeline stage";
+  let summary = "send a value to a neighbouring pipeline stage";
   let description = [{
     Sends `input` to the rank of stage `stage` with the same dp and tp
     coordinates; that rank's program has the matching `moe.recv` (sends and
-    receives between two stages are in the same order).
+    receives between two stages are in the same order). Activations go to
+    the next stage; a pipelined training program also sends other values
+    its neighbours read (a layer's router statistics, an expert dispatch's
+    slots, i32) and, backward, gradients to the stage before.
 
     ```mlir
     moe.send %residual to 1 : tensor<?x4096xf32>
     ```
   }];
-  let arguments = (ins MoE_Activations:$input, I64Attr:$stage);
+  let arguments = (ins MoE_Transferred:$input, I64Attr:$stage);
   let assemblyFormat = "$input `to` $stage attr-dict `:` type($input)";
 }
 
 def MoE_RecvOp : MoE_Op<"recv"> {
-  let summary = "receive activations from the previous pipeline stage";
+  let summary = "receive a value from a neighbouring pipeline stage";
   let description = [{
     ```mlir
     %residual = moe.recv from 0 : tensor<?x4096xf32>
     ```
   }];
   let arguments = (ins I64Attr:$stage);
-  let results = (outs MoE_Activations:$result);
+  let results = (outs MoE_Transferred:$result);
   let assemblyFormat = "`from` $stage attr-dict `:` type($result)";
 }
 

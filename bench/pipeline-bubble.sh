@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Issue 18: the 1F1B pipeline's bubble (docs/training.md, "Pipeline
+# parallelism") measured against the model of equal stages,
+# (pp - 1) / (m + pp - 1): the benchmark model (../shared/bench/bench-moe)
+# cut to 4 layers (f32, random weights), micro-batches of one sequence of
+# 128 tokens, m per update, one rank (one thread) against PP=2 (two ranks of
+# one thread each). Prints each stage's share of its time spent waiting for
+# its neighbours (moert train's "pipeline stage" lines) and the bubble the
+# update times imply: 1 - (one rank's update / pp) / the pipeline's update.
+#
+#   bench/pipeline-bubble.sh [--micro-batches M] [--steps N]   (~2 min, ~4 GB)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${MOE_BUILD:-$root/build}
+steps=4
+micro=8
+while [ $# -gt 0 ]; do
+  case $1 in
+    --steps) steps=$2; shift 2 ;;
+    --micro-batches) micro=$2; shift 2 ;;
+    *) echo "usage: bench/pipeline-bubble.sh [--micro-batches M] [--steps N]" >&2; exit 2 ;;
+  esac
+done
+work=$(mktemp -d "${TMPDIR:-/tmp}/moe-pipeline-bubble.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+mpirun=${MOE_MPIRUN:-$(command -v mpirun)}
+
+echo "cpu: $(lscpu | sed -n 's/^Model name: *//p')"
+"$build/tools/moert/moert" --version | sed -n 2p
+
+python3 - "$root/../shared/bench/bench-moe/config.json" "$work/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(num_hidden_layers=4, torch_dtype="float32")
+json.dump(c, open(sys.argv[2], "w"), indent=2)
+PY
+seq=128
+"$build/tools/moec/moec" compile "$work/config.json" --max-seq-len "$seq" -o "$work/run.plan"
+mkdir -p "$work/weights"
+"$build/bench/moe-bench" weights "$work/run.plan" "$work/weights" --dtype f32 > /dev/null
+python3 - "$work/tokens.npy" "$seq" "$((steps * micro))" <<'PY'
+import random, struct, sys
+path, seq, windows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+random.seed(0)
+ids = [random.randrange(32000) for _ in range(windows * seq + 1)]
+header = "{'descr': '<i4', 'fortran_order': False, 'shape': (%d,), }" % len(ids)
+header = header.ljust(64 * ((len(header) + 11) // 64 + 1) - 11) + "\n"
+with open(path, "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+    f.write(struct.pack("<%di" % len(ids), *ids))
+PY
+
+train="--train --seq-len $seq --micro-batch-size 1 --optimizer adamw --global-batch-size $micro --zero 0"
+"$build/tools/moec/moec" compile "$work/config.json" $train -o "$work/one.plan"
+"$build/tools/moec/moec" compile "$work/config.json" $train --pp 2 --world-size 2 -o "$work/pp2.plan"
+run="--weights $work/weights --data $work/tokens.npy --steps $steps --threads 1 --metrics-out"
+"$build/tools/moert/moert" train "$work/one.plan" $run "$work/one.jsonl" > "$work/one.txt"
+"$mpirun" --allow-run-as-root --oversubscribe -np 2 "$build/tools/moert/moert" train \
+  "$work/pp2.plan" $run "$work/pp2.jsonl" > "$work/pp2.txt"
+grep '^pipeline stage' "$work/pp2.txt"
+python3 - "$work/one.jsonl" "$work/pp2.jsonl" "$micro" <<'PY'
+import json, statistics, sys
+def median(path):
+    s = [json.loads(l)["seconds"] for l in open(path) if l.strip()][1:]
+    return statistics.median(s)
+one, pp2, m = median(sys.argv[1]), median(sys.argv[2]), int(sys.argv[3])
+print(f"update: one rank {one:.3f} s, PP=2 {pp2:.3f} s (medians after the first)")
+print(f"bubble implied by the update times: {100 * (1 - one / 2 / pp2):.1f}%; "
+      f"model (pp - 1) / (m + pp - 1) = {100 / (m + 1):.1f}% for m = {m}")
+PY
