@@ -58,13 +58,22 @@ run="--weights $work/weights --data $work/tokens.npy --steps $steps --threads 1 
 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$build/tools/moert/moert" train \
   "$work/pp2.plan" $run "$work/pp2.jsonl" > "$work/pp2.txt"
 grep '^pipeline stage' "$work/pp2.txt"
-python3 - "$work/one.jsonl" "$work/pp2.jsonl" "$micro" <<'PY'
-import json, statistics, sys
+python3 - "$work/one.jsonl" "$work/pp2.jsonl" "$micro" "$steps" "$work/pp2.txt" <<'PY'
+import json, re, statistics, sys
 def median(path):
     s = [json.loads(l)["seconds"] for l in open(path) if l.strip()][1:]
     return statistics.median(s)
-one, pp2, m = median(sys.argv[1]), median(sys.argv[2]), int(sys.argv[3])
+one, pp2, m, steps = median(sys.argv[1]), median(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 print(f"update: one rank {one:.3f} s, PP=2 {pp2:.3f} s (medians after the first)")
 print(f"bubble implied by the update times: {100 * (1 - one / 2 / pp2):.1f}%; "
-      f"model (pp - 1) / (m + pp - 1) = {100 / (m + 1):.1f}% for m = {m}")
+      f"model of equal stages (pp - 1) / (m + pp - 1) = {100 / (m + 1):.1f}% for m = {m}")
+# Unequal stages: the slowest stage sets the steady state, the others add
+# their fill and drain once: (m - 1) max(t) + sum(t), t a stage's busy
+# seconds per micro-batch (forward and backward).
+busy = [float(x) for x in re.findall(r"busy ([0-9.]+) s", open(sys.argv[5]).read())]
+t = [b / (steps * m) for b in busy]
+model = (m - 1) * max(t) + sum(t)
+print(f"stages' busy seconds per micro-batch: {', '.join(f'{x:.3f}' for x in t)}; "
+      f"1F1B over them: (m - 1) max + sum = {model:.3f} s per update, measured {pp2:.3f} s "
+      f"({100 * (pp2 - model) / model:+.1f}%)")
 PY

@@ -77,16 +77,25 @@ LogicalResult Partitioner::readSharding() {
 
 /// Stage of every op of @forward, in order: the layer of the layer weights
 /// it uses; the embedding (before any layer) goes first, the final norm and
-/// LM head last; ops without weights stay with the layer before them.
-LogicalResult Partitioner::assignStages(SmallVectorImpl<int64_t> &stageOfOp) {
+/// LM head last; ops without weights stay with the layer before them. With
+/// `lossOp` (a differentiated training program over stages,
+/// PartitionPipeline.cpp), the ops after it are the backward pass
+/// (`backwardOf`): its stages fall from the last, the LM head's and final
+/// norm's gradients first, the embedding's last, and a weight is used on
+/// one stage only.
+LogicalResult Partitioner::assignStages(SmallVectorImpl<int64_t> &stageOfOp,
+                                        Operation *lossOp,
+                                        SmallVectorImpl<bool> *backwardOf) {
   auto stageOfLayer = [&](int64_t layer) {
     return int64_t(llvm::upper_bound(stageBegin, layer) - stageBegin.begin()) - 1;
   };
-  int64_t current = 0, last = 0;
-  bool seenLayer = false;
+  int64_t current = 0;
+  bool seenLayer = false, backward = false;
+  DenseMap<Operation *, int64_t> weightStage;
   for (Operation &op : forward.getBody().front()) {
     int64_t stage = current;
-    if (!isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp>(op)) {
+    if (!isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp>(op) &&
+        !(lossOp && isa<func::ReturnOp>(op))) {
       bool usesWeight = false;
       std::optional<int64_t> layer;
       for (Value operand : op.getOperands())
@@ -99,17 +108,34 @@ LogicalResult Partitioner::assignStages(SmallVectorImpl<int64_t> &stageOfOp) {
         seenLayer = true;
         stage = stageOfLayer(*layer);
       } else if (usesWeight) {
-        stage = seenLayer ? d.pp - 1 : 0;
+        stage = seenLayer != backward ? d.pp - 1 : 0;
       } else if (isa<func::ReturnOp>(op)) {
         stage = d.pp - 1;
       }
-      if (stage < last)
+      if (backward ? stage > current : stage < current)
         return op.emitOpError("belongs to pipeline stage ")
-               << stage << " but follows an op of stage " << last
+               << stage << " but follows an op of stage " << current
+               << (lossOp ? (backward ? " in the backward pass" : " in the forward pass") : "")
                << ": the program does not cut into contiguous stages";
-      last = current = stage;
+      current = stage;
+      for (Value operand : op.getOperands())
+        if (Operation *w = weightOpOf(operand); w && lossOp) {
+          auto [it, inserted] = weightStage.try_emplace(w, stage);
+          if (!inserted && it->second != stage)
+            return op.emitOpError("not supported yet: weight '")
+                   << weightName(w) << "' is used on pipeline stages " << it->second << " and "
+                   << stage << " of a training program (tied embeddings over pp)";
+        }
     }
     stageOfOp.push_back(stage);
+    if (backwardOf)
+      backwardOf->push_back(backward);
+    if (&op == lossOp) {
+      if (stage != d.pp - 1)
+        return op.emitOpError("the loss is on stage ") << stage << ", not the last";
+      backward = true;
+      seenLayer = false;
+    }
   }
   return success();
 }

@@ -44,63 +44,13 @@ LogicalResult Partitioner::runPipelined() {
     return forward.emitError("expected the loss as the program's first result");
 
   // Stage and phase of every op.
-  auto stageOfLayer = [&](int64_t layer) {
-    return int64_t(llvm::upper_bound(stageBegin, layer) - stageBegin.begin()) - 1;
-  };
   SmallVector<int64_t> stageOf;
   SmallVector<bool> backwardOf;
+  if (failed(assignStages(stageOf, lossOp, &backwardOf)))
+    return failure();
   DenseMap<Operation *, int64_t> index;
-  int64_t current = 0;
-  bool backward = false, seenLayer = false;
-  // Weight op -> the stage whose ops use it (one stage per weight).
-  DenseMap<Operation *, int64_t> weightStage;
-  for (Operation &op : body) {
-    index[&op] = int64_t(stageOf.size());
-    const bool skip = isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp, func::ReturnOp>(op);
-    int64_t stage = current;
-    if (!skip) {
-      bool usesWeight = false;
-      std::optional<int64_t> layer;
-      for (Value operand : op.getOperands())
-        if (Operation *w = weightOpOf(operand)) {
-          usesWeight = true;
-          if (auto l = cast<moe::WeightOpInterface>(w).getDecoderLayer())
-            layer = layer ? std::max(*layer, *l) : *l;
-        }
-      if (layer) {
-        seenLayer = true;
-        stage = stageOfLayer(*layer);
-      } else if (usesWeight) {
-        // The embedding (first) or the final norm and LM head (last): in the
-        // forward ops before / after the layers, in the backward ops the
-        // other way round.
-        stage = seenLayer != backward ? d.pp - 1 : 0;
-      }
-      if (backward ? stage > current : stage < current)
-        return op.emitOpError("belongs to pipeline stage ")
-               << stage << " but follows an op of stage " << current << " in the "
-               << (backward ? "backward" : "forward")
-               << " pass: the program does not cut into contiguous stages";
-      current = stage;
-      for (Value operand : op.getOperands())
-        if (Operation *w = weightOpOf(operand)) {
-          auto [it, inserted] = weightStage.try_emplace(w, stage);
-          if (!inserted && it->second != stage)
-            return op.emitOpError("not supported yet: weight '")
-                   << weightName(w) << "' is used on pipeline stages " << it->second << " and "
-                   << stage << " of a training program (tied embeddings over pp)";
-        }
-    }
-    stageOf.push_back(stage);
-    backwardOf.push_back(backward);
-    if (&op == lossOp) {
-      if (stage != d.pp - 1)
-        return op.emitOpError("the loss is on stage ") << stage << ", not the last";
-      backward = true;
-      seenLayer = false;
-      current = d.pp - 1;
-    }
-  }
+  for (Operation &op : body)
+    index[&op] = int64_t(index.size());
 
   // Where each value goes (the header's three ways), in program order.
   std::vector<llvm::SetVector<Value>> sendForward(d.pp), sendBackward(d.pp), stash(d.pp);

@@ -67,7 +67,8 @@ private:
   };
 
   LogicalResult readSharding();
-  LogicalResult assignStages(SmallVectorImpl<int64_t> &stageOfOp);
+  LogicalResult assignStages(SmallVectorImpl<int64_t> &stageOfOp, Operation *lossOp = nullptr,
+                             SmallVectorImpl<bool> *backwardOf = nullptr);
   LogicalResult buildStage(int64_t stage, ArrayRef<int64_t> stageOfOp,
                            ArrayRef<Value> incoming, ArrayRef<Value> outgoing);
   /// PartitionPipeline.cpp: a training program over pp > 1 stages, a
