@@ -57,6 +57,12 @@ struct TrainingChoice {
 llvm::Error chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp module,
                                  CompileOptions &options, const TrainingChoice &request);
 
+/// --explain for a training plan over pipeline stages (no choice is made):
+/// each stage's memory (its compiled programs, the kept values in every
+/// slot the schedule needs) and the 1F1B bubble of equal stages.
+llvm::Error explainPipeline(mlir::MLIRContext &context, mlir::ModuleOp module,
+                            const CompileOptions &options);
+
 } // namespace moe::driver
 
 #endif // MOE_DRIVER_MOECOPTIONS_H

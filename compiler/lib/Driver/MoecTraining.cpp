@@ -144,7 +144,7 @@ Error driver::chooseRecompute(mlir::MLIRContext &context, mlir::ModuleOp module,
   // Pipeline stages are given, not chosen, and recompute none (the
   // planner's training mode does not model the pipeline yet).
   if (options.layout && options.layout->pp > 1)
-    return Error::success();
+    return options.explain ? explainPipeline(context, module, options) : Error::success();
   request.recomputeAuto = recompute == "auto";
   request.zeroAuto = zeroStage.getNumOccurrences() == 0;
   request.expertsAuto = request.zeroAuto && !expertsGiven;

@@ -427,3 +427,49 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
                     pick.time.total());
   return Error::success();
 }
+
+Error driver::explainPipeline(mlir::MLIRContext &context, mlir::ModuleOp module,
+                              const CompileOptions &options) {
+  mlir::OwningOpRef<mlir::ModuleOp> probe = module.clone();
+  CompileOptions trial = options;
+  trial.output.clear();
+  trial.explain = false;
+  mlir::PassManager pm(&context);
+  buildPipeline(pm, trial, Phase::Exec);
+  if (mlir::failed(pm.run(*probe)))
+    return createStringError(inconvertibleErrorCode(), "the training programs do not compile");
+  auto schedule = (*probe)->getAttrOfType<mlir::ArrayAttr>("moe.pipeline_schedule");
+  auto sharding = (*probe)->getAttrOfType<mlir::DictionaryAttr>("moe.sharding");
+  auto begins = sharding ? sharding.getAs<mlir::DenseI64ArrayAttr>("stage_begin") : nullptr;
+  if (!schedule || !begins)
+    return createStringError(inconvertibleErrorCode(), "no pipeline schedule was made");
+  const int64_t pp = int64_t(schedule.size());
+  const int64_t m = int64_t(cast<mlir::ArrayAttr>(schedule[0]).size()) / 2;
+  outs() << formatv("pipeline: {0} stages, 1F1B over {1} micro-batches per replica and update "
+                    "(moe.pipeline_schedule); each stage's memory (its compiled programs; "
+                    "bytes):\n",
+                    pp, m);
+  outs() << formatv("  {0,-6} {1,-9} {2,12} {3,14} {4,20} {5,14} {6,14}\n", "stage", "layers",
+                    "weights", "buffers", "kept (slots)", "states", "total");
+  auto model = (*probe)->getAttrOfType<mlir::DictionaryAttr>("moe.model_sizes");
+  auto total = model ? model.getAs<mlir::IntegerAttr>("num_layers") : nullptr;
+  for (int64_t s = 0; s < pp; ++s) {
+    Expected<moe::RankProgramMemory> memory = moe::rankProgramMemory(*probe, s);
+    if (!memory)
+      return memory.takeError();
+    int64_t states = 0;
+    for (const auto &kind : memory->state)
+      states += kind.second;
+    const int64_t first = begins[s],
+                  end = s + 1 < int64_t(begins.size()) ? begins[s + 1]
+                                                       : (total ? total.getInt() : first);
+    outs() << formatv("  {0,-6} {1,-9} {2,12} {3,14} {4,20} {5,14} {6,14}\n", s,
+                      formatv("[{0}, {1})", first, end).str(), memory->weights + memory->kvCache,
+                      memory->buffers,
+                      formatv("{0} ({1})", memory->kept, moe::stashSlots(*probe, s)).str(), states,
+                      memory->total());
+  }
+  outs() << formatv("bubble of equal stages: (pp - 1) / (m + pp - 1) = {0:f1}% of the update\n",
+                    100.0 * double(pp - 1) / double(m + pp - 1));
+  return Error::success();
+}

@@ -41,15 +41,22 @@ llvm::Expected<llvm::json::Object> programPlan(exec::ProgramOp program, int64_t 
 /// auto and --explain.
 struct RankProgramMemory {
   int64_t weights = 0, kvCache = 0, buffers = 0;
+  /// A pipeline stage's values kept from forward to backward, every slot.
+  int64_t kept = 0;
   std::vector<std::pair<std::string, int64_t>> state; ///< by kind, in first-seen order
   int64_t total() const {
-    int64_t t = weights + kvCache + buffers;
+    int64_t t = weights + kvCache + buffers + kept;
     for (const auto &kind : state)
       t += kind.second;
     return t;
   }
 };
-llvm::Expected<RankProgramMemory> rankProgramMemory(mlir::ModuleOp module);
+/// (A pipelined training module: the programs of pipeline stage `stage`.)
+llvm::Expected<RankProgramMemory> rankProgramMemory(mlir::ModuleOp module, int64_t stage = 0);
+/// The slots of a pipeline stage's kept values: the most micro-batches its
+/// moe.pipeline_schedule holds between their forward and backward (1
+/// without a schedule).
+int64_t stashSlots(mlir::ModuleOp module, int64_t stage);
 
 /// A plain attribute (exec::isPlainConstant) as JSON: integers, floats,
 /// strings, booleans (unit: true), arrays and dictionaries.

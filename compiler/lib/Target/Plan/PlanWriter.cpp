@@ -233,7 +233,19 @@ llvm::Expected<Object> moe::programPlan(moe::exec::ProgramOp program, int64_t ma
   return plan;
 }
 
-llvm::Expected<moe::RankProgramMemory> moe::rankProgramMemory(ModuleOp module) {
+int64_t moe::stashSlots(ModuleOp module, int64_t stage) {
+  auto schedule = module->getAttrOfType<ArrayAttr>("moe.pipeline_schedule");
+  if (!schedule || stage < 0 || stage >= int64_t(schedule.size()))
+    return 1;
+  int64_t held = 0, most = 1;
+  for (auto step : cast<ArrayAttr>(schedule[stage]).getAsRange<StringAttr>()) {
+    held += step.getValue().ltrim('+').starts_with("B") ? -1 : 1;
+    most = std::max(most, held);
+  }
+  return most;
+}
+
+llvm::Expected<moe::RankProgramMemory> moe::rankProgramMemory(ModuleOp module, int64_t stage) {
   auto workload = module->getAttrOfType<DictionaryAttr>("moe.workload");
   auto value = [&](StringRef key) {
     auto a = workload ? workload.getAs<IntegerAttr>(key) : IntegerAttr();
@@ -242,8 +254,11 @@ llvm::Expected<moe::RankProgramMemory> moe::rankProgramMemory(ModuleOp module) {
   RankProgramMemory memory;
   bool first = true;
   llvm::StringSet<> states;
+  const bool pipelined = module->hasAttr("moe.pipeline_schedule");
   for (auto program : module.getOps<moe::exec::ProgramOp>()) {
-    if (program.getStageAttr().getInt() != 0)
+    if (pipelined && program.getStageAttr().getInt() != stage)
+      continue;
+    if (program.getStageAttr().getInt() != stage)
       return planError("rankProgramMemory: expected the programs of one stage");
     llvm::Expected<Object> plan =
         programPlan(program, value("max_seq_len"), value("max_sequences"));
@@ -262,6 +277,11 @@ llvm::Expected<moe::RankProgramMemory> moe::rankProgramMemory(ModuleOp module) {
       if (!state || !states.insert(*state).second)
         continue;
       const std::string kind = state->split(':').first.str();
+      // (A pipeline stage's kept values: one slot per micro-batch in flight.)
+      if (kind == "stash") {
+        memory.kept += *buffer.getInteger("bytes") * stashSlots(module, stage);
+        continue;
+      }
       auto it = llvm::find_if(memory.state, [&](const auto &k) { return k.first == kind; });
       if (it == memory.state.end())
         it = memory.state.insert(memory.state.end(), {kind, 0});
