@@ -202,9 +202,9 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
     const LayoutRequest &l = *options.layout;
     // Pipeline stages (--pp P): each replica's layers over P ranks.
     stages = std::max<int64_t>(l.pp, 1);
-    if (stages > 1 && (l.tp > 1 || l.etp > 1))
+    if (stages > 1 && l.etp > 1)
       return refuse("not supported yet: --train --pp " + Twine(stages) +
-                    " with --tp or --etp (pipeline stages with data and expert parallelism)");
+                    " with --etp (pipeline stages with data, tensor and expert parallelism)");
     if (stages > 1 && recompute != "auto" && recompute != "none")
       return refuse("not supported yet: --recompute " + recompute + " with --pp " +
                     Twine(stages));

@@ -15,6 +15,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/Mesh/IR/MeshOps.h"
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/DenseSet.h"
 
 #include <map>
 
@@ -64,6 +65,14 @@ public:
       for (Value operand : op.getOperands())
         lastUse[operand] = std::max(lastUse.lookup(operand), index[&op]);
 
+    // A pipeline stage's values kept for its backward program (results
+    // marked moe.stash) hold buffers of their own: those are states of the
+    // stage's programs, which no other value may use before them either.
+    auto ret = dyn_cast<func::ReturnOp>(body.getTerminator());
+    for (unsigned i = 0; ret && i < ret.getNumOperands(); ++i)
+      if (func.getResultAttr(i, moe::kStashAttr))
+        keptResults.insert(ret.getOperand(i));
+
     Builder b(func.getContext());
     SmallVector<int64_t> argBuffers;
     for (BlockArgument arg : body.getArguments())
@@ -85,10 +94,10 @@ public:
       }
       int64_t at = index[&op];
       std::optional<int64_t> reused;
-      if (mayWriteOverOperand(&op)) {
+      if (mayWriteOverOperand(&op) && !keptResults.contains(op.getResult(0))) {
         for (Value operand : op.getOperands()) {
           auto found = bufferOf.find(operand);
-          if (found != bufferOf.end() && lastUse[operand] == at &&
+          if (found != bufferOf.end() && lastUse[operand] == at && !isKept(operand) &&
               operand.getType() == op.getResult(0).getType() &&
               !isFree(found->second)) {
             reused = found->second;
@@ -123,6 +132,10 @@ public:
         if (found == bufferOf.end() || lastUse[operand] != at)
           continue;
         if (reused && found->second == *reused)
+          continue;
+        // (A pipeline stage's kept value stays its own: its buffer is a
+        // state of the stage's programs, which no other value shares.)
+        if (isKept(operand))
           continue;
         release(found->second);
       }
@@ -161,6 +174,12 @@ private:
     return {rows, shape.back()};
   }
 
+  /// A pipeline stage's value kept from its forward program (moe.stash).
+  bool isKept(Value v) {
+    auto arg = dyn_cast<BlockArgument>(v);
+    return arg && func.getArgAttr(arg.getArgNumber(), moe::kStashAttr);
+  }
+
   bool isFree(int64_t id) const {
     return llvm::any_of(freeList, [&](int64_t f) { return f == id; });
   }
@@ -173,7 +192,7 @@ private:
     auto [rows, width] = shapeOf(v);
     Type element = cast<RankedTensorType>(v.getType()).getElementType();
     int64_t best = -1;
-    for (int64_t id : freeList) {
+    for (int64_t id : keptResults.contains(v) ? std::vector<int64_t>() : freeList) {
       const Buffer &buffer = buffers[id];
       if (buffer.element == element && buffer.width == width && buffer.rows == rows) {
         best = id;
@@ -196,6 +215,7 @@ private:
   }
 
   func::FuncOp func;
+  llvm::DenseSet<Value> keptResults;
   DenseMap<Value, int64_t> lastUse;
   DenseMap<Value, int64_t> bufferOf;
   std::vector<Buffer> buffers;

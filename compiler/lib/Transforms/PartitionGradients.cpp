@@ -79,6 +79,18 @@ LogicalResult Partitioner::expertFFNGrad(moe::ExpertFFNGradOp op) {
   return success();
 }
 
+Value Partitioner::gatheredVocabStats(Location loc, Value logits, Value labels,
+                                      IntegerAttr vocab) {
+  auto rows = cast<RankedTensorType>(logits.getType()).getDimSize(0);
+  auto part = b.create<moe::VocabStatsOp>(loc, RankedTensorType::get({rows, 4}, b.getF32Type()),
+                                          logits, labels, vocab);
+  part->setAttr("moe.vocab_shard", b.getUnitAttr());
+  auto whole = b.create<UnrealizedConversionCastOp>(
+      loc, RankedTensorType::get({rows, 4 * d.tp}, b.getF32Type()), part.getResult());
+  whole->setAttr(moe::kGatherAttr, group(meshRef, kTpAxis));
+  return whole.getResult(0);
+}
+
 LogicalResult Partitioner::rewriteTraining(Operation &op, bool &handled) {
   handled = isa<moe::CrossEntropyOp, moe::RouterStatsOp, moe::LMLossOp, moe::ExpertsSavedOp,
                 moe::CrossEntropyGradOp, moe::LinearGradOp, moe::BiasGradOp,
@@ -265,18 +277,10 @@ LogicalResult Partitioner::rewriteTraining(Operation &op, bool &handled) {
     FailureOr<Value> labels = operandAs(ce.getLabels(), &op, Dist::Replicated);
     if (failed(logits) || failed(labels))
       return failure();
-    auto rows = cast<RankedTensorType>(logits->getType()).getDimSize(0);
-    auto part = b.create<moe::VocabStatsOp>(
-        op.getLoc(), RankedTensorType::get({rows, 4}, b.getF32Type()), *logits, *labels,
-        ce.getVocabAttr());
-    part->setAttr("moe.vocab_shard", b.getUnitAttr());
-    auto whole = b.create<UnrealizedConversionCastOp>(
-        op.getLoc(), RankedTensorType::get({rows, 4 * d.tp}, b.getF32Type()), part.getResult());
-    whole->setAttr(moe::kGatherAttr, group(meshRef, kTpAxis));
-    vocabStats[ce.getLogits()] = whole.getResult(0);
-    auto result = b.create<moe::CrossEntropyOfStatsOp>(op.getLoc(), ce.getType(),
-                                                       whole.getResult(0), *labels,
-                                                       ce.getVocabAttr());
+    Value whole = gatheredVocabStats(op.getLoc(), *logits, *labels, ce.getVocabAttr());
+    vocabStats[ce.getLogits()] = whole;
+    auto result = b.create<moe::CrossEntropyOfStatsOp>(op.getLoc(), ce.getType(), whole,
+                                                       *labels, ce.getVocabAttr());
     set(ce.getResult(), result.getResult(), Dist::Replicated);
     return success();
   }
@@ -290,13 +294,17 @@ LogicalResult Partitioner::rewriteTraining(Operation &op, bool &handled) {
     // The rank's part of the padded vocabulary (the vocabulary-split LM
     // head's output gradient), from its logits and the gathered statistics.
     Value stats = vocabStats.lookup(g.getLogits());
-    if (!stats)
-      return fail("expected the vocabulary-parallel cross-entropy of the same logits before it");
     FailureOr<Value> logits = operandAs(g.getLogits(), &op, Dist::Local);
     FailureOr<Value> labels = operandAs(g.getLabels(), &op, Dist::Replicated);
     FailureOr<Value> ce = operandAs(g.getCrossEntropy(), &op, Dist::Replicated);
     if (failed(logits) || failed(labels) || failed(ce))
       return failure();
+    // (A pipeline stage's backward program gathers them again from the
+    // logits its forward program kept: the same values.)
+    if (stats && stats.getParentRegion() != entry->getParent())
+      stats = gatheredVocabStats(op.getLoc(), *logits, *labels, g.getVocabAttr());
+    if (!stats)
+      return fail("expected the vocabulary-parallel cross-entropy of the same logits before it");
     auto local = cast<RankedTensorType>(logits->getType());
     auto grad = b.create<moe::CrossEntropyGradOp>(
         op.getLoc(), RankedTensorType::get(local.getShape(), b.getF32Type()), *logits,

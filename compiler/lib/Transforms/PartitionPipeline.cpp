@@ -34,9 +34,6 @@
 namespace moe::partition {
 
 LogicalResult Partitioner::runPipelined() {
-  if (d.tp > 1)
-    return forward.emitError("not supported yet: training with pp ")
-           << d.pp << " and tp " << d.tp << " (pipeline with data or expert parallelism)";
   Block &body = forward.getBody().front();
   auto ret = cast<func::ReturnOp>(body.getTerminator());
   Operation *lossOp = ret.getOperand(0).getDefiningOp();
@@ -148,8 +145,10 @@ LogicalResult Partitioner::buildFunction(StringRef name, int64_t stage, StringRe
   weights.clear();
   FunctionType type = forward.getFunctionType();
   SmallVector<Type> inputs(type.getInputs()), resultTypes;
+  // (A value another function gave: its type there, a rank's part of a
+  // split value.)
   for (const Port &p : args)
-    inputs.push_back(p.old.getType());
+    inputs.push_back(portType.count(p.old) ? portType.lookup(p.old) : p.old.getType());
   b.setInsertionPoint(forward);
   auto fn = b.create<func::FuncOp>(forward.getLoc(), name, b.getFunctionType(inputs, {}));
   const unsigned modelInputs = type.getNumInputs();
@@ -182,12 +181,14 @@ LogicalResult Partitioner::buildFunction(StringRef name, int64_t stage, StringRe
     if (it != values.end() && it->second.dist == Dist::Local && !p.attr.empty()) {
       operands.push_back(it->second.value);
       portDist[p.old] = Dist::Local;
+      portType[p.old] = it->second.value.getType();
       continue;
     }
     FailureOr<Value> r = replicated(p.old, forward);
     if (failed(r))
       return failure();
     operands.push_back(*r);
+    portType[p.old] = r->getType();
   }
   b.create<func::ReturnOp>(forward.getLoc(), operands);
   fn.setType(b.getFunctionType(inputs, ValueRange(operands).getTypes()));

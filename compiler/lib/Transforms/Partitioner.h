@@ -88,6 +88,7 @@ private:
   /// How each value a pipeline function gives travels (its distribution
   /// where it is taken).
   DenseMap<Value, Dist> portDist;
+  DenseMap<Value, Type> portType;
   LogicalResult buildFunction(StringRef name, int64_t stage, StringRef entryName,
                               function_ref<bool(int64_t)> includes, ArrayRef<Port> args,
                               ArrayRef<Port> results);
@@ -97,6 +98,9 @@ private:
   /// (`handled` false for any other op).
   LogicalResult rewriteTraining(Operation &op, bool &handled);
   LogicalResult expertFFNGrad(moe::ExpertFFNGradOp op);
+  /// Each rank's statistics of its part of the logits (moe.vocab_stats),
+  /// marked to be gathered over tp ([T, 4 tp]).
+  Value gatheredVocabStats(Location loc, Value logits, Value labels, IntegerAttr vocab);
   /// An operand of a training op as `want` (Replicated: made whole; Local:
   /// as it is, which must be split; Partial: as it is, whatever it is).
   FailureOr<Value> operandAs(Value old, Operation *user, Dist want);
