@@ -512,11 +512,28 @@ LogicalResult Partitioner::rewrite(Operation &op) {
   return fail("cannot be partitioned (no rule for this op)");
 }
 
+func::FuncOp Partitioner::startFunction(StringRef name, int64_t stage, StringRef entryName,
+                                        ArrayRef<Type> inputs, ArrayRef<Type> results) {
+  values.clear();
+  weights.clear();
+  b.setInsertionPoint(forward);
+  auto fn = b.create<func::FuncOp>(forward.getLoc(), name, b.getFunctionType(inputs, results));
+  Block &body = forward.getBody().front();
+  for (unsigned i = 0; i < body.getNumArguments(); ++i)
+    fn.setArgAttrs(i, forward.getArgAttrDict(i));
+  if (!entryName.empty())
+    fn->setAttr("moe.entry", b.getStringAttr(entryName));
+  fn->setAttr("moe.stage", b.getI64IntegerAttr(stage));
+  entry = fn.addEntryBlock();
+  b.setInsertionPointToEnd(entry);
+  for (auto [old, now] : llvm::zip(body.getArguments(), entry->getArguments()))
+    set(old, now, Dist::Replicated);
+  return fn;
+}
+
 LogicalResult Partitioner::buildStage(int64_t stage, ArrayRef<int64_t> stageOfOp,
                                       ArrayRef<Value> incoming,
                                       ArrayRef<Value> outgoing) {
-  values.clear();
-  weights.clear();
   bool last = stage == d.pp - 1;
   // The stage's signature: the model's inputs and the values the stage
   // before sends it; the logits (last stage) or the values it sends on.
@@ -529,12 +546,11 @@ LogicalResult Partitioner::buildStage(int64_t stage, ArrayRef<int64_t> stageOfOp
     results.push_back(v.getType());
   if (last)
     results.assign(type.getResults().begin(), type.getResults().end());
-  b.setInsertionPoint(forward);
-  auto fn = b.create<func::FuncOp>(forward.getLoc(), ("stage" + Twine(stage)).str(),
-                                   b.getFunctionType(inputs, results));
+  auto entryName = forward->getAttrOfType<StringAttr>("moe.entry");
+  func::FuncOp fn = startFunction(("stage" + Twine(stage)).str(), stage,
+                                  entryName ? entryName.getValue() : StringRef(), inputs,
+                                  results);
   const unsigned modelInputs = type.getNumInputs();
-  for (unsigned i = 0; i < modelInputs; ++i)
-    fn.setArgAttrs(i, forward.getArgAttrDict(i));
   for (unsigned i = modelInputs; i < inputs.size(); ++i)
     fn.setArgAttr(i, moe::kRecvFromAttr, b.getI64IntegerAttr(stage - 1));
   if (!last)
@@ -543,14 +559,7 @@ LogicalResult Partitioner::buildStage(int64_t stage, ArrayRef<int64_t> stageOfOp
   else // a training program's results name the weights of their gradients
     for (unsigned i = 0; i < results.size(); ++i)
       fn.setResultAttrs(i, forward.getResultAttrDict(i));
-  if (auto entryName = forward->getAttr("moe.entry"))
-    fn->setAttr("moe.entry", entryName);
-  fn->setAttr("moe.stage", b.getI64IntegerAttr(stage));
-  entry = fn.addEntryBlock();
-  b.setInsertionPointToEnd(entry);
   Block &body = forward.getBody().front();
-  for (auto [old, now] : llvm::zip(body.getArguments(), entry->getArguments()))
-    set(old, now, Dist::Replicated);
   for (auto [v, arg] : llvm::zip(incoming, entry->getArguments().drop_front(modelInputs)))
     set(v, arg, Dist::Replicated);
   int64_t i = 0;

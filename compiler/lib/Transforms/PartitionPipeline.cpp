@@ -141,28 +141,17 @@ LogicalResult Partitioner::runPipelined() {
 LogicalResult Partitioner::buildFunction(StringRef name, int64_t stage, StringRef entryName,
                                          function_ref<bool(int64_t)> includes,
                                          ArrayRef<Port> args, ArrayRef<Port> results) {
-  values.clear();
-  weights.clear();
   FunctionType type = forward.getFunctionType();
-  SmallVector<Type> inputs(type.getInputs()), resultTypes;
+  SmallVector<Type> inputs(type.getInputs());
   // (A value another function gave: its type there, a rank's part of a
   // split value.)
   for (const Port &p : args)
     inputs.push_back(portType.count(p.old) ? portType.lookup(p.old) : p.old.getType());
-  b.setInsertionPoint(forward);
-  auto fn = b.create<func::FuncOp>(forward.getLoc(), name, b.getFunctionType(inputs, {}));
+  func::FuncOp fn = startFunction(name, stage, entryName, inputs, {});
   const unsigned modelInputs = type.getNumInputs();
-  for (unsigned i = 0; i < modelInputs; ++i)
-    fn.setArgAttrs(i, forward.getArgAttrDict(i));
   for (auto [i, p] : llvm::enumerate(args))
     fn.setArgAttr(modelInputs + i, p.attr, b.getI64IntegerAttr(p.value));
-  fn->setAttr("moe.entry", b.getStringAttr(entryName));
-  fn->setAttr("moe.stage", b.getI64IntegerAttr(stage));
-  entry = fn.addEntryBlock();
-  b.setInsertionPointToEnd(entry);
   Block &body = forward.getBody().front();
-  for (auto [old, now] : llvm::zip(body.getArguments(), entry->getArguments()))
-    set(old, now, Dist::Replicated);
   for (auto [p, arg] : llvm::zip(args, entry->getArguments().drop_front(modelInputs)))
     set(p.old, arg, portDist.lookup(p.old));
   int64_t i = 0;

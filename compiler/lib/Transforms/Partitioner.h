@@ -69,6 +69,11 @@ private:
   LogicalResult readSharding();
   LogicalResult assignStages(SmallVectorImpl<int64_t> &stageOfOp, Operation *lossOp = nullptr,
                              SmallVectorImpl<bool> *backwardOf = nullptr);
+  /// A new function before @forward of the model's inputs (their
+  /// attributes, mapped as they are) and `inputs` beyond them, `results`;
+  /// the builder at its entry block, the value maps cleared.
+  func::FuncOp startFunction(StringRef name, int64_t stage, StringRef entryName,
+                             ArrayRef<Type> inputs, ArrayRef<Type> results);
   LogicalResult buildStage(int64_t stage, ArrayRef<int64_t> stageOfOp,
                            ArrayRef<Value> incoming, ArrayRef<Value> outgoing);
   /// PartitionPipeline.cpp: a training program over pp > 1 stages, a

@@ -220,21 +220,13 @@ LogicalResult simulate(ModuleOp module, const Degrees &d,
       SmallVector<int64_t> peerCoords(c.attention);
       peerCoords[0] = e->stage;
       int64_t peer = rankOf(d, false, peerCoords);
+      // A send meets its peer's recv from this stage, a fused exchange the
+      // peer's mirrored one.
       const Event *other = at(peer);
-      if (e->pair) {
-        if (other && other->pair && other->stage == c.attention[0]) {
-          if (other->sends != e->recvs || other->recvs != e->sends)
-            return e->op->emitError(llvm::formatv("rank {0}: {1} meets {2} on rank {3}: "
-                                                  "different shapes",
-                                                  r, e->text, other->text, peer));
-          advance(r);
-          advance(peer);
-        }
-        continue;
-      }
-      if (other && other->peer && !other->pair && other->sending != e->sending &&
-          other->stage == c.attention[0]) {
-        if (other->shape != e->shape)
+      if (other && other->peer && other->stage == c.attention[0] &&
+          (e->pair ? other->pair : !other->pair && other->sending != e->sending)) {
+        if (e->pair ? other->sends != e->recvs || other->recvs != e->sends
+                    : other->shape != e->shape)
           return e->op->emitError(llvm::formatv("rank {0}: {1} meets {2} on rank {3}: "
                                                 "different shapes",
                                                 r, e->text, other->text, peer));
