@@ -87,11 +87,12 @@ struct SchedulePipeline : moe::impl::MoESchedulePipelineBase<SchedulePipeline> {
       return signalPassFailure();
     }
     Builder b(module.getContext());
-    SmallVector<Attribute> stages;
+    // Each stage's (phase, micro-batch) steps: warm-up forwards, then a
+    // forward and a backward at a time, then the remaining backwards.
+    using Step = std::pair<bool, int64_t>;
+    std::vector<SmallVector<Step>> order(pp);
     for (int64_t s = 0; s < pp; ++s) {
-      // (phase, micro-batch): warm-up forwards, then a forward and a
-      // backward at a time, then the remaining backwards.
-      SmallVector<std::pair<bool, int64_t>> steps;
+      SmallVector<Step> &steps = order[s];
       const int64_t warmup = std::min(pp - 1 - s, m);
       for (int64_t j = 0; j < warmup; ++j)
         steps.push_back({false, j});
@@ -101,14 +102,32 @@ struct SchedulePipeline : moe::impl::MoESchedulePipelineBase<SchedulePipeline> {
       }
       for (int64_t j = m - warmup; j < m; ++j)
         steps.push_back({true, j});
+    }
+    // Whether stage s runs `first` right before `second`.
+    auto adjacent = [&](int64_t s, Step first, Step second) {
+      const SmallVector<Step> &steps = order[s];
+      for (size_t i = 0; i + 1 < steps.size(); ++i)
+        if (steps[i] == first && steps[i + 1] == second)
+          return true;
+      return false;
+    };
+    SmallVector<Attribute> stages;
+    for (int64_t s = 0; s < pp; ++s) {
+      const SmallVector<Step> &steps = order[s];
       SmallVector<Attribute> names;
       for (auto [i, step] : llvm::enumerate(steps)) {
+        // Fused where the step before sends to the stage this one receives
+        // from, and that stage runs the mirrored pair of steps (the
+        // gradients of this step's micro-batch, then the next forward's
+        // activations), so that the two exchanges meet.
         bool fused = false;
         if (i > 0 && !unfused) {
-          exec::ProgramOp before = steps[i - 1].first ? backward[s] : forward[s];
-          exec::ProgramOp now = step.first ? backward[s] : forward[s];
-          const int64_t to = peerAtEnd(before, false), from = peerAtEnd(now, true);
-          fused = to >= 0 && to == from;
+          const Step before = steps[i - 1];
+          exec::ProgramOp sender = before.first ? backward[s] : forward[s];
+          exec::ProgramOp receiver = step.first ? backward[s] : forward[s];
+          const int64_t to = peerAtEnd(sender, false), from = peerAtEnd(receiver, true);
+          fused = to >= 0 && to == from && before.first != step.first &&
+                  adjacent(to, {!before.first, step.second}, {!step.first, before.second});
         }
         names.push_back(b.getStringAttr((fused ? "+" : "") + Twine(step.first ? "B" : "F") +
                                         Twine(step.second)));
