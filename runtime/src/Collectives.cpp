@@ -344,12 +344,15 @@ int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
     const int peer = peerOf(c, s);
     const int64_t id = sending ? s.in[0] : s.out[0];
     const int64_t bytes = transferBytes(c, id, rows);
+    // (In training, what the rank is doing: "update 3, micro-batch 2
+    // (backward)".)
+    const std::string what =
+        (c.phase && !c.phase->empty() ? *c.phase + ": " : std::string()) +
+        fmt::format("step {} ({} rank {})", index, sending ? "send to" : "recv from", peer);
     if (sending)
-      c.comm->send(c.address(id), bytes, peer,
-                   fmt::format("step {} (send to rank {})", index, peer));
+      c.comm->send(c.address(id), bytes, peer, what);
     else
-      c.comm->recv(c.address(id), bytes, peer,
-                   fmt::format("step {} (recv from rank {})", index, peer));
+      c.comm->recv(c.address(id), bytes, peer, what);
     return -1;
   }
   default:
