@@ -88,8 +88,18 @@ void gatherStages(const Plan &plan, Comm &comm, std::vector<TensorToWrite> &tens
       }
     }
   }
-  if (comm.rank() != 0)
+  if (comm.rank() != 0) {
     tensors.clear();
+    return;
+  }
+  // (A table tied over the first and last stages comes from both, the
+  // same values: once.)
+  std::vector<TensorToWrite> once;
+  for (TensorToWrite &t : tensors)
+    if (std::none_of(once.begin(), once.end(),
+                     [&](const TensorToWrite &o) { return o.name == t.name; }))
+      once.push_back(std::move(t));
+  tensors = std::move(once);
 }
 
 /// `values` (f32, weight w's local shape) as the checkpoint's tensors of w:

@@ -375,6 +375,17 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       for (Value load : loads)
         allReduce(load);
     }
+    // A table tied over the first and last pipeline stages (its lookup's
+    // and its LM head's gradients): each stage's sum added over the two,
+    // in stage order, so both copies take the same update.
+    auto tied = train->getParentOfType<ModuleOp>()->getAttrOfType<ArrayAttr>(
+        "moe.tied_over_stages");
+    auto isTied = [&](exec::WeightOp w) {
+      return tied && llvm::is_contained(tied.getAsRange<StringAttr>(), w.getTensorAttr());
+    };
+    for (size_t i = 0; i < params.size(); ++i)
+      if (isTied(params[i]))
+        allReduceOver(mesh, "pp", sumAndError(i));
     // A compensated sum's error added back, once.
     if (compensated)
       for (size_t i = 0; i < params.size(); ++i)
@@ -401,8 +412,11 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
         expertRows = {b.getNamedAttr("replicas", b.getI64IntegerAttr(edp)),
                       b.getNamedAttr("shard_group", b.getStringAttr("edp"))};
       SmallVector<Value> dense, parts, experts;
-      for (auto [i, w] : llvm::enumerate(params))
+      for (auto [i, w] : llvm::enumerate(params)) {
+        if (isTied(w) && train.getStage() != 0) // (counted once: by the first stage)
+          continue;
         (distributedExperts(w) ? experts : splitOverTp(w) ? parts : dense).push_back(optSums[i]);
+      }
       normIns.append({denseSq, denseErr});
       auto overStages = [&](Value sq, Value err) {
         if (pp > 1)

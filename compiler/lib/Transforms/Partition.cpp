@@ -120,11 +120,17 @@ LogicalResult Partitioner::assignStages(SmallVectorImpl<int64_t> &stageOfOp,
       current = stage;
       for (Value operand : op.getOperands())
         if (Operation *w = weightOpOf(operand); w && lossOp) {
+          // (A tied embedding table is the first stage's and the LM head
+          // of the last: over two stages, which add their gradients.)
           auto [it, inserted] = weightStage.try_emplace(w, stage);
-          if (!inserted && it->second != stage)
+          const bool tied =
+              d.pp == 2 && cast<moe::WeightOpInterface>(w).getWeightRole() ==
+                               moe::WeightRole::embedding;
+          if (!inserted && it->second != stage && !tied)
             return op.emitOpError("not supported yet: weight '")
                    << weightName(w) << "' is used on pipeline stages " << it->second << " and "
-                   << stage << " of a training program (tied embeddings over pp)";
+                   << stage << " of a training program (tied embeddings over more than 2 "
+                   << "stages)";
         }
     }
     stageOfOp.push_back(stage);

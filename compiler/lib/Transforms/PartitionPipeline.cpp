@@ -29,6 +29,7 @@
 #include "Partitioner.h"
 #include "moe/Transforms/Passes.h"
 
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/SetVector.h"
 
 namespace moe::partition {
@@ -49,10 +50,33 @@ LogicalResult Partitioner::runPipelined() {
   for (Operation &op : body)
     index[&op] = int64_t(index.size());
 
+  // A tied table's gradient is the sum of its two uses' (the LM head's on
+  // the last stage, the lookup's on the first): each stage returns its
+  // part, and the optimizer adds the parts over the stages (a group of the
+  // first and last), so the add goes.
+  DenseSet<Operation *> dropped;
+  SmallVector<Port> tiedParts;
+  SmallVector<Attribute> tiedNames;
+  for (unsigned i = 1; i < ret.getNumOperands(); ++i) {
+    auto add = ret.getOperand(i).getDefiningOp<moe::AddOp>();
+    if (!add || !add->hasOneUse())
+      continue;
+    Operation *lhs = add->getOperand(0).getDefiningOp(), *rhs = add->getOperand(1).getDefiningOp();
+    if (!lhs || !rhs || stageOf[index[lhs]] == stageOf[index[rhs]])
+      continue;
+    dropped.insert(add);
+    tiedParts.push_back({add->getOperand(0), "moe.gradient_of", i});
+    tiedParts.push_back({add->getOperand(1), "moe.gradient_of", i});
+    tiedNames.push_back(forward.getResultAttr(i, "moe.gradient_of"));
+  }
+  if (!tiedNames.empty())
+    module->setAttr("moe.tied_over_stages", b.getArrayAttr(tiedNames));
+
   // Where each value goes (the header's three ways), in program order.
   std::vector<llvm::SetVector<Value>> sendForward(d.pp), sendBackward(d.pp), stash(d.pp);
   for (Operation &op : body) {
-    if (isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp, func::ReturnOp>(op))
+    if (isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp, func::ReturnOp>(op) ||
+        dropped.contains(&op))
       continue;
     const int64_t from = stageOf[index[&op]];
     const bool fromBackward = backwardOf[index[&op]];
@@ -62,7 +86,7 @@ LogicalResult Partitioner::runPipelined() {
       bool usedBackward = false;
       SmallVector<int64_t> backwardUses;
       for (Operation *user : v.getUsers()) {
-        if (isa<func::ReturnOp>(user))
+        if (isa<func::ReturnOp>(user) || dropped.contains(user))
           continue;
         const int64_t s = stageOf[index[user]];
         if (backwardOf[index[user]]) {
@@ -92,13 +116,22 @@ LogicalResult Partitioner::runPipelined() {
   for (unsigned i = 1; i < ret.getNumOperands(); ++i) {
     Value g = ret.getOperand(i);
     Operation *def = g.getDefiningOp();
+    if (dropped.contains(def))
+      continue;
     if (!def || !backwardOf[index[def]])
       return ret.emitOpError("result ") << i << " is not computed by the backward pass";
     gradients[stageOf[index[def]]].push_back({g, "moe.gradient_of", i});
   }
+  for (const Port &p : tiedParts)
+    gradients[stageOf[index[p.old.getDefiningOp()]]].push_back(p);
 
+  SmallVector<Operation *> ops;
+  for (Operation &op : body)
+    ops.push_back(&op);
   auto between = [&](int64_t s, bool phase) {
-    return [&, s, phase](int64_t i) { return stageOf[i] == s && backwardOf[i] == phase; };
+    return [&, s, phase](int64_t i) {
+      return stageOf[i] == s && backwardOf[i] == phase && !dropped.contains(ops[i]);
+    };
   };
   // The forward functions in stage order, then the backward ones the other
   // way (each takes what the ones before it give, as they give it).
