@@ -357,9 +357,6 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
                   "): each data-parallel replica runs the same number of micro-batches");
   if (zeroStage < 0 || zeroStage > 2)
     return refuse("--zero " + Twine(int64_t(zeroStage)) + ": expected 0, 1 or 2");
-  if (zeroStage > 0 && options.layout && options.layout->pp > 1)
-    return refuse("not supported yet: --zero " + Twine(int64_t(zeroStage)) + " with --pp " +
-                  Twine(options.layout->pp));
   if (zeroStage > 0 && replicas == 1)
     return refuse("--zero " + Twine(int64_t(zeroStage)) +
                   ": expected --dp N with N > 1 (ZeRO shards the optimizer's states between "
