@@ -15,9 +15,10 @@ void RankProgram::prepare(const Plan &plan, int64_t rank, DeviceMemory &memory_,
   memory = &memory_;
   const int64_t before = memory->allocatedBytes();
   buffers.clear();
-  // A state buffer persists: the rank's first program allocates it (zeros)
-  // and the other entries that name it share it.
-  states = statesOf ? statesOf->states : cachesOf ? cachesOf->states : std::map<std::string, State>();
+  // A state buffer persists: the rank's first program that names it
+  // allocates it (zeros) and its later entries share it (the states of
+  // the entries prepared before, which statesOf holds).
+  states = statesOf ? statesOf->states : std::map<std::string, State>();
   slotted.clear();
   for (const PlanBuffer &b : program_->buffers) {
     if (b.state.empty()) {

@@ -31,11 +31,11 @@ public:
   /// (keys and values, [max_sequences, max_seq_len, width] f32) of `rank`'s
   /// program (or of `entry`, one of plan.entriesOf(rank)) on `memory`; with
   /// `cachesOf` (another entry of the rank), its KV caches are shared
-  /// instead, and its state buffers by name (others are allocated, zeros).
+  /// instead.
   /// Collective steps go through `comm` (may be null for a plan of one
   /// rank).
   /// `statesOf` (the rank's entry prepared last): the states its entries
-  /// declared so far, shared by name (else cachesOf's). A pipeline stage's
+  /// declared so far, shared by name. A pipeline stage's
   /// kept values (states "stash:<i>") get Plan::stashSlots copies, one per
   /// micro-batch in flight (bindSlot).
   void prepare(const Plan &plan, int64_t rank, DeviceMemory &memory, Comm *comm,

@@ -290,14 +290,15 @@ void trainSteps(RankExecutor &executor, const Plan &plan, const PlanProgram &pro
           terms[k] += loss[k];
         count += batches[static_cast<size_t>(st.microBatch)].size();
       }
-    }
-    for (int64_t m = 0; m < share && plan.pipelineSchedule.empty(); ++m) {
-      const Batch batch = samples.microBatch(consumed + replica * share + m);
-      executor.setPhase(fmt::format("update {}, micro-batch {}", step + 1, m + 1));
-      executor.forward(batch, loss);
-      for (int k = 0; k < 4; ++k)
-        terms[k] += loss[k];
-      count += batch.size();
+    } else {
+      for (int64_t m = 0; m < share; ++m) {
+        const Batch batch = samples.microBatch(consumed + replica * share + m);
+        executor.setPhase(fmt::format("update {}, micro-batch {}", step + 1, m + 1));
+        executor.forward(batch, loss);
+        for (int k = 0; k < 4; ++k)
+          terms[k] += loss[k];
+        count += batch.size();
+      }
     }
     consumed += M;
     executor.setPhase(fmt::format("update {}", step + 1));
