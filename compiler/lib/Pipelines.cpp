@@ -39,6 +39,16 @@ static int64_t worldOf(const moe::LayoutRequest &request) {
   return 1;
 }
 
+static bool recomputesLayers(const moe::CompileOptions &o) {
+  return o.train && !o.lossOnly && o.recomputeLayers;
+}
+
+static std::unique_ptr<Pass> recomputeLayersPass(const moe::CompileOptions &o) {
+  moe::MoERecomputeLayersOptions recompute;
+  recompute.layers = llvm::to_vector(o.recomputeLayersOnly);
+  return moe::createMoERecomputeLayers(recompute);
+}
+
 static void addEntryPasses(OpPassManager &pm, const moe::CompileOptions &o, bool partition,
                            moe::Phase last);
 
@@ -55,6 +65,7 @@ void moe::buildPipeline(OpPassManager &pm, const CompileOptions &o, Phase last) 
     if (!o.lossOnly) {
       MoEDifferentiateOptions backward;
       backward.recomputeExperts = o.recomputeExperts;
+      backward.expertsLayers = llvm::to_vector(o.recomputeExpertsLayers);
       backward.capacityFactor = o.capacityFactor;
       pm.addPass(createMoEDifferentiate(backward));
     }
@@ -170,6 +181,11 @@ static void addEntryPasses(OpPassManager &pm, const moe::CompileOptions &o, bool
     MoELowerRoutingOptions routing;
     routing.capacityFactor = o.capacityFactor;
     pm.addPass(createMoELowerRouting(routing));
+    // Over pipeline stages, whole layers are recomputed before the program
+    // is cut: each stage's backward function then keeps the boundary
+    // values only.
+    if (recomputesLayers(o) && o.layout && o.layout->pp > 1)
+      pm.addPass(recomputeLayersPass(o));
     pm.addPass(createMoEPartition());
     pm.addPass(createMoEInsertCollectives());
     pm.addPass(createCSEPass());
@@ -182,8 +198,8 @@ static void addEntryPasses(OpPassManager &pm, const moe::CompileOptions &o, bool
   pm.addPass(createCSEPass());
   // Whole layers recomputed in the backward pass: after the last CSE (which
   // would merge the clones with their originals).
-  if (o.train && !o.lossOnly && o.recomputeLayers)
-    pm.addPass(createMoERecomputeLayers());
+  if (recomputesLayers(o) && !(o.layout && o.layout->pp > 1))
+    pm.addPass(recomputeLayersPass(o));
   // Fusions of the rank-local programs (partitioning places its all_reduces
   // at the plain adds).
   if (o.fuse)

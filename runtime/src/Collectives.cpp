@@ -307,7 +307,8 @@ int64_t run(const Context &c, size_t index, const PlanStep &s, int64_t rows) {
   case Collective::AllReduce:
     // (A weight gradient computed in parts too: every member gets the same
     // bits, so the weights it updates stay the same on every member.)
-    if (!c.program->buffers[s.in[0]].state.empty() || s.in.size() == 2 || s.elements > 0) {
+    if ((!c.program->buffers[s.in[0]].state.empty() && !c.program->buffers[s.in[0]].kept()) ||
+        s.in.size() == 2 || s.elements > 0) {
       const PlanBuffer &in = c.program->buffers[s.in[0]];
       const int64_t members = static_cast<int64_t>(c.groups.at(index).size());
       const int64_t part = (in.rows * in.width + members - 1) / members;

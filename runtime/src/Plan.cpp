@@ -217,7 +217,7 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
     if (b.has("state")) {
       pb.state = b.string("state");
       // (A pipeline stage's kept values, "stash:<i>", may be ids.)
-      const bool kept = pb.state.rfind("stash:", 0) == 0;
+      const bool kept = pb.kept();
       if (pb.state.empty() || (pb.dtype != DType::F32 && !kept))
         b.fail("state", "expected the name of an F32 state buffer");
       if (kept && (plan.degrees.pp == 1 ||
@@ -366,7 +366,7 @@ PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index) {
   // (A pipeline stage's backward program has none: its forward one has.)
   if (last && heads == 0 && !optimizer && !(plan.degrees.pp > 1 && program.entry == "train"))
     pr.fail("steps", "the last stage has no LM head (a linear with \"head\": true)");
-  checkDataFlow(program, pr);
+  checkDataFlow(program, pr, plan.degrees.pp > 1);
   checkWeightBinding(program, pr, plan.degrees.pp > 1);
   if (pr.has("cuda"))
     program.cuda = readKernelTable(program, pr.child("cuda"));
@@ -572,7 +572,7 @@ Plan Plan::load(const std::string &path) {
       for (const PlanBuffer &b : entry->buffers)
         if (!b.state.empty() && states.insert(b.state).second)
           plan.ranks.back().predictedPeakBytes +=
-              b.bytes * (b.state.rfind("stash:", 0) == 0 ? plan.stashSlots(program.stage) : 1);
+              b.bytes * (b.kept() ? plan.stashSlots(program.stage) : 1);
     }
   }
   return plan;

@@ -99,7 +99,7 @@ void checkStep(const Plan &plan, const PlanProgram &program, size_t programIndex
   step.op->check(StepChecker(plan, program, programIndex, step, stepIndex), step);
 }
 
-void checkDataFlow(const PlanProgram &program, const JsonFields &pr) {
+void checkDataFlow(const PlanProgram &program, const JsonFields &pr, bool pipelined) {
   // A step dropped, duplicated or reordered, or two layers on one cache,
   // would otherwise compute another model from stale values: every input
   // must come from the step the compiler says computed it.
@@ -138,7 +138,9 @@ void checkDataFlow(const PlanProgram &program, const JsonFields &pr) {
       const int64_t first = cacheStep[step.kvCache];
       if (first >= 0 && !(step.recompute && program.steps[first].op == step.op))
         s.fail("attrs.kv_cache", fmt::format("KV cache {} is also step {}'s", step.kvCache, first));
-      if (first < 0 && step.recompute)
+      // (A pipeline stage's backward program recomputes the attentions of
+      // its forward program, "train_forward", whose caches it declares.)
+      if (first < 0 && step.recompute && !pipelined)
         s.fail("attrs.kv_cache", fmt::format("KV cache {}: a recomputed step's cache is an "
                                              "earlier step's", step.kvCache));
       if (first < 0)
@@ -186,9 +188,9 @@ void checkWeightBinding(const PlanProgram &program, const JsonFields &pr, bool p
       pr.element("steps", i).fail("op", "only an optimizer program updates weights");
     for (int64_t id : step.weights) {
       const PlanWeight &w = program.weights[id];
-      if (step.op->has(OpDef::Backward)) {
-        // (A pipeline stage's backward program reads the weights its
-        // forward program binds.)
+      if (step.op->has(OpDef::Backward) || (step.recompute && pipelined)) {
+        // (A pipeline stage's backward program, its recomputed forward
+        // steps too, reads the weights its forward program binds.)
         if (firstStep[id] < 0 && !(pipelined && program.entry == "train"))
           pr.element("steps", i).fail(
               "weights", fmt::format("weight {} ('{}') is read by a backward step before any "

@@ -75,9 +75,11 @@ void checkStep(const Plan &plan, const PlanProgram &program, size_t programIndex
                size_t stepIndex);
 
 /// Data flow: a step reads only buffers an earlier step (or the program's
-/// token and position inputs) wrote, and each KV cache is one attention's.
-/// `pr` is the program's JSON (for the error's field name).
-void checkDataFlow(const PlanProgram &program, const JsonFields &pr);
+/// token and position inputs) wrote, and each KV cache is one attention's
+/// (a recomputed attention writes its forward step's again; `pipelined`:
+/// in a stage's backward program, its forward program's). `pr` is the
+/// program's JSON (for the error's field name).
+void checkDataFlow(const PlanProgram &program, const JsonFields &pr, bool pipelined);
 
 /// Weight binding: steps bind the program's weights in order (weight 0
 /// first, then 1, ...), each weight once; the one weight two steps share is

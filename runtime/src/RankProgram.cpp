@@ -36,7 +36,7 @@ void RankProgram::prepare(const Plan &plan, int64_t rank, DeviceMemory &memory_,
       shard.overEdp = b.shardOverEdp;
     }
     auto [it, added] = states.emplace(b.state, State{nullptr, b.rows * b.width, shard, {}});
-    const bool kept = b.state.rfind("stash:", 0) == 0;
+    const bool kept = b.kept();
     if (added && kept) {
       for (int64_t i = 0; i < plan.stashSlots(program_->stage); ++i)
         it->second.slots.push_back(memory->allocate(b.rows * b.width * 4));

@@ -46,8 +46,12 @@ struct CompileOptions {
   /// unless lossOnly (--loss-only: the loss without the backward pass).
   /// recomputeExperts: moe-differentiate's recompute-experts (moec compile
   /// --recompute experts); recomputeLayers: moe-recompute-layers on the
-  /// partitioned programs (--recompute full).
+  /// partitioned programs (--recompute full; over pipeline stages, on the
+  /// whole program before moe-partition). recomputeExpertsLayers /
+  /// recomputeLayersOnly: only those decoder layers (empty: all), as the
+  /// planner chooses per pipeline stage.
   bool train = false, lossOnly = false, recomputeExperts = false, recomputeLayers = false;
+  llvm::SmallVector<int64_t> recomputeExpertsLayers, recomputeLayersOnly;
   /// A training plan whose weights compute in another dtype than the
   /// checkpoint's (moec compile --param-dtype bf16 on an f32 checkpoint):
   /// the checkpoint's dtype, which the weight slices keep (moe-choose-layout's

@@ -57,11 +57,13 @@ struct TrainingChoice {
 llvm::Error chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp module,
                                  CompileOptions &options, const TrainingChoice &request);
 
-/// --explain for a training plan over pipeline stages (no choice is made):
-/// each stage's memory (its compiled programs, the kept values in every
-/// slot the schedule needs) and the 1F1B bubble of equal stages.
-llvm::Error explainPipeline(mlir::MLIRContext &context, mlir::ModuleOp module,
-                            const CompileOptions &options);
+/// The planner's training mode over pipeline stages (MoecPipeline.cpp):
+/// with recomputeAuto, each stage's recompute, the fastest whose memory
+/// fits the budget (options' recomputeExpertsLayers / recomputeLayersOnly
+/// where stages differ); --explain prints each stage's memory and time and
+/// the update's 1F1B bubble.
+llvm::Error choosePipelineRecompute(mlir::MLIRContext &context, mlir::ModuleOp module,
+                                    CompileOptions &options, const TrainingChoice &request);
 
 } // namespace moe::driver
 

@@ -39,7 +39,9 @@ cl::opt<std::string> recompute(
              "hidden floats per token and MoE layer), selective or experts (those "
              "recomputed: three more products per expert), full (each decoder layer's "
              "forward run again in the backward pass from its saved input: one layer's "
-             "activations alive at a time); all give the same gradients bit for bit"),
+             "activations alive at a time); all give the same gradients bit for bit. With "
+             "--pp, auto chooses per stage (the first keeps the most micro-batches in "
+             "flight)"),
     cl::init("auto"), cl::sub(driver::compileSubcommand()), cl::cat(training));
 cl::opt<int64_t> memoryBudget(
     "memory-budget",
@@ -141,16 +143,16 @@ bool worldAlone = false;
 Error driver::chooseRecompute(mlir::MLIRContext &context, mlir::ModuleOp module,
                               CompileOptions &options, const hf::ModelConfig &config) {
   TrainingChoice request;
-  // Pipeline stages are given, not chosen, and recompute none (the
-  // planner's training mode does not model the pipeline yet).
-  if (options.layout && options.layout->pp > 1)
-    return options.explain ? explainPipeline(context, module, options) : Error::success();
   request.recomputeAuto = recompute == "auto";
   request.zeroAuto = zeroStage.getNumOccurrences() == 0;
   request.expertsAuto = request.zeroAuto && !expertsGiven;
   request.tensorAuto = request.zeroAuto && worldAlone;
   request.budget = memoryBudget.getNumOccurrences() ? int64_t(memoryBudget) : 0;
   request.config = &config;
+  // Pipeline stages are given (and ZeRO, and the layout): the recompute of
+  // each stage is chosen.
+  if (options.layout && options.layout->pp > 1)
+    return choosePipelineRecompute(context, module, options, request);
   return chooseTrainingLayout(context, module, options, request);
 }
 
@@ -205,9 +207,6 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
     if (stages > 1 && l.etp > 1)
       return refuse("not supported yet: --train --pp " + Twine(stages) +
                     " with --etp (pipeline stages with data, tensor and expert parallelism)");
-    if (stages > 1 && recompute != "auto" && recompute != "none")
-      return refuse("not supported yet: --recompute " + recompute + " with --pp " +
-                    Twine(stages));
     if (stages > 1 && options.target != "cpu")
       return refuse("not supported yet: --train --pp with --target " + options.target);
     if (stages > 1 && l.worldSize && l.worldSize % stages)

@@ -80,6 +80,9 @@ public:
     func->setAttr("moe.arg_buffers", b.getDenseI64ArrayAttr(argBuffers));
 
     int64_t caches = 0;
+    // (A pipeline stage's backward function recomputes the attentions of
+    // its forward function, whose caches they write.)
+    const int64_t forwardCaches = cachesOfForwardFunction();
     for (Operation &op : body) {
       // Weights, and their sharding annotations, are not activations.
       if (isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp>(op))
@@ -88,8 +91,9 @@ public:
         // A recomputed attention (moe-recompute-layers) writes its
         // original's cache again, with the same keys and values.
         auto of = op.getAttrOfType<IntegerAttr>("moe.recomputes_cache_of");
-        if (of && (of.getInt() < 0 || of.getInt() >= caches))
-          return op.emitOpError("recomputes KV cache ") << of.getInt() << " of " << caches;
+        if (of && (of.getInt() < 0 || of.getInt() >= std::max(caches, forwardCaches)))
+          return op.emitOpError("recomputes KV cache ")
+                 << of.getInt() << " of " << std::max(caches, forwardCaches);
         op.setAttr("moe.kv_cache", of ? of : b.getI64IntegerAttr(caches++));
       }
       int64_t at = index[&op];
@@ -159,6 +163,27 @@ public:
   }
 
 private:
+  /// The attentions of the forward function (entry "train_forward") of
+  /// the same pipeline stage as this backward one (entry "train"), else 0.
+  int64_t cachesOfForwardFunction() {
+    auto entry = func->getAttrOfType<StringAttr>("moe.entry");
+    auto module = func->getParentOfType<ModuleOp>();
+    if (!entry || entry.getValue() != "train" || !module)
+      return 0;
+    for (auto other : module.getOps<func::FuncOp>()) {
+      auto otherEntry = other->getAttrOfType<StringAttr>("moe.entry");
+      if (!otherEntry || otherEntry.getValue() != "train_forward" ||
+          other->getAttr("moe.stage") != func->getAttr("moe.stage"))
+        continue;
+      int64_t n = 0;
+      other.walk([&](Operation *op) {
+        n += isa<moe::AttentionOp, moe::MLAttentionOp>(op) && !op->hasAttr("moe.recomputed");
+      });
+      return n;
+    }
+    return 0;
+  }
+
   /// (rows, width) of a value: [T] and [T, w] are per-token rows; a static
   /// [n] is one row of n, a static [a, ..., w] a x ... rows of w.
   static std::pair<int64_t, int64_t> shapeOf(Value v) {

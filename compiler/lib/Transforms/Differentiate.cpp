@@ -48,6 +48,16 @@ Operation *saveActivations(moe::ExpertsOp op, double capacityFactor) {
 
 struct Differentiate : moe::impl::MoEDifferentiateBase<Differentiate> {
   using MoEDifferentiateBase::MoEDifferentiateBase;
+
+  /// With recompute-experts: whether these experts are recomputed
+  /// (experts-layers names their decoder layer, or is empty).
+  bool recomputedHere(moe::ExpertsOp experts) {
+    if (expertsLayers.empty())
+      return true;
+    moe::WeightOpInterface w = moe::weightBehind(experts.getGateWeights());
+    std::optional<int64_t> layer = w ? w.getDecoderLayer() : std::nullopt;
+    return layer && llvm::is_contained(expertsLayers, *layer);
+  }
   void runOnOperation() override {
     ModuleOp module = getOperation();
     auto fn = module.lookupSymbol<func::FuncOp>("forward");
@@ -78,7 +88,7 @@ struct Differentiate : moe::impl::MoEDifferentiateBase<Differentiate> {
                           "capacity factor (the experts' drops are moe.experts_saved's)");
         return signalPassFailure();
       }
-      if (!experts || recomputeExperts) {
+      if (!experts || (recomputeExperts && recomputedHere(experts))) {
         ops.push_back(&op);
         continue;
       }

@@ -91,7 +91,7 @@ LogicalResult Partitioner::assignStages(SmallVectorImpl<int64_t> &stageOfOp,
   };
   int64_t current = 0;
   bool seenLayer = false, backward = false;
-  DenseMap<Operation *, int64_t> weightStage;
+  DenseMap<Operation *, int64_t> weightStage, position;
   for (Operation &op : forward.getBody().front()) {
     int64_t stage = current;
     if (!isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp>(op) &&
@@ -111,6 +111,13 @@ LogicalResult Partitioner::assignStages(SmallVectorImpl<int64_t> &stageOfOp,
         stage = seenLayer != backward ? d.pp - 1 : 0;
       } else if (isa<func::ReturnOp>(op)) {
         stage = d.pp - 1;
+      } else if (backward && op.hasAttr("moe.recomputed")) {
+        // (A layer's forward op recomputed in the backward pass, by
+        // moe-recompute-layers, is its layer's: that of its operands.)
+        stage = 0;
+        for (Value operand : op.getOperands())
+          if (Operation *def = operand.getDefiningOp(); def && position.count(def))
+            stage = std::max(stage, stageOfOp[position[def]]);
       }
       if (backward ? stage > current : stage < current)
         return op.emitOpError("belongs to pipeline stage ")
@@ -133,6 +140,7 @@ LogicalResult Partitioner::assignStages(SmallVectorImpl<int64_t> &stageOfOp,
                    << "stages)";
         }
     }
+    position[&op] = int64_t(stageOfOp.size());
     stageOfOp.push_back(stage);
     if (backwardOf)
       backwardOf->push_back(backward);

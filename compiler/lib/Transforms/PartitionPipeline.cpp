@@ -50,6 +50,20 @@ LogicalResult Partitioner::runPipelined() {
   for (Operation &op : body)
     index[&op] = int64_t(index.size());
 
+  // A recomputed attention (moe-recompute-layers) writes its original's KV
+  // cache: its place among the program's attentions becomes its place
+  // among its stage's forward function's.
+  SmallVector<int64_t> attentionsBefore(d.pp + 1, 0);
+  for (Operation &op : body)
+    if (isa<moe::AttentionOp, moe::MLAttentionOp>(op) && !backwardOf[index[&op]])
+      ++attentionsBefore[stageOf[index[&op]] + 1];
+  for (int64_t s = 0; s < d.pp; ++s)
+    attentionsBefore[s + 1] += attentionsBefore[s];
+  for (Operation &op : body)
+    if (auto of = op.getAttrOfType<IntegerAttr>("moe.recomputes_cache_of"))
+      op.setAttr("moe.recomputes_cache_of",
+                 b.getI64IntegerAttr(of.getInt() - attentionsBefore[stageOf[index[&op]]]));
+
   // A tied table's gradient is the sum of its two uses' (the LM head's on
   // the last stage, the lookup's on the first): each stage returns its
   // part, and the optimizer adds the parts over the stages (a group of the
@@ -192,17 +206,29 @@ LogicalResult Partitioner::buildFunction(StringRef name, int64_t stage, StringRe
     if (!includes(i++) ||
         isa<moe::WeightOp, moe::ExpertWeightOp, mesh::ShardOp, func::ReturnOp>(op))
       continue;
+    Operation *last = entry->empty() ? nullptr : &entry->back();
     if (failed(rewrite(op)))
       return failure();
+    // A recomputed op's rank-local ops are recomputed ones too (the
+    // generic rewrite keeps the mark; the specific ones build new ops).
+    if (op.hasAttr("moe.recomputed"))
+      for (Operation &made : llvm::make_range(
+               last ? std::next(last->getIterator()) : entry->begin(), entry->end()))
+        made.setAttr("moe.recomputed", b.getUnitAttr());
   }
   SmallVector<Value> operands;
   for (const Port &p : results) {
     // A value another function takes goes as it is (a rank's part of a
-    // split value stays its part), a partial sum whole.
+    // split value stays its part), a partial sum whole; but a partial sum
+    // kept for the stage's own backward stays partial, so that what the
+    // backward function computes from it (a recomputed layer's residual
+    // add) rounds as the forward's did.
     auto it = values.find(p.old);
-    if (it != values.end() && it->second.dist == Dist::Local && !p.attr.empty()) {
+    if (it != values.end() && !p.attr.empty() &&
+        (it->second.dist == Dist::Local ||
+         (it->second.dist == Dist::Partial && p.attr == kStashAttr))) {
       operands.push_back(it->second.value);
-      portDist[p.old] = Dist::Local;
+      portDist[p.old] = it->second.dist;
       portType[p.old] = it->second.value.getType();
       continue;
     }

@@ -34,7 +34,7 @@ constexpr int64_t kHead = -1, kTail = std::numeric_limits<int64_t>::max();
 /// One train program's rematerialisation.
 class Recompute {
 public:
-  explicit Recompute(func::FuncOp fn) : fn(fn) {}
+  Recompute(func::FuncOp fn, ArrayRef<int64_t> only) : fn(fn), only(only) {}
 
   LogicalResult run() {
     Block &body = fn.getBody().front();
@@ -99,7 +99,7 @@ private:
     Operation *def = v.getDefiningOp();
     auto found = def ? segment.find(def) : segment.end();
     if (found == segment.end() || found->second == kHead || found->second == kTail ||
-        !isMemoryEffectFree(def))
+        !isMemoryEffectFree(def) || (!only.empty() && !llvm::is_contained(only, found->second)))
       return false;
     auto cached = crossing.find(v);
     if (cached != crossing.end())
@@ -135,18 +135,20 @@ private:
   }
 
   func::FuncOp fn;
+  ArrayRef<int64_t> only; ///< the layers recomputed (empty: all)
   DenseMap<Operation *, int64_t> segment, attentionIndex;
   DenseMap<Value, bool> crossing;
   DenseMap<Value, Value> clones;
 };
 
 struct RecomputeLayers : moe::impl::MoERecomputeLayersBase<RecomputeLayers> {
+  using MoERecomputeLayersBase::MoERecomputeLayersBase;
   void runOnOperation() override {
     for (auto fn : getOperation().getOps<func::FuncOp>()) {
       auto entry = fn->getAttrOfType<StringAttr>("moe.entry");
       if (!entry || entry.getValue() != "train")
         continue;
-      if (failed(Recompute(fn).run()))
+      if (failed(Recompute(fn, layers).run()))
         return signalPassFailure();
     }
   }

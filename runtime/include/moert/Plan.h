@@ -57,6 +57,11 @@ struct PlanBuffer {
   /// The shard's group (shard_group): dp, or edp for an expert stack's state
   /// under expert or tensor parallelism (member d: the rank's edp coordinate).
   bool shardOverEdp = false;
+
+  /// A pipeline stage's value kept from its forward program for its
+  /// backward one (state "stash:<i>", one copy per micro-batch in flight):
+  /// read by steps as the activation it is.
+  bool kept() const { return state.rfind("stash:", 0) == 0; }
 };
 
 struct PlanCache {

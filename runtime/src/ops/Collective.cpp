@@ -24,7 +24,7 @@ void checkAllReduce(const StepChecker &c, const PlanStep &step) {
     return;
   }
   c.arity(1, 0, 0, 1);
-  if (!c.program.buffers[step.in[0]].state.empty()) {
+  if (!c.program.buffers[step.in[0]].state.empty() && !c.program.buffers[step.in[0]].kept()) {
     c.width(step.in[0]);
     c.expect(step.out[0] == step.in[0], "an all_reduce of a state buffer is in place");
     return;

@@ -77,6 +77,9 @@ def MoEDifferentiate : Pass<"moe-differentiate", "mlir::ModuleOp"> {
   let options = [
     Option<"recomputeExperts", "recompute-experts", "bool", "false",
            "recompute the experts' intermediates in the backward pass instead of saving them">,
+    ListOption<"expertsLayers", "experts-layers", "int64_t",
+               "with recompute-experts: only the experts of these decoder layers (default: "
+               "all; moec's planner chooses per pipeline stage)">,
     Option<"capacityFactor", "capacity-factor", "double", "0",
            "the experts' capacity factor (moe.experts_saved's drop policy; 0: dropless)">,
   ];
@@ -103,8 +106,17 @@ def MoERecomputeLayers : Pass<"moe-recompute-layers", "mlir::ModuleOp"> {
     (a step's `recompute` in the plan). A cloned attention writes its
     original's KV cache (`moe.recomputes_cache_of`: the original's place
     among the program's attentions, which moe-assign-buffers turns into
-    the same cache).
+    the same cache). `layers`: only those decoder layers (default: all; the
+    planner's choice per pipeline stage). Over pipeline stages (moe.sharding
+    with pp > 1) the pass runs on the whole program before moe-partition,
+    which keeps the boundary values for each stage's backward function
+    and gives the clones their layer's stage; the clones' collectives are
+    inserted as the originals' are.
   }];
+  let options = [
+    ListOption<"layers", "layers", "int64_t",
+               "only these decoder layers (default: all)">,
+  ];
 }
 
 def MoEAppendOptimizer : Pass<"moe-append-optimizer", "mlir::ModuleOp"> {
