@@ -209,14 +209,27 @@ void reportBubble(const Plan &plan, RankExecutor &executor, Comm &comm, int64_t 
     return;
   const int64_t pp = plan.degrees.pp;
   const double model = static_cast<double>(pp - 1) / static_cast<double>(micro + pp - 1);
+  double busySum = 0;
   for (int64_t stage = 0; stage < pp; ++stage) {
     const size_t r = static_cast<size_t>(plan.stageRank(0, stage));
     const double busy = all[2 * r], wait = all[2 * r + 1];
+    busySum += busy;
     fmt::print("pipeline stage {}: waited {:.1f}% of its steps' time for its neighbours "
                "(busy {:.3f} s, waiting {:.3f} s); the 1F1B bubble of equal stages: "
                "(pp - 1) / (m + pp - 1) = {:.1f}%\n",
                stage, 100 * wait / (busy + wait), busy, wait, 100 * model);
   }
+  // The pipeline's time is the first stage's, from its first forward to
+  // its last backward (it neither waits for another stage's optimizer nor
+  // ends before the others): the bubble is the share of the stages' time
+  // in it that they do not compute, as moec --explain models it.
+  const size_t first = static_cast<size_t>(plan.stageRank(0, 0));
+  const double span = all[2 * first] + all[2 * first + 1];
+  if (span > 0)
+    fmt::print("pipeline bubble: {:.1f}% of the stages' time (1 - their mean busy time / the "
+               "first stage's steps' time, {:.3f} s); equal stages: (pp - 1) / (m + pp - 1) = "
+               "{:.1f}%\n",
+               100 * (1 - busySum / static_cast<double>(pp) / span), span, 100 * model);
 }
 
 /// moert train --steps N: updates run.start.step + 1 .. N of the plan's

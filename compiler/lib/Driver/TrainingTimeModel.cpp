@@ -80,6 +80,7 @@ UpdateTime updateTime(const Workload &w, const sharding::Cluster &machine, int64
   const double updated =
       zero >= 1 ? dense / N + (w.expertParameters / E) / (edp > 1 ? edp : 1) : held;
   t.optimizer = optimizer ? 7 * 4 * updated / (machine.memoryBandwidth / ways) : 0;
+  t.compute += share * 5 * 4 * held / (machine.memoryBandwidth / ways);
   if (replicas * tp > 1) {
     double collectives = 0;
     // The sums of `params` parameters in `tensors` tensors over n members.

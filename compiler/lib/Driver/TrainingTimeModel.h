@@ -51,8 +51,11 @@ struct UpdateTime {
 
 /// The time model: forward 2 FLOPs per active parameter and token, the
 /// backward pass twice that, a recomputed forward once more (selective:
-/// the experts' part); AdamW streams its states (about 7 f32 per parameter
-/// it updates) through memory; and what the rank sends over its link:
+/// the experts' part), and each micro-batch's gradients added to their
+/// compensated sums (5 f32 through memory per parameter it holds; under
+/// ZeRO-2 the reduce_scatter's adds) count as compute; AdamW streams its states (about 7 f32
+/// per parameter it updates) through memory; and what the rank sends over
+/// its link:
 /// the fixed-order all_reduce of the sums and errors (4 f32 per parameter
 /// x (N - 1) / N; ZeRO-1: its reduce_scatter half), ZeRO's all_gather of
 /// the weights ((N - 1) / N of their bytes), ZeRO-2's reduce_scatter per
@@ -67,26 +70,8 @@ struct UpdateTime {
 /// weights (the experts whole, their sums over edp = N tp / ep), and
 /// all_reduces the replica's activations four times per layer and
 /// micro-batch (attention's and the MLP's outputs, then their input
-/// gradients: 2 (tp - 1) / tp of tokens x H f32 each).
-/// The time model: forward 2 FLOPs per active parameter and token, the
-/// backward pass twice that, a recomputed forward once more (selective:
-/// the experts' part); AdamW streams its states (about 7 f32 per parameter
-/// it updates) through memory; and what the rank sends over its link:
-/// the fixed-order all_reduce of the sums and errors (4 f32 per parameter
-/// x (N - 1) / N; ZeRO-1: its reduce_scatter half), ZeRO's all_gather of
-/// the weights ((N - 1) / N of their bytes), ZeRO-2's reduce_scatter per
-/// micro-batch instead (2 f32 per parameter x (N - 1) / N each). Expert
-/// parallelism over ep of the replicas: a rank holds and updates 1/ep of
-/// the routed experts (whose backward recomputes their gate and up
-/// products), whose sums (and ZeRO shards) go over edp = N / ep
-/// replicas only, and sends (ep - 1) / ep of its routed rows (k per token,
-/// H f32 each) four times per MoE layer and micro-batch (the blocks and the
-/// outputs, then their gradients). Tensor parallelism over tp ranks of a
-/// replica: each computes 1/tp of its FLOPs and holds 1/tp of the dense
-/// weights (the experts whole, their sums over edp = N tp / ep), and
-/// all_reduces the replica's activations four times per layer and
-/// micro-batch (attention's and the MLP's outputs, then their input
-/// gradients: 2 (tp - 1) / tp of tokens x H f32 each).
+/// gradients: 2 (tp - 1) / tp of tokens x H f32 each). `pp`: the pipeline
+/// stages whose ranks share the CPU machine too (`w` one stage's).
 UpdateTime updateTime(const Workload &w, const sharding::Cluster &machine, int64_t replicas,
                       int64_t tp, int64_t ep, int64_t zero, const Recompute &recompute,
                       double tokensPerMicroBatch, int64_t microBatchesPerReplica, bool bf16,
