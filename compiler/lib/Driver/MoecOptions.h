@@ -40,7 +40,8 @@ struct TrainingChoice {
   bool recomputeAuto = false, zeroAuto = false;
   /// No --ep over replicas: expert parallelism is the planner's choice too.
   bool expertsAuto = false;
-  /// --world-size N alone: tensor parallelism (and with it dp) too.
+  /// --world-size N alone: tensor parallelism and pipeline stages (and with
+  /// them dp) too.
   bool tensorAuto = false;
   int64_t budget = 0; ///< bytes a rank may hold (0: 90% of the CPU machine's share)
   const hf::ModelConfig *config = nullptr;

@@ -36,14 +36,35 @@ Error failure(const Twine &message) {
   return createStringError(inconvertibleErrorCode(), "%s", message.str().c_str());
 }
 
+/// 1F1B over the stages' seconds per micro-batch: the slowest sets the
+/// steady state, the others add their fill and drain once.
+double pipelineSeconds(ArrayRef<double> t, int64_t m) {
+  return double(m - 1) * *std::max_element(t.begin(), t.end()) +
+         std::accumulate(t.begin(), t.end(), 0.0);
+}
+
 /// One compile of the training programs: each stage's memory and time.
 struct Trial {
   Recompute recompute;
   std::vector<moe::RankProgramMemory> memory;
   SmallVector<int64_t> slots;
-  /// Seconds per micro-batch (forward and backward), and once per update
-  /// (the optimizer and communication nothing overlaps).
-  SmallVector<double> microBatch, perUpdate;
+  /// Seconds per micro-batch (forward and backward), and the update's
+  /// (its optimizer and communication, which nothing overlaps).
+  SmallVector<double> microBatch;
+  std::vector<UpdateTime> update;
+
+  /// The update: 1F1B over the stages' micro-batches, then the slowest
+  /// stage's optimizer and communication.
+  UpdateTime total(int64_t m) const {
+    UpdateTime t;
+    t.compute = pipelineSeconds(microBatch, m);
+    for (const UpdateTime &u : update) {
+      t.optimizer = std::max(t.optimizer, u.optimizer);
+      t.comm = std::max(t.comm, u.comm);
+      t.commBytes = std::max(t.commBytes, u.commBytes);
+    }
+    return t;
+  }
 };
 
 /// The pipeline's shape, from a compiled module.
@@ -100,8 +121,16 @@ public:
                                         /*optimizer=*/false, config, shape.pp);
       const UpdateTime all = updateTime(w, machine, dp, tp, ep, zero, r, tokens, shape.m, bf16,
                                         options.optimizer.has_value(), config, shape.pp);
+      // (Each micro-batch's activations sent up and their gradients down,
+      // tokens x H f32 each way, to each neighbour.)
+      const double p2p = double((s > 0) + (s + 1 < shape.pp)) * double(shape.m) * tokens *
+                         double(config.hiddenSize) * 4;
+      UpdateTime withSends = all;
+      withSends.commBytes += p2p;
+      withSends.comm += p2p / machine.intraNode.bandwidth +
+                        2 * double(shape.m) * machine.intraNode.latency;
       t.microBatch.push_back(one.compute);
-      t.perUpdate.push_back(all.total() - all.compute);
+      t.update.push_back(withSends);
     }
     return t;
   }
@@ -129,13 +158,6 @@ private:
   const hf::ModelConfig &config;
   const sharding::Cluster machine;
 };
-
-/// 1F1B over the stages' seconds per micro-batch: the slowest sets the
-/// steady state, the others add their fill and drain once.
-double pipelineSeconds(ArrayRef<double> t, int64_t m) {
-  return double(m - 1) * *std::max_element(t.begin(), t.end()) +
-         std::accumulate(t.begin(), t.end(), 0.0);
-}
 
 } // namespace
 
@@ -258,8 +280,8 @@ Error driver::choosePipelineRecompute(mlir::MLIRContext &context, mlir::ModuleOp
                       memory.buffers, formatv("{0} ({1})", memory.kept, chosen.slots[s]).str(),
                       states, memory.total(), chosen.microBatch[s]);
   }
-  const double steps = pipelineSeconds(chosen.microBatch, shape.m);
-  const double rest = *std::max_element(chosen.perUpdate.begin(), chosen.perUpdate.end());
+  const UpdateTime update = chosen.total(shape.m);
+  const double steps = update.compute, rest = update.optimizer + update.comm;
   const double busy = double(shape.m) *
                       std::accumulate(chosen.microBatch.begin(), chosen.microBatch.end(), 0.0);
   outs() << formatv("update: 1F1B over the stages' seconds per micro-batch, (m - 1) max + sum "
@@ -268,4 +290,31 @@ Error driver::choosePipelineRecompute(mlir::MLIRContext &context, mlir::ModuleOp
                     steps, rest, 100 * (1 - busy / (double(shape.pp) * steps)),
                     100.0 * double(shape.pp - 1) / double(shape.m + shape.pp - 1));
   return Error::success();
+}
+
+Expected<driver::timing::PipelineEstimate>
+driver::timing::estimatePipeline(mlir::MLIRContext &context, mlir::ModuleOp module,
+                         const CompileOptions &options, const hf::ModelConfig &config,
+                         const Recompute &recompute) {
+  PipelinePlanner planner(context, module, options, config);
+  CompileOptions trial = options;
+  trial.recomputeExperts = recompute.experts;
+  trial.recomputeLayers = recompute.layers;
+  trial.recomputeExpertsLayers.clear();
+  trial.recomputeLayersOnly.clear();
+  Expected<Trial> t = planner.measure(trial, recompute);
+  if (!t)
+    return t.takeError();
+  const Shape &shape = planner.shape;
+  PipelineEstimate e;
+  e.time = t->total(shape.m);
+  const double busy =
+      double(shape.m) * std::accumulate(t->microBatch.begin(), t->microBatch.end(), 0.0);
+  e.bubble = 1 - busy / (double(shape.pp) * e.time.compute);
+  for (int64_t s = 0; s < shape.pp; ++s)
+    if (s == 0 || t->memory[s].total() > e.memory.total()) {
+      e.memory = t->memory[s];
+      e.stage = s;
+    }
+  return e;
 }

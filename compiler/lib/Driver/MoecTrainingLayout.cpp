@@ -26,6 +26,7 @@
 #include "llvm/Support/WithColor.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <optional>
 
@@ -42,6 +43,11 @@ struct Candidate {
   Recompute recompute;
   UpdateTime time;
   std::optional<moe::RankProgramMemory> memory;
+  int64_t pp = 1;     ///< pipeline stages (one replica's layers over pp ranks)
+  double bubble = 0;  ///< of a pipelined one: the share of its stages' time idle
+
+  /// Data-parallel replicas of `world` ranks.
+  int64_t replicas(int64_t world) const { return world / (tp * pp); }
 };
 
 } // namespace
@@ -53,6 +59,7 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
     return Error::success();
   const int64_t givenTp = options.layout ? std::max<int64_t>(options.layout->tp, 1) : 1;
   const int64_t world = (options.layout ? options.layout->dp : 1) * givenTp;
+  const hf::ModelConfig &config = *request.config;
   const sharding::Cluster machine = *sharding::builtinCluster("cpu");
   // The CPU machine's ranks share its memory.
   const int64_t budget =
@@ -73,6 +80,19 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
     trial.output.clear();
     trial.explain = false;
     trial.target = "cpu"; // (the memory is the programs', whatever the target)
+    if (c.pp > 1) { // (its time too: the stages' 1F1B, from their programs)
+      trial.layout->pp = c.pp;
+      trial.layout->dp = c.replicas(world);
+      std::optional<mlir::ScopedDiagnosticHandler> quiet;
+      quiet.emplace(&context, [](mlir::Diagnostic &) { return mlir::success(); });
+      Expected<PipelineEstimate> e = estimatePipeline(context, module, trial, config, c.recompute);
+      if (!e)
+        return e.takeError();
+      c.memory = e->memory;
+      c.time = e->time;
+      c.bubble = e->bubble;
+      return Error::success();
+    }
     mlir::PassManager pm(&context);
     buildPipeline(pm, trial, Phase::Exec);
     // (A tensor-parallel candidate the model refuses is no candidate:
@@ -124,7 +144,6 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
         candidates.push_back({givenTp, ep, zero, r, {}, std::nullopt});
   // Tensor parallelism (--world-size N alone): every T > 1 dividing the
   // ranks and the attention heads, the other N / T ranks replicas.
-  const hf::ModelConfig &config = *request.config;
   if (request.tensorAuto && options.optimizer)
     for (int64_t tp = 2; tp <= world; ++tp)
       if (world % tp == 0 && config.numHeads % tp == 0 &&
@@ -132,6 +151,15 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
         for (int64_t zero : zerosOver(world / tp))
           for (const Recompute &r : recomputes)
             candidates.push_back({tp, 1, zero, r, {}, std::nullopt});
+  // Pipeline stages (--world-size N alone): every P > 1 dividing the ranks,
+  // up to the layers, the other N / P ranks replicas; each timed as 1F1B
+  // over its stages (its bubble counted) when it is compiled.
+  if (request.tensorAuto && options.optimizer)
+    for (int64_t pp = 2; pp <= world && pp <= config.numLayers; ++pp)
+      if (world % pp == 0)
+        for (int64_t zero : zerosOver(world / pp))
+          for (const Recompute &r : recomputes)
+            candidates.push_back({1, 1, zero, r, {}, std::nullopt, pp});
 
   // The time model needs the trained weights: the first candidate's
   // programs give them.
@@ -142,11 +170,22 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
   first.erase();
   const int64_t micro = options.optimizer ? options.optimizer->microBatches : 1;
   const bool bf16 = work.weightBytes < 3 * work.parameters; // (bf16 compute weights)
-  for (Candidate &c : candidates)
+  // (A pipelined candidate's time needs its programs: measured now.)
+  std::vector<bool> dropped(candidates.size(), false);
+  for (auto [i, c] : llvm::enumerate(candidates)) {
+    if (c.pp > 1) {
+      if (Error e = measure(c)) {
+        consumeError(std::move(e));
+        dropped[i] = true;
+        c.time.compute = std::numeric_limits<double>::infinity();
+      }
+      continue;
+    }
     c.time = updateTime(work, machine, world / c.tp, c.tp, c.ep, c.zero, c.recompute,
                         double(options.maxBatchTokens),
                         std::max<int64_t>(1, micro / (world / c.tp)), bf16,
                         options.optimizer.has_value(), config);
+  }
   // The fastest that fits; measured in that order (all of them to explain).
   SmallVector<size_t> order(candidates.size());
   std::iota(order.begin(), order.end(), 0);
@@ -158,13 +197,14 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
       request.zeroAuto && world > 1 ? "training layout" : "--recompute auto";
   auto named = [&](const Candidate &c) {
     return std::string(c.recompute.what) +
-           (world / c.tp > 1 ? formatv(", ZeRO-{0}", c.zero).str() : std::string()) +
+           (c.replicas(world) > 1 ? formatv(", ZeRO-{0}", c.zero).str() : std::string()) +
+           (c.pp > 1 ? formatv(", pipeline stages over pp = {0}", c.pp).str() : std::string()) +
            (c.ep > 1 ? formatv(", experts split over ep = {0}", c.ep).str() : std::string()) +
            (c.tp > 1 ? formatv(", tensor parallelism over tp = {0}", c.tp).str()
                      : std::string());
   };
-  // (A tensor-parallel candidate that does not compile is dropped.)
-  std::vector<bool> dropped(candidates.size(), false);
+  // (A tensor-parallel or pipelined candidate that does not compile is
+  // dropped.)
   auto tryMeasure = [&](size_t i) -> Error {
     if (Error e = measure(candidates[i])) {
       if (candidates[i].tp == givenTp)
@@ -208,17 +248,20 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
   if (options.layout) {
     options.layout->ep = pick.ep;
     options.layout->tp = pick.tp;
-    options.layout->dp = world / pick.tp;
+    options.layout->pp = pick.pp;
+    options.layout->dp = pick.replicas(world);
   }
   if (*chosen != order.front() || !fits) {
     // (The options that give the choice: "--zero 1 --recompute none", or
     // on one rank the recompute's name alone.)
     std::string flags;
     if (pick.tp > 1)
-      flags += formatv("--tp {0} --dp {1} ", pick.tp, world / pick.tp).str();
+      flags += formatv("--tp {0} --dp {1} ", pick.tp, pick.replicas(world)).str();
+    if (pick.pp > 1)
+      flags += formatv("--pp {0} --dp {1} ", pick.pp, pick.replicas(world)).str();
     if (pick.ep > 1)
       flags += formatv("--ep {0} ", pick.ep).str();
-    if (world / pick.tp > 1)
+    if (pick.replicas(world) > 1)
       flags += formatv("--zero {0} ", pick.zero).str();
     if (!flags.empty())
       flags += "--recompute ";
@@ -226,23 +269,37 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
         << label << ": " << flags << pick.recompute.name << " (" << named(pick) << ": "
         << pick.memory->total() << " bytes" << (fits ? "" : ", still over the budget") << ")\n";
   }
+  // A pipelined choice: each stage's recompute (as fast as fits), and with
+  // --explain each stage's memory and time.
+  auto pipelineDetail = [&]() -> Error {
+    return pick.pp > 1 ? choosePipelineRecompute(context, module, options, request)
+                       : Error::success();
+  };
   if (!options.explain)
-    return Error::success();
+    return pipelineDetail();
+  // (The pp column where pipelines were weighed; a pipelined candidate's
+  // compute is its stages' 1F1B, bubble included.)
+  const bool pipelines = llvm::any_of(candidates, [](const Candidate &c) { return c.pp > 1; });
+  auto lead = [&](auto dp, auto tp, auto pp) {
+    return pipelines ? formatv("{0,-3} {1,-3} {2,-3}", dp, tp, pp).str()
+                     : formatv("{0,-3} {1,-3}", dp, tp).str();
+  };
   if (candidates.size() > 1) {
-    outs() << formatv("training layouts of a rank ({0} rank{1}: dp x tp; time of an "
-                      "update on the {2} machine, nothing overlapped; bytes):\n",
-                      world, world > 1 ? "s" : "", machine.name);
-    outs() << formatv("  {0,-3} {1,-3} {2,-3} {3,-5} {4,-10} {5,14} {6,11} {7,11} {8,11} "
-                      "{9,14} {10,7}\n",
-                      "dp", "tp", "ep", "zero", "recompute", "memory", "compute s",
+    outs() << formatv("training layouts of a rank ({0} rank{1}: dp x tp{2}; time of an "
+                      "update on the {3} machine, nothing overlapped{4}; bytes):\n",
+                      world, world > 1 ? "s" : "", pipelines ? " x pp" : "", machine.name,
+                      pipelines ? ", a pipeline's bubble in its compute" : "");
+    outs() << formatv("  {0} {1,-3} {2,-5} {3,-10} {4,14} {5,11} {6,11} {7,11} "
+                      "{8,14} {9,7}\n",
+                      lead("dp", "tp", "pp"), "ep", "zero", "recompute", "memory", "compute s",
                       "optimizer s", "comm s", "comm bytes", "comm %");
     for (size_t i : order) {
       const Candidate &c = candidates[i];
       if (dropped[i])
         continue;
-      outs() << formatv("  {0,-3} {1,-3} {2,-3} {3,-5} {4,-10} {5,14} {6,11:e2} {7,11:e2} "
-                        "{8,11:e2} {9,14:f0} {10,6:f1}%{11}\n",
-                        world / c.tp, c.tp, c.ep, c.zero, c.recompute.name,
+      outs() << formatv("  {0} {1,-3} {2,-5} {3,-10} {4,14} {5,11:e2} {6,11:e2} "
+                        "{7,11:e2} {8,14:f0} {9,6:f1}%{10}\n",
+                        lead(c.replicas(world), c.tp, c.pp), c.ep, c.zero, c.recompute.name,
                         c.memory ? std::to_string(c.memory->total()) : std::string("-"),
                         c.time.compute, c.time.optimizer, c.time.comm, c.time.commBytes,
                         100 * c.time.comm / c.time.total(),
@@ -251,6 +308,8 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
                                                            : ""));
     }
   }
+  if (pick.pp > 1)
+    return pipelineDetail();
   // The training memory model of the choice, as moert --report-memory
   // measures it.
   const moe::RankProgramMemory &memory = *pick.memory;

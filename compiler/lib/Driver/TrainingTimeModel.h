@@ -11,8 +11,12 @@
 
 #include "moe/Analysis/Cluster.h"
 #include "moe/Frontend/HF/ModelConfig.h"
+#include "moe/Pipelines.h"
+#include "moe/Target/PlanWriter.h"
 
 #include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/MLIRContext.h"
+#include "llvm/Support/Error.h"
 
 namespace moe::driver::timing {
 
@@ -76,6 +80,23 @@ UpdateTime updateTime(const Workload &w, const sharding::Cluster &machine, int64
                       int64_t tp, int64_t ep, int64_t zero, const Recompute &recompute,
                       double tokensPerMicroBatch, int64_t microBatchesPerReplica, bool bf16,
                       bool optimizer, const hf::ModelConfig &config, int64_t pp = 1);
+
+/// A layout over pipeline stages (options.layout's pp > 1) compiled with
+/// recompute `recompute` on every stage (MoecPipeline.cpp): its update (the
+/// compute: 1F1B over the stages' micro-batches, bubble included; the
+/// slowest stage's optimizer and communication), the bubble's share of
+/// the stages' time, and the stage that holds the most memory.
+struct PipelineEstimate {
+  UpdateTime time;
+  double bubble = 0;
+  moe::RankProgramMemory memory;
+  int64_t stage = 0;
+};
+llvm::Expected<PipelineEstimate> estimatePipeline(mlir::MLIRContext &context,
+                                                  mlir::ModuleOp module,
+                                                  const CompileOptions &options,
+                                                  const hf::ModelConfig &config,
+                                                  const Recompute &recompute);
 
 } // namespace moe::driver::timing
 
