@@ -225,8 +225,7 @@ LogicalResult Partitioner::buildFunction(StringRef name, int64_t stage, StringRe
     // add) rounds as the forward's did.
     auto it = values.find(p.old);
     if (it != values.end() && !p.attr.empty() &&
-        (it->second.dist == Dist::Local ||
-         (it->second.dist == Dist::Partial && p.attr == kStashAttr))) {
+        (it->second.dist == Dist::Local || it->second.dist == Dist::Partial)) {
       operands.push_back(it->second.value);
       portDist[p.old] = it->second.dist;
       portType[p.old] = it->second.value.getType();
