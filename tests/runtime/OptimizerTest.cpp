@@ -121,6 +121,38 @@ TEST(OptimizerTest, CompensatedSumsAreTheRoundedSumInAnyGrouping) {
   EXPECT_GT(plainOff, n / 10); // (the test would not tell them apart otherwise)
 }
 
+/// A table tied over the first and last of more than two pipeline stages:
+/// combineStages gives both stages the bits the all_reduce of two stages
+/// (combineCompensated over 2 members) gives, written over either's own.
+TEST(OptimizerTest, CombineStagesIsTheAllReduceOfTwoStages) {
+  const int64_t n = 1000;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> all(4 * n);
+  for (float &x : all)
+    x = u(rng);
+  for (int64_t i = 0; i < n; ++i) { // (errors far below their sums)
+    all[n + i] *= 1e-8f;
+    all[3 * n + i] *= 1e-8f;
+  }
+  std::vector<float> sum(n), err(n);
+  cpu::combineCompensated(all.data(), 2, n, sum.data(), err.data());
+  // The first stage: its own pair first, written over it.
+  std::vector<float> first(all.begin(), all.begin() + 2 * n);
+  cpu::combineStages(first.data(), first.data() + n, all.data() + 2 * n, all.data() + 3 * n,
+                     first.data(), first.data() + n, n);
+  // The last: the first's pair first, written over its own.
+  std::vector<float> last(all.begin() + 2 * n, all.end());
+  cpu::combineStages(all.data(), all.data() + n, last.data(), last.data() + n, last.data(),
+                     last.data() + n, n);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(first[i], sum[i]) << i;
+    ASSERT_EQ(first[n + i], err[i]) << i;
+    ASSERT_EQ(last[i], sum[i]) << i;
+    ASSERT_EQ(last[n + i], err[i]) << i;
+  }
+}
+
 /// ZeRO-2's order (moert's reduce_scatter): in each round every replica's
 /// next micro-batch, in replica order, added with TwoSum into one (sum,
 /// error) pair; the error added back once. The same rounded sum as one rank

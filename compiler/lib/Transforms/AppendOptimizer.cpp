@@ -383,9 +383,52 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     auto isTied = [&](exec::WeightOp w) {
       return tied && llvm::is_contained(tied.getAsRange<StringAttr>(), w.getTensorAttr());
     };
-    for (size_t i = 0; i < params.size(); ++i)
-      if (isTied(params[i]))
+    // Over two stages the pp group is the two; over more, the first and
+    // the last exchange their sums (the first sends first: blocking sends
+    // meet) and each adds them in stage order (combine_stages).
+    const int64_t stage = train.getStage();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!isTied(params[i]))
+        continue;
+      if (pp == 2) {
         allReduceOver(mesh, "pp", sumAndError(i));
+        continue;
+      }
+      const int64_t other = stage == 0 ? pp - 1 : 0;
+      SmallVector<Value> own = sumAndError(i), theirs;
+      for (Value v : own) {
+        auto buffer = v.getDefiningOp<exec::BufferOp>();
+        OpBuilder::InsertionGuard guard(b); // (among the declarations)
+        b.setInsertionPointAfter(buffer);
+        theirs.push_back(b.create<exec::BufferOp>(loc, bufferType, f32, buffer.getRows(),
+                                                  buffer.getWidth(), StringAttr(), IntegerAttr(),
+                                                  StringAttr()));
+      }
+      auto peer = [&](StringRef kind, ValueRange ins, ValueRange outs) {
+        b.create<exec::CollectiveOp>(
+            loc, b.getStringAttr(kind), FlatSymbolRefAttr(), StringAttr(), ins, ValueRange{},
+            outs, b.getDictionaryAttr({b.getNamedAttr("stage", b.getI64IntegerAttr(other))}),
+            StringAttr());
+      };
+      auto sends = [&] {
+        for (Value v : own)
+          peer("send", v, {});
+      };
+      auto recvs = [&] {
+        for (Value v : theirs)
+          peer("recv", {}, v);
+      };
+      if (stage == 0) {
+        sends();
+        recvs();
+      } else {
+        recvs();
+        sends();
+      }
+      SmallVector<Value> ins = stage == 0 ? own : theirs;
+      ins.append(stage == 0 ? theirs : own);
+      launch("combine_stages", ins, {}, own, {});
+    }
     // A compensated sum's error added back, once.
     if (compensated)
       for (size_t i = 0; i < params.size(); ++i)

@@ -128,16 +128,16 @@ LogicalResult Partitioner::assignStages(SmallVectorImpl<int64_t> &stageOfOp,
       for (Value operand : op.getOperands())
         if (Operation *w = weightOpOf(operand); w && lossOp) {
           // (A tied embedding table is the first stage's and the LM head
-          // of the last: over two stages, which add their gradients.)
+          // of the last, which add their gradients.)
           auto [it, inserted] = weightStage.try_emplace(w, stage);
           const bool tied =
-              d.pp == 2 && cast<moe::WeightOpInterface>(w).getWeightRole() ==
-                               moe::WeightRole::embedding;
+              cast<moe::WeightOpInterface>(w).getWeightRole() == moe::WeightRole::embedding &&
+              std::min(it->second, stage) == 0 && std::max(it->second, stage) == d.pp - 1;
           if (!inserted && it->second != stage && !tied)
             return op.emitOpError("not supported yet: weight '")
                    << weightName(w) << "' is used on pipeline stages " << it->second << " and "
-                   << stage << " of a training program (tied embeddings over more than 2 "
-                   << "stages)";
+                   << stage << " of a training program (a weight shared by other stages than "
+                   << "the first and the last)";
         }
     }
     position[&op] = int64_t(stageOfOp.size());

@@ -85,6 +85,9 @@ struct Event {
   Operation *op = nullptr;
   /// A send or recv (to / from `stage`), else a collective over a group.
   bool peer = false, sending = false;
+  /// (A send or recv of an optimizer program: a table tied over the first
+  /// and the last stage.)
+  bool betweenEnds = false;
   int64_t stage = 0;
   bool experts = false; ///< the group's mesh: @experts (else @mesh)
   int64_t axis = 0;     ///< the group's axis on its mesh
@@ -212,8 +215,12 @@ LogicalResult simulate(ModuleOp module, const Degrees &d,
       // Whichever of the pair arrives last completes it.
       Coords c = coordsOf(d, r);
       // (A pipelined training program's backward sends to the stage
-      // before and receives from the one after.)
-      if (std::abs(e->stage - c.attention[0]) != 1 || e->stage < 0 || e->stage >= d.pp)
+      // before and receives from the one after; an optimizer program's
+      // tied table goes between the first and the last.)
+      const bool ends = e->betweenEnds && std::min(e->stage, c.attention[0]) == 0 &&
+                        std::max(e->stage, c.attention[0]) == d.pp - 1;
+      if ((std::abs(e->stage - c.attention[0]) != 1 && !ends) || e->stage < 0 ||
+          e->stage >= d.pp)
         return e->op->emitError("rank ") << r << (e->sending ? " sends to" : " receives from")
                                          << " stage " << e->stage << " on stage "
                                          << c.attention[0];
@@ -372,6 +379,7 @@ Event execEvent(exec::CollectiveOp c, exec::ProgramOp program) {
     e.sending = c.getKind() == "send";
     auto stage = c.getConstants().getAs<IntegerAttr>("stage");
     e.stage = stage ? stage.getInt() : -1;
+    e.betweenEnds = program.getEntry() == "optimizer";
     text += llvm::formatv(e.sending ? " to stage {0}" : " from stage {0}", e.stage);
   }
   // A send's input meets the recv's output; a group's operands and

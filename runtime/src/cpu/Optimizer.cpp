@@ -76,6 +76,23 @@ void combineCompensated(const float *all, int64_t members, int64_t n, float *sum
   });
 }
 
+void combineStages(const float *firstSum, const float *firstErr, const float *lastSum,
+                   const float *lastErr, float *sum, float *err, int64_t n) {
+  blocks(n, [&](int64_t, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (!err) {
+        sum[i] = firstSum[i] + lastSum[i];
+        continue;
+      }
+      float s, e;
+      twoSum(firstSum[i], lastSum[i], s, e);
+      const float lost = firstErr[i] + (lastErr[i] + e);
+      sum[i] = s;
+      err[i] = lost;
+    }
+  });
+}
+
 double sumOfSquares(const float *x, int64_t n) {
   std::vector<double> partial(static_cast<size_t>((n + kBlock - 1) / kBlock), 0.0);
   blocks(n, [&partial, x](int64_t b, int64_t begin, int64_t end) {

@@ -34,7 +34,7 @@ extern const OpDef kCrossEntropyGrad, kLinearGrad, kRmsNormGrad, kRmsNormGradSta
     kMlpGrad, kEmbeddingGrad, kRouteGrad, kExpertsGrad, kRouterStatsGrad, kBiasGrad,
     kSigmoidGateGrad, kMlaAttentionGrad;
 // Optimizer.cpp
-extern const OpDef kAccumulate, kGradTotal, kLrSchedule, kSumSquares, kGradNorm, kAdamW, kCountExperts, kExpertBiasUpdate;
+extern const OpDef kAccumulate, kGradTotal, kCombineStages, kLrSchedule, kSumSquares, kGradNorm, kAdamW, kCountExperts, kExpertBiasUpdate;
 // Experts.cpp: the optional capacity_factor of experts_saved and experts_grad
 // (PlanStep::dispatch.capacityFactor; 0: dropless).
 void parseExpertsCapacity(const JsonFields &a, PlanStep &step);

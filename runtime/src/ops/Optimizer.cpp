@@ -62,6 +62,40 @@ int64_t runGradTotal(cpu::StepContext &c) {
   return c.rows;
 }
 
+/// A table tied over the first and last pipeline stage: ins the first
+/// stage's sum (and error), then the last's, one pair its own state, the
+/// other what the other stage sent; outs its own.
+void checkCombineStages(const StepChecker &c, const PlanStep &step) {
+  const bool compensated = step.in.size() == 4;
+  c.arity(compensated ? 4 : 2, 0, 0, compensated ? 2 : 1);
+  const size_t half = step.in.size() / 2;
+  const int64_t stage = c.program.stage, pp = c.plan.degrees.pp;
+  c.expect(c.program.entry == "optimizer" && pp > 2 && (stage == 0 || stage == pp - 1),
+           "combine_stages: an optimizer program of the first or last of more than two "
+           "pipeline stages");
+  const size_t own = stage == 0 ? 0 : half;
+  const PlanBuffer &sum = c.program.buffers[step.in[own]];
+  bool same = !sum.state.empty();
+  for (size_t k = 0; k < step.in.size(); ++k) {
+    const PlanBuffer &b = c.program.buffers[step.in[k]];
+    same &= b.dtype == DType::F32 && b.rows * b.width == sum.rows * sum.width;
+  }
+  for (size_t k = 0; k < step.out.size(); ++k)
+    same &= step.out[k] == step.in[own + k];
+  c.expect(same, "combine_stages: expected the stage's own sum (and error, state buffers) among "
+                 "the first's and the last's, in and out, all of as many f32 values");
+}
+
+int64_t runCombineStages(cpu::StepContext &c) {
+  const bool compensated = c.step->in.size() == 4;
+  const size_t half = c.step->in.size() / 2;
+  const int64_t n = c.bufferRows(c.step->in[0]) * c.width(c.step->in[0]);
+  cpu::combineStages(c.in(0), compensated ? c.in(1) : nullptr, c.in(half),
+                     compensated ? c.in(half + 1) : nullptr, c.out(0),
+                     compensated ? c.out(1) : nullptr, n);
+  return c.rows;
+}
+
 void parseSchedule(const JsonFields &a, PlanStep &step) {
   OptimizerParams &o = step.optimizer;
   const std::string schedule = a.string("schedule");
@@ -385,6 +419,8 @@ const OpDef kAccumulate = {"accumulate", Collective::None, OpDef::RunsEmpty, nul
                            runAccumulate};
 const OpDef kGradTotal = {"grad_total", Collective::None, OpDef::RunsEmpty, nullptr, checkGradTotal,
                           runGradTotal};
+const OpDef kCombineStages = {"combine_stages", Collective::None, OpDef::RunsEmpty, nullptr,
+                              checkCombineStages, runCombineStages};
 const OpDef kLrSchedule = {"lr_schedule", Collective::None, OpDef::RunsEmpty, parseSchedule, checkSchedule,
                            runSchedule};
 const OpDef kSumSquares = {"sum_squares", Collective::None, OpDef::RunsEmpty, parseSumSquares,

@@ -19,7 +19,7 @@ const std::vector<const OpDef *> &registeredOps() {
       &ops::kAttentionGrad, &ops::kMlpGrad, &ops::kEmbeddingGrad, &ops::kRouteGrad,
       &ops::kExpertsGrad, &ops::kRouterStatsGrad, &ops::kBiasGrad, &ops::kSigmoidGateGrad,
       &ops::kMlaAttentionGrad,
-      &ops::kAccumulate, &ops::kGradTotal, &ops::kLrSchedule, &ops::kSumSquares, &ops::kGradNorm, &ops::kAdamW, &ops::kCountExperts,
+      &ops::kAccumulate, &ops::kGradTotal, &ops::kCombineStages, &ops::kLrSchedule, &ops::kSumSquares, &ops::kGradNorm, &ops::kAdamW, &ops::kCountExperts,
       &ops::kExpertBiasUpdate,
       &ops::kAllReduce,  &ops::kAllGather,   &ops::kAllToAll, &ops::kReduceScatter,  &ops::kSend,
       &ops::kRecv};

@@ -22,6 +22,12 @@ void addCompensation(float *sum, float *err, int64_t n);
 /// n errors) at all + q 2n, added in member order into `sum` and `err`:
 /// the all_reduce of compensated sums.
 void combineCompensated(const float *all, int64_t members, int64_t n, float *sum, float *err);
+/// The first and the last pipeline stage's sums of a tied table's gradient
+/// (sum, err; without err: nullptr), added as combineCompensated adds two
+/// members, first then last, into `sum` and `err` (which may be either's):
+/// both stages get the same bits.
+void combineStages(const float *firstSum, const float *firstErr, const float *lastSum,
+                   const float *lastErr, float *sum, float *err, int64_t n);
 
 /// The sum of x[i]^2 over i < n in double: per block of 64 Ki elements in
 /// eight running sums (element i into sum i mod 8), the blocks added in
