@@ -135,6 +135,16 @@ public:
     return t;
   }
 
+  /// measure() with recompute `r` on every stage.
+  Expected<Trial> measureUniform(const Recompute &r) {
+    CompileOptions trial = options;
+    trial.recomputeExperts = r.experts;
+    trial.recomputeLayers = r.layers;
+    trial.recomputeExpertsLayers.clear();
+    trial.recomputeLayersOnly.clear();
+    return measure(trial, r);
+  }
+
   Shape shape;
 
 private:
@@ -173,23 +183,9 @@ Error driver::choosePipelineRecompute(mlir::MLIRContext &context, mlir::ModuleOp
   const int64_t budget = request.budget > 0
                              ? request.budget
                              : int64_t(0.9 * double(machine.memoryBytes) / double(world));
-  SmallVector<Recompute> recomputes;
-  if (!choose)
-    recomputes.push_back(options.recomputeLayers    ? kFull
-                         : options.recomputeExperts ? kSelective
-                                                    : kNone);
-  else if (options.capacityFactor == 0)
-    recomputes = {kNone, kSelective, kFull};
-  else
-    recomputes = {kNone, kFull};
   std::vector<Trial> trials;
-  for (const Recompute &r : recomputes) {
-    CompileOptions trial = options;
-    trial.recomputeExperts = r.experts;
-    trial.recomputeLayers = r.layers;
-    trial.recomputeExpertsLayers.clear();
-    trial.recomputeLayersOnly.clear();
-    Expected<Trial> t = planner.measure(trial, r);
+  for (const Recompute &r : recomputeCandidates(options, choose)) {
+    Expected<Trial> t = planner.measureUniform(r);
     if (!t)
       return t.takeError();
     trials.push_back(std::move(*t));
@@ -297,12 +293,7 @@ driver::timing::estimatePipeline(mlir::MLIRContext &context, mlir::ModuleOp modu
                          const CompileOptions &options, const hf::ModelConfig &config,
                          const Recompute &recompute) {
   PipelinePlanner planner(context, module, options, config);
-  CompileOptions trial = options;
-  trial.recomputeExperts = recompute.experts;
-  trial.recomputeLayers = recompute.layers;
-  trial.recomputeExpertsLayers.clear();
-  trial.recomputeLayersOnly.clear();
-  Expected<Trial> t = planner.measure(trial, recompute);
+  Expected<Trial> t = planner.measureUniform(recompute);
   if (!t)
     return t.takeError();
   const Shape &shape = planner.shape;

@@ -114,15 +114,8 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
   };
 
   // The candidates: the given choices, or every one where auto.
-  SmallVector<Recompute> recomputes;
-  if (!request.recomputeAuto)
-    recomputes.push_back(options.recomputeLayers    ? kFull
-                         : options.recomputeExperts ? kSelective
-                                                    : kNone);
-  else if (options.capacityFactor == 0)
-    recomputes = {kNone, kSelective, kFull};
-  else
-    recomputes = {kNone, kFull};
+  const SmallVector<Recompute> recomputes =
+      recomputeCandidates(options, request.recomputeAuto);
   // Expert parallelism: as given, or (the planner's layout) every degree
   // that divides the replicas and the experts.
   const int64_t replicas = world / givenTp;

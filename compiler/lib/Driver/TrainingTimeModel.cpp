@@ -16,6 +16,16 @@ const Recompute kNone{"none", "every intermediate saved", false, false},
     kSelective{"selective", "the experts' intermediates recomputed", true, false},
     kFull{"full", "whole layers recomputed", false, true};
 
+SmallVector<Recompute> recomputeCandidates(const CompileOptions &options, bool automatic) {
+  if (!automatic)
+    return {options.recomputeLayers    ? kFull
+            : options.recomputeExperts ? kSelective
+                                       : kNone};
+  if (options.capacityFactor == 0)
+    return {kNone, kSelective, kFull};
+  return {kNone, kFull};
+}
+
 Workload workloadOf(mlir::ModuleOp module, const hf::ModelConfig &config, int64_t ep,
                     int64_t stage) {
   Workload w;

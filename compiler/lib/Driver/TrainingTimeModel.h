@@ -26,6 +26,10 @@ struct Recompute {
 };
 extern const Recompute kNone, kSelective, kFull;
 
+/// What the backward pass may recompute: `options`' choice, or with
+/// `automatic` every kind (selective not with a capacity factor).
+llvm::SmallVector<Recompute> recomputeCandidates(const CompileOptions &options, bool automatic);
+
 /// What the update's time depends on, from the compiled programs.
 struct Workload {
   double parameters = 0;       ///< trained elements
