@@ -204,9 +204,6 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
     const LayoutRequest &l = *options.layout;
     // Pipeline stages (--pp P): each replica's layers over P ranks.
     stages = std::max<int64_t>(l.pp, 1);
-    if (stages > 1 && l.etp > 1)
-      return refuse("not supported yet: --train --pp " + Twine(stages) +
-                    " with --etp (pipeline stages with data, tensor and expert parallelism)");
     if (stages > 1 && options.target != "cpu")
       return refuse("not supported yet: --train --pp with --target " + options.target);
     if (stages > 1 && l.worldSize && l.worldSize % stages)
