@@ -65,6 +65,13 @@ struct Trial {
     }
     return t;
   }
+
+  /// The share of the stages' time idle in that 1F1B.
+  double bubble(int64_t m) const {
+    const double busy =
+        double(m) * std::accumulate(microBatch.begin(), microBatch.end(), 0.0);
+    return 1 - busy / (double(microBatch.size()) * pipelineSeconds(microBatch, m));
+  }
 };
 
 /// The pipeline's shape, from a compiled module.
@@ -277,13 +284,10 @@ Error driver::choosePipelineRecompute(mlir::MLIRContext &context, mlir::ModuleOp
                       states, memory.total(), chosen.microBatch[s]);
   }
   const UpdateTime update = chosen.total(shape.m);
-  const double steps = update.compute, rest = update.optimizer + update.comm;
-  const double busy = double(shape.m) *
-                      std::accumulate(chosen.microBatch.begin(), chosen.microBatch.end(), 0.0);
   outs() << formatv("update: 1F1B over the stages' seconds per micro-batch, (m - 1) max + sum "
                     "= {0:e2} s, then {1:e2} s optimizer and communication; bubble {2:f1}% of "
                     "the stages' time (equal stages: (pp - 1) / (m + pp - 1) = {3:f1}%)\n",
-                    steps, rest, 100 * (1 - busy / (double(shape.pp) * steps)),
+                    update.compute, update.optimizer + update.comm, 100 * chosen.bubble(shape.m),
                     100.0 * double(shape.pp - 1) / double(shape.m + shape.pp - 1));
   return Error::success();
 }
@@ -299,9 +303,7 @@ driver::timing::estimatePipeline(mlir::MLIRContext &context, mlir::ModuleOp modu
   const Shape &shape = planner.shape;
   PipelineEstimate e;
   e.time = t->total(shape.m);
-  const double busy =
-      double(shape.m) * std::accumulate(t->microBatch.begin(), t->microBatch.end(), 0.0);
-  e.bubble = 1 - busy / (double(shape.pp) * e.time.compute);
+  e.bubble = t->bubble(shape.m);
   for (int64_t s = 0; s < shape.pp; ++s)
     if (s == 0 || t->memory[s].total() > e.memory.total()) {
       e.memory = t->memory[s];

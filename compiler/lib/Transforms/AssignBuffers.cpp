@@ -10,6 +10,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "moe/Dialect/MoE/IR/MoEOps.h"
+#include "moe/Transforms/Layout.h"
 #include "moe/Transforms/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -166,22 +167,12 @@ private:
   /// The attentions of the forward function (entry "train_forward") of
   /// the same pipeline stage as this backward one (entry "train"), else 0.
   int64_t cachesOfForwardFunction() {
-    auto entry = func->getAttrOfType<StringAttr>("moe.entry");
-    auto module = func->getParentOfType<ModuleOp>();
-    if (!entry || entry.getValue() != "train" || !module)
-      return 0;
-    for (auto other : module.getOps<func::FuncOp>()) {
-      auto otherEntry = other->getAttrOfType<StringAttr>("moe.entry");
-      if (!otherEntry || otherEntry.getValue() != "train_forward" ||
-          other->getAttr("moe.stage") != func->getAttr("moe.stage"))
-        continue;
-      int64_t n = 0;
-      other.walk([&](Operation *op) {
+    int64_t n = 0;
+    if (func::FuncOp forward = moe::pipelineForwardOf(func))
+      forward.walk([&](Operation *op) {
         n += isa<moe::AttentionOp, moe::MLAttentionOp>(op) && !op->hasAttr("moe.recomputed");
       });
-      return n;
-    }
-    return 0;
+    return n;
   }
 
   /// (rows, width) of a value: [T] and [T, w] are per-token rows; a static

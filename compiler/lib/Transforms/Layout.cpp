@@ -110,6 +110,20 @@ llvm::Expected<std::vector<moe::hf::TensorSpec>> moe::modelWeights(ModuleOp modu
   return out;
 }
 
+func::FuncOp moe::pipelineForwardOf(func::FuncOp backward) {
+  auto entry = backward->getAttrOfType<StringAttr>("moe.entry");
+  auto module = backward->getParentOfType<ModuleOp>();
+  if (!entry || entry.getValue() != "train" || !module)
+    return {};
+  for (auto other : module.getOps<func::FuncOp>()) {
+    auto otherEntry = other->getAttrOfType<StringAttr>("moe.entry");
+    if (otherEntry && otherEntry.getValue() == "train_forward" &&
+        other->getAttr("moe.stage") == backward->getAttr("moe.stage"))
+      return other;
+  }
+  return {};
+}
+
 moe::WeightOpInterface moe::weightBehind(Value v) {
   while (Operation *def = v.getDefiningOp()) {
     if (auto w = dyn_cast<moe::WeightOpInterface>(def))

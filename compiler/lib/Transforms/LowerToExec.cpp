@@ -254,21 +254,6 @@ struct Lowering {
     return declared;
   }
 
-  /// A pipeline stage's backward program's forward program (entry
-  /// "train_forward", the same stage), or null.
-  func::FuncOp forwardProgramOf(func::FuncOp fn) {
-    auto entry = fn->getAttrOfType<StringAttr>("moe.entry");
-    if (!entry || entry.getValue() != "train")
-      return {};
-    for (auto other : module.getOps<func::FuncOp>()) {
-      auto otherEntry = other->getAttrOfType<StringAttr>("moe.entry");
-      if (otherEntry && otherEntry.getValue() == "train_forward" &&
-          other->getAttr("moe.stage") == fn->getAttr("moe.stage"))
-        return other;
-    }
-    return {};
-  }
-
   LogicalResult lower(func::FuncOp fn, int64_t stage) {
     if (moe::awaitsCollective(fn))
       return fn.emitError("moe-lower-to-exec: @")
@@ -369,7 +354,7 @@ struct Lowering {
     // stage declare the same): those its ops read, and the others (the
     // embedding's table, whose gradient reads only the token ids; a
     // routing's correction bias).
-    func::FuncOp forwardOfStage = forwardProgramOf(fn);
+    func::FuncOp forwardOfStage = moe::pipelineForwardOf(fn);
     if (forwardOfStage) {
       llvm::StringMap<int64_t> order;
       llvm::StringSet<> declared;

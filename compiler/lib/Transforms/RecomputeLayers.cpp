@@ -150,14 +150,11 @@ struct RecomputeLayers : moe::impl::MoERecomputeLayersBase<RecomputeLayers> {
         continue;
       // (A pipeline stage's backward function holds no forward ops to
       // clone: the pass runs on the whole program, before moe-partition.)
-      for (auto other : getOperation().getOps<func::FuncOp>()) {
-        auto otherEntry = other->getAttrOfType<StringAttr>("moe.entry");
-        if (otherEntry && otherEntry.getValue() == "train_forward") {
-          fn.emitError("moe-recompute-layers: @")
-              << fn.getSymName() << " is a pipeline stage's backward program: recompute "
-              << "layers before moe-partition cuts the program into stages";
-          return signalPassFailure();
-        }
+      if (moe::pipelineForwardOf(fn)) {
+        fn.emitError("moe-recompute-layers: @")
+            << fn.getSymName() << " is a pipeline stage's backward program: recompute "
+            << "layers before moe-partition cuts the program into stages";
+        return signalPassFailure();
       }
       if (failed(Recompute(fn, layers).run()))
         return signalPassFailure();

@@ -57,6 +57,10 @@ llvm::Expected<mlir::DictionaryAttr> modelSizes(mlir::ModuleOp module);
 /// The moe.weight / moe.expert_weight behind `v`, through its sharding
 /// annotations (mesh.shard); null for any other value.
 moe::WeightOpInterface weightBehind(mlir::Value v);
+/// A pipeline stage's backward function's forward function (entry
+/// "train_forward", the same moe.stage), or null: also for a function that
+/// is not a backward one (entry "train").
+mlir::func::FuncOp pipelineForwardOf(mlir::func::FuncOp backward);
 
 /// `sizes` (modelSizes) over the config's.
 llvm::Error applyModelSizes(mlir::DictionaryAttr sizes, hf::ModelConfig &config);
