@@ -225,11 +225,6 @@ void checkWeightBinding(const PlanProgram &program, const JsonFields &pr, bool p
 }
 
 void refuseCpuOnlyWeights(const Plan &plan, int64_t rank, const char *device) {
-  if (plan.layout)
-    for (const PlanSlice &s : plan.layout->ranks.at(static_cast<size_t>(rank)))
-      if (s.dtype == DType::F8E4M3)
-        inputError("{}: rank {}'s slice of '{}' is F8_E4M3: not supported yet on {}", plan.path,
-                   rank, s.name, device);
   for (const PlanWeight &w : plan.programOf(rank).weights)
     if (w.int8Block)
       inputError("{}: weight '{}' is int8: not supported yet on {}", plan.path, w.name, device);

@@ -17,8 +17,8 @@
 namespace moert {
 
 /// InputError when rank `rank` of `plan` holds weights only the CPU computes
-/// with (FP8 slices, int8 weights): `device` ("the CUDA device") has no
-/// kernels for them, and moec does not write such plans for it.
+/// with (int8 weights): `device` ("the CUDA device") has no kernels for
+/// them, and moec does not write such plans for it.
 void refuseCpuOnlyWeights(const Plan &plan, int64_t rank, const char *device);
 
 /// The number of ranks along `axis` (a collective's group size).

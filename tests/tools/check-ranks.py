@@ -124,14 +124,23 @@ def main():
         """Bytes of the CUDA device's arena beyond the plan's prediction
         (--cuda-peak): the kernel table's scratch, rope tables (cos, sin),
         four [max_batch_tokens] int32 index arrays, the all_gather staging
-        ([max_batch_tokens, width] f32). F32 weights only (16-bit GEMM
-        weights would add their f32 copies)."""
+        ([max_batch_tokens, width] f32), and with FP8 weights the scratch
+        they are dequantised into (f32: the largest FP8 weight in the
+        plan's F32, every expert at once within 256 MiB). F32 models only
+        (16-bit GEMM weights would add their f32 copies)."""
         import json
         p = json.load(open(plan))
         own = p["programs"][p["ranks"][rank]["program"]]
         max_t = p["workload"]["max_batch_tokens"]
         align = lambda n: (n + 255) // 256 * 256
         extra = 4 * align(max_t * 4)
+        fp8 = {w["name"] for w in p["ranks"][rank]["weights"] if w["dtype"] == "F8_E4M3"}
+        # A program weight (an expert stack: its name with {e}) is FP8
+        # when the rank's slices of it are.
+        dequant = [w["bytes"] for w in own["weights"]
+                   if any(re.fullmatch(re.escape(w["name"]).replace(r"\{e\}", r"\d+"), n)
+                          for n in fp8)]
+        extra += align(max(dequant + [0]))
         # Each entry of the rank's stage (--decode-entry: prefill and
         # decode) has its own table and staging, for its own steps.
         for program in p["programs"]:

@@ -425,11 +425,6 @@ int runCompile() {
   // An FP8 checkpoint is planned as stored unless --dtype counts it in
   // another dtype (as if dequantised).
   options.storedSlices = config->fp8.has_value() && planDtype.empty();
-  if (options.storedSlices && cudaTarget)
-    return fail(createStringError(inconvertibleErrorCode(),
-                                  "%s: not supported yet: FP8 weights (quantization_config) with "
-                                  "--target cuda; the CPU target dequantises them in its GEMMs",
-                                  config->path.c_str()));
   if (!weightFormat.empty()) {
     const char *refusal = weightFormat != "int8" ? "expected int8"
                           : cudaTarget           ? "not supported yet with --target cuda"

@@ -77,8 +77,14 @@ void CudaDevice::open(const Plan &plan, int64_t rankIndex, const Checkpoint &ckp
   bf16Gemm = !(f32 && !std::strcmp(f32, "1"));
   for (Entry &e : entries)
     bf16Gemm &= loadModule(e);
+  // int8 weights are CPU-only (moec refuses them with --target cuda);
+  // FP8 ones are dequantised for their GEMMs.
+  refuseCpuOnlyWeights(plan, rankIndex, "the CUDA device");
+  RankWeights host;
+  host.bind(plan, rankIndex, ckpt, [](int64_t) {});
+  findFp8(host);
   allocate();
-  uploadWeights(ckpt);
+  uploadWeights(host);
   for (Entry &e : entries)
     uploadRopeTables(e);
   if (plan.worldSize > 1) {
@@ -258,13 +264,18 @@ void CudaDevice::gemm(const KernelGemm &g, int64_t T, int64_t R, int64_t grouped
   const void *B = reinterpret_cast<const void *>(resolve(g.b, T, R));
   cudaDataType aType = CUDA_R_32F;
   int64_t aElement = 4;
-  if (g.b.kind == KernelRef::Kind::Weight && bType != CUDA_R_32F) {
-    if (bType == CUDA_R_16BF && bf16Gemm && !g.transposeA && (g.transposeB || g.batch == 1)) {
-      aType = CUDA_R_16BF; // A rounded into packScratch below
-      aElement = 2;
-    } else {
-      B = reinterpret_cast<const void *>(weightF32Ptrs[static_cast<size_t>(g.b.value)]);
-      bType = CUDA_R_32F; // widened at upload (weightUse)
+  const Fp8Weight *f8 = nullptr;
+  if (g.b.kind == KernelRef::Kind::Weight) {
+    if (auto f = fp8.find(static_cast<size_t>(g.b.value)); f != fp8.end())
+      f8 = &f->second;
+    if (bType != CUDA_R_32F) {
+      if (bType == CUDA_R_16BF && bf16Gemm && !g.transposeA && (g.transposeB || g.batch == 1)) {
+        aType = CUDA_R_16BF; // A rounded into packScratch below
+        aElement = 2;
+      } else {
+        B = reinterpret_cast<const void *>(weightF32Ptrs[static_cast<size_t>(g.b.value)]);
+        bType = CUDA_R_32F; // widened at upload (weightUse), or dequantised to f32
+      }
     }
   }
   void *C = reinterpret_cast<void *>(resolve(g.c, T, R));
@@ -286,74 +297,119 @@ void CudaDevice::gemm(const KernelGemm &g, int64_t T, int64_t R, int64_t grouped
     ldA = k;
     sa = sy;
   }
-  // Block b's operands: A + b stride_a, expert b % modulo of a weight
-  // stack (block b of a buffer), C + b stride_c.
   const size_t bElement = bType == CUDA_R_32F ? 4 : 2;
-  auto block = [&](int b, int rows, int depth) {
-    const int expert = g.b.kind == KernelRef::Kind::Weight
-                           ? b % static_cast<int>(g.bBatchModulo)
-                           : b;
-    return cuda::RowMajorGemm{rows,
-                              static_cast<int>(g.n),
-                              depth,
-                              static_cast<const char *>(A) + b * sa * aElement,
-                              aType,
-                              ldA,
-                              g.transposeA,
-                              static_cast<const char *>(B) + expert * g.strideB * bElement,
-                              bType,
-                              static_cast<int>(g.ldb),
-                              g.transposeB,
-                              static_cast<char *>(C) + b * g.strideC * 4,
-                              static_cast<int>(g.ldc),
-                              g.accumulate};
+  if (f8 && g.batch > 1 && g.strideB != f8->rows * f8->cols)
+    runtimeError("{}: FP8 expert stack {}: the GEMM's expert stride {} is not its experts' {} "
+                 "x {} values",
+                 plan->path, program->weights[static_cast<size_t>(g.b.value)].name, g.strideB,
+                 f8->rows, f8->cols);
+  // The GEMM of the blocks whose expert is in [e0, e1) of the stack (every
+  // block when e1 is past the last), that expert's B at `base` + (expert -
+  // e0) stride_b.
+  auto blocks = [&](int e0, int e1, const void *base) {
+    // Block b's operands: A + b stride_a, expert b % modulo of a weight
+    // stack (block b of a buffer), C + b stride_c.
+    auto expertOf = [&](int b) {
+      return g.b.kind == KernelRef::Kind::Weight ? b % static_cast<int>(g.bBatchModulo) : b;
+    };
+    auto block = [&](int b, int rows, int depth) {
+      return cuda::RowMajorGemm{rows,
+                                static_cast<int>(g.n),
+                                depth,
+                                static_cast<const char *>(A) + b * sa * aElement,
+                                aType,
+                                ldA,
+                                g.transposeA,
+                                static_cast<const char *>(base) +
+                                    (expertOf(b) - e0) * g.strideB * bElement,
+                                bType,
+                                static_cast<int>(g.ldb),
+                                g.transposeB,
+                                static_cast<char *>(C) + b * g.strideC * 4,
+                                static_cast<int>(g.ldc),
+                                g.accumulate};
+    };
+    auto mine = [&](int b) { return expertOf(b) >= e0 && expertOf(b) < e1; };
+    if (batch == 1)
+      return cuda::gemm(*api, blas, stream, block(0, m, k), "cublasGemmEx");
+    // The general form (a training program's expert gradients:
+    // transpose_a, B stored [k, n]) and dropless expert GEMMs run per
+    // block, bounded by the block's count (read back: such steps are not
+    // captured).
+    const bool general = g.transposeA || !g.transposeB;
+    if ((general || groupedStep >= 0) && g.rowsFromCounts) {
+      // A grouped step reads its counts once; the general form at each GEMM.
+      if (general || countsStep != groupedStep) {
+        stepCounts.assign(static_cast<size_t>(batch), 0);
+        check(api->cuMemcpyDtoHAsync(stepCounts.data(), resolve(*g.rowsFromCounts, T, R),
+                                     stepCounts.size() * 4, stream),
+              "expert block counts");
+        check(api->cuStreamSynchronize(stream), "expert block counts");
+        countsStep = general ? -1 : groupedStep;
+      }
+      for (int b = 0; b < batch; ++b) {
+        const int rows = std::max(0, std::min(stepCounts[b], g.transposeA ? k : m));
+        if (!mine(b) || (!general && rows == 0))
+          continue; // rows past the count are don't-care
+        cuda::gemm(*api, blas, stream,
+                   g.transposeA ? block(b, m, rows) : block(b, rows, k),
+                   "cublasGemmEx (expert block GEMM)");
+      }
+      return;
+    }
+    if (general) {
+      for (int b = 0; b < batch; ++b)
+        if (mine(b))
+          cuda::gemm(*api, blas, stream, block(b, m, k), "cublasGemmEx (expert block GEMM)");
+      return;
+    }
+    // Blocks b of a [blocks, C, .] buffer use expert b % modulo of the
+    // stack: one strided-batched call per source's run of `modulo` experts
+    // (those of [e0, e1)).
+    const int modulo = static_cast<int>(g.bBatchModulo);
+    const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
+    for (int first = 0; first < batch; first += modulo) {
+      const int from = first + std::min(e0, modulo),
+                to = std::min(batch, first + std::min(e1, modulo));
+      if (to <= from)
+        continue;
+      check(api->cublasGemmStridedBatchedEx(
+                blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(g.n), m, k, &alpha, base, bType,
+                static_cast<int>(g.ldb), g.strideB,
+                static_cast<const char *>(A) + from * sa * aElement, aType, ldA, sa, &beta,
+                static_cast<char *>(C) + from * g.strideC * 4, CUDA_R_32F,
+                static_cast<int>(g.ldc), g.strideC, to - from, CUBLAS_COMPUTE_32F,
+                CUBLAS_GEMM_DEFAULT),
+            "cublasGemmStridedBatchedEx");
+    }
   };
-  if (batch == 1)
-    return cuda::gemm(*api, blas, stream, block(0, m, k), "cublasGemmEx");
-  // The general form (a training program's expert gradients: transpose_a,
-  // B stored [k, n]) and dropless expert GEMMs run per block, bounded by
-  // the block's count (read back: such steps are not captured).
-  const bool general = g.transposeA || !g.transposeB;
-  if ((general || groupedStep >= 0) && g.rowsFromCounts) {
-    // A grouped step reads its counts once; the general form at each GEMM.
-    if (general || countsStep != groupedStep) {
-      stepCounts.assign(static_cast<size_t>(batch), 0);
-      check(api->cuMemcpyDtoHAsync(stepCounts.data(), resolve(*g.rowsFromCounts, T, R),
-                                   stepCounts.size() * 4, stream),
-            "expert block counts");
-      check(api->cuStreamSynchronize(stream), "expert block counts");
-      countsStep = general ? -1 : groupedStep;
-    }
-    for (int b = 0; b < batch; ++b) {
-      const int rows = std::max(0, std::min(stepCounts[b], g.transposeA ? k : m));
-      if (!general && rows == 0)
-        continue; // rows past the count are don't-care
-      cuda::gemm(*api, blas, stream,
-                 g.transposeA ? block(b, m, rows) : block(b, rows, k),
-                 "cublasGemmEx (expert block GEMM)");
-    }
+  if (!f8)
+    return blocks(0, std::numeric_limits<int>::max(), B);
+  // FP8: dequantised a chunk of experts at a time, each chunk's GEMMs on
+  // the scratch.
+  const uint64_t stored = weightPtrs[static_cast<size_t>(g.b.value)];
+  for (int64_t e0 = 0; e0 < f8->experts; e0 += f8->chunk) {
+    const int64_t e1 = std::min(f8->experts, e0 + f8->chunk);
+    dequantise(*f8, stored, e0, e1, bType == CUDA_R_16BF);
+    blocks(static_cast<int>(e0), static_cast<int>(e1),
+           reinterpret_cast<const void *>(dequantScratch));
+  }
+}
+
+void CudaDevice::dequantise(const Fp8Weight &f, CUdeviceptr q, int64_t e0, int64_t e1,
+                            bool bf16) {
+  long long rows = f.rows, cols = f.cols, qs = f.rows * f.cols, ss = f.scaleStride,
+            es = f.scaleRows * f.scaleStride, br = f.blockRows, bc = f.blockCols,
+            ro = f.rowOrigin, co = f.colOrigin, half = bf16 ? 1 : 0;
+  uint64_t src = q + static_cast<uint64_t>(e0 * qs),
+           scales = f.scales + static_cast<uint64_t>(e0 * es * 4), y = dequantScratch;
+  void *args[] = {&src, &rows, &cols, &qs, &scales, &ss, &es, &br, &bc, &ro, &co, &y, &half};
+  if (rows == 0 || cols == 0)
     return;
-  }
-  if (general) {
-    for (int b = 0; b < batch; ++b)
-      cuda::gemm(*api, blas, stream, block(b, m, k), "cublasGemmEx (expert block GEMM)");
-    return;
-  }
-  // Blocks b of a [blocks, C, .] buffer use expert b % modulo of the stack:
-  // one strided-batched call per source's run of `modulo` experts.
-  const int modulo = static_cast<int>(g.bBatchModulo);
-  const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
-  for (int first = 0; first < batch; first += modulo) {
-    const int count = std::min(modulo, batch - first);
-    check(api->cublasGemmStridedBatchedEx(
-              blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(g.n), m, k, &alpha, B, bType,
-              static_cast<int>(g.ldb), g.strideB,
-              static_cast<const char *>(A) + first * sa * aElement, aType, ldA, sa, &beta,
-              static_cast<char *>(C) + first * g.strideC * 4, CUDA_R_32F,
-              static_cast<int>(g.ldc), g.strideC, count, CUBLAS_COMPUTE_32F,
-              CUBLAS_GEMM_DEFAULT),
-          "cublasGemmStridedBatchedEx");
-  }
+  check(api->cuLaunchKernel(current.entry->dequantFp8, static_cast<unsigned>(rows),
+                            static_cast<unsigned>(e1 - e0), 1, 256, 1, 1, 0, stream, args,
+                            nullptr),
+        "cuLaunchKernel moe_dequant_fp8");
 }
 
 } // namespace moert::cuda

@@ -23,12 +23,18 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <limits>
 #include <set>
+#include <tuple>
 
 namespace moert::cuda {
 
 /// Steps of at most this many tokens are captured into CUDA graphs.
 constexpr int64_t kGraphMaxTokens = 64;
+/// FP8 expert stacks are dequantised for their GEMMs as many experts at a
+/// time as this many bytes hold in f32 (at least one expert;
+/// MOERT_CUDA_DEQUANT_BYTES sets another budget).
+constexpr int64_t kDequantBudget = int64_t(256) << 20;
 
 class CudaDevice final : public Device {
 
@@ -40,12 +46,25 @@ class CudaDevice final : public Device {
     const KernelTable *table = nullptr;
     CUmodule module = nullptr;
     std::map<std::string, CUfunction> functions;
-    CUfunction packBf16 = nullptr; ///< moe_pack_bf16 of the module
+    CUfunction packBf16 = nullptr;   ///< moe_pack_bf16 of the module
+    CUfunction dequantFp8 = nullptr; ///< moe_dequant_fp8 of the module
     std::vector<CUdeviceptr> scratch, ropeCos, ropeSin;
     std::vector<bool> grouped; ///< per step: dropless expert GEMMs
     bool graphsEnabled = false;
     std::map<std::pair<int64_t, int64_t>, CUgraphExec> graphs;
     const RankProgram *memory = nullptr; ///< the executor's: buffers, KV caches
+  };
+
+  /// An FP8 (e4m3, block-scaled) weight: stored at one byte per element,
+  /// its scales beside it, dequantised (moe_dequant_fp8) into dequantScratch
+  /// before each GEMM that multiplies it, as many experts at a time as the
+  /// scratch holds (docs/quantization.md, "On CUDA").
+  struct Fp8Weight {
+    CUdeviceptr scales = 0;
+    int64_t experts = 1, rows = 0, cols = 0;
+    int64_t scaleRows = 0, scaleStride = 0; ///< an expert's scales: rows x stride floats
+    int64_t blockRows = 0, blockCols = 0, rowOrigin = 0, colOrigin = 0;
+    int64_t chunk = 1; ///< experts dequantised at a time
   };
 
 public:
@@ -100,10 +119,15 @@ private:
   void allocate();
 
   /// Weights that are the B operand of a GEMM in a 16-bit type (`widened`)
-  /// and weights that a kernel reads as stored (`stored`).
+  /// and weights that a kernel reads as stored (`stored`); FP8 weights'
+  /// dequantising scratch (`dequantBytes`).
   void weightUse(std::set<size_t> &widened, std::set<size_t> &stored);
 
-  void uploadWeights(const Checkpoint &ckpt);
+  /// The FP8 block-scaled weights among the bound ones (`fp8`): their
+  /// geometry, checked to be dequantisable by moe_dequant_fp8.
+  void findFp8(const RankWeights &host);
+
+  void uploadWeights(const RankWeights &host);
 
   /// cos/sin of each rope table, as the CPU backend computes them: the
   /// parameters are those of the steps that use the table.
@@ -127,6 +151,11 @@ private:
   void launch(const KernelLaunch &l, int64_t rows, int64_t T, int64_t R);
 
   static cudaDataType weightType(const std::string &dtype);
+
+  /// Experts [e0, e1) of FP8 weight `f` (stored at `q`) dequantised into
+  /// dequantScratch, as bf16 or f32, each expert's values where the stored
+  /// bytes are (element stride rows x cols).
+  void dequantise(const Fp8Weight &f, CUdeviceptr q, int64_t e0, int64_t e1, bool bf16);
 
   /// A GEMM of the table (C[m, n] (+)= op(A) op(B), row-major: CudaGemm.h).
   /// `groupedStep` >= 0: a dropless expert GEMM of that step, run as a
@@ -152,6 +181,9 @@ private:
   CUdeviceptr packScratch = 0;   ///< the rounded A operand
   int64_t packBytes = 0;
   std::set<size_t> widened, stored;      ///< weightUse()
+  std::map<size_t, Fp8Weight> fp8;       ///< by program weight index
+  CUdeviceptr dequantScratch = 0;
+  int64_t dequantBytes = 0;
   CUdeviceptr batchSequence = 0, batchPosition = 0, batchLogitRows = 0, batchArgmax = 0;
   int64_t weightsOnDevice = 0, loaded = 0;
   std::vector<int32_t> stepCounts;   // the counts of the grouped step in flight

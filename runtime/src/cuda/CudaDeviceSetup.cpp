@@ -85,6 +85,9 @@ bool CudaDevice::loadModule(Entry &e) {
   for (const KernelStep &s : table->steps)
     for (const KernelLaunch &l : s.launches)
       resolve(l);
+  // (Absent from the kernels of an older moec: FP8 weights are refused.)
+  if (api->cuModuleGetFunction(&e.dequantFp8, e.module, "moe_dequant_fp8") != CUDA_SUCCESS)
+    e.dequantFp8 = nullptr;
   return api->cuModuleGetFunction(&e.packBf16, e.module, "moe_pack_bf16") == CUDA_SUCCESS;
 }
 
@@ -107,12 +110,19 @@ void CudaDevice::allocate() {
   weightUse(widened, stored);
   for (size_t i = 0; i < program->weights.size(); ++i) {
     const PlanWeight &w = program->weights[i];
+    if (auto f = fp8.find(i); f != fp8.end()) {
+      const Fp8Weight &q = f->second;
+      arena.reserve(q.experts * q.rows * q.cols);
+      arena.reserve(q.experts * q.scaleRows * q.scaleStride * 4);
+      continue;
+    }
     if (widened.count(i))
       arena.reserve(w.bytes / dtypeSize(w.dtype) * 4);
     if (stored.count(i) || !widened.count(i))
       arena.reserve(w.bytes);
   }
   arena.reserve(packBytes);
+  arena.reserve(dequantBytes);
   arena.allocate(*api);
 
   for (Entry &e : entries) {
@@ -130,22 +140,105 @@ void CudaDevice::allocate() {
   batchArgmax = arena.take(maxT * 4);
   for (size_t i = 0; i < program->weights.size(); ++i) {
     const PlanWeight &w = program->weights[i];
+    if (auto f = fp8.find(i); f != fp8.end()) {
+      Fp8Weight &q = f->second;
+      weightF32Ptrs.push_back(0);
+      weightPtrs.push_back(arena.take(q.experts * q.rows * q.cols));
+      q.scales = arena.take(q.experts * q.scaleRows * q.scaleStride * 4);
+      continue;
+    }
     weightF32Ptrs.push_back(widened.count(i) ? arena.take(w.bytes / dtypeSize(w.dtype) * 4)
                                              : 0);
     weightPtrs.push_back(stored.count(i) || !widened.count(i) ? arena.take(w.bytes) : 0);
   }
   packScratch = packBytes ? arena.take(packBytes) : 0;
+  dequantScratch = dequantBytes ? arena.take(dequantBytes) : 0;
+}
+
+void CudaDevice::findFp8(const RankWeights &host) {
+  for (size_t i = 0; i < host.weights().size(); ++i) {
+    const RankWeights::Weight &w = host.weights()[i];
+    std::vector<const TensorView *> views;
+    if (w.view.data)
+      views.push_back(&w.view);
+    for (const TensorView &e : w.experts)
+      views.push_back(&e);
+    if (views.empty() || views[0]->dtype != DType::F8E4M3)
+      continue;
+    const std::string &name = program->weights[i].name;
+    Fp8Weight f;
+    for (const TensorView *v : views) {
+      const BlockScales *b = v->blocks;
+      if (v->dtype != DType::F8E4M3 || !b || v->shape.size() != 2)
+        inputError("{}: FP8 weight '{}' of rank {}: expected a matrix of float8_e4m3fn with "
+                   "block scales for each expert",
+                   plan->path, name, rank);
+      Fp8Weight g;
+      g.experts = static_cast<int64_t>(views.size());
+      g.rows = v->shape[0];
+      g.cols = v->shape[1];
+      g.scaleRows = g.rows ? (b->rowOrigin + g.rows - 1) / b->blockRows + 1 : 0;
+      g.scaleStride = b->stride;
+      g.blockRows = b->blockRows;
+      g.blockCols = b->blockCols;
+      g.rowOrigin = b->rowOrigin;
+      g.colOrigin = b->colOrigin;
+      if (v == views[0])
+        f = g;
+      else if (std::tie(g.rows, g.cols, g.scaleRows, g.scaleStride, g.blockRows, g.blockCols,
+                        g.rowOrigin, g.colOrigin) !=
+               std::tie(f.rows, f.cols, f.scaleRows, f.scaleStride, f.blockRows, f.blockCols,
+                        f.rowOrigin, f.colOrigin))
+        inputError("{}: FP8 expert stack '{}' of rank {}: its experts' boxes or blocks differ",
+                   plan->path, name, rank);
+    }
+    fp8[i] = f;
+  }
+  if (!fp8.empty())
+    for (const Entry &e : entries)
+      if (!e.dequantFp8)
+        inputError("{}: program {} has FP8 weights but its kernels lack moe_dequant_fp8 (a plan "
+                   "of an older moec: compile it again)",
+                   plan->path, e.program - plan->programs.data());
 }
 
 void CudaDevice::weightUse(std::set<size_t> &widened, std::set<size_t> &stored) {
   auto weight = [](const KernelRef &r) -> int64_t {
     return r.kind == KernelRef::Kind::Weight ? r.value : -1;
   };
+  // An FP8 weight is a GEMM's B operand only (moe_dequant_fp8 widens it
+  // there); a kernel reading it as stored would read bytes as floats.
+  auto notFp8 = [&](int64_t w, const std::string &reader) {
+    if (w >= 0 && fp8.count(static_cast<size_t>(w)))
+      inputError("{}: FP8 weight '{}' is read by {}: the CUDA device dequantises FP8 weights "
+                 "in GEMMs only",
+                 plan->path, program->weights[static_cast<size_t>(w)].name, reader);
+  };
+  // MOERT_CUDA_DEQUANT_BYTES: another budget (the tests' one-expert chunks).
+  int64_t dequantBudget = kDequantBudget;
+  if (const char *b = std::getenv("MOERT_CUDA_DEQUANT_BYTES"); b && std::atoll(b) > 0)
+    dequantBudget = std::atoll(b);
   auto visit = [&](const KernelLaunch &l) {
     if (l.kind == KernelLaunch::Kind::Gemm) {
       const KernelGemm &g = l.gemm;
-      if (int64_t w = weight(g.b); w >= 0) {
-        if (g.bDtype == "BF16" && bf16Gemm && !g.transposeA && (g.transposeB || g.batch == 1)) {
+      const bool bf16 =
+          g.bDtype == "BF16" && bf16Gemm && !g.transposeA && (g.transposeB || g.batch == 1);
+      if (int64_t w = weight(g.b); w >= 0 && fp8.count(static_cast<size_t>(w))) {
+        Fp8Weight &f = fp8[static_cast<size_t>(w)];
+        stored.insert(static_cast<size_t>(w));
+        if (bf16) {
+          const int64_t rows = g.rows == KernelGemm::Rows::Fixed ? g.m : plan->maxBatchTokens;
+          packBytes = std::max(packBytes, g.batch * std::max(rows, plan->maxBatchTokens) *
+                                              g.k * 2);
+        }
+        // As many experts at a time as the budget holds in f32 (at least
+        // one), in the GEMM's dtype.
+        const int64_t values = f.rows * f.cols;
+        f.chunk = std::clamp<int64_t>(dequantBudget / std::max<int64_t>(1, values * 4), 1,
+                                      f.experts);
+        dequantBytes = std::max(dequantBytes, f.chunk * values * (bf16 ? 2 : 4));
+      } else if (int64_t w = weight(g.b); w >= 0) {
+        if (bf16) {
           stored.insert(static_cast<size_t>(w));
           // The packed operand: every block's rows of k bf16 values.
           const int64_t rows =
@@ -159,12 +252,16 @@ void CudaDevice::weightUse(std::set<size_t> &widened, std::set<size_t> &stored) 
         }
       }
       for (const KernelRef *operand : {&g.a, &g.c})
-        if (int64_t w = weight(*operand); w >= 0)
+        if (int64_t w = weight(*operand); w >= 0) {
+          notFp8(w, "a GEMM as its A or C operand");
           stored.insert(static_cast<size_t>(w));
+        }
     }
     for (const KernelRef &p : l.params)
-      if (int64_t w = weight(p); w >= 0)
+      if (int64_t w = weight(p); w >= 0) {
+        notFp8(w, "kernel " + l.kernel);
         stored.insert(static_cast<size_t>(w));
+      }
   };
   for (const Entry &e : entries) {
     for (const KernelStep &s : e.table->steps)
@@ -175,14 +272,24 @@ void CudaDevice::weightUse(std::set<size_t> &widened, std::set<size_t> &stored) 
   }
 }
 
-void CudaDevice::uploadWeights(const Checkpoint &ckpt) {
-  // FP8 slices and int8 weights are CPU-only (moec refuses them with
-  // --target cuda).
-  refuseCpuOnlyWeights(*plan, rank, "the CUDA device");
-  RankWeights host;
-  host.bind(*plan, rank, ckpt, [](int64_t) {});
+void CudaDevice::uploadWeights(const RankWeights &host) {
   for (size_t i = 0; i < host.weights().size(); ++i) {
     const RankWeights::Weight &w = host.weights()[i];
+    if (auto f = fp8.find(i); f != fp8.end()) {
+      // The scales each expert's box uses, one expert after another.
+      const Fp8Weight &q = f->second;
+      CUdeviceptr at = q.scales;
+      auto scales = [&](const TensorView &v) {
+        const size_t bytes = static_cast<size_t>(q.scaleRows * q.scaleStride * 4);
+        check(api->cuMemcpyHtoD(at, v.blocks->data, bytes), "upload FP8 block scales");
+        at += bytes;
+        weightsOnDevice += static_cast<int64_t>(bytes);
+      };
+      if (w.view.data)
+        scales(w.view);
+      for (const TensorView &e : w.experts)
+        scales(e);
+    }
     if (weightF32Ptrs[i]) {
       std::vector<float> wide;
       auto append = [&](const TensorView &v) {

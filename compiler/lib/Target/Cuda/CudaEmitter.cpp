@@ -200,6 +200,42 @@ MOE_DEVICE void moe_copy_row(float *dst, const float *src, int n, int tid, int n
 #ifdef MOE_HOST_EMULATION
 extern "C" void moe_pack_bf16__host(const unsigned long long *args) { moe_pack_bf16((const float *)args[0], (long long)args[1], (long long)args[2], (unsigned short *)args[3], (long long)args[4], (long long)args[5], (long long)args[6]); }
 #endif
+/// float8_e4m3fn byte `b` as a float (exact; 0x7f / 0xff: NaN).
+MOE_DEVICE float moe_e4m3(unsigned b) {
+  const unsigned e = (b >> 3) & 15u, m = b & 7u;
+  const float v = e == 15u && m == 7u ? __uint_as_float(0x7fc00000u)
+                  : e == 0u           ? static_cast<float>(m) * 0.001953125f // m / 8 * 2^-6
+                                      : __uint_as_float(((e + 120u) << 23) | (m << 20));
+  return (b & 128u) ? -v : v;
+}
+/// An FP8 block-scaled weight dequantised for a GEMM (the driver's FP8
+/// path, docs/cuda.md): grid (rows, experts); element c of row r of expert
+/// e (q + e qs + r cols) times the scale of its block (row block
+/// (ro + r) / br, column block (co + c) / bc of the expert's scales, row
+/// stride ss, expert stride es), written at the same index of y as f32 or,
+/// with bf16 != 0, rounded to bf16 (as DeepSeek's weight_dequant writes
+/// it, and as the CPU backend's bf16 products take it).
+@DEQUANT_FP8@(
+    const unsigned char *__restrict__ q, long long rows, long long cols, long long qs,
+    const float *__restrict__ scales, long long ss, long long es, long long br, long long bc,
+    long long ro, long long co, void *__restrict__ y, long long bf16) {
+  const long long e = blockIdx.y, r = blockIdx.x;
+  if (r >= rows)
+    return;
+  const long long at = e * qs + r * cols;
+  const float *s = scales + e * es + ((ro + r) / br) * ss;
+  for (long long c = threadIdx.x; c < cols; c += 256) {
+    const float v = moe_e4m3(q[at + c]) * s[(co + c) / bc];
+    if (bf16)
+      static_cast<unsigned short *>(y)[at + c] =
+          static_cast<unsigned short>(__float_as_uint(moe_round_bf16(v)) >> 16);
+    else
+      static_cast<float *>(y)[at + c] = v;
+  }
+}
+#ifdef MOE_HOST_EMULATION
+extern "C" void moe_dequant_fp8__host(const unsigned long long *args) { moe_dequant_fp8((const unsigned char *)args[0], (long long)args[1], (long long)args[2], (long long)args[3], (const float *)args[4], (long long)args[5], (long long)args[6], (long long)args[7], (long long)args[8], (long long)args[9], (long long)args[10], (void *)args[11], (long long)args[12]); }
+#endif
 )";
 
 } // namespace
@@ -447,7 +483,8 @@ llvm::Expected<EmittedProgram> Emitter::run() {
   source = subst(kPrelude, {{"TARGET", target.name},
                             {"WARP", str(target.warpSize)},
                             {"SHFL", target.shuffleXor},
-                            {"PACK_BF16", declaration("moe_pack_bf16", 256)}});
+                            {"PACK_BF16", declaration("moe_pack_bf16", 256)},
+                            {"DEQUANT_FP8", declaration("moe_dequant_fp8", 256)}});
   Array table;
   std::string rowsName = "T";
   for (size_t i = 0; i < steps.size(); ++i) {
