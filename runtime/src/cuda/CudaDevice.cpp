@@ -303,6 +303,22 @@ void CudaDevice::gemm(const KernelGemm &g, int64_t T, int64_t R, int64_t grouped
                  "x {} values",
                  plan->path, program->weights[static_cast<size_t>(g.b.value)].name, g.strideB,
                  f8->rows, f8->cols);
+  // The general form (a training program's expert gradients: transpose_a,
+  // B stored [k, n]) and dropless expert GEMMs run per block, bounded by
+  // the block's count (read back: such steps are not captured). A grouped
+  // step reads its counts once; the general form at each GEMM.
+  const bool general = g.transposeA || !g.transposeB;
+  const bool counted = batch > 1 && (general || groupedStep >= 0) && g.rowsFromCounts;
+  auto readCounts = [&] {
+    if (general || countsStep != groupedStep) {
+      stepCounts.assign(static_cast<size_t>(batch), 0);
+      check(api->cuMemcpyDtoHAsync(stepCounts.data(), resolve(*g.rowsFromCounts, T, R),
+                                   stepCounts.size() * 4, stream),
+            "expert block counts");
+      check(api->cuStreamSynchronize(stream), "expert block counts");
+      countsStep = general ? -1 : groupedStep;
+    }
+  };
   // The GEMM of the blocks whose expert is in [e0, e1) of the stack (every
   // block when e1 is past the last), that expert's B at `base` + (expert -
   // e0) stride_b.
@@ -332,21 +348,8 @@ void CudaDevice::gemm(const KernelGemm &g, int64_t T, int64_t R, int64_t grouped
     auto mine = [&](int b) { return expertOf(b) >= e0 && expertOf(b) < e1; };
     if (batch == 1)
       return cuda::gemm(*api, blas, stream, block(0, m, k), "cublasGemmEx");
-    // The general form (a training program's expert gradients:
-    // transpose_a, B stored [k, n]) and dropless expert GEMMs run per
-    // block, bounded by the block's count (read back: such steps are not
-    // captured).
-    const bool general = g.transposeA || !g.transposeB;
-    if ((general || groupedStep >= 0) && g.rowsFromCounts) {
-      // A grouped step reads its counts once; the general form at each GEMM.
-      if (general || countsStep != groupedStep) {
-        stepCounts.assign(static_cast<size_t>(batch), 0);
-        check(api->cuMemcpyDtoHAsync(stepCounts.data(), resolve(*g.rowsFromCounts, T, R),
-                                     stepCounts.size() * 4, stream),
-              "expert block counts");
-        check(api->cuStreamSynchronize(stream), "expert block counts");
-        countsStep = general ? -1 : groupedStep;
-      }
+    if (counted) {
+      readCounts();
       for (int b = 0; b < batch; ++b) {
         const int rows = std::max(0, std::min(stepCounts[b], g.transposeA ? k : m));
         if (!mine(b) || (!general && rows == 0))
@@ -386,23 +389,45 @@ void CudaDevice::gemm(const KernelGemm &g, int64_t T, int64_t R, int64_t grouped
   if (!f8)
     return blocks(0, std::numeric_limits<int>::max(), B);
   // FP8: dequantised a chunk of experts at a time, each chunk's GEMMs on
-  // the scratch.
+  // the scratch. A grouped (dropless) step dequantises only the experts
+  // whose blocks hold rows (a decode step of DeepSeek-V3: 8 of 256).
+  std::vector<char> needed(static_cast<size_t>(f8->experts), 1);
+  if (counted && !general) {
+    readCounts();
+    std::fill(needed.begin(), needed.end(), 0);
+    for (int b = 0; b < batch; ++b)
+      if (std::min(stepCounts[b], m) > 0)
+        needed.at(static_cast<size_t>(b % static_cast<int>(g.bBatchModulo))) = 1;
+  }
   const uint64_t stored = weightPtrs[static_cast<size_t>(g.b.value)];
   for (int64_t e0 = 0; e0 < f8->experts; e0 += f8->chunk) {
     const int64_t e1 = std::min(f8->experts, e0 + f8->chunk);
-    dequantise(*f8, stored, e0, e1, bType == CUDA_R_16BF);
-    blocks(static_cast<int>(e0), static_cast<int>(e1),
-           reinterpret_cast<const void *>(dequantScratch));
+    bool any = false;
+    for (int64_t e = e0; e < e1;) { // each run of needed experts
+      if (!needed[static_cast<size_t>(e)]) {
+        ++e;
+        continue;
+      }
+      const int64_t from = e;
+      while (e < e1 && needed[static_cast<size_t>(e)])
+        ++e;
+      dequantise(*f8, stored, from, e, e0, bType == CUDA_R_16BF);
+      any = true;
+    }
+    if (any)
+      blocks(static_cast<int>(e0), static_cast<int>(e1),
+             reinterpret_cast<const void *>(dequantScratch));
   }
 }
 
 void CudaDevice::dequantise(const Fp8Weight &f, CUdeviceptr q, int64_t e0, int64_t e1,
-                            bool bf16) {
+                            int64_t first, bool bf16) {
   long long rows = f.rows, cols = f.cols, qs = f.rows * f.cols, ss = f.scaleStride,
             es = f.scaleRows * f.scaleStride, br = f.blockRows, bc = f.blockCols,
             ro = f.rowOrigin, co = f.colOrigin, half = bf16 ? 1 : 0;
   uint64_t src = q + static_cast<uint64_t>(e0 * qs),
-           scales = f.scales + static_cast<uint64_t>(e0 * es * 4), y = dequantScratch;
+           scales = f.scales + static_cast<uint64_t>(e0 * es * 4),
+           y = dequantScratch + static_cast<uint64_t>((e0 - first) * qs * (bf16 ? 2 : 4));
   void *args[] = {&src, &rows, &cols, &qs, &scales, &ss, &es, &br, &bc, &ro, &co, &y, &half};
   if (rows == 0 || cols == 0)
     return;

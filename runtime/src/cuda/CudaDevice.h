@@ -153,9 +153,10 @@ private:
   static cudaDataType weightType(const std::string &dtype);
 
   /// Experts [e0, e1) of FP8 weight `f` (stored at `q`) dequantised into
-  /// dequantScratch, as bf16 or f32, each expert's values where the stored
-  /// bytes are (element stride rows x cols).
-  void dequantise(const Fp8Weight &f, CUdeviceptr q, int64_t e0, int64_t e1, bool bf16);
+  /// dequantScratch, as bf16 or f32, expert e at (e - first) experts' values
+  /// (element stride rows x cols).
+  void dequantise(const Fp8Weight &f, CUdeviceptr q, int64_t e0, int64_t e1, int64_t first,
+                  bool bf16);
 
   /// A GEMM of the table (C[m, n] (+)= op(A) op(B), row-major: CudaGemm.h).
   /// `groupedStep` >= 0: a dropless expert GEMM of that step, run as a
