@@ -209,7 +209,7 @@ struct WidenedGate {
 /// are bitwise the portable ones.
 template <int R, int NE>
 MOERT_AVX2 void dotsAvx2Tile(const uint16_t *x, int64_t hidden, const float *g, int64_t ldg,
-                                    float *out, int64_t ldo) {
+                                    const uint16_t *next, float *out, int64_t ldo) {
   __m256 acc[R][NE];
 #pragma GCC unroll 3
   for (int r = 0; r < R; ++r)
@@ -218,6 +218,10 @@ MOERT_AVX2 void dotsAvx2Tile(const uint16_t *x, int64_t hidden, const float *g, 
       acc[r][e] = _mm256_setzero_ps();
   const int64_t full = hidden / 8 * 8;
   for (int64_t i = 0; i < full; i += 8) {
+    if (next && (i & 31) == 0)
+#pragma GCC unroll 3
+      for (int r = 0; r < R; ++r)
+        _mm_prefetch(reinterpret_cast<const char *>(next + r * hidden + i), _MM_HINT_T1);
     __m256 xv[R];
 #pragma GCC unroll 3
     for (int r = 0; r < R; ++r)
@@ -245,7 +249,8 @@ MOERT_AVX2 void dotsAvx2Tile(const uint16_t *x, int64_t hidden, const float *g, 
     }
 }
 
-using DotsTile = void (*)(const uint16_t *, int64_t, const float *, int64_t, float *, int64_t);
+using DotsTile = void (*)(const uint16_t *, int64_t, const float *, int64_t, const uint16_t *,
+                          float *, int64_t);
 
 template <int R>
 DotsTile dotsAvx2TileFor(int64_t ne) {
@@ -254,17 +259,19 @@ DotsTile dotsAvx2TileFor(int64_t ne) {
 }
 
 /// Logits of rows [r0, r1) of x into out (row stride ldo): tiles of 3
-/// tokens x 4 experts (12 accumulators).
-void dotsAvx2(const uint16_t *x, int64_t r0, int64_t r1, int64_t hidden, const WidenedGate &gate,
-              int64_t E, float *out, int64_t ldo) {
+/// tokens x 4 experts (12 accumulators); the next tile's rows (before
+/// `limit`) are prefetched into L2 while the first experts' tile computes.
+void dotsAvx2(const uint16_t *x, int64_t r0, int64_t r1, int64_t limit, int64_t hidden,
+              const WidenedGate &gate, int64_t E, float *out, int64_t ldo) {
   for (int64_t r = r0; r < r1;) {
     const int64_t rows = std::min<int64_t>(3, r1 - r);
+    const bool more = r + rows + 3 <= limit;
     for (int64_t e = 0; e < E; e += 4) {
       const int64_t ne = std::min<int64_t>(4, E - e);
       DotsTile tile = rows == 3 ? dotsAvx2TileFor<3>(ne)
                     : rows == 2 ? dotsAvx2TileFor<2>(ne) : dotsAvx2TileFor<1>(ne);
-      tile(x + r * hidden, hidden, gate.data.data() + e * gate.ld, gate.ld, out + (r - r0) * ldo + e,
-           ldo);
+      tile(x + r * hidden, hidden, gate.data.data() + e * gate.ld, gate.ld,
+           more && e == 0 ? x + (r + rows) * hidden : nullptr, out + (r - r0) * ldo + e, ldo);
     }
     r += rows;
   }
@@ -387,19 +394,29 @@ MOERT_AVX512 void copyBytesAvx512(uint8_t *dst, const uint8_t *src, int64_t n,
 }
 
 /// copyBytesAvx512 for AVX2: with `stream`, every whole 32-byte block of dst
-/// is written with a non-temporal store.
-MOERT_AVX2 void copyBytesAvx2(uint8_t *dst, const uint8_t *src, int64_t n, bool stream) {
+/// is written with a non-temporal store; `next` (or null) is prefetched
+/// into L2 alongside, one line per line copied.
+MOERT_AVX2 void copyBytesAvx2(uint8_t *dst, const uint8_t *src, int64_t n, bool stream,
+                              const uint8_t *next) {
   if (!stream) {
+    if (next)
+      for (int64_t line = 0; line < n; line += 64)
+        _mm_prefetch(reinterpret_cast<const char *>(next + line), _MM_HINT_T1);
     std::memcpy(dst, src, static_cast<size_t>(n));
     return;
   }
   const int64_t head = std::min<int64_t>(n, (32 - (reinterpret_cast<uintptr_t>(dst) & 31)) & 31);
   std::memcpy(dst, src, static_cast<size_t>(head));
   int64_t i = head;
-  for (; i + 128 <= n; i += 128)
+  for (; i + 128 <= n; i += 128) {
+    if (next) {
+      _mm_prefetch(reinterpret_cast<const char *>(next + i), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char *>(next + i + 64), _MM_HINT_T1);
+    }
     for (int v = 0; v < 4; ++v)
       _mm256_stream_si256(reinterpret_cast<__m256i *>(dst + i + 32 * v),
                           _mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + i + 32 * v)));
+  }
   for (; i + 32 <= n; i += 32)
     _mm256_stream_si256(reinterpret_cast<__m256i *>(dst + i),
                         _mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + i)));
@@ -478,7 +495,7 @@ void routeAndDispatchBf16(const uint16_t *x, int64_t tokens, int64_t hidden,
         if (vector)
           dotsAvx512(x, t0, t0 + n, end, hidden, *interleaved, E, l, E);
         else if (avx2)
-          dotsAvx2(x, t0, t0 + n, hidden, *widened, E, l, E);
+          dotsAvx2(x, t0, t0 + n, end, hidden, *widened, E, l, E);
         else
 #endif
           dotsScalar(x + t0 * hidden, n, hidden, gate, E, l, E);
@@ -525,7 +542,7 @@ void routeAndDispatchBf16(const uint16_t *x, int64_t tokens, int64_t hidden,
             continue;
           }
           if (avx2) {
-            copyBytesAvx2(dst, src, rowBytes, stream);
+            copyBytesAvx2(dst, src, rowBytes, stream, j == k - 1 ? next : nullptr);
             continue;
           }
 #endif
