@@ -359,6 +359,26 @@ TEST(Planner, ImpossibleFixedDegreesAreRejected) {
   EXPECT_EQ(planError(ds, 64, f).rfind("no layout of 64 x h100 fits", 0), 0u);
 }
 
+TEST(Planner, GpuWorkspaceHoldsTheDequantisedFp8Weight) {
+  // The CUDA device dequantises an FP8 weight for each GEMM into one
+  // scratch (bf16 here): the largest weight, DeepSeek-V3's dense MLP
+  // (18432 x 7168, split by TP), or as many 2048 x 7168 experts as 256 MiB
+  // of f32 holds (4). BF16 weights need none.
+  LOAD_OR_SKIP(ds, "DeepSeek-V3");
+  std::optional<ModelInfo> dsBf16 = loadModel("DeepSeek-V3", DType::BF16);
+  ASSERT_TRUE(dsBf16.has_value());
+  EXPECT_EQ(ds.fp8TpSplit, 18432 * 7168);
+  EXPECT_EQ(ds.fp8Expert, 2048 * 7168);
+  for (auto [d, scratch] : {std::pair{Degrees{8, 4, 2, 16, 1}, int64_t(18432) * 7168 / 2 * 2},
+                            std::pair{Degrees{16, 4, 1, 16, 1}, int64_t(18432) * 7168 * 2},
+                            std::pair{Degrees{2, 4, 8, 16, 1}, int64_t(4) * 2048 * 7168 * 2}}) {
+    Cluster c = cluster("h100", d.world());
+    EXPECT_EQ(estimate(ds, c, d).memory.workspace - estimate(*dsBf16, c, d).memory.workspace,
+              scratch)
+        << d.str();
+  }
+}
+
 TEST(Planner, WorkloadAndOptionsAreValidated) {
   LOAD_OR_SKIP(m, "Mixtral-8x7B-v0.1");
   Workload w;

@@ -385,7 +385,20 @@ struct Env {
       bytes += 2 * td * k * h * ab;             // dispatch / combine sends
       bytes += rows * (h + 2 * I + I + h) * ab; // received, gate/up, act, out
     }
-    return bytes + peers * o.commBytesPerPeer;
+    return bytes + peers * o.commBytesPerPeer + fp8Dequantised();
+  }
+  /// A GPU rank's FP8 weights are dequantised for each GEMM into one
+  /// scratch (runtime/src/cuda: the largest weight, or as many of a stack's
+  /// experts as 256 MiB of f32 holds, at least one), in the GEMM's dtype.
+  /// The CPU dequantises a few rows a thread at a time: nothing to count.
+  int64_t fp8Dequantised() const {
+    if (!m.fp8Blocks || cl.name == "cpu")
+      return 0;
+    const int64_t dense = std::max(m.fp8Replicated, m.fp8TpSplit / d.tp);
+    const int64_t expert = m.fp8Expert / d.etp;
+    const int64_t chunk =
+        expert ? std::clamp<int64_t>((int64_t(256) << 20) / (4 * expert), 1, localExperts()) : 0;
+    return std::max(dense, chunk * expert) * ab;
   }
 };
 

@@ -218,6 +218,8 @@ Expected<ModelInfo> ModelInfo::build(const hf::ModelConfig &config,
         m.fusedExperts[s.layer].push_back(index);
       }
       m.layerBytes[s.layer].experts += bytes;
+      if (t.dtype == DType::FP8)
+        m.fp8Expert = std::max(m.fp8Expert, s.numel());
     } else {
       // Set by the frontend (hf::TensorSpec::tpSplit), by module.
       t.split = s.tpSplit == hf::TensorSplit::Column ? Split::Column
@@ -227,6 +229,10 @@ Expected<ModelInfo> ModelInfo::build(const hf::ModelConfig &config,
         m.layerBytes[s.layer].replicated += bytes;
       else
         m.layerBytes[s.layer].tpSplit += bytes;
+      if (t.dtype == DType::FP8) {
+        int64_t &largest = t.split == Split::Replicated ? m.fp8Replicated : m.fp8TpSplit;
+        largest = std::max(largest, s.numel());
+      }
       m.layerTensors[s.layer].push_back(index);
     }
     m.tensors.push_back(std::move(t));

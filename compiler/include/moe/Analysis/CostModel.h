@@ -153,6 +153,10 @@ struct ModelInfo {
   /// Some weights are stored as FP8 blocks (the config's quantization_config,
   /// no explicit dtype): each tensor counts its own bytes.
   bool fp8Blocks = false;
+  /// The most elements of one FP8 tensor: whole on every TP rank, split
+  /// by TP, one routed expert's (split by ETP). A GPU rank dequantises each
+  /// for its GEMM (the CUDA device's scratch, CostModel's workspace).
+  int64_t fp8Replicated = 0, fp8TpSplit = 0, fp8Expert = 0;
   std::vector<PlannedTensor> tensors;  ///< checkpoint order
 
   /// Per decoder layer: indices into `tensors` of its non-expert tensors and
