@@ -280,6 +280,10 @@ void CudaDevice::gemm(const KernelGemm &g, int64_t T, int64_t R, int64_t grouped
   }
   void *C = reinterpret_cast<void *>(resolve(g.c, T, R));
   const int batch = static_cast<int>(g.batch);
+  // A few rows times an FP8 weight [n, k] (decode): read once, dequantised
+  // on the fly.
+  if (f8 && fp8Gemv && m <= kFp8GemvRows && !g.transposeA && g.transposeB)
+    return gemvFp8(g, *f8, A, C, m, k, aType == CUDA_R_16BF, T, R);
   long long sa = g.strideA;
   int ldA = static_cast<int>(g.lda);
   if (aType == CUDA_R_16BF && k > 0) {
@@ -418,6 +422,29 @@ void CudaDevice::gemm(const KernelGemm &g, int64_t T, int64_t R, int64_t grouped
       blocks(static_cast<int>(e0), static_cast<int>(e1),
              reinterpret_cast<const void *>(dequantScratch));
   }
+}
+
+void CudaDevice::gemvFp8(const KernelGemm &g, const Fp8Weight &f, const void *A, void *C, int m,
+                         int k, bool bf16, int64_t T, int64_t R) {
+  if (g.n != f.rows || k != f.cols)
+    runtimeError("{}: FP8 weight {} is {} x {}, its GEMM's B operand {} x {}", plan->path,
+                 program->weights[static_cast<size_t>(g.b.value)].name, f.rows, f.cols, g.n, k);
+  const int64_t batch = g.batch;
+  uint64_t a = reinterpret_cast<uint64_t>(A), q = weightPtrs[static_cast<size_t>(g.b.value)],
+           scales = f.scales, c = reinterpret_cast<uint64_t>(C),
+           counts = batch > 1 && g.rowsFromCounts ? resolve(*g.rowsFromCounts, T, R) : 0;
+  long long lda = g.lda, sa = g.strideA, n = g.n, kk = k, ss = f.scaleStride,
+            es = f.scaleRows * f.scaleStride, br = f.blockRows, bc = f.blockCols,
+            ro = f.rowOrigin, co = f.colOrigin, ldc = g.ldc, sc = g.strideC, rows = m,
+            modulo = batch > 1 ? g.bBatchModulo : 1, accumulate = g.accumulate ? 1 : 0,
+            half = bf16 ? 1 : 0;
+  void *args[] = {&a,   &lda, &sa, &q,    &n,      &kk,     &scales,     &ss, &es, &br, &bc,
+                  &ro,  &co,  &c,  &ldc,  &sc,     &rows,   &modulo, &counts, &accumulate,
+                  &half};
+  check(api->cuLaunchKernel(current.entry->gemvFp8, static_cast<unsigned>((n + 7) / 8),
+                            static_cast<unsigned>(batch), 1, 256, 1, 1, 0, stream, args,
+                            nullptr),
+        "cuLaunchKernel moe_gemv_fp8");
 }
 
 void CudaDevice::dequantise(const Fp8Weight &f, CUdeviceptr q, int64_t e0, int64_t e1,

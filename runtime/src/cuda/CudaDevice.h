@@ -35,6 +35,10 @@ constexpr int64_t kGraphMaxTokens = 64;
 /// time as this many bytes hold in f32 (at least one expert;
 /// MOERT_CUDA_DEQUANT_BYTES sets another budget).
 constexpr int64_t kDequantBudget = int64_t(256) << 20;
+/// GEMMs of at most this many rows (per expert block) with an FP8 weight
+/// run as moe_gemv_fp8 (its MOE_GEMV_ROWS), which reads the weight once
+/// and dequantises it on the fly (MOERT_CUDA_FP8_GEMV=0: never).
+constexpr int kFp8GemvRows = 8;
 
 class CudaDevice final : public Device {
 
@@ -48,6 +52,7 @@ class CudaDevice final : public Device {
     std::map<std::string, CUfunction> functions;
     CUfunction packBf16 = nullptr;   ///< moe_pack_bf16 of the module
     CUfunction dequantFp8 = nullptr; ///< moe_dequant_fp8 of the module
+    CUfunction gemvFp8 = nullptr;    ///< moe_gemv_fp8 of the module
     std::vector<CUdeviceptr> scratch, ropeCos, ropeSin;
     std::vector<bool> grouped; ///< per step: dropless expert GEMMs
     bool graphsEnabled = false;
@@ -158,6 +163,12 @@ private:
   void dequantise(const Fp8Weight &f, CUdeviceptr q, int64_t e0, int64_t e1, int64_t first,
                   bool bf16);
 
+  /// C (+)= A W^T for m <= kFp8GemvRows rows of each block (at most its
+  /// count), W the block's expert of FP8 weight `f`: moe_gemv_fp8, with
+  /// bf16 products when `bf16`.
+  void gemvFp8(const KernelGemm &g, const Fp8Weight &f, const void *A, void *C, int m, int k,
+               bool bf16, int64_t T, int64_t R);
+
   /// A GEMM of the table (C[m, n] (+)= op(A) op(B), row-major: CudaGemm.h).
   /// `groupedStep` >= 0: a dropless expert GEMM of that step, run as a
   /// grouped GEMM over each block's counted rows only (the counts are read
@@ -184,6 +195,7 @@ private:
   std::set<size_t> widened, stored;      ///< weightUse()
   std::map<size_t, Fp8Weight> fp8;       ///< by program weight index
   CUdeviceptr dequantScratch = 0;
+  bool fp8Gemv = false; ///< the module has moe_gemv_fp8, MOERT_CUDA_FP8_GEMV is not 0
   int64_t dequantBytes = 0;
   CUdeviceptr batchSequence = 0, batchPosition = 0, batchLogitRows = 0, batchArgmax = 0;
   int64_t weightsOnDevice = 0, loaded = 0;

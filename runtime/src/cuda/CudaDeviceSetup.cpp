@@ -88,6 +88,8 @@ bool CudaDevice::loadModule(Entry &e) {
   // (Absent from the kernels of an older moec: FP8 weights are refused.)
   if (api->cuModuleGetFunction(&e.dequantFp8, e.module, "moe_dequant_fp8") != CUDA_SUCCESS)
     e.dequantFp8 = nullptr;
+  if (api->cuModuleGetFunction(&e.gemvFp8, e.module, "moe_gemv_fp8") != CUDA_SUCCESS)
+    e.gemvFp8 = nullptr;
   return api->cuModuleGetFunction(&e.packBf16, e.module, "moe_pack_bf16") == CUDA_SUCCESS;
 }
 
@@ -194,6 +196,10 @@ void CudaDevice::findFp8(const RankWeights &host) {
     }
     fp8[i] = f;
   }
+  const char *gemv = std::getenv("MOERT_CUDA_FP8_GEMV");
+  fp8Gemv = !(gemv && !std::strcmp(gemv, "0"));
+  for (const Entry &e : entries)
+    fp8Gemv &= e.gemvFp8 != nullptr;
   if (!fp8.empty())
     for (const Entry &e : entries)
       if (!e.dequantFp8)

@@ -233,6 +233,58 @@ MOE_DEVICE float moe_e4m3(unsigned b) {
       static_cast<float *>(y)[at + c] = v;
   }
 }
+/// The rows the FP8 GEMV takes (the driver's kFp8GemvRows).
+#define MOE_GEMV_ROWS 8
+/// FP8 weights times a few rows (decode: the driver's FP8 GEMV, docs/cuda.md):
+/// C[r, col] (+)= sum_i A[r, i] W[col, i] for the rows r < m of block b (at
+/// most its count, when counts is given), W = expert b % modulo of the FP8
+/// stack at q ([n, k] each, scales as moe_dequant_fp8's) dequantised on the
+/// fly (bf16 != 0: both operands rounded to bf16, as the bf16 GEMMs take
+/// them); A's block b at a + b sa, C's at c + b sc. One warp per column, 8
+/// columns a block: grid (ceil(n / 8), blocks).
+@GEMV_FP8@(
+    const float *__restrict__ a, long long lda, long long sa, const unsigned char *__restrict__ q,
+    long long n, long long k, const float *__restrict__ scales, long long ss, long long es,
+    long long br, long long bc, long long ro, long long co, float *__restrict__ c,
+    long long ldc, long long sc, long long m, long long modulo, const int *__restrict__ counts,
+    long long accumulate, long long bf16) {
+  const int lane = threadIdx.x % MOE_WARP_SIZE, warps = 256 / MOE_WARP_SIZE;
+  const long long b = blockIdx.y, e = b % modulo;
+  long long rows = m;
+  if (counts && counts[b] < rows)
+    rows = counts[b] < 0 ? 0 : counts[b];
+  const float *x = a + b * sa;
+  for (long long col = (long long)blockIdx.x * 8 + threadIdx.x / MOE_WARP_SIZE;
+       col < n && col < ((long long)blockIdx.x + 1) * 8 && rows > 0; col += warps) {
+    const unsigned char *w = q + (e * n + col) * k;
+    const float *s = scales + e * es + ((ro + col) / br) * ss;
+    float acc[MOE_GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_ROWS; ++r)
+      acc[r] = 0.0f;
+    for (long long i = lane; i < k; i += MOE_WARP_SIZE) {
+      float v = moe_e4m3(w[i]) * s[(co + i) / bc];
+      if (bf16)
+        v = moe_round_bf16(v);
+#pragma unroll
+      for (int r = 0; r < MOE_GEMV_ROWS; ++r)
+        if (r < rows) {
+          const float xv = x[r * lda + i];
+          acc[r] += v * (bf16 ? moe_round_bf16(xv) : xv);
+        }
+    }
+    for (int r = 0; r < MOE_GEMV_ROWS && r < rows; ++r) { // rows: the warp's own
+      const float t = moe_warp_reduce(acc[r], moe_op_add());
+      if (lane == 0) {
+        float *o = c + b * sc + r * ldc + col;
+        *o = accumulate ? *o + t : t;
+      }
+    }
+  }
+}
+#ifdef MOE_HOST_EMULATION
+extern "C" void moe_gemv_fp8__host(const unsigned long long *args) { moe_gemv_fp8((const float *)args[0], (long long)args[1], (long long)args[2], (const unsigned char *)args[3], (long long)args[4], (long long)args[5], (const float *)args[6], (long long)args[7], (long long)args[8], (long long)args[9], (long long)args[10], (long long)args[11], (long long)args[12], (float *)args[13], (long long)args[14], (long long)args[15], (long long)args[16], (long long)args[17], (const int *)args[18], (long long)args[19], (long long)args[20]); }
+#endif
 #ifdef MOE_HOST_EMULATION
 extern "C" void moe_dequant_fp8__host(const unsigned long long *args) { moe_dequant_fp8((const unsigned char *)args[0], (long long)args[1], (long long)args[2], (long long)args[3], (const float *)args[4], (long long)args[5], (long long)args[6], (long long)args[7], (long long)args[8], (long long)args[9], (long long)args[10], (void *)args[11], (long long)args[12]); }
 #endif
@@ -484,7 +536,8 @@ llvm::Expected<EmittedProgram> Emitter::run() {
                             {"WARP", str(target.warpSize)},
                             {"SHFL", target.shuffleXor},
                             {"PACK_BF16", declaration("moe_pack_bf16", 256)},
-                            {"DEQUANT_FP8", declaration("moe_dequant_fp8", 256)}});
+                            {"DEQUANT_FP8", declaration("moe_dequant_fp8", 256)},
+                            {"GEMV_FP8", declaration("moe_gemv_fp8", 256)}});
   Array table;
   std::string rowsName = "T";
   for (size_t i = 0; i < steps.size(); ++i) {
