@@ -229,28 +229,25 @@ void CudaDevice::weightUse(std::set<size_t> &widened, std::set<size_t> &stored) 
       const KernelGemm &g = l.gemm;
       const bool bf16 =
           g.bDtype == "BF16" && bf16Gemm && !g.transposeA && (g.transposeB || g.batch == 1);
-      if (int64_t w = weight(g.b); w >= 0 && fp8.count(static_cast<size_t>(w))) {
+      const int64_t w = weight(g.b);
+      if (w >= 0 && bf16) {
+        // The packed operand: every block's rows of k bf16 values.
+        const int64_t rows = g.rows == KernelGemm::Rows::Fixed ? g.m : plan->maxBatchTokens;
+        packBytes =
+            std::max(packBytes, g.batch * std::max(rows, plan->maxBatchTokens) * g.k * 2);
+      }
+      if (w >= 0 && fp8.count(static_cast<size_t>(w))) {
         Fp8Weight &f = fp8[static_cast<size_t>(w)];
         stored.insert(static_cast<size_t>(w));
-        if (bf16) {
-          const int64_t rows = g.rows == KernelGemm::Rows::Fixed ? g.m : plan->maxBatchTokens;
-          packBytes = std::max(packBytes, g.batch * std::max(rows, plan->maxBatchTokens) *
-                                              g.k * 2);
-        }
         // As many experts at a time as the budget holds in f32 (at least
         // one), in the GEMM's dtype.
         const int64_t values = f.rows * f.cols;
         f.chunk = std::clamp<int64_t>(dequantBudget / std::max<int64_t>(1, values * 4), 1,
                                       f.experts);
         dequantBytes = std::max(dequantBytes, f.chunk * values * (bf16 ? 2 : 4));
-      } else if (int64_t w = weight(g.b); w >= 0) {
+      } else if (w >= 0) {
         if (bf16) {
           stored.insert(static_cast<size_t>(w));
-          // The packed operand: every block's rows of k bf16 values.
-          const int64_t rows =
-              g.rows == KernelGemm::Rows::Fixed ? g.m : plan->maxBatchTokens;
-          packBytes = std::max(packBytes, g.batch * std::max(rows, plan->maxBatchTokens) *
-                                              g.k * 2);
         } else if (g.bDtype != "F32") {
           widened.insert(static_cast<size_t>(w));
         } else {
