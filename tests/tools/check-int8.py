@@ -21,12 +21,12 @@ import json
 import os
 import shlex
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 
-from fixture_runs import add_tool_arguments, read_npy
+from fixture_runs import (add_tool_arguments, bf16_bits, read_npy, read_safetensors,
+                          write_safetensors)
 
 
 def bf16_copy(fixture, dst):
@@ -35,30 +35,20 @@ def bf16_copy(fixture, dst):
     config = json.load(open(os.path.join(fixture, "config.json")))
     config["dtype" if "dtype" in config else "torch_dtype"] = "bfloat16"
     json.dump(config, open(os.path.join(dst, "config.json"), "w"))
-    raw = open(os.path.join(fixture, "model.safetensors"), "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    data = raw[8 + n:]
-    out, offset = bytearray(), 0
-    for name in sorted((k for k in header if k != "__metadata__"),
-                       key=lambda k: header[k]["data_offsets"][0]):
+    header, data = read_safetensors(os.path.join(fixture, "model.safetensors"))
+    metadata = header.pop("__metadata__", None)
+    tensors = []
+    for name in sorted(header, key=lambda k: header[k]["data_offsets"][0]):
         entry = header[name]
         b, e = entry["data_offsets"]
-        chunk = data[b:e]
-        if entry["dtype"] == "F32":
+        dtype, chunk = entry["dtype"], bytes(data[b:e])
+        if dtype == "F32":
             bits = array.array("I")
             bits.frombytes(chunk)
-            # Round to nearest even (finite weights only in the fixtures).
-            chunk = array.array("H", [((v + 0x7FFF + ((v >> 16) & 1)) >> 16) & 0xFFFF
-                                      for v in bits]).tobytes()
-            entry["dtype"] = "BF16"
-        entry["data_offsets"] = [offset, offset + len(chunk)]
-        out += chunk
-        offset += len(chunk)
-    head = json.dumps(header).encode()
-    head += b" " * (-len(head) % 8)
-    with open(os.path.join(dst, "model.safetensors"), "wb") as f:
-        f.write(struct.pack("<Q", len(head)) + head + bytes(out))
+            chunk = array.array("H", [bf16_bits(v) for v in bits]).tobytes()
+            dtype = "BF16"
+        tensors.append((name, dtype, entry["shape"], chunk))
+    write_safetensors(os.path.join(dst, "model.safetensors"), tensors, metadata)
 
 
 def main():

@@ -26,6 +26,8 @@ import shutil
 import struct
 import sys
 
+from fixture_runs import bf16_bits, read_safetensors, write_safetensors
+
 
 def e4m3(b):
     e, m = (b >> 3) & 15, b & 7
@@ -40,12 +42,6 @@ def e4m3(b):
 
 def f32_bits(v):
     return struct.unpack("<I", struct.pack("<f", v))[0]
-
-
-def bf16_of(bits):
-    if (bits & 0x7F800000) == 0x7F800000 and bits & 0x7FFFFF:
-        return (bits | 0x400000) >> 16
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFFFFFF) >> 16
 
 
 def main():
@@ -63,9 +59,7 @@ def main():
         sys.exit(f"{args.fp8_dir}/config.json: no quantization_config")
     br, bc = quant["weight_block_size"]
     path = os.path.join(args.fp8_dir, "model.safetensors")
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
+    header, raw = read_safetensors(path)
     meta = header.pop("__metadata__", None)
 
     def data(name):
@@ -73,7 +67,7 @@ def main():
         if name == args.every_byte:
             finite = [b for b in range(256) if b & 127 != 127]
             return bytes(finite[i % len(finite)] for i in range(end - begin))
-        return raw[8 + n + begin:8 + n + end]
+        return bytes(raw[begin:end])
 
     if args.every_byte and header.get(args.every_byte, {}).get("dtype") != "F8_E4M3":
         sys.exit(f"{path}: '{args.every_byte}' is no F8_E4M3 tensor")
@@ -88,7 +82,7 @@ def main():
             continue
         if entry["dtype"] == "F32" and args.dtype == "bf16":
             blob = data(name)
-            halves = [bf16_of(w) for w in struct.unpack(f"<{len(blob) // 4}I", blob)]
+            halves = [bf16_bits(w) for w in struct.unpack(f"<{len(blob) // 4}I", blob)]
             tensors[name] = (("F32", entry["shape"],
                               struct.pack(f"<{len(halves)}I", *[h << 16 for h in halves]))
                              if args.keep_fp8 else
@@ -108,25 +102,14 @@ def main():
         bits = [f32_bits(e4m3(q[r * cols + c]) * scales[(r // br) * stride + c // bc])
                 for r in range(rows) for c in range(cols)]
         if args.dtype == "bf16":
-            out = struct.pack(f"<{len(bits)}H", *[bf16_of(b) for b in bits])
+            out = struct.pack(f"<{len(bits)}H", *[bf16_bits(b) for b in bits])
             tensors[name] = ("BF16", entry["shape"], out)
         else:
             tensors[name] = ("F32", entry["shape"], struct.pack(f"<{len(bits)}I", *bits))
 
     os.makedirs(args.out_dir, exist_ok=True)
-    head, offset, blobs = {}, 0, []
-    if meta:
-        head["__metadata__"] = meta
-    for name, (dtype, shape, blob) in tensors.items():
-        head[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(blob)]}
-        offset += len(blob)
-        blobs.append(blob)
-    text = json.dumps(head).encode()
-    text += b" " * (-len(text) % 8)
-    with open(os.path.join(args.out_dir, "model.safetensors"), "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text)
-        for blob in blobs:
-            f.write(blob)
+    write_safetensors(os.path.join(args.out_dir, "model.safetensors"),
+                      [(name, *t) for name, t in tensors.items()], meta)
     json.dump(config, open(os.path.join(args.out_dir, "config.json"), "w"), indent=2)
     for extra in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         if os.path.exists(os.path.join(args.fp8_dir, extra)):

@@ -2,6 +2,7 @@
 import array
 import json
 import os
+import struct
 
 
 def read_npy(path):
@@ -44,3 +45,34 @@ def add_tool_arguments(parser, layouts=False, mpirun=False):
     parser.add_argument("--moert", default="moert")
     if mpirun:
         parser.add_argument("--mpirun", default="mpirun")
+
+
+def read_safetensors(path):
+    """(header, data) of a .safetensors file: its tensor entries by name
+    (`__metadata__` left in the header) and the bytes after the header
+    (entry["data_offsets"] index them)."""
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    return json.loads(raw[8:8 + n]), memoryview(raw)[8 + n:]
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """tensors: (name, dtype, shape, bytes) in file order."""
+    header, offset = ({"__metadata__": metadata} if metadata else {}), 0
+    for name, dtype, shape, blob in tensors:
+        header[name] = {"dtype": dtype, "shape": shape,
+                        "data_offsets": [offset, offset + len(blob)]}
+        offset += len(blob)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for _, _, _, blob in tensors:
+            f.write(blob)
+
+
+def bf16_bits(bits):
+    """The bf16 of float32 bits `bits`: nearest even (a NaN stays a quiet NaN)."""
+    if (bits & 0x7F800000) == 0x7F800000 and bits & 0x7FFFFF:
+        return (bits | 0x400000) >> 16
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFFFFFF) >> 16

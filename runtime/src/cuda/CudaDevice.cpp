@@ -77,6 +77,12 @@ void CudaDevice::open(const Plan &plan, int64_t rankIndex, const Checkpoint &ckp
   bf16Gemm = !(f32 && !std::strcmp(f32, "1"));
   for (Entry &e : entries)
     bf16Gemm &= loadModule(e);
+  // FP8 GEMMs of a few rows read their weight once (moe_gemv_fp8) unless
+  // MOERT_CUDA_FP8_GEMV=0 (or the plan's kernels predate it).
+  const char *gemv = std::getenv("MOERT_CUDA_FP8_GEMV");
+  fp8Gemv = !(gemv && !std::strcmp(gemv, "0"));
+  for (const Entry &e : entries)
+    fp8Gemv &= e.gemvFp8 != nullptr;
   // int8 weights are CPU-only (moec refuses them with --target cuda);
   // FP8 ones are dequantised for their GEMMs.
   refuseCpuOnlyWeights(plan, rankIndex, "the CUDA device");

@@ -196,10 +196,6 @@ void CudaDevice::findFp8(const RankWeights &host) {
     }
     fp8[i] = f;
   }
-  const char *gemv = std::getenv("MOERT_CUDA_FP8_GEMV");
-  fp8Gemv = !(gemv && !std::strcmp(gemv, "0"));
-  for (const Entry &e : entries)
-    fp8Gemv &= e.gemvFp8 != nullptr;
   if (!fp8.empty())
     for (const Entry &e : entries)
       if (!e.dequantFp8)
