@@ -4,9 +4,17 @@
 # 2 threads: the same config with DeepSeek-V3's quantization_config added
 # (e4m3 weights, 128 x 128 blocks; embeddings, norms and LM head stay
 # BF16), random weights from moe-bench; BF16 and FP8 runs of `moe-bench
-# run` interleaved for several rounds (medians), the FP8 / BF16 decode
-# ratio, and the peak RSS of a moert run that touches every expert against
-# the FP8 checkpoint's bytes + 64 MiB.
+# run` interleaved for several rounds (medians), the FP8 / BF16 ratios, and
+# the peak RSS of a moert run that touches every expert against the FP8
+# checkpoint's bytes + 64 MiB.
+# A round runs both models back to back, in alternating order (BF16 first
+# in odd rounds, FP8 first in even ones), so that a drift of the machine's
+# bandwidth (this project's VMs move by tens of percent within minutes)
+# falls on both alike; the ratio printed is the median of the rounds'
+# own ratios, with their range, beside the ratio of the medians. Decode
+# is bound by the bytes of active weights a token reads: their ratio (BF16
+# bytes / FP8 bytes, from moe-bench's GB/s figure) is printed as the
+# bound.
 # Usage: bench/fp8.sh [BUILD_DIR] [--rounds N]   (~2 GB in $TMPDIR)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,22 +43,32 @@ mkdir -p "$work/bf16" "$work/fp8"
 "$build/bench/moe-bench" weights "$work/bf16.plan" "$work/bf16"
 "$build/bench/moe-bench" weights "$work/fp8.plan" "$work/fp8"
 for r in $(seq "$rounds"); do
-  for kind in bf16 fp8; do
+  order="bf16 fp8"
+  [ $((r % 2)) -eq 0 ] && order="fp8 bf16"
+  for kind in $order; do
     "$build/bench/moe-bench" run "$work/$kind.plan" "$work/$kind" --threads 2 |
-      sed -n "s/^\(prefill  512\|prefill  128\|decode   128\) tokens: *\([0-9.]*\) tok.*/$kind \1 \2/p" |
+      sed -n "s/^\(prefill  512\|prefill  128\|decode   128\) tokens: *\([0-9.]*\) tok\/s\( (\([0-9.]*\) GB.*\)\?/$r $kind \1 \2 \4/p" |
       tee -a "$work/figures"
   done
 done
 python3 - "$work/figures" <<'PY'
 import statistics, sys
-rows = {}
+rows, bytes_per_token = {}, {}
 for line in open(sys.argv[1]):
-    kind, *what, value = line.split()
-    rows.setdefault(" ".join(what), {}).setdefault(kind, []).append(float(value))
-print("== medians (tok/s)")
+    r, kind, what, n, value, *gbs = line.split()
+    what = f"{what} {n}"
+    rows.setdefault(what, {}).setdefault(kind, {})[r] = float(value)
+    if gbs:  # decode: GB/s of active weights / tok/s = bytes a token reads
+        bytes_per_token.setdefault(kind, []).append(float(gbs[0]) * 1e9 / float(value))
+print(f"== medians (tok/s) and FP8/BF16: median of the {len(rows['decode 128']['bf16'])} rounds' own ratios [range], ratio of the medians")
 for what, kinds in rows.items():
-    b, f = statistics.median(kinds["bf16"]), statistics.median(kinds["fp8"])
-    print(f"{what:12s}  BF16 {b:8.1f}  FP8 {f:8.1f}  FP8/BF16 {f / b:.2f}x")
+    b, f = statistics.median(kinds["bf16"].values()), statistics.median(kinds["fp8"].values())
+    ratios = sorted(kinds["fp8"][r] / kinds["bf16"][r] for r in kinds["bf16"] if r in kinds["fp8"])
+    print(f"{what:12s}  BF16 {b:8.1f}  FP8 {f:8.1f}  FP8/BF16 {statistics.median(ratios):.2f}x "
+          f"[{ratios[0]:.2f}-{ratios[-1]:.2f}], of medians {f / b:.2f}x")
+b, f = (statistics.median(bytes_per_token[k]) for k in ("bf16", "fp8"))
+print(f"decode reads {b / 1e6:.0f} MB (BF16) and {f / 1e6:.0f} MB (FP8) of active weights a token: "
+      f"bound on FP8/BF16 {b / f:.2f}x")
 PY
 echo "== peak RSS of an FP8 run touching every expert (16-token prompt, 40 new tokens)"
 "$build/tools/moec/moec" compile "$work/config.json" --max-batch-tokens 16 --max-seq-len 64 \

@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 using namespace moert;
@@ -124,11 +125,15 @@ TEST(Fp8Test, LinearWithBlockScales) {
   std::mt19937 rng(20);
   Threads pool(2);
   for (DType compute : {DType::F32, DType::BF16})
-    for (int64_t origin : {0, 5}) {
-      SCOPED_TRACE(::testing::Message() << "compute " << dtypeName(compute) << " origin " << origin);
+    for (auto [origin, colOrigin] : {std::pair{0, 2}, {5, 7}, {5, 32}}) {
+      SCOPED_TRACE(::testing::Message() << "compute " << dtypeName(compute) << " origin " << origin
+                                        << ", " << colOrigin);
       // Blocks of 16 x 32 (the fixtures use DeepSeek's 128 x 128): odd
       // sizes leave ragged last blocks; a non-zero origin is a TP slice.
-      Fp8Matrix m(67, 251, 16, 32, origin, origin + 2, compute, rng);
+      // Whole 32-column runs (colOrigin 32) are packed for the GEMM straight
+      // from the bytes (its 16-row panels span two block rows here), the
+      // others dequantised a chunk of rows at a time.
+      Fp8Matrix m(67, 251, 16, 32, origin, colOrigin, compute, rng);
       const Matrix w = Matrix::of(m.view());
       for (int64_t T : {1, 5, 40, 70}) // the GEMV and the GEMM paths
         checkFp8Linear(m, w, 0, T, rng);
@@ -150,7 +155,9 @@ TEST(Fp8Test, LinearWithPublishedBlocks) {
                                         << colOrigin);
       Fp8Matrix m(150, 300, 128, 128, 100, colOrigin, compute, rng);
       const Matrix w = Matrix::of(m.view());
-      for (int64_t T : {1, 2, 4, 9})
+      // The table GEMV up to 32 tokens (groups of 1-4 tokens over 4 rows
+      // or 1), the packed GEMM above.
+      for (int64_t T : {1, 2, 3, 4, 9, 32, 40})
         checkFp8Linear(m, w, 0, T, rng);
     }
 }

@@ -438,6 +438,43 @@ MOERT_AVX512_BF16 void packWeightsBf16(const Matrix &w, int64_t n0, int64_t nc, 
   }
 }
 
+/// packWeightsBf16's panels for a block-scaled weight (FP8 or int8; not
+/// transposed), each run of 32 columns dequantised with its block's scale
+/// and rounded to bf16 (scaledBf16x32) on the way: the blocks hold whole
+/// 32-column runs (gemmScaledBf16 checks), and k0 starts one.
+template <DType D>
+MOERT_AVX512_BF16 void packWeightsScaledBf16(const Matrix &w, int64_t n0, int64_t nc, int64_t k0,
+                                             int64_t kc, uint32_t *out) {
+  const BlockScales &s = w.scales;
+  const int64_t pairs = (kc + 1) / 2, tiles = (kc + 31) / 32;
+  const int64_t firstBlock = (s.colOrigin + k0) / s.blockCols;
+  for (int64_t first = 0; first < nc; first += 16) {
+    const int64_t valid = std::min<int64_t>(16, nc - first);
+    const char *src = rowAddress(w, n0 + first, k0);
+    uint32_t *dst = out + first / kNR * kNR * pairs + first % kNR;
+    const float *scales[16];
+    for (int i = 0; i < valid; ++i)
+      scales[i] = s.data + (s.rowOrigin + n0 + first + i) / s.blockRows * s.stride + firstBlock;
+    BlockPrefetcher next(src + 16 * w.rowStride, std::clamp<int64_t>(nc - first - 16, 0, 16), kc,
+                         w.rowStride, /*toL2=*/false);
+    const int64_t perTile = (next.lines() + tiles - 1) / tiles;
+    for (int64_t kk = 0; kk < kc; kk += 32) {
+      next.issue(perTile);
+      const int64_t depth = std::min<int64_t>(32, kc - kk);
+      const __mmask32 mask = depth >= 32 ? ~__mmask32(0) : (__mmask32(1) << depth) - 1;
+      const int64_t block = (s.colOrigin + k0 + kk) / s.blockCols - firstBlock;
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = i < valid ? _mm512_castsi512_ps(scaledBf16x32<D>(src + i * w.rowStride + kk, mask,
+                                                                scales[i][block]))
+                         : _mm512_setzero_ps();
+      transpose16(r);
+      for (int64_t j = 0; j < (depth + 1) / 2; ++j)
+        _mm512_store_ps(reinterpret_cast<float *>(dst + (kk / 2 + j) * kNR), r[j]);
+    }
+  }
+}
+
 /// Packs x rows [0, mr) x columns [0, kc), rounded to bf16 (to nearest even),
 /// as [k/2][16] words of (x[t][k], x[t][k+1]); rows past mr are zero.
 MOERT_AVX512_BF16 void packTokensBf16(const float *x, int64_t ldx, int mr, int64_t kc,
@@ -509,6 +546,15 @@ struct Bf16Path {
   static MicroKernelBf16 kernel(int mr) { return kMicroKernelsBf16[mr - 1]; }
 };
 
+/// Bf16Path for a block-scaled weight (packWeightsScaledBf16).
+template <DType D>
+struct ScaledBf16Path : Bf16Path {
+  static void packWeights(const Matrix &w, int64_t n0, int64_t nc, int64_t k0, int64_t kc,
+                          Word *out) {
+    packWeightsScaledBf16<D>(w, n0, nc, k0, kc, out);
+  }
+};
+
 template <DType D>
 void columnsAvx512(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
                    const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
@@ -547,6 +593,25 @@ void columns(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const
     return columnsAvx2(x, ldx, tokens, w, bias, n0, n1, y, ldy);
 #endif
   columnsScalar(x, ldx, tokens, w, bias, n0, n1, y, ldy);
+}
+
+bool gemmScaledBf16(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
+                    const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+#ifdef MOERT_X86
+  const BlockScales &s = w.scales;
+  if (tokens <= kGemvMaxTokens || w.transposed || activeIsa() < Isa::Avx512Bf16 ||
+      s.blockCols % 32 || s.colOrigin % 32)
+    return false;
+  if (w.dtype == DType::F8E4M3)
+    gemm<ScaledBf16Path<DType::F8E4M3>, DType::F8E4M3>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
+  else if (w.dtype == DType::I8)
+    gemm<ScaledBf16Path<DType::I8>, DType::I8>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
+  else
+    return false;
+  return true;
+#else
+  return false;
+#endif
 }
 
 void widen(DType dtype, const void *src, int64_t n, float *out) {

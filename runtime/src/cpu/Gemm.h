@@ -62,7 +62,9 @@ inline const char *rowAddress(const Matrix &w, int64_t row, int64_t col) {
 }
 
 template <DType D>
-constexpr int64_t kElementSize = D == DType::F32 ? 4 : 2;
+constexpr int64_t kElementSize = D == DType::F32                        ? 4
+                                 : D == DType::F8E4M3 || D == DType::I8 ? 1
+                                                                        : 2;
 
 /// How far ahead of its loads the one-token GEMV (gemvRow, every level)
 /// prefetches its stream into L2.
@@ -102,6 +104,14 @@ void gemvAvx512(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, co
 /// weight's compute dtype, then multiplied by the kernels of that dtype.
 void columnsScaled(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
                    const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy);
+/// The packed GEMM of columns() with bf16 products (the avx512bf16 level)
+/// for a block-scaled weight (FP8 or int8) of a BF16 model: its values
+/// dequantised and rounded to bf16 as they are packed, the numbers of the
+/// dequantised BF16 rows (columnsScaled's chunks) without writing them.
+/// False where it does not apply (tokens <= the GEMV's, blocks that do not
+/// hold whole 32-column runs, a lower level).
+bool gemmScaledBf16(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
+                    const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy);
 /// The int8 GEMV (GemmInt8.cpp) with the contract of columns(), where it
 /// applies (few tokens, AVX2 or better, x finite): false otherwise.
 bool gemvInt8(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,

@@ -38,6 +38,8 @@ namespace moert::cpu::gemm {
 namespace {
 
 constexpr int64_t kFusedMaxTokens = 4;
+/// Up to here the table GEMV (tableGemv) beats dequantising the rows.
+constexpr int64_t kTableMaxTokens = 32;
 thread_local Scratch dequantised, roundedTokens;
 
 /// e4m3 -> float for every byte (exact).
@@ -208,106 +210,93 @@ MOERT_AVX512_VBMI_BF16 void buildTables(const float *scales, int64_t count, uint
 
 /// x rounded to bf16 in the table GEMV's order: per 64 values at c, the 32
 /// that vpunpcklbw pairs (c + 16 l + i, l = 0..3, i = 0..7), then the 32 of
-/// vpunpckhbw (c + 16 l + 8 + i); zero past K.
-void packTableTokens(const float *x, int64_t ldx, int64_t tokens, int64_t K, int64_t ldxp,
-                     uint16_t *out) {
+/// vpunpckhbw (c + 16 l + 8 + i); zero past K. Per 64 values: two
+/// conversions of 32 and two selections of 128-bit lanes.
+MOERT_AVX512_VBMI_BF16 void packTableTokens(const float *x, int64_t ldx, int64_t tokens, int64_t K,
+                                            int64_t ldxp, uint16_t *out) {
   for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t c = 0; c < ldxp; c += 64)
-      for (int h = 0; h < 2; ++h)
-        for (int l = 0; l < 4; ++l)
-          for (int i = 0; i < 8; ++i) {
-            const int64_t k = c + 16 * l + 8 * h + i;
-            out[t * ldxp + c + 32 * h + 8 * l + i] = k < K ? floatToBf16(x[t * ldx + k]) : 0;
-          }
-}
-
-/// One 64-weight step of tableRow: the weights at q + c (mask: those
-/// before the block's end) looked up and dotted into acc (two chains).
-template <int TG>
-MOERT_AVX512_VBMI_BF16 inline __attribute__((always_inline)) void
-tableStep(__m512 (&acc)[2][TG], const uint16_t *xp, int64_t ldxp, const uint8_t *q, int64_t c,
-          __mmask64 mask, __m512i hi0, __m512i hi1, __m512i lo0, __m512i lo1,
-          int64_t ahead = kRowPrefetchBytes) {
-  _mm_prefetch(reinterpret_cast<const char *>(q + c) + ahead, _MM_HINT_T1);
-  const __m512i b = _mm512_maskz_loadu_epi8(mask, q + c);
-  const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, b, hi1), b,
-                                               _mm512_set1_epi8(char(0x80)),
-                                               0xf8); // table | (b & 0x80)
-  const __m512i lo = _mm512_permutex2var_epi8(lo0, b, lo1);
-  const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi8(lo, hi)),
-                 w1 = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi8(lo, hi));
-  for (int t = 0; t < TG; ++t) {
-    const uint16_t *xt = xp + t * ldxp + c;
-    acc[0][t] = _mm512_dpbf16_ps(acc[0][t], w0, reinterpret_cast<__m512bh>(_mm512_loadu_si512(xt)));
-    acc[1][t] =
-        _mm512_dpbf16_ps(acc[1][t], w1, reinterpret_cast<__m512bh>(_mm512_loadu_si512(xt + 32)));
-  }
-}
-
-/// fusedRowBf16's result from byte tables (buildTables: `tables` is the
-/// row's first block's): 64 weights a step by two vpermt2b lookups (high and
-/// low bytes of their bf16 values, the sign or-ed in) and two byte
-/// interleaves, then vdpbf16ps with x in the matching order
-/// (packTableTokens). Blocks of a multiple of 64 columns that start at a
-/// multiple of 64. Two steps a loop into four chains per token: one chain
-/// would wait on vdpbf16ps's latency.
-template <int TG>
-MOERT_AVX512_VBMI_BF16 void tableRow(const uint16_t *xp, int64_t ldxp, const uint8_t *q, int64_t K,
-                                     const uint8_t *tables, int64_t firstEnd, int64_t blockCols,
-                                     const float *bias, float *y, int64_t ldy) {
-  __m512 even[2][TG], odd[2][TG];
-  for (int t = 0; t < TG; ++t)
-    even[0][t] = even[1][t] = odd[0][t] = odd[1][t] = _mm512_setzero_ps();
-  for (int64_t c0 = 0, c1 = std::min(K, firstEnd); c0 < K;
-       c0 = c1, c1 = std::min(K, c1 + blockCols), tables += 256) {
-    const __m512i hi0 = _mm512_loadu_si512(tables), hi1 = _mm512_loadu_si512(tables + 64),
-                  lo0 = _mm512_loadu_si512(tables + 128), lo1 = _mm512_loadu_si512(tables + 192);
-    int64_t c = c0;
-    for (; c + 128 <= c1; c += 128) {
-      tableStep<TG>(even, xp, ldxp, q, c, ~__mmask64(0), hi0, hi1, lo0, lo1);
-      tableStep<TG>(odd, xp, ldxp, q, c + 64, ~__mmask64(0), hi0, hi1, lo0, lo1);
+    for (int64_t c = 0; c < ldxp; c += 64) {
+      const float *xt = x + t * ldx + c;
+      __m512i half[2];
+      for (int j = 0; j < 2; ++j)
+        half[j] = reinterpret_cast<__m512i>(
+            _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(firstLanes(K - c - 32 * j - 16), xt + 32 * j + 16),
+                                _mm512_maskz_loadu_ps(firstLanes(K - c - 32 * j), xt + 32 * j)));
+      // half[0]'s 128-bit lanes hold x[c + 8 l, + 8): lanes 0, 2 of each
+      // half are the vpunpcklbw order's, lanes 1, 3 the vpunpckhbw order's.
+      _mm512_storeu_si512(out + t * ldxp + c, _mm512_shuffle_i64x2(half[0], half[1], 0x88));
+      _mm512_storeu_si512(out + t * ldxp + c + 32, _mm512_shuffle_i64x2(half[0], half[1], 0xdd));
     }
-    for (; c < c1; c += 64)
-      tableStep<TG>(even, xp, ldxp, q, c,
-                    c1 - c >= 64 ? ~__mmask64(0) : (__mmask64(1) << (c1 - c)) - 1, hi0, hi1, lo0,
-                    lo1);
-  }
-  for (int t = 0; t < TG; ++t)
-    y[t * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(even[0][t], even[1][t]),
-                                                    _mm512_add_ps(odd[0][t], odd[1][t]))) +
-                 (bias ? *bias : 0.0f);
 }
 
-/// tableRow's result for one token and 4 rows of one block row (the same
-/// tables) at once, row stride `stride`: 4 streams, each prefetching the
-/// rows two groups on into L2 (as the int8 GEMV: more lines in flight than
-/// one row's stream).
-MOERT_AVX512_VBMI_BF16 void tableRows4(const uint16_t *xp, const uint8_t *q, int64_t stride,
-                                       int64_t K, const uint8_t *tables, int64_t firstEnd,
-                                       int64_t blockCols, const float *bias, float *y) {
-  constexpr int R = 4;
-  __m512 acc[R][2][1];
+/// fusedRowBf16's result for TG tokens and the R rows at q (row stride
+/// `stride`, one block row: the same byte tables, buildTables: `tables` is
+/// the rows' first block's): 64 weights a step by two vpermt2b lookups
+/// (high and low bytes of their bf16 values, the sign or-ed in) and two
+/// byte interleaves, then vdpbf16ps with each token's x in the matching
+/// order (packTableTokens). Blocks of a multiple of 64 columns that start at
+/// a multiple of 64. One token keeps two chains a row (one would wait on
+/// vdpbf16ps's latency); more tokens have a chain each. With `prefetch`,
+/// the rows two tiles on are fetched into L2 as the tile streams (R
+/// streams: more lines in flight than one row's).
+template <int R, int TG>
+MOERT_AVX512_VBMI_BF16 void tableTile(const uint16_t *xp, int64_t ldxp, const uint8_t *q,
+                                      int64_t stride, int64_t K, const uint8_t *tables,
+                                      int64_t firstEnd, int64_t blockCols, bool prefetch,
+                                      const float *bias, float *y, int64_t ldy) {
+  constexpr int C = TG == 1 ? 2 : 1;
+  __m512 acc[R][TG][C];
   for (int i = 0; i < R; ++i)
-    acc[i][0][0] = acc[i][1][0] = _mm512_setzero_ps();
-  const int64_t ahead = 2 * R * stride;
+    for (int t = 0; t < TG; ++t)
+      for (int j = 0; j < C; ++j)
+        acc[i][t][j] = _mm512_setzero_ps();
+  // (Without `prefetch`, the line about to be loaded: no branch in the
+  // loop, whose accumulators GCC would otherwise keep in memory.)
+  const int64_t ahead = prefetch ? 2 * R * stride : 0;
   for (int64_t c0 = 0, c1 = std::min(K, firstEnd); c0 < K;
        c0 = c1, c1 = std::min(K, c1 + blockCols), tables += 256) {
     const __m512i hi0 = _mm512_loadu_si512(tables), hi1 = _mm512_loadu_si512(tables + 64),
                   lo0 = _mm512_loadu_si512(tables + 128), lo1 = _mm512_loadu_si512(tables + 192);
     for (int64_t c = c0; c < c1; c += 64) {
       const __mmask64 mask = c1 - c >= 64 ? ~__mmask64(0) : (__mmask64(1) << (c1 - c)) - 1;
-      for (int i = 0; i < R; ++i)
-        tableStep<1>(acc[i], xp, 0, q + i * stride, c, mask, hi0, hi1, lo0, lo1, ahead);
+      for (int i = 0; i < R; ++i) {
+        const uint8_t *row = q + i * stride;
+        _mm_prefetch(reinterpret_cast<const char *>(row + c) + ahead, _MM_HINT_T1);
+        const __m512i b = _mm512_maskz_loadu_epi8(mask, row + c);
+        const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, b, hi1), b,
+                                                     _mm512_set1_epi8(char(0x80)),
+                                                     0xf8); // table | (b & 0x80)
+        const __m512i lo = _mm512_permutex2var_epi8(lo0, b, lo1);
+        const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi8(lo, hi)),
+                       w1 = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi8(lo, hi));
+        for (int t = 0; t < TG; ++t) {
+          const uint16_t *xt = xp + t * ldxp + c;
+          acc[i][t][0] = _mm512_dpbf16_ps(acc[i][t][0], w0,
+                                          reinterpret_cast<__m512bh>(_mm512_loadu_si512(xt)));
+          acc[i][t][C - 1] = _mm512_dpbf16_ps(
+              acc[i][t][C - 1], w1, reinterpret_cast<__m512bh>(_mm512_loadu_si512(xt + 32)));
+        }
+      }
     }
   }
   for (int i = 0; i < R; ++i)
-    y[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0][0], acc[i][1][0])) +
-           (bias ? bias[i] : 0.0f);
+    for (int t = 0; t < TG; ++t)
+      y[t * ldy + i] = _mm512_reduce_add_ps(C == 2 ? _mm512_add_ps(acc[i][t][0], acc[i][t][C - 1])
+                                                   : acc[i][t][0]) +
+                       (bias ? bias[i] : 0.0f);
 }
 
-using TableRow = void (*)(const uint16_t *, int64_t, const uint8_t *, int64_t, const uint8_t *,
-                          int64_t, int64_t, const float *, float *, int64_t);
-template <int TG> struct TableRowOf { static constexpr TableRow f = tableRow<TG>; };
+using TableTile = void (*)(const uint16_t *, int64_t, const uint8_t *, int64_t, int64_t,
+                           const uint8_t *, int64_t, int64_t, bool, const float *, float *,
+                           int64_t);
+/// The table tile of `rows` (4, or 1 at the edges of a block row) and a
+/// group of 1-4 tokens.
+TableTile tableTileFor(int rows, int64_t tokens) {
+  static constexpr TableTile tiles[2][4] = {
+      {tableTile<1, 1>, tableTile<1, 2>, tableTile<1, 3>, tableTile<1, 4>},
+      {tableTile<4, 1>, tableTile<4, 2>, tableTile<4, 3>, tableTile<4, 4>}};
+  return tiles[rows == 4][tokens - 1];
+}
 
 thread_local std::vector<uint8_t> rowTables;
 
@@ -387,7 +376,9 @@ bool tableGemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, con
                 blocks = (b.colOrigin + K + b.blockCols - 1) / b.blockCols - firstBlock,
                 firstEnd = (firstBlock + 1) * b.blockCols - b.colOrigin;
   rowTables.resize(static_cast<size_t>(blocks * 256));
-  const TableRow row = pick<TableRow, TableRowOf>(tokens);
+  // Near-equal groups of at most 4 tokens (the first `longer` one token
+  // longer), as the BF16 GEMV: a tile's rows stay in L1 for the later groups.
+  const int64_t groups = (tokens + 3) / 4, shortest = tokens / groups, longer = tokens % groups;
   int64_t tablesOf = -1; // the block row rowTables hold
   for (int64_t n = n0; n < n1;) {
     const int64_t blockRow = (b.rowOrigin + n) / b.blockRows;
@@ -395,16 +386,13 @@ bool tableGemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, con
       buildTables(b.data + blockRow * b.stride + firstBlock, blocks, rowTables.data());
       tablesOf = blockRow;
     }
-    // One token: 4 rows at once where they share the block row.
-    if (tokens == 1 && n + 4 <= n1 && (b.rowOrigin + n + 3) / b.blockRows == blockRow) {
-      tableRows4(xp, rowBytes(w, n), w.rowStride, K, rowTables.data(), firstEnd, b.blockCols,
-                 bias ? bias + n : nullptr, y + n);
-      n += 4;
-      continue;
-    }
-    row(xp, ldxp, rowBytes(w, n), K, rowTables.data(), firstEnd, b.blockCols,
-        bias ? bias + n : nullptr, y + n, ldy);
-    ++n;
+    // 4 rows at once where they share the block row.
+    const int rows = n + 4 <= n1 && (b.rowOrigin + n + 3) / b.blockRows == blockRow ? 4 : 1;
+    for (int64_t t = 0, i = 0; t < tokens; t += shortest + (i < longer), ++i)
+      tableTileFor(rows, shortest + (i < longer))(
+          xp + t * ldxp, ldxp, rowBytes(w, n), w.rowStride, K, rowTables.data(), firstEnd,
+          b.blockCols, t == 0, bias ? bias + n : nullptr, y + t * ldy + n, ldy);
+    n += rows;
   }
   return true;
 }
@@ -463,9 +451,10 @@ void columnsScaled(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
   const bool bf16 = w.scales.computeDtype == DType::BF16 && roundsToBf16(DType::BF16);
 #ifdef MOERT_X86
   const bool fp8 = w.dtype == DType::F8E4M3;
+  if (fp8 && tokens <= kTableMaxTokens && bf16 &&
+      tableGemv(x, ldx, tokens, w, bias, n0, n1, y, ldy))
+    return;
   if (fp8 && tokens <= kFusedMaxTokens && bf16) {
-    if (tableGemv(x, ldx, tokens, w, bias, n0, n1, y, ldy))
-      return;
     // (A block run may start anywhere: its last 32-value load may reach 32
     // values past K, all zero.)
     const int64_t ldxb = (K + 31) / 32 * 32 + 32;
@@ -486,6 +475,8 @@ void columnsScaled(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
     return;
   }
 #endif
+  if (bf16 && gemmScaledBf16(x, ldx, tokens, w, bias, n0, n1, y, ldy))
+    return;
   // Rows per chunk: few tokens (the GEMV) keep the chunk in L2 next to the
   // stream; the packed GEMM gets whole column blocks.
   const int64_t bytesPerRow = K * static_cast<int64_t>(sizeof(float));

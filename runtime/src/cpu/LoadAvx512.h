@@ -40,6 +40,32 @@ MOERT_AVX512 inline __m512 load16(const void *p) {
   }
 }
 
+/// 32 consecutive elements of a block-scaled row (FP8 e4m3 or int8 bytes at
+/// p; masked: the others read as zero), times `scale` in f32 and rounded to
+/// bf16 (to nearest even), in order: the bf16 values a BF16 model's
+/// block-scaled weight multiplies with (GemmFp8.cpp). e4m3 widens through
+/// f16 as the value / 2^8 (exact, subnormals included), so the scale
+/// carries 2^8.
+template <DType D>
+MOERT_AVX512_BF16 inline __m512i scaledBf16x32(const void *p, __mmask32 mask, float scale) {
+  static_assert(D == DType::F8E4M3 || D == DType::I8, "a block-scaled dtype");
+  const __m256i bytes = _mm256_maskz_loadu_epi8(mask, p);
+  __m512 lo, hi;
+  if constexpr (D == DType::F8E4M3) {
+    const __m512i half = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(bytes), 7),
+                                          _mm512_set1_epi16(-16385));
+    const __m512 s = _mm512_set1_ps(scale * 256.0f);
+    lo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(half)), s);
+    hi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(half, 1)), s);
+  } else {
+    const __m512 s = _mm512_set1_ps(scale);
+    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes))), s);
+    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1))),
+                       s);
+  }
+  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+}
+
 inline __mmask16 firstLanes(int64_t count) {
   return count >= 16 ? __mmask16(0xffff) : count <= 0 ? __mmask16(0) : __mmask16((1u << count) - 1);
 }
