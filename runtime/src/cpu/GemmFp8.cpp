@@ -9,17 +9,24 @@
 // levels, --matmul-precision f32) the products are exact f32 ones of the
 // dequantised weight.
 //
-// Decode (up to kFusedMaxTokens tokens): a GEMV that reads each row once and
-// widens its bytes on the fly: e4m3 -> f16 by shifts (the sign into bit 15,
-// exponent and mantissa below it: the f16 of the value / 2^8, subnormals
-// included) -> f32 by vcvtph2ps; exact products are summed per block and
-// scaled once, bf16 ones go through vdpbf16ps. Where the CPU has
-// AVX512_VBMI (Zen 4, Sapphire Rapids), the bf16 values come from byte
-// tables instead: per block, bf16(e4m3(m) * scale) for the 128 magnitudes,
-// looked up 64 bytes at a time by vpermt2b (rebuilt every 128 rows: cheap
-// next to the 128 x 128 weights they serve). Otherwise the rows a thread
-// computes are dequantised a chunk at a time into f32 (or bf16) scratch,
-// which the GEMM or GEMV of that dtype multiplies.
+// Few tokens (decode, short prompts, experts' small blocks): GEMVs that
+// read each row once and widen its bytes on the fly, 4 rows at a time (more
+// lines in flight than one row's stream), each tile's rows reused from L1 by
+// every group of up to 4 tokens.
+//  - bf16 products, where the CPU has AVX512_VBMI (Zen 4, Sapphire Rapids),
+//    up to kTableMaxTokens tokens: the bf16 values come from byte tables,
+//    per block bf16(e4m3(m) * scale) for the 128 magnitudes, looked up 64
+//    bytes at a time by vpermt2b (rebuilt every 128 rows: cheap next to the
+//    128 x 128 weights they serve), then vdpbf16ps.
+//  - exact products (F32 models, the avx512 and avx2 levels), up to
+//    kFusedMaxTokens tokens: e4m3 -> f16 by shifts (the sign into bit 15,
+//    exponent and mantissa below it: the f16 of the value / 2^8, subnormals
+//    included) -> f32 by vcvtph2ps, products summed per block and scaled
+//    once.
+// Otherwise: a BF16 model's weights above the GEMV's tokens are
+// dequantised and rounded to bf16 as the packed GEMM packs them
+// (gemmScaledBf16); the rest are dequantised a chunk of rows at a time into
+// f32 (or bf16) scratch, which the GEMM or GEMV of that dtype multiplies.
 #include "BlockScaled.h"
 #include "Gemm.h"
 #include "LoadAvx512.h"
@@ -104,45 +111,69 @@ MOERT_AVX2 void dequantiseRowAvx2(const Matrix &w, int64_t r, float *out) {
   }
 }
 
-/// y[t, n] for the fused GEMV: TG tokens (x rows at stride ldx), one row,
-/// exact f32 products: 32 bytes at a time (one sign extension to words for
-/// both halves), each block's sum scaled once.
-template <int TG>
-MOERT_AVX512 void fusedRowAvx512(const float *x, int64_t ldx, const Matrix &w, int64_t r,
-                                 const float *bias, float *y, int64_t ldy) {
-  const uint8_t *q = rowBytes(w, r);
-  __m512 acc[TG];
-  for (int t = 0; t < TG; ++t)
-    acc[t] = _mm512_setzero_ps();
-  for (Blocks b(w, r); b.next();) {
-    const int64_t c1 = b.c1;
-    __m512 part[2][TG];
+/// The scales of rows r0 .. r0 + R - 1 of w, each at its row's first block
+/// (then one per column block, as Blocks walks them).
+template <int R>
+inline void rowScales(const Matrix &w, int64_t r0, const float *(&out)[R]) {
+  const BlockScales &s = w.scales;
+  for (int i = 0; i < R; ++i)
+    out[i] = s.data + (s.rowOrigin + r0 + i) / s.blockRows * s.stride + s.colOrigin / s.blockCols;
+}
+
+/// The exact-product GEMV (F32 models, the avx512 level, --matmul-precision
+/// f32) for TG tokens (x rows ldx apart) and rows r0 .. r0 + R - 1 of w:
+/// exact f32 products of x and the e4m3 values (as value / 2^8), 32
+/// weights a row and step (one sign extension to words for both halves),
+/// summed per block and scaled once (a multiply per weight would cost the
+/// decode a fifth of its speed). Each row's block scales are its own, so
+/// the rows may span block rows. R rows stream at once and, with
+/// `prefetch`, fetch the rows two tiles on into L2 (one row's stream alone
+/// reads half as fast).
+template <int R, int TG>
+MOERT_AVX512 void exactTileAvx512(const float *x, int64_t ldx, const Matrix &w, int64_t r0,
+                                  bool prefetch, const float *bias, float *y, int64_t ldy) {
+  const int64_t K = w.cols, stride = w.rowStride, blockCols = w.scales.blockCols;
+  const uint8_t *q = rowBytes(w, r0);
+  const float *scales[R];
+  rowScales<R>(w, r0, scales);
+  __m512 acc[R][TG], part[R][TG];
+  for (int i = 0; i < R; ++i)
     for (int t = 0; t < TG; ++t)
-      part[0][t] = part[1][t] = _mm512_setzero_ps();
-    int64_t c = b.c0;
-    for (; c + 32 <= c1; c += 32) {
-      if (((reinterpret_cast<uintptr_t>(q + c)) & 63) < 32)
-        _mm_prefetch(reinterpret_cast<const char *>(q + c) + kRowPrefetchBytes, _MM_HINT_T1);
-      const __m512i half = e4m3Halves(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(q + c)));
-      const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(half)),
-                   hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(half, 1));
+      acc[i][t] = _mm512_setzero_ps();
+  const int64_t ahead = prefetch ? 2 * R * stride : 0; // (0: no branch in the loop)
+  for (int64_t c1 = -(w.scales.colOrigin % blockCols), j = 0; c1 < K; ++j) {
+    const int64_t c0 = std::max<int64_t>(c1, 0);
+    c1 = std::min(K, c1 + blockCols);
+    for (int i = 0; i < R; ++i)
+      for (int t = 0; t < TG; ++t)
+        part[i][t] = _mm512_setzero_ps();
+    for (int64_t c = c0; c < c1; c += 32) {
+      const int64_t n = c1 - c;
+      const __mmask32 mask = n >= 32 ? __mmask32(~0u) : __mmask32((1u << n) - 1);
+      __m512 xv[TG][2];
       for (int t = 0; t < TG; ++t) {
-        part[0][t] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + t * ldx + c), part[0][t]);
-        part[1][t] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + t * ldx + c + 16), part[1][t]);
+        xv[t][0] = _mm512_maskz_loadu_ps(firstLanes(n), x + t * ldx + c);
+        xv[t][1] = _mm512_maskz_loadu_ps(firstLanes(n - 16), x + t * ldx + c + 16);
+      }
+      for (int i = 0; i < R; ++i) {
+        const uint8_t *row = q + i * stride + c;
+        _mm_prefetch(reinterpret_cast<const char *>(row) + ahead, _MM_HINT_T1);
+        const __m512i half = e4m3Halves(_mm256_maskz_loadu_epi8(mask, row));
+        const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(half)),
+                     hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(half, 1));
+        for (int t = 0; t < TG; ++t)
+          part[i][t] = _mm512_fmadd_ps(hi, xv[t][1], _mm512_fmadd_ps(lo, xv[t][0], part[i][t]));
       }
     }
-    for (; c < c1; c += 16) {
-      const __mmask16 mask = firstLanes(c1 - c);
-      const __m512 wv = e4m3x16(_mm_maskz_loadu_epi8(mask, q + c));
+    for (int i = 0; i < R; ++i) {
+      const __m512 scale = _mm512_set1_ps(scales[i][j] * 256.0f);
       for (int t = 0; t < TG; ++t)
-        part[0][t] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(mask, x + t * ldx + c), part[0][t]);
+        acc[i][t] = _mm512_fmadd_ps(part[i][t], scale, acc[i][t]);
     }
-    const __m512 scale = _mm512_set1_ps(b.scale * 256.0f);
-    for (int t = 0; t < TG; ++t)
-      acc[t] = _mm512_fmadd_ps(_mm512_add_ps(part[0][t], part[1][t]), scale, acc[t]);
   }
-  for (int t = 0; t < TG; ++t)
-    y[t * ldy] = _mm512_reduce_add_ps(acc[t]) + (bias ? *bias : 0.0f);
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < TG; ++t)
+      y[t * ldy + i] = _mm512_reduce_add_ps(acc[i][t]) + (bias ? bias[i] : 0.0f);
 }
 
 /// The same with bf16 products (roundsToBf16: the avx512bf16 level): each
@@ -305,45 +336,56 @@ thread_local std::vector<uint8_t> rowTables;
 bool tableGemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
                int64_t n0, int64_t n1, float *y, int64_t ldy);
 
-template <int TG>
-MOERT_AVX2 void fusedRowAvx2(const float *x, int64_t ldx, const Matrix &w, int64_t r,
-                             const float *bias, float *y, int64_t ldy) {
-  const uint8_t *q = rowBytes(w, r);
-  __m256 acc[TG];
-  float tail[TG] = {};
-  for (int t = 0; t < TG; ++t)
-    acc[t] = _mm256_setzero_ps();
-  for (Blocks b(w, r); b.next();) {
-    const int64_t c1 = b.c1;
-    const float s = b.scale;
-    __m256 part[2][TG];
+/// exactTileAvx512's contract at the AVX2 level: 8 weights a row and step
+/// (F16C's conversion), a block's last few columns (< 8) one at a time.
+template <int R, int TG>
+MOERT_AVX2 void exactTileAvx2(const float *x, int64_t ldx, const Matrix &w, int64_t r0,
+                              bool prefetch, const float *bias, float *y, int64_t ldy) {
+  const int64_t K = w.cols, stride = w.rowStride, blockCols = w.scales.blockCols;
+  const uint8_t *q = rowBytes(w, r0);
+  const float *scales[R];
+  rowScales<R>(w, r0, scales);
+  __m256 acc[R][TG], part[R][TG];
+  float tail[R][TG] = {};
+  for (int i = 0; i < R; ++i)
     for (int t = 0; t < TG; ++t)
-      part[0][t] = part[1][t] = _mm256_setzero_ps();
-    int64_t c = b.c0;
-    for (; c + 16 <= c1; c += 16) {
-      if ((c & 63) == 0)
-        _mm_prefetch(reinterpret_cast<const char *>(q + c) + kRowPrefetchBytes, _MM_HINT_T1);
-      for (int h = 0; h < 2; ++h) {
-        const __m256 wv =
-            e4m3x8(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(q + c + 8 * h)));
+      acc[i][t] = _mm256_setzero_ps();
+  const int64_t ahead = prefetch ? 2 * R * stride : 0;
+  for (int64_t c1 = -(w.scales.colOrigin % blockCols), j = 0; c1 < K; ++j) {
+    const int64_t c0 = std::max<int64_t>(c1, 0);
+    c1 = std::min(K, c1 + blockCols);
+    for (int i = 0; i < R; ++i)
+      for (int t = 0; t < TG; ++t)
+        part[i][t] = _mm256_setzero_ps();
+    int64_t c = c0;
+    for (; c + 8 <= c1; c += 8) {
+      __m256 xv[TG];
+      for (int t = 0; t < TG; ++t)
+        xv[t] = _mm256_loadu_ps(x + t * ldx + c);
+      for (int i = 0; i < R; ++i) {
+        const uint8_t *row = q + i * stride + c;
+        if (!((c - c0) & 63)) // (a line a row: the branch is the same for all)
+          _mm_prefetch(reinterpret_cast<const char *>(row) + ahead, _MM_HINT_T1);
+        const __m256 wv = e4m3x8(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(row)));
         for (int t = 0; t < TG; ++t)
-          part[h][t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + t * ldx + c + 8 * h), part[h][t]);
+          part[i][t] = _mm256_fmadd_ps(wv, xv[t], part[i][t]);
       }
     }
-    for (; c + 8 <= c1; c += 8) {
-      const __m256 wv = e4m3x8(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(q + c)));
+    for (int i = 0; i < R; ++i) {
+      const __m256 scale = _mm256_set1_ps(scales[i][j] * 256.0f);
       for (int t = 0; t < TG; ++t)
-        part[0][t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + t * ldx + c), part[0][t]);
+        acc[i][t] = _mm256_fmadd_ps(part[i][t], scale, acc[i][t]);
     }
-    const __m256 scale = _mm256_set1_ps(s * 256.0f);
-    for (int t = 0; t < TG; ++t) {
-      acc[t] = _mm256_fmadd_ps(_mm256_add_ps(part[0][t], part[1][t]), scale, acc[t]);
-      for (int64_t k = c; k < c1; ++k)
-        tail[t] += x[t * ldx + k] * (e4m3ToFloat(q[k]) * s);
-    }
+    for (; c < c1; ++c)
+      for (int i = 0; i < R; ++i) {
+        const float v = e4m3ToFloat(q[i * stride + c]) * scales[i][j];
+        for (int t = 0; t < TG; ++t)
+          tail[i][t] += v * x[t * ldx + c];
+      }
   }
-  for (int t = 0; t < TG; ++t)
-    y[t * ldy] = horizontalSum(acc[t]) + tail[t] + (bias ? *bias : 0.0f);
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < TG; ++t)
+      y[t * ldy + i] = horizontalSum(acc[i][t]) + tail[i][t] + (bias ? bias[i] : 0.0f);
 }
 
 /// The fused kernel's per-row function for `tokens` (<= 4) tokens.
@@ -356,12 +398,45 @@ Row pick(int64_t tokens) {
   default: return Kernel<4>::f;
   }
 }
-using ExactRow = void (*)(const float *, int64_t, const Matrix &, int64_t, const float *, float *,
-                          int64_t);
 using Bf16Row = void (*)(const uint16_t *, int64_t, const Matrix &, int64_t, const float *,
                          float *, int64_t);
-template <int TG> struct Avx512Row { static constexpr ExactRow f = fusedRowAvx512<TG>; };
-template <int TG> struct Avx2Row { static constexpr ExactRow f = fusedRowAvx2<TG>; };
+using ExactTile = void (*)(const float *, int64_t, const Matrix &, int64_t, bool, const float *,
+                           float *, int64_t);
+/// The exact tile of R rows (1, 2 or 4) for a group of 1-4 tokens.
+template <template <int, int> class Tile>
+ExactTile exactTileOf(int rows, int64_t tokens) {
+  static constexpr ExactTile tiles[3][4] = {
+      {Tile<1, 1>::f, Tile<1, 2>::f, Tile<1, 3>::f, Tile<1, 4>::f},
+      {Tile<2, 1>::f, Tile<2, 2>::f, Tile<2, 3>::f, Tile<2, 4>::f},
+      {Tile<4, 1>::f, Tile<4, 2>::f, Tile<4, 3>::f, Tile<4, 4>::f}};
+  return tiles[rows == 4 ? 2 : rows - 1][tokens - 1];
+}
+template <int R, int TG> struct Avx512Tile { static constexpr ExactTile f = exactTileAvx512<R, TG>; };
+template <int R, int TG> struct Avx2Tile { static constexpr ExactTile f = exactTileAvx2<R, TG>; };
+
+/// The exact-product GEMV (exactTileAvx512 / exactTileAvx2) over rows
+/// [n0, n1): near-equal groups of at most 4 tokens over each tile of rows
+/// (which stay in L1 for the later groups). A tile has as many rows as
+/// keep the largest group's accumulators and x in registers (32 zmm, 16
+/// ymm); the last rows go one at a time.
+void exactGemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
+               int64_t n0, int64_t n1, float *y, int64_t ldy) {
+  const int64_t groups = (tokens + 3) / 4, shortest = tokens / groups, longer = tokens % groups;
+  const int64_t largest = shortest + (longer > 0);
+  const bool avx512 = haveAvx512();
+  const int tileRows = avx512 ? (largest <= 2 ? 4 : 2) : (largest == 1 ? 4 : largest == 2 ? 2 : 1);
+  for (int64_t n = n0; n < n1;) {
+    const int rows = n + tileRows <= n1 ? tileRows : 1;
+    for (int64_t t = 0, i = 0; t < tokens; t += shortest + (i < longer), ++i) {
+      const int64_t group = shortest + (i < longer);
+      const ExactTile tile = avx512 ? exactTileOf<Avx512Tile>(rows, group)
+                                    : exactTileOf<Avx2Tile>(rows, group);
+      tile(x + t * ldx, ldx, w, n, t == 0, bias ? bias + n : nullptr, y + t * ldy + n, ldy);
+    }
+    n += rows;
+  }
+}
+
 template <int TG> struct Bf16RowOf { static constexpr Bf16Row f = fusedRowBf16<TG>; };
 
 bool tableGemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
@@ -467,13 +542,8 @@ void columnsScaled(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
       row(xb, ldxb, w, n, bias ? bias + n : nullptr, y + n, ldy);
     return;
   }
-  if (fp8 && tokens <= kFusedMaxTokens && (haveAvx512() || haveAvx2())) {
-    const ExactRow row = haveAvx512() ? pick<ExactRow, Avx512Row>(tokens)
-                                      : pick<ExactRow, Avx2Row>(tokens);
-    for (int64_t n = n0; n < n1; ++n)
-      row(x, ldx, w, n, bias ? bias + n : nullptr, y + n, ldy);
-    return;
-  }
+  if (fp8 && !bf16 && tokens <= kFusedMaxTokens && (haveAvx512() || haveAvx2()))
+    return exactGemv(x, ldx, tokens, w, bias, n0, n1, y, ldy);
 #endif
   if (bf16 && gemmScaledBf16(x, ldx, tokens, w, bias, n0, n1, y, ldy))
     return;
