@@ -17,7 +17,7 @@
 // vdpbf16ps per pair of k: twice the FMA's rate (measured on Zen 4: 460 vs
 // 230 GFLOP/s on 2 cores), the products PyTorch's BF16 matmul computes.
 //
-// GEMV (tokens <= kGemvMaxTokens, decode; GemvAvx512.cpp): every weight row is read from
+// GEMV (tokens <= kGemvMaxTokensAvx512, decode; GemvAvx512.cpp): every weight row is read from
 // memory once and widened on the fly; each widened vector feeds a group of
 // up to 4 tokens' x vectors held in registers. Decode is bound by reading
 // the weights, so they are not packed; up to 32 tokens this beats packing
@@ -50,7 +50,6 @@ constexpr int kMaxMR = 14;              // tile height (tokens): 28 accumulators
 static_assert(kMaxMR <= 16, "x is packed 16 tokens wide");
 constexpr int64_t kKC = 256;            // K slice: x's packed block (16 KiB) stays in L1
 constexpr int64_t kNC = 512;            // column chunk: packed weights (512 KiB) stay in L2
-constexpr int64_t kGemvMaxTokens = 32; // up to here the GEMV beats packing the weights (above)
 
 thread_local Scratch packedWeights, packedTokens, widenedRow;
 
@@ -558,7 +557,7 @@ struct ScaledBf16Path : Bf16Path {
 template <DType D>
 void columnsAvx512(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
                    const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
-  if (tokens <= kGemvMaxTokens && !w.transposed)
+  if (tokens <= kGemvMaxTokensAvx512 && !w.transposed)
     gemvAvx512(x, ldx, tokens, w, bias, n0, n1, y, ldy);
   else if (roundsToBf16(D))
     gemm<Bf16Path, D>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
@@ -599,7 +598,7 @@ bool gemmScaledBf16(const float *x, int64_t ldx, int64_t tokens, const Matrix &w
                     const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
 #ifdef MOERT_X86
   const BlockScales &s = w.scales;
-  if (tokens <= kGemvMaxTokens || w.transposed || activeIsa() < Isa::Avx512Bf16 ||
+  if (tokens <= kGemvMaxTokensAvx512 || w.transposed || activeIsa() < Isa::Avx512Bf16 ||
       s.blockCols % 32 || s.colOrigin % 32)
     return false;
   if (w.dtype == DType::F8E4M3)

@@ -66,6 +66,11 @@ constexpr int64_t kElementSize = D == DType::F32                        ? 4
                                  : D == DType::F8E4M3 || D == DType::I8 ? 1
                                                                         : 2;
 
+/// Up to how many tokens columns() takes the GEMV, which streams the weight
+/// rows once, rather than the GEMM that packs them (AVX-512 and AVX2
+/// levels).
+constexpr int64_t kGemvMaxTokensAvx512 = 32, kGemvMaxTokensAvx2 = 16;
+
 /// How far ahead of its loads the one-token GEMV (gemvRow, every level)
 /// prefetches its stream into L2.
 constexpr int64_t kRowPrefetchBytes = 2048;
@@ -87,6 +92,29 @@ MOERT_AVX2 inline float horizontalSum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 #endif
+
+/// Alive on a thread while columnsScaled multiplies one x with its
+/// dequantised chunks of rows (the same dtype, tokens and K each time): the
+/// GEMVs pack x on the first chunk only, where packing it per chunk cost
+/// more than the chunk's weights (T = 32 x K values for 16 rows).
+class TokensPackedOnce {
+public:
+  TokensPackedOnce() : was(active) { active = true, packed = false; }
+  ~TokensPackedOnce() { active = was; }
+  TokensPackedOnce(const TokensPackedOnce &) = delete;
+  TokensPackedOnce &operator=(const TokensPackedOnce &) = delete;
+  /// Whether a GEMV must pack x now (false: its scratch holds x already).
+  static bool needPacking() {
+    if (active && packed)
+      return false;
+    packed = active;
+    return true;
+  }
+
+private:
+  bool was;
+  static inline thread_local bool active = false, packed = false;
+};
 
 /// The AVX2 + FMA (+ F16C) kernels (GemmAvx2.cpp), with the contracts of
 /// columns() and widen() below; called only when haveAvx2().

@@ -11,7 +11,7 @@
 //       a 6 x 16 tile of y in 12 registers, per k two panel loads and six
 //       broadcasts from x's rows (6 x kc floats, L1-resident for all the
 //       panels; packing them cost more than it saved) feeding 12 FMAs.
-// GEMV (tokens <= kGemvMaxTokens, decode): every weight row is read from
+// GEMV (tokens <= kGemvMaxTokensAvx2, decode): every weight row is read from
 // memory once, widened on the fly, and dotted with up to 6 tokens' x.
 #include "Gemm.h"
 
@@ -33,7 +33,6 @@ static_assert(kColumnBlock % kNR == 0, "threads split on tile boundaries");
 constexpr int kMaxMR = 6;             // tile height: 12 accumulators + 3 of 16 ymm
 constexpr int64_t kKC = 256;          // K slice: a 16 KiB weight panel + 6 KiB of x in L1
 constexpr int64_t kNC = 256;          // column chunk: 256 KiB of packed weights in L2
-constexpr int64_t kGemvMaxTokens = 16; // up to here the GEMV beats packing the weights
 constexpr int kGemvGroup = 6;         // tokens whose x one weight vector feeds
 
 thread_local Scratch packedWeights, packedTokens;
@@ -345,7 +344,8 @@ MOERT_AVX2 void gemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &
   constexpr int64_t size = kElementSize<D>;
   const int64_t K = w.cols, rowBytes = w.rowStride * size, xStep = tokens * 8;
   float *packed = packedTokens.get(static_cast<size_t>((K + 7) / 8 * xStep));
-  packGemvTokens(x, ldx, tokens, K, packed);
+  if (TokensPackedOnce::needPacking())
+    packGemvTokens(x, ldx, tokens, K, packed);
   // Rows per tile: R weight vectors, one x vector and R x TG accumulators
   // within the 16 ymm registers.
   const int64_t group = std::min<int64_t>(tokens, kGemvGroup);
@@ -367,7 +367,7 @@ MOERT_AVX2 void gemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &
 template <DType D>
 void columns(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
              int64_t n0, int64_t n1, float *y, int64_t ldy) {
-  if (tokens <= kGemvMaxTokens && !w.transposed)
+  if (tokens <= kGemvMaxTokensAvx2 && !w.transposed)
     gemv<D>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
   else
     gemm<D>(x, ldx, tokens, w, bias, n0, n1, y, ldy);

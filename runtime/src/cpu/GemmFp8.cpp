@@ -551,11 +551,12 @@ void columnsScaled(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
   // stream; the packed GEMM gets whole column blocks.
   const int64_t bytesPerRow = K * static_cast<int64_t>(sizeof(float));
   int64_t chunk = std::max<int64_t>(1, (int64_t(64) << 10) / bytesPerRow);
-  if (tokens > 32)
+  if (tokens > (haveAvx512() ? kGemvMaxTokensAvx512 : kGemvMaxTokensAvx2))
     chunk = std::max<int64_t>(kColumnBlock, std::min<int64_t>(512, (int64_t(2) << 20) / bytesPerRow) /
                                                 kColumnBlock * kColumnBlock);
   chunk = std::min(chunk, n1 - n0);
   float *rows = dequantised.get(static_cast<size_t>(chunk * K));
+  const TokensPackedOnce packOnce;
   for (int64_t n = n0; n < n1; n += chunk) {
     const int64_t m = std::min(chunk, n1 - n);
     for (int64_t r = 0; r < m; ++r)

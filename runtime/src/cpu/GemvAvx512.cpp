@@ -1,4 +1,4 @@
-// The AVX-512 GEMV (tokens <= kGemvMaxTokens, decode): every weight row is
+// The AVX-512 GEMV (tokens <= kGemvMaxTokensAvx512, decode): every weight row is
 // read from memory once, widened on the fly, and dotted with the tokens' x
 // (Gemm.h: gemvAvx512).
 #include "Gemm.h"
@@ -154,7 +154,9 @@ MOERT_AVX512 void gemv(const float *x, int64_t ldx, int64_t tokens, const Matrix
   constexpr int64_t size = kElementSize<D>;
   const int64_t K = w.cols, rowBytes = w.rowStride * size, xStep = tokens * 16;
   float *packed = packedTokens.get(static_cast<size_t>((K + 15) / 16 * xStep));
-  if (roundsToBf16(D))
+  if (!TokensPackedOnce::needPacking())
+    ; // x is packed already (columnsScaled's later chunks)
+  else if (roundsToBf16(D))
     packGemvTokensBf16(x, ldx, tokens, K, packed);
   else
     packGemvTokens(x, ldx, tokens, K, packed);
