@@ -305,53 +305,6 @@ MOERT_AVX2 void gemvRow(const float *x, int64_t xStep, const char *w, int64_t, i
   y[0] = horizontalSum(sum) + (bias ? bias[0] : 0.0f);
 }
 
-/// x for gemvRowBf16: per 16 values, the 8 at even positions, then the 8
-/// at odd ones; zero past K.
-void packGemvPairs(const float *x, int64_t K, float *out) {
-  for (int64_t c = 0; c < K; c += 16)
-    for (int64_t i = 0; i < 16; ++i) {
-      const int64_t k = c + 2 * (i % 8) + i / 8;
-      out[c + i] = k < K ? x[k] : 0.0f;
-    }
-}
-
-/// gemvRow's contract for a BF16 row: 16 weights a load, the even ones
-/// widened by a shift and the odd ones by a mask within their 32-bit words
-/// (x in that order: packGemvPairs), where load8's zero extension is a
-/// cross-lane shuffle per 8 weights. On Zen 4 under MOERT_ISA=avx2 one
-/// token's GEMV (moe-gemm-bench, T = 1) then reads as fast as the AVX-512
-/// one in the same minutes (2 threads: 25-39 GB/s against 25-34), where it
-/// had read ~25% slower (~30 against ~38).
-MOERT_AVX2 void gemvRowBf16(const float *xp, const char *w, int64_t K, const float *bias,
-                            float *y) {
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
-  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-  auto step = [&](const char *p, const float *xs, int a) MOERT_AVX2 {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
-    acc[a] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), _mm256_load_ps(xs),
-                             acc[a]);
-    acc[a + 1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, high)),
-                                 _mm256_load_ps(xs + 8), acc[a + 1]);
-  };
-  const int64_t full = K / 16;
-  int64_t s = 0;
-  for (; s + 2 <= full; s += 2) {
-    _mm_prefetch(w + s * 32 + kRowPrefetchBytes, _MM_HINT_T1);
-    step(w + s * 32, xp + s * 16, 0);
-    step(w + s * 32 + 32, xp + s * 16 + 16, 2);
-  }
-  for (; s < full; ++s)
-    step(w + s * 32, xp + s * 16, 0);
-  if (full * 16 < K) {
-    alignas(32) std::array<uint8_t, 32> buffer{};
-    std::memcpy(buffer.data(), w + full * 32, static_cast<size_t>((K - full * 16) * 2));
-    step(reinterpret_cast<const char *>(buffer.data()), xp + full * 16, 2);
-  }
-  const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-  y[0] = horizontalSum(sum) + (bias ? bias[0] : 0.0f);
-}
-
 using GemvTile = void (*)(const float *, int64_t, const char *, int64_t, int64_t, bool,
                           const float *, float *, int64_t);
 
@@ -390,23 +343,18 @@ MOERT_AVX2 void gemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &
                      const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
   constexpr int64_t size = kElementSize<D>;
   const int64_t K = w.cols, rowBytes = w.rowStride * size, xStep = tokens * 8;
-  const char *base = static_cast<const char *>(w.data);
-  if (D == DType::BF16 && tokens == 1) { // (decode) gemvRowBf16, a row at a time
-    float *pairs = packedTokens.get(static_cast<size_t>((K + 15) / 16 * 16));
-    if (TokensPackedOnce::needPacking())
-      packGemvPairs(x, K, pairs);
-    for (int64_t n = n0; n < n1; ++n)
-      gemvRowBf16(pairs, base + n * rowBytes, K, bias ? bias + n : nullptr, y + n);
-    return;
-  }
   float *packed = packedTokens.get(static_cast<size_t>((K + 7) / 8 * xStep));
   if (TokensPackedOnce::needPacking())
     packGemvTokens(x, ldx, tokens, K, packed);
   // Rows per tile: R weight vectors, one x vector and R x TG accumulators
   // within the 16 ymm registers.
   const int64_t group = std::min<int64_t>(tokens, kGemvGroup);
-  // One token: a row at a time (gemvRow).
-  const int rows = group == 1 ? 1 : group == 2 ? 4 : group == 3 ? 3 : 2;
+  // One token: F32 rows one at a time (gemvRow); BF16 rows 4 at a time,
+  // prefetched two tiles on (bench-moe BF16 decode under MOERT_ISA=avx2 on
+  // Zen 4, interleaved: 70-77 -> 81-85 tok/s; F32 and the AVX-512 GEMV
+  // showed no difference either way).
+  const int rows = group == 1 ? (D == DType::BF16 ? 4 : 1) : group == 2 ? 4 : group == 3 ? 3 : 2;
+  const char *base = static_cast<const char *>(w.data);
   for (int64_t n = n0; n < n1;) {
     const bool full = n + rows <= n1; // else single rows up to n1
     for (int64_t t = 0; t < tokens; t += kGemvGroup) {
