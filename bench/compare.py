@@ -11,7 +11,9 @@ PyTorch) of the benchmark model (a random-weight model of
      any timing is trusted (a peer that disagrees is not timed: exit 1);
   3. moert (moe-bench run), llama.cpp (llama-bench) and PyTorch eager
      (peers/torch_bench.py) run interleaved, --rounds times; medians, the
-     ratios to moert, and each figure as a fraction of its bound are printed:
+     ratios to moert (of the medians, and the median and range of the
+     ratios within each round), and each figure as a fraction of its bound
+     are printed:
      prefill against the FMA peak of the ISA level moert uses (for BF16 the
      bf16 dot instruction's where the CPU has one; 2 FLOP per active
      parameter per token; attention's FLOPs left out), decode against STREAM
@@ -228,6 +230,14 @@ def compare_dtype(t, a, work, dtype, peak, triad, isa):
         for n in names[1:]:
             row += f"{med['moert'][k] / med[n][k]:>19.2f}x"
         print(row)
+    # The same ratios taken within each round (each tool ran minutes apart
+    # at most, so a drift of the machine's bandwidth falls on both).
+    for n in names[1:]:
+        parts = []
+        for k in bound:
+            ratios = sorted(m[k] / p[k] for m, p in zip(figures["moert"], figures[n]))
+            parts.append(f"{label[k]} {statistics.median(ratios):.2f}x [{ratios[0]:.2f}-{ratios[-1]:.2f}]")
+        print(f"moert / {n} within each round, median [range]: " + ", ".join(parts))
     # moert beside one competing busy process.
     busy = subprocess.Popen(["sh", "-c", "while :; do :; done"])
     try:
