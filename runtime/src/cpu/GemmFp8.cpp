@@ -132,7 +132,7 @@ inline void rowScales(const Matrix &w, int64_t r0, const float *(&out)[R]) {
 template <int R, int TG>
 MOERT_AVX512 void exactTileAvx512(const float *x, int64_t ldx, const Matrix &w, int64_t r0,
                                   bool prefetch, const float *bias, float *y, int64_t ldy) {
-  const int64_t K = w.cols, stride = w.rowStride, blockCols = w.scales.blockCols;
+  const int64_t stride = w.rowStride;
   const uint8_t *q = rowBytes(w, r0);
   const float *scales[R];
   rowScales<R>(w, r0, scales);
@@ -141,9 +141,9 @@ MOERT_AVX512 void exactTileAvx512(const float *x, int64_t ldx, const Matrix &w, 
     for (int t = 0; t < TG; ++t)
       acc[i][t] = _mm512_setzero_ps();
   const int64_t ahead = prefetch ? 2 * R * stride : 0; // (0: no branch in the loop)
-  for (int64_t c1 = -(w.scales.colOrigin % blockCols), j = 0; c1 < K; ++j) {
-    const int64_t c0 = std::max<int64_t>(c1, 0);
-    c1 = std::min(K, c1 + blockCols);
+  int64_t j = 0; // the block (rowScales' index)
+  for (Blocks b(w, r0); b.next(); ++j) {
+    const int64_t c0 = b.c0, c1 = b.c1;
     for (int i = 0; i < R; ++i)
       for (int t = 0; t < TG; ++t)
         part[i][t] = _mm512_setzero_ps();
@@ -341,7 +341,7 @@ bool tableGemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, con
 template <int R, int TG>
 MOERT_AVX2 void exactTileAvx2(const float *x, int64_t ldx, const Matrix &w, int64_t r0,
                               bool prefetch, const float *bias, float *y, int64_t ldy) {
-  const int64_t K = w.cols, stride = w.rowStride, blockCols = w.scales.blockCols;
+  const int64_t stride = w.rowStride;
   const uint8_t *q = rowBytes(w, r0);
   const float *scales[R];
   rowScales<R>(w, r0, scales);
@@ -351,9 +351,9 @@ MOERT_AVX2 void exactTileAvx2(const float *x, int64_t ldx, const Matrix &w, int6
     for (int t = 0; t < TG; ++t)
       acc[i][t] = _mm256_setzero_ps();
   const int64_t ahead = prefetch ? 2 * R * stride : 0;
-  for (int64_t c1 = -(w.scales.colOrigin % blockCols), j = 0; c1 < K; ++j) {
-    const int64_t c0 = std::max<int64_t>(c1, 0);
-    c1 = std::min(K, c1 + blockCols);
+  int64_t j = 0; // the block (rowScales' index)
+  for (Blocks b(w, r0); b.next(); ++j) {
+    const int64_t c0 = b.c0, c1 = b.c1;
     for (int i = 0; i < R; ++i)
       for (int t = 0; t < TG; ++t)
         part[i][t] = _mm256_setzero_ps();
