@@ -8,20 +8,14 @@
 
 namespace moert {
 
-void HostMemory::Free::operator()(void *p) const { std::free(p); }
-
 void *HostMemory::allocate(int64_t bytes) {
   if (bytes < 0)
     runtimeError("host memory: allocation of {} bytes", bytes);
-  const size_t size = (static_cast<size_t>(bytes) + 255) / 256 * 256;
-  void *p = size ? std::aligned_alloc(256, size) : nullptr;
-  if (size && !p)
-    throw std::bad_alloc(); // moert: "out of memory: ... do not fit this machine"
-  if (p)
-    std::memset(p, 0, size);
-  blocks.emplace_back(p);
+  // (std::bad_alloc from the block: moert says "out of memory: ... do not
+  // fit this machine".)
+  blocks.emplace_back(static_cast<size_t>(bytes));
   allocated += bytes;
-  return p;
+  return blocks.back().get();
 }
 
 void HostMemory::release(void *device, int64_t bytes) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "Collectives.h"
+#include "moert/HostBlock.h"
 
 #include <cstdint>
 #include <memory>
@@ -42,10 +43,7 @@ public:
               int64_t height) override;
 
 private:
-  struct Free {
-    void operator()(void *p) const;
-  };
-  std::vector<std::unique_ptr<void, Free>> blocks;
+  std::vector<HostBlock> blocks;
 };
 
 } // namespace moert

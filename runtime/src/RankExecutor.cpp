@@ -71,13 +71,13 @@ void RankExecutor::prepare(const Plan &plan, int64_t rank, const Checkpoint &wei
   // values it was rounded from when in f32 (--param-dtype bf16).
   const std::vector<std::string> states = stateNames();
   const std::vector<PlanWeight> &bound = programs.front()->program().weights;
+  std::vector<float> values; // (one buffer for every weight: its pages are touched once)
   for (size_t i = 0; i < bound.size(); ++i) {
     const PlanWeight &w = bound[i];
     if (!std::binary_search(states.begin(), states.end(), "master:" + w.name))
       continue;
     const PlanSlice *slice = plan.layout->slice(
         rank, w.experts ? w.expertName(plan.ranks.at(rank).coords.ep * w.experts) : w.name);
-    std::vector<float> values;
     if (slice && slice->dtype == DType::F32)
       values = checkpointValues(plan, rank, weights, w);
     else

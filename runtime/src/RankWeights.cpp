@@ -346,7 +346,7 @@ TensorView RankWeights::bindInt8(const Checkpoint &ckpt, const PlanSlice &slice,
 
 /// A zeroed tensor of `view`'s dtype and shape that the device owns.
 TensorView RankWeights::ownedCopy(TensorView view) {
-  owned.emplace_back(new char[view.bytes()]());
+  owned.emplace_back(view.bytes());
   view.data = owned.back().get();
   bound += static_cast<int64_t>(view.bytes());
   onBytes(static_cast<int64_t>(view.bytes()));

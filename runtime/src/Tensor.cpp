@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace moert {
@@ -120,6 +121,24 @@ float TensorView::at(int64_t i) const {
   }
   }
   return 0;
+}
+
+void TensorView::toFloats(float *out) const {
+  const int64_t n = numel();
+  switch (dtype) { // (loops the compiler vectorises, not a switch per element)
+  case DType::F32:
+    std::copy_n(static_cast<const float *>(data), n, out);
+    return;
+  case DType::BF16: {
+    const auto *p = static_cast<const uint16_t *>(data);
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = bf16ToFloat(p[i]);
+    return;
+  }
+  default:
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = at(i);
+  }
 }
 
 std::string shapeString(const std::vector<int64_t> &shape) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "moert/Checkpoint.h"
+#include "moert/HostBlock.h"
 #include "moert/Plan.h"
 #include "moert/PlanLayout.h"
 
@@ -57,7 +58,7 @@ private:
   std::function<void(int64_t)> onBytes;
   std::unordered_map<std::string, const PlanSlice *> slices; // during bind()
   std::vector<Weight> weights_;
-  std::vector<std::unique_ptr<char[]>> owned;
+  std::vector<HostBlock> owned;
   std::deque<BlockScales> blockScales; ///< of FP8 and int8 weights (stable addresses)
   int64_t loaded = 0, bound = 0;
 };

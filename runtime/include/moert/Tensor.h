@@ -107,6 +107,8 @@ struct TensorView {
   /// Element i as float (any float dtype; an FP8 or int8 weight's
   /// dequantised value).
   float at(int64_t i) const;
+  /// Every element as float, at(i) for each i, into out[0, numel()).
+  void toFloats(float *out) const;
 };
 
 /// Formats a shape as [a, b, c].

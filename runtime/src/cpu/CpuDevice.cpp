@@ -101,15 +101,22 @@ public:
 
   void readWeight(size_t i, std::vector<float> &out) override {
     const RankWeights::Weight &w = rankWeights.weights().at(i);
-    out.clear();
-    auto append = [&](const TensorView &v) {
-      for (int64_t j = 0, n = v.numel(); j < n; ++j)
-        out.push_back(v.at(j));
-    };
+    // Sized once and converted in bulk: a whole model's master weights
+    // pass through here when training starts.
+    std::vector<const TensorView *> views;
     if (w.experts.empty())
-      append(w.view);
+      views.push_back(&w.view);
     for (const TensorView &e : w.experts)
-      append(e);
+      views.push_back(&e);
+    int64_t total = 0;
+    for (const TensorView *v : views)
+      total += v->numel();
+    out.resize(static_cast<size_t>(total));
+    float *to = out.data();
+    for (const TensorView *v : views) {
+      v->toFloats(to);
+      to += v->numel();
+    }
   }
   std::vector<collectives::WeightPart> weightParts(size_t i) override {
     const RankWeights::Weight &w = rankWeights.weights().at(i);

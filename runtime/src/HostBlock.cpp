@@ -1,0 +1,80 @@
+#include "moert/HostBlock.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace moert {
+namespace {
+
+constexpr size_t kHugePage = size_t(2) << 20;
+
+/// `size` (a multiple of the page size) zeroed and resident bytes starting
+/// at a 2 MiB boundary, or null. Only whole aligned 2 MiB ranges can be huge pages;
+/// the tail past the last one stays in small pages (no memory beyond
+/// `size` is touched).
+void *mapZeroed(size_t size) {
+  const size_t span = size + kHugePage; // room to align the start
+  void *p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return nullptr;
+  const auto start = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
+  if (aligned > start)
+    ::munmap(p, aligned - start);
+  if (const size_t tail = start + span - (aligned + size))
+    ::munmap(reinterpret_cast<void *>(aligned + size), tail);
+  auto *block = reinterpret_cast<char *>(aligned);
+#ifdef MADV_HUGEPAGE
+  ::madvise(block, size, MADV_HUGEPAGE);
+#endif
+  // Populated now, as the heap's memset did: the first step's time stays
+  // the step's, and memory the machine lacks fails here.
+#ifdef MADV_POPULATE_WRITE
+  if (::madvise(block, size, MADV_POPULATE_WRITE) == 0)
+    return block;
+#endif
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  for (size_t i = 0; i < size; i += page)
+    static_cast<volatile char *>(block)[i] = 0;
+  return block;
+}
+
+} // namespace
+
+HostBlock::HostBlock(size_t bytes) {
+  if (bytes == 0)
+    return;
+  if (bytes >= kMappedBytes) {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    const size_t size = (bytes + page - 1) / page * page;
+    ptr = mapZeroed(size);
+    mapped = size;
+  } else {
+    const size_t size = (bytes + 255) / 256 * 256;
+    ptr = std::aligned_alloc(256, size);
+    if (ptr)
+      std::memset(ptr, 0, size);
+  }
+  if (!ptr) {
+    mapped = 0;
+    throw std::bad_alloc();
+  }
+}
+
+void HostBlock::reset() {
+  if (!ptr)
+    return;
+  if (mapped)
+    ::munmap(ptr, mapped);
+  else
+    std::free(ptr);
+  ptr = nullptr;
+  mapped = 0;
+}
+
+} // namespace moert
