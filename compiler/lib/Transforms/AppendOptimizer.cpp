@@ -240,7 +240,31 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       end = send;
     }
     b.setInsertionPoint(end);
-    for (auto [i, gradient] : llvm::enumerate(ret.getGradients())) {
+    // One micro-batch a replica per update: the backward pass writes each
+    // gradient straight into its sum (0 + g is g: the same bits), with no
+    // copy and no second buffer of every weight's size, where the gradient
+    // is a buffer of the sum's shape that no collective of the train
+    // program reads (a state's all_reduce adds in its own fixed order,
+    // Collectives.cpp; the parts of a gradient computed in parts are added
+    // by the optimizer program, so none does today).
+    auto writtenInPlace = [&](Value gradient, Value sum) {
+      auto buffer = gradient.getDefiningOp<exec::BufferOp>();
+      auto into = sum.getDefiningOp<exec::BufferOp>();
+      return !compensated && buffer && into && !buffer.getState() && !into.getLogicalRows() &&
+             buffer.getElementType() == into.getElementType() &&
+             buffer.getRows() == into.getRows() && buffer.getWidth() == into.getWidth() &&
+             llvm::none_of(gradient.getUsers(),
+                           [](Operation *user) { return isa<exec::CollectiveOp>(user); });
+    };
+    const SmallVector<Value> gradients(ret.getGradients());
+    for (size_t i = 0; i < gradients.size(); ++i) {
+      Value gradient = gradients[i];
+      if (writtenInPlace(gradient, sums[i])) {
+        Operation *buffer = gradient.getDefiningOp();
+        gradient.replaceAllUsesWith(sums[i]);
+        buffer->erase();
+        continue;
+      }
       SmallVector<Value> ins{gradient, sums[i]}, outs{sums[i]};
       if (compensated) {
         ins.push_back(errs[i]);

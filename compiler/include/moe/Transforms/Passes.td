@@ -124,7 +124,9 @@ def MoEAppendOptimizer : Pass<"moe-append-optimizer", "mlir::ModuleOp"> {
   let description = [{
     After moe-lower-to-exec, for each exec.program of entry `train` that
     returns gradients: the train program adds each gradient into a state
-    buffer (`grad_sum:<weight>`, launch `accumulate`) before it returns,
+    buffer (`grad_sum:<weight>`, launch `accumulate`) before it returns
+    (with one micro-batch per update and replica, the launches that compute
+    the gradient write that state instead of a buffer of their own),
     and a new program `@<name>_optimizer` (entry `optimizer`, the same
     stage, the same weights in the same order, `micro_batches`) updates the
     weights once per global batch: `lr_schedule` (the learning rate of the
