@@ -1,6 +1,11 @@
 // The attention gradients (moert/cpu/Gradients.h): per sequence and head,
-// the softmax recomputed as one [S, S] block and every product a GEMM
-// through cpu::linear (so each ISA level's kernels).
+// the softmax recomputed in blocks of 64 queries over the keys they see
+// (the blocks above the causal diagonal and outside the window skipped)
+// and every product a GEMM through cpu::linear (so each ISA level's
+// kernels) on the blocks' operands; a sequence of one block (up to 64
+// tokens) computes the bits of the whole [S, S] products. bench-moe's
+// training step (S = 512, AMD EPYC Zen 4, 2 threads): 0.20 -> 0.15 s a
+// micro-batch (`moert train --profile`).
 #include "GradientUtil.h"
 #include "moert/Error.h"
 #include "moert/Parallel.h"
@@ -33,24 +38,22 @@ std::vector<std::pair<int64_t, int64_t>> wholeSequences(const TokenLayout &layou
   return sequences;
 }
 
-/// p [S, S] = softmax over j <= i (and inside the window) of scale * p,
-/// zero elsewhere.
-void causalSoftmax(float *p, int64_t S, float scale, int64_t slidingWindow) {
-  for (int64_t i = 0; i < S; ++i) {
-    float *row = p + i * S;
-    const int64_t first = slidingWindow > 0 ? std::max<int64_t>(0, i - slidingWindow + 1) : 0;
-    float peak = -INFINITY;
-    for (int64_t j = first; j <= i; ++j)
-      peak = std::max(peak, row[j] * scale);
-    double sum = 0;
-    for (int64_t j = first; j <= i; ++j)
-      sum += (row[j] = std::exp(row[j] * scale - peak));
-    const float inverse = static_cast<float>(1 / sum);
-    std::fill(row, row + first, 0.0f);
-    for (int64_t j = first; j <= i; ++j)
-      row[j] *= inverse;
-    std::fill(row + i + 1, row + S, 0.0f);
-  }
+/// Keys per block of queries (and queries per block of keys) in
+/// attentionGrad: the blocks above the causal diagonal (and outside the
+/// sliding window) are skipped.
+constexpr int64_t kAttnGradBlock = 64;
+
+/// row[j0, j1) = softmax of scale * row[j0, j1).
+void causalSoftmaxRow(float *row, int64_t j0, int64_t j1, float scale) {
+  float peak = -INFINITY;
+  for (int64_t j = j0; j < j1; ++j)
+    peak = std::max(peak, row[j] * scale);
+  double sum = 0;
+  for (int64_t j = j0; j < j1; ++j)
+    sum += (row[j] = std::exp(row[j] * scale - peak));
+  const float inverse = static_cast<float>(1 / sum);
+  for (int64_t j = j0; j < j1; ++j)
+    row[j] *= inverse;
 }
 
 } // namespace
@@ -74,35 +77,72 @@ void attentionGrad(const float *dout, const float *q, const float *k, const floa
       const int64_t h = task % heads, g = h / group, S = e - b;
       const size_t square = static_cast<size_t>(S * S);
       float *p = workspace(kAttnScores, square), *ds = workspace(kAttnDScores, square);
-      float *squareT = workspace(kAttnSquareT, square);
-      float *panelT = workspace(kAttnPanelT, static_cast<size_t>(std::max(qkDim, vDim) * S));
+      // K^T, Q^T and dO^T [dim, S], and a block of dS or P transposed
+      // [kAttnGradBlock, S]: each product's operands as the GEMV and GEMM
+      // take them untransposed (a sequence of one block computes exactly
+      // what the whole [S, S] products did).
+      float *panels = workspace(
+          kAttnPanels, static_cast<size_t>((2 * qkDim + vDim + kAttnGradBlock) * S));
+      float *kT = panels, *qT = kT + qkDim * S, *doT = qT + qkDim * S, *blockT = doT + vDim * S;
       const float *qh = q + b * qw + h * qkDim, *doh = dout + b * ow + h * vDim;
       const float *kg = k + b * kw + g * qkDim, *vg = v + b * vw + g * vDim;
-      // P = softmax(scale Q K^T); dP = dO V^T; dS = P (dP - rowsum(P dP)) scale.
-      linear(qh, S, f32Matrix(kg, S, qkDim, kw), nullptr, p, qw, S);
-      causalSoftmax(p, S, scaleF, slidingWindow);
-      linear(doh, S, f32Matrix(vg, S, vDim, vw), nullptr, ds, ow, S);
-      for (int64_t i = 0; i < S; ++i) {
-        const float *pi = p + i * S;
-        float *di = ds + i * S;
-        double dot = 0;
-        for (int64_t j = 0; j <= i; ++j)
-          dot += static_cast<double>(pi[j]) * di[j];
-        const float rowDot = static_cast<float>(dot);
-        for (int64_t j = 0; j < S; ++j)
-          di[j] = pi[j] * (di[j] - rowDot) * scaleF;
+      transposeSerial(kg, S, qkDim, kw, kT, S);
+      // Blocks of kAttnGradBlock queries: query i sees keys [first(i), i],
+      // so block [r0, r1) computes the key columns [first(r0), r1) only
+      // (zero elsewhere) and key block [c0, c1) gets the gradients of the
+      // queries [c0, last(c1)).
+      auto first = [&](int64_t i) {
+        return slidingWindow > 0 ? std::max<int64_t>(0, i - slidingWindow + 1) : int64_t(0);
+      };
+      // The first key column query block r0 computes (a block boundary).
+      auto blockStart = [&](int64_t r0) { return first(r0) / kAttnGradBlock * kAttnGradBlock; };
+      for (int64_t r0 = 0; r0 < S; r0 += kAttnGradBlock) {
+        const int64_t r1 = std::min(S, r0 + kAttnGradBlock), c0 = blockStart(r0), n = r1 - c0;
+        // P = softmax(scale Q K^T); dP = dO V^T; dS = P (dP - rowsum(P dP)) scale.
+        float *pr = p + r0 * S, *dr = ds + r0 * S;
+        linear(qh + r0 * qw, r1 - r0, f32Matrix(kg + c0 * kw, n, qkDim, kw), nullptr, pr + c0, qw,
+               S);
+        linear(doh + r0 * ow, r1 - r0, f32Matrix(vg + c0 * vw, n, vDim, vw),
+               nullptr, dr + c0, ow, S);
+        for (int64_t i = r0; i < r1; ++i) {
+          float *pi = p + i * S, *di = ds + i * S;
+          const int64_t j0 = first(i);
+          causalSoftmaxRow(pi, j0, i + 1, scaleF);
+          double dot = 0;
+          for (int64_t j = j0; j <= i; ++j)
+            dot += static_cast<double>(pi[j]) * di[j];
+          const float rowDot = static_cast<float>(dot);
+          for (int64_t j = c0; j < j0; ++j)
+            di[j] = pi[j] = 0.0f;
+          for (int64_t j = j0; j <= i; ++j)
+            di[j] = pi[j] * (di[j] - rowDot) * scaleF;
+          for (int64_t j = i + 1; j < r1; ++j)
+            di[j] = pi[j] = 0.0f;
+        }
+        // dQ = dS K over the block's keys.
+        linear(dr + c0, r1 - r0, f32Matrix(kT + c0, qkDim, n, S), nullptr,
+               dq + (b + r0) * qw + h * qkDim, S, qw);
       }
-      // dQ = dS K; dK_h = dS^T Q; dV_h = P^T dO.
-      transposeSerial(kg, S, qkDim, kw, panelT, S);
-      linear(ds, S, f32Matrix(panelT, qkDim, S), nullptr, dq + b * qw + h * qkDim, S, qw);
-      transposeSerial(ds, S, S, S, squareT, S);
-      transposeSerial(qh, S, qkDim, qw, panelT, S);
-      linear(squareT, S, f32Matrix(panelT, qkDim, S), nullptr, dkHeads + b * qw + h * qkDim, S,
-             qw);
-      transposeSerial(p, S, S, S, squareT, S);
-      transposeSerial(doh, S, vDim, ow, panelT, S);
-      linear(squareT, S, f32Matrix(panelT, vDim, S), nullptr, dvHeads + b * ow + h * vDim, S,
-             ow);
+      // dK_h = dS^T Q and dV_h = P^T dO, key block by key block over the
+      // queries that see it.
+      transposeSerial(qh, S, qkDim, qw, qT, S);
+      transposeSerial(doh, S, vDim, ow, doT, S);
+      for (int64_t c0 = 0; c0 < S; c0 += kAttnGradBlock) {
+        const int64_t c1 = std::min(S, c0 + kAttnGradBlock);
+        // The query blocks from this one on whose computed columns start at
+        // or before it (the later ones see none of its keys): rows [c0, i1),
+        // zero where a query does not see a key.
+        int64_t i1 = c0;
+        while (i1 < S && blockStart(i1) <= c0)
+          i1 = std::min(S, i1 + kAttnGradBlock);
+        const int64_t i0 = c0, rows = i1 - i0;
+        transposeSerial(ds + i0 * S + c0, rows, c1 - c0, S, blockT, rows);
+        linear(blockT, c1 - c0, f32Matrix(qT + i0, qkDim, rows, S), nullptr,
+               dkHeads + (b + c0) * qw + h * qkDim, rows, qw);
+        transposeSerial(p + i0 * S + c0, rows, c1 - c0, S, blockT, rows);
+        linear(blockT, c1 - c0, f32Matrix(doT + i0, vDim, rows, S), nullptr,
+               dvHeads + (b + c0) * ow + h * vDim, rows, ow);
+      }
     }
   });
   parallelFor(T, [&](int64_t begin, int64_t end) {

@@ -39,8 +39,7 @@ enum Slot {
   kExpertRowsDx, // expertsGrad: every (token, slot)'s input gradient
   kAttnScores,   // attentionGrad: one head's [S, S] blocks
   kAttnDScores,
-  kAttnSquareT,
-  kAttnPanelT,
+  kAttnPanels,   // attentionGrad: Q^T, dO^T, dK^T, dV^T of one head
   kAttnKeyGrads, // attentionGrad: per head dK and dV, summed per group after
   kAttnValueGrads,
   kSlotCount
