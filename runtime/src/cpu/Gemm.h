@@ -75,6 +75,24 @@ constexpr int64_t kGemvMaxTokensAvx512 = 32, kGemvMaxTokensAvx2 = 16;
 /// prefetches its stream into L2.
 constexpr int64_t kRowPrefetchBytes = 2048;
 
+/// The GEMVs' token groups (GemvAvx512.cpp, GemmFp8.cpp): `tokens` split
+/// into near-equal groups of at most 4, the first `tokens % groups` one
+/// token longer; f(first token, count) for each in order. Each tile of
+/// weight rows serves every group while it is in L1.
+struct TokenGroups {
+  explicit TokenGroups(int64_t tokens)
+      : tokens(tokens), groups((tokens + 3) / 4), shortest(tokens / groups),
+        longer(tokens % groups) {}
+  /// The longest group's count.
+  int64_t largest() const { return shortest + (longer > 0); }
+  template <typename F>
+  void forEach(F &&f) const {
+    for (int64_t t = 0, i = 0; t < tokens; t += shortest + (i < longer), ++i)
+      f(t, shortest + (i < longer));
+  }
+  int64_t tokens, groups, shortest, longer;
+};
+
 /// Splits `total` into `parts` near-equal pieces, each a multiple of `unit`
 /// (but the last): the size of all pieces but the last.
 inline int64_t balancedStep(int64_t total, int64_t maxStep, int64_t unit) {
@@ -93,29 +111,6 @@ MOERT_AVX2 inline float horizontalSum(__m256 v) {
 }
 #endif
 
-/// Alive on a thread while columnsScaled multiplies one x with its
-/// dequantised chunks of rows (the same dtype, tokens and K each time): the
-/// GEMVs pack x on the first chunk only, where packing it per chunk cost
-/// more than the chunk's weights (T = 32 x K values for 16 rows).
-class TokensPackedOnce {
-public:
-  TokensPackedOnce() : was(active) { active = true, packed = false; }
-  ~TokensPackedOnce() { active = was; }
-  TokensPackedOnce(const TokensPackedOnce &) = delete;
-  TokensPackedOnce &operator=(const TokensPackedOnce &) = delete;
-  /// Whether a GEMV must pack x now (false: its scratch holds x already).
-  static bool needPacking() {
-    if (active && packed)
-      return false;
-    packed = active;
-    return true;
-  }
-
-private:
-  bool was;
-  static inline thread_local bool active = false, packed = false;
-};
-
 /// The AVX2 + FMA (+ F16C) kernels (GemmAvx2.cpp), with the contracts of
 /// columns() and widen() below; called only when haveAvx2().
 void columnsAvx2(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
@@ -126,6 +121,24 @@ void widenAvx2(DType dtype, const void *src, int64_t n, float *out);
 /// columns(); called only when haveAvx512(), for F32, BF16 and F16 weights.
 void gemvAvx512(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
                 int64_t n0, int64_t n1, float *y, int64_t ldy);
+
+// The GEMVs in two halves, so that one packing of x serves several weights
+// of the same dtype and K (columnsScaled's chunks of dequantised rows:
+// packing 32 tokens per chunk of 16 rows cost more than the chunk's
+// weights): x [tokens, K] packed into `out` (gemvTokensSize floats, 64-byte
+// aligned), then products with it.
+inline int64_t gemvTokensSizeAvx2(int64_t tokens, int64_t K) { return (K + 7) / 8 * tokens * 8; }
+int64_t gemvTokensSizeAvx512(int64_t tokens, int64_t K);
+/// x as gemvAvx512 packs it for weights of `dtype` (rounded to bf16 where
+/// roundsToBf16(dtype)).
+void packGemvTokensAvx512(const float *x, int64_t ldx, int64_t tokens, int64_t K, DType dtype,
+                          float *out);
+void gemvPackedAvx512(const float *packed, int64_t tokens, const Matrix &w, const float *bias,
+                      int64_t n0, int64_t n1, float *y, int64_t ldy);
+/// x as the AVX2 GEMV packs it (for every dtype).
+void packGemvTokensAvx2(const float *x, int64_t ldx, int64_t tokens, int64_t K, float *out);
+void gemvPackedAvx2(const float *packed, int64_t tokens, const Matrix &w, const float *bias,
+                    int64_t n0, int64_t n1, float *y, int64_t ldy);
 
 /// columns() for block-scaled weights, FP8 and int8 (GemmFp8.cpp): a fused
 /// GEMV for few tokens, else rows dequantised chunk by chunk into the

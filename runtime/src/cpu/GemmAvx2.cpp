@@ -339,13 +339,10 @@ GemvTile gemvTileFor(int tokens, int rows) {
 /// fly, and dotted with all tokens' x, 6 tokens at a time (the rows stay in
 /// L1 for the later groups).
 template <DType D>
-MOERT_AVX2 void gemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
-                     const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+MOERT_AVX2 void gemvPacked(const float *packed, int64_t tokens, const Matrix &w,
+                           const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
   constexpr int64_t size = kElementSize<D>;
   const int64_t K = w.cols, rowBytes = w.rowStride * size, xStep = tokens * 8;
-  float *packed = packedTokens.get(static_cast<size_t>((K + 7) / 8 * xStep));
-  if (TokensPackedOnce::needPacking())
-    packGemvTokens(x, ldx, tokens, K, packed);
   // Rows per tile: R weight vectors, one x vector and R x TG accumulators
   // within the 16 ymm registers.
   const int64_t group = std::min<int64_t>(tokens, kGemvGroup);
@@ -370,13 +367,30 @@ MOERT_AVX2 void gemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &
 template <DType D>
 void columns(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
              int64_t n0, int64_t n1, float *y, int64_t ldy) {
-  if (tokens <= kGemvMaxTokensAvx2 && !w.transposed)
-    gemv<D>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
-  else
+  if (tokens <= kGemvMaxTokensAvx2 && !w.transposed) {
+    float *packed = packedTokens.get(static_cast<size_t>(gemvTokensSizeAvx2(tokens, w.cols)));
+    packGemvTokens(x, ldx, tokens, w.cols, packed);
+    gemvPacked<D>(packed, tokens, w, bias, n0, n1, y, ldy);
+  } else {
     gemm<D>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
+  }
 }
 
 } // namespace
+
+void packGemvTokensAvx2(const float *x, int64_t ldx, int64_t tokens, int64_t K, float *out) {
+  packGemvTokens(x, ldx, tokens, K, out);
+}
+
+void gemvPackedAvx2(const float *packed, int64_t tokens, const Matrix &w, const float *bias,
+                    int64_t n0, int64_t n1, float *y, int64_t ldy) {
+  switch (w.dtype) {
+  case DType::F32: return gemvPacked<DType::F32>(packed, tokens, w, bias, n0, n1, y, ldy);
+  case DType::BF16: return gemvPacked<DType::BF16>(packed, tokens, w, bias, n0, n1, y, ldy);
+  case DType::F16: return gemvPacked<DType::F16>(packed, tokens, w, bias, n0, n1, y, ldy);
+  default: break;
+  }
+}
 
 void columnsAvx2(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
                  int64_t n0, int64_t n1, float *y, int64_t ldy) {
@@ -400,6 +414,9 @@ void widenAvx2(DType dtype, const void *src, int64_t n, float *out) {
 #else
 void columnsAvx2(const float *, int64_t, int64_t, const Matrix &, const float *, int64_t, int64_t,
                  float *, int64_t) {}
+void packGemvTokensAvx2(const float *, int64_t, int64_t, int64_t, float *) {}
+void gemvPackedAvx2(const float *, int64_t, const Matrix &, const float *, int64_t, int64_t,
+                    float *, int64_t) {}
 void widenAvx2(DType, const void *, int64_t, float *) {}
 #endif // MOERT_X86
 

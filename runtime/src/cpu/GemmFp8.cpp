@@ -331,11 +331,6 @@ TableTile tableTileFor(int rows, int64_t tokens) {
 
 thread_local std::vector<uint8_t> rowTables;
 
-/// The bf16-product GEMV by tables, where it applies: rows [n0, n1), the
-/// tables rebuilt whenever the rows enter another block row.
-bool tableGemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
-               int64_t n0, int64_t n1, float *y, int64_t ldy);
-
 /// exactTileAvx512's contract at the AVX2 level: 8 weights a row and step
 /// (F16C's conversion), a block's last few columns (< 8) one at a time.
 template <int R, int TG>
@@ -421,24 +416,26 @@ template <int R, int TG> struct Avx2Tile { static constexpr ExactTile f = exactT
 /// ymm); the last rows go one at a time.
 void exactGemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
                int64_t n0, int64_t n1, float *y, int64_t ldy) {
-  const int64_t groups = (tokens + 3) / 4, shortest = tokens / groups, longer = tokens % groups;
-  const int64_t largest = shortest + (longer > 0);
+  const TokenGroups groups(tokens);
+  const int64_t largest = groups.largest();
   const bool avx512 = haveAvx512();
   const int tileRows = avx512 ? (largest <= 2 ? 4 : 2) : (largest == 1 ? 4 : largest == 2 ? 2 : 1);
   for (int64_t n = n0; n < n1;) {
     const int rows = n + tileRows <= n1 ? tileRows : 1;
-    for (int64_t t = 0, i = 0; t < tokens; t += shortest + (i < longer), ++i) {
-      const int64_t group = shortest + (i < longer);
-      const ExactTile tile = avx512 ? exactTileOf<Avx512Tile>(rows, group)
-                                    : exactTileOf<Avx2Tile>(rows, group);
+    groups.forEach([&](int64_t t, int64_t count) {
+      const ExactTile tile = avx512 ? exactTileOf<Avx512Tile>(rows, count)
+                                    : exactTileOf<Avx2Tile>(rows, count);
       tile(x + t * ldx, ldx, w, n, t == 0, bias ? bias + n : nullptr, y + t * ldy + n, ldy);
-    }
+    });
     n += rows;
   }
 }
 
 template <int TG> struct Bf16RowOf { static constexpr Bf16Row f = fusedRowBf16<TG>; };
 
+/// The bf16-product GEMV by tables, where it applies (false elsewhere):
+/// rows [n0, n1), the tables rebuilt whenever the rows enter another block
+/// row.
 bool tableGemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
                int64_t n0, int64_t n1, float *y, int64_t ldy) {
   const BlockScales &b = w.scales;
@@ -451,9 +448,8 @@ bool tableGemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, con
                 blocks = (b.colOrigin + K + b.blockCols - 1) / b.blockCols - firstBlock,
                 firstEnd = (firstBlock + 1) * b.blockCols - b.colOrigin;
   rowTables.resize(static_cast<size_t>(blocks * 256));
-  // Near-equal groups of at most 4 tokens (the first `longer` one token
-  // longer), as the BF16 GEMV: a tile's rows stay in L1 for the later groups.
-  const int64_t groups = (tokens + 3) / 4, shortest = tokens / groups, longer = tokens % groups;
+  // The BF16 GEMV's token groups: a tile's rows stay in L1 for the later groups.
+  const TokenGroups groups(tokens);
   int64_t tablesOf = -1; // the block row rowTables hold
   for (int64_t n = n0; n < n1;) {
     const int64_t blockRow = (b.rowOrigin + n) / b.blockRows;
@@ -463,10 +459,11 @@ bool tableGemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, con
     }
     // 4 rows at once where they share the block row.
     const int rows = n + 4 <= n1 && (b.rowOrigin + n + 3) / b.blockRows == blockRow ? 4 : 1;
-    for (int64_t t = 0, i = 0; t < tokens; t += shortest + (i < longer), ++i)
-      tableTileFor(rows, shortest + (i < longer))(
-          xp + t * ldxp, ldxp, rowBytes(w, n), w.rowStride, K, rowTables.data(), firstEnd,
-          b.blockCols, t == 0, bias ? bias + n : nullptr, y + t * ldy + n, ldy);
+    groups.forEach([&](int64_t t, int64_t count) {
+      tableTileFor(rows, count)(xp + t * ldxp, ldxp, rowBytes(w, n), w.rowStride, K,
+                                rowTables.data(), firstEnd, b.blockCols, t == 0,
+                                bias ? bias + n : nullptr, y + t * ldy + n, ldy);
+    });
     n += rows;
   }
   return true;
@@ -495,6 +492,38 @@ void roundRowsBf16(float *v, int64_t n) {
   auto *h = reinterpret_cast<uint16_t *>(v);
   for (int64_t i = 0; i < n; ++i)
     h[i] = floatToBf16(v[i]);
+}
+
+thread_local Scratch chunkTokens;
+
+/// x packed for the GEMV that columns() takes for `tokens` tokens and
+/// weights of `dtype` at the active level, in a buffer of this thread; null
+/// where columns() takes no GEMV (more tokens, the generic level).
+const float *packTokensForChunks(const float *x, int64_t ldx, int64_t tokens, int64_t K,
+                                 DType dtype) {
+#ifdef MOERT_X86
+  if (haveAvx512() && tokens <= kGemvMaxTokensAvx512) {
+    float *out = chunkTokens.get(static_cast<size_t>(gemvTokensSizeAvx512(tokens, K)));
+    packGemvTokensAvx512(x, ldx, tokens, K, dtype, out);
+    return out;
+  }
+  if (!haveAvx512() && haveAvx2() && tokens <= kGemvMaxTokensAvx2) {
+    float *out = chunkTokens.get(static_cast<size_t>(gemvTokensSizeAvx2(tokens, K)));
+    packGemvTokensAvx2(x, ldx, tokens, K, out);
+    return out;
+  }
+#endif
+  return nullptr;
+}
+
+/// columns() through the GEMV of packTokensForChunks' level with its x.
+void gemvPacked(const float *packed, int64_t tokens, const Matrix &w, const float *bias,
+                int64_t n0, int64_t n1, float *y, int64_t ldy) {
+#ifdef MOERT_X86
+  if (haveAvx512())
+    return gemvPackedAvx512(packed, tokens, w, bias, n0, n1, y, ldy);
+  gemvPackedAvx2(packed, tokens, w, bias, n0, n1, y, ldy);
+#endif
 }
 
 /// Row r of w dequantised to f32 at the best level the CPU runs.
@@ -556,7 +585,8 @@ void columnsScaled(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
                                                 kColumnBlock * kColumnBlock);
   chunk = std::min(chunk, n1 - n0);
   float *rows = dequantised.get(static_cast<size_t>(chunk * K));
-  const TokensPackedOnce packOnce;
+  // Where the chunks take the GEMV, x packed for it once.
+  const float *packed = packTokensForChunks(x, ldx, tokens, K, bf16 ? DType::BF16 : DType::F32);
   for (int64_t n = n0; n < n1; n += chunk) {
     const int64_t m = std::min(chunk, n1 - n);
     for (int64_t r = 0; r < m; ++r)
@@ -570,7 +600,10 @@ void columnsScaled(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
       roundRowsBf16(rows, m * K);
       d.dtype = DType::BF16;
     }
-    columns(x, ldx, tokens, d, bias ? bias + n : nullptr, 0, m, y + n, ldy);
+    if (packed)
+      gemvPacked(packed, tokens, d, bias ? bias + n : nullptr, 0, m, y + n, ldy);
+    else
+      columns(x, ldx, tokens, d, bias ? bias + n : nullptr, 0, m, y + n, ldy);
   }
 }
 

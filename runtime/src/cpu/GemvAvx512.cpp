@@ -149,47 +149,53 @@ GemvTile gemvTileFor(int tokens, int rows) {
 /// 2 threads, bf16, interleaved runs of moe-gemm-bench: T = 8 10-12 ->
 /// 11-13 GB/s, T = 12 7.4-8.2 -> 9.1-9.8, T = 16 6.2-6.8 -> 7.6-8.1).
 template <DType D>
-MOERT_AVX512 void gemv(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
-                       const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+MOERT_AVX512 void gemvPacked(const float *packed, int64_t tokens, const Matrix &w,
+                             const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
   constexpr int64_t size = kElementSize<D>;
   const int64_t K = w.cols, rowBytes = w.rowStride * size, xStep = tokens * 16;
-  float *packed = packedTokens.get(static_cast<size_t>((K + 15) / 16 * xStep));
-  if (!TokensPackedOnce::needPacking())
-    ; // x is packed already (columnsScaled's later chunks)
-  else if (roundsToBf16(D))
-    packGemvTokensBf16(x, ldx, tokens, K, packed);
-  else
-    packGemvTokens(x, ldx, tokens, K, packed);
-  // Near-equal groups of at most 4 tokens (the first `longer` one token
-  // longer); rows per tile: as many as keep R x TG accumulators and TG x
-  // vectors in the 32 zmm registers.
-  const int64_t groups = (tokens + 3) / 4, shortest = tokens / groups,
-                longer = tokens % groups;
-  const int64_t group = shortest + (longer ? 1 : 0);
-  const int rows = tokens == 1 ? 1 : group == 3 ? 8 : 6;
+  // Rows per tile: as many as keep R x TG accumulators and TG x vectors in
+  // the 32 zmm registers.
+  const TokenGroups groups(tokens);
+  const int rows = tokens == 1 ? 1 : groups.largest() == 3 ? 8 : 6;
   const char *base = static_cast<const char *>(w.data);
   for (int64_t n = n0; n < n1;) {
     const bool full = n + rows <= n1; // else single rows up to n1
-    for (int64_t t = 0, i = 0; t < tokens; t += shortest + (i < longer), ++i) {
-      const int g = static_cast<int>(shortest + (i < longer));
-      GemvTile tile = gemvTileFor<D>(g, full ? rows : 1);
+    groups.forEach([&](int64_t t, int64_t count) {
+      GemvTile tile = gemvTileFor<D>(static_cast<int>(count), full ? rows : 1);
       tile(packed + t * 16, xStep, base + n * rowBytes, rowBytes, K, t == 0 && full && rows > 1,
            bias ? bias + n : nullptr, y + t * ldy + n, ldy);
-    }
+    });
     n += full ? rows : 1;
   }
 }
 
 } // namespace
 
-void gemvAvx512(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
-                int64_t n0, int64_t n1, float *y, int64_t ldy) {
+int64_t gemvTokensSizeAvx512(int64_t tokens, int64_t K) { return (K + 15) / 16 * tokens * 16; }
+
+void packGemvTokensAvx512(const float *x, int64_t ldx, int64_t tokens, int64_t K, DType dtype,
+                          float *out) {
+  if (roundsToBf16(dtype))
+    packGemvTokensBf16(x, ldx, tokens, K, out);
+  else
+    packGemvTokens(x, ldx, tokens, K, out);
+}
+
+void gemvPackedAvx512(const float *packed, int64_t tokens, const Matrix &w, const float *bias,
+                      int64_t n0, int64_t n1, float *y, int64_t ldy) {
   switch (w.dtype) {
-  case DType::F32: return gemv<DType::F32>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
-  case DType::BF16: return gemv<DType::BF16>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
-  case DType::F16: return gemv<DType::F16>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
+  case DType::F32: return gemvPacked<DType::F32>(packed, tokens, w, bias, n0, n1, y, ldy);
+  case DType::BF16: return gemvPacked<DType::BF16>(packed, tokens, w, bias, n0, n1, y, ldy);
+  case DType::F16: return gemvPacked<DType::F16>(packed, tokens, w, bias, n0, n1, y, ldy);
   default: break;
   }
+}
+
+void gemvAvx512(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
+                int64_t n0, int64_t n1, float *y, int64_t ldy) {
+  float *packed = packedTokens.get(static_cast<size_t>(gemvTokensSizeAvx512(tokens, w.cols)));
+  packGemvTokensAvx512(x, ldx, tokens, w.cols, w.dtype, packed);
+  gemvPackedAvx512(packed, tokens, w, bias, n0, n1, y, ldy);
 }
 #endif // MOERT_X86
 } // namespace moert::cpu::gemm
