@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -14,9 +15,9 @@ namespace {
 constexpr size_t kHugePage = size_t(2) << 20;
 
 /// `size` (a multiple of the page size) zeroed and resident bytes starting
-/// at a 2 MiB boundary, or null. Only whole aligned 2 MiB ranges can be huge pages;
-/// the tail past the last one stays in small pages (no memory beyond
-/// `size` is touched).
+/// at a 2 MiB boundary, or null. Only whole aligned 2 MiB ranges can be
+/// huge pages; the tail past the last one stays in small pages (no memory
+/// beyond `size` is touched).
 void *mapZeroed(size_t size) {
   const size_t span = size + kHugePage; // room to align the start
   void *p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -33,10 +34,15 @@ void *mapZeroed(size_t size) {
   ::madvise(block, size, MADV_HUGEPAGE);
 #endif
   // Populated now, as the heap's memset did: the first step's time stays
-  // the step's, and memory the machine lacks fails here.
+  // the step's, and memory the kernel cannot give is refused here (ENOMEM:
+  // null, which the caller reports) rather than at a later first touch.
 #ifdef MADV_POPULATE_WRITE
   if (::madvise(block, size, MADV_POPULATE_WRITE) == 0)
     return block;
+  if (errno != EINVAL) { // (EINVAL: a kernel without it, before Linux 5.14)
+    ::munmap(block, size);
+    return nullptr;
+  }
 #endif
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   for (size_t i = 0; i < size; i += page)

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <new>
 #include <string>
 
 using namespace moert;
@@ -66,6 +67,15 @@ TEST(HostBlockTest, MovesHandTheMemoryOverAndResetFreesIt) {
   c.reset();
   EXPECT_EQ(c.get(), nullptr);
   EXPECT_LT(residentAnonKb() - before, 4 << 10); // unmapped: gone
+}
+
+TEST(HostBlockTest, MoreThanTheAddressSpaceIsBadAlloc) {
+  // (1 PiB: more than any x86-64 process can map, whatever the overcommit
+  // policy; moert reports std::bad_alloc as "out of memory".)
+  EXPECT_THROW(HostBlock(size_t(1) << 50), std::bad_alloc);
+  HostMemory memory;
+  EXPECT_THROW(memory.allocate(int64_t(1) << 50), std::bad_alloc);
+  EXPECT_EQ(memory.allocatedBytes(), 0);
 }
 
 TEST(HostBlockTest, HostMemoryCountsAndReleasesItsBlocks) {

@@ -88,9 +88,9 @@ void attentionGrad(const float *dout, const float *q, const float *k, const floa
       const float *kg = k + b * kw + g * qkDim, *vg = v + b * vw + g * vDim;
       transposeSerial(kg, S, qkDim, kw, kT, S);
       // Blocks of kAttnGradBlock queries: query i sees keys [first(i), i],
-      // so block [r0, r1) computes the key columns [first(r0), r1) only
-      // (zero elsewhere) and key block [c0, c1) gets the gradients of the
-      // queries [c0, last(c1)).
+      // so query block [r0, r1) computes the key columns [blockStart(r0),
+      // r1) only (zero where a query does not see a key), and key block
+      // [c0, c1) takes its gradients from the query blocks that computed it.
       auto first = [&](int64_t i) {
         return slidingWindow > 0 ? std::max<int64_t>(0, i - slidingWindow + 1) : int64_t(0);
       };
