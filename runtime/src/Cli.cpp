@@ -111,7 +111,8 @@ cross-entropy, balancing loss and router z-loss of each of the first
 --micro-batches (default 1), with the gradients' global norm; --metrics-out
 writes them as JSON lines, --grads-out the gradient of the mean loss with
 respect to every weight (f32, by checkpoint name), --profile the time of
-each op kind per micro-batch; --device as for run (a plan compiled with
+each op kind per micro-batch (with --steps, and of the optimizer's per
+update); --device as for run (a plan compiled with
 --target cuda runs on the GPU unless --device cpu). With a plan compiled
 with --optimizer adamw, --steps N trains: N updates, each over the plan's
 micro-batches (--global-batch-size), printing a line per update (mean loss

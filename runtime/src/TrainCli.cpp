@@ -53,17 +53,18 @@ double accumulate(const std::vector<float> &g, std::vector<float> &sum) {
   return cpu::sumOfSquares(g.data(), static_cast<int64_t>(g.size()));
 }
 
-/// --profile: the seconds per micro-batch of each op kind, largest first.
+/// --profile: the seconds per micro-batch (per update: `per`) of each op
+/// kind of `program`, largest first.
 void printProfile(const PlanProgram &program, const std::vector<double> &seconds,
-                  int64_t batches) {
+                  int64_t batches, const char *per = "micro-batch") {
   std::vector<OpTime> kinds = timeByOp(program, seconds, {});
   std::stable_sort(kinds.begin(), kinds.end(),
                    [](const OpTime &a, const OpTime &b) { return a.seconds > b.seconds; });
   double total = 0;
   for (const OpTime &k : kinds)
     total += k.seconds;
-  fmt::print("time per micro-batch by op ({:.3f} s in the program's steps):\n",
-             total / static_cast<double>(batches));
+  fmt::print("time per {} by op ({:.3f} s in the {} program's steps):\n", per,
+             total / static_cast<double>(batches), program.entry);
   for (const OpTime &k : kinds)
     if (k.seconds > 0)
       fmt::print("  {:<22} {:8.3f} s {:5.1f}%\n", k.op, k.seconds / static_cast<double>(batches),
@@ -549,9 +550,13 @@ int trainCommand(int argc, char **argv, Comm &comm) {
                  "replicas",
                  planPath, optimizer.microBatches, plan.degrees.dp);
     trainSteps(*executor, plan, program, optimizer, tokens, targets, run, comm);
-    if (profile) // the train program's steps, over the micro-batches this run ran
+    if (profile) { // the train program's steps over the micro-batches this run ran,
+                   // then the optimizer program's over its updates
       printProfile(program, executor->stepSeconds(),
                    (steps - run.start.step) * optimizer.microBatches);
+      printProfile(optimizer, executor->stepSeconds("optimizer"), steps - run.start.step,
+                   "update");
+    }
     if (reportMemory)
       printTrainingMemory(plan, *executor, comm.rank());
     return 0;
