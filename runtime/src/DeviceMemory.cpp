@@ -2,9 +2,7 @@
 
 #include "moert/Error.h"
 
-#include <cstdlib>
 #include <cstring>
-#include <new>
 
 namespace moert {
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
+#include <type_traits>
 
 namespace moert::cpu::gemm {
 
@@ -92,6 +93,19 @@ struct TokenGroups {
   }
   int64_t tokens, groups, shortest, longer;
 };
+
+/// f(std::integral_constant<DType, D>()) for the float dtype D that
+/// `dtype` is (F32, BF16, F16): the kernels' one dispatch from a run-time
+/// dtype to their template instances; nothing for another dtype.
+template <typename F>
+inline void forFloatDtype(DType dtype, F &&f) {
+  switch (dtype) {
+  case DType::F32: return f(std::integral_constant<DType, DType::F32>());
+  case DType::BF16: return f(std::integral_constant<DType, DType::BF16>());
+  case DType::F16: return f(std::integral_constant<DType, DType::F16>());
+  default: break;
+  }
+}
 
 /// Splits `total` into `parts` near-equal pieces, each a multiple of `unit`
 /// (but the last): the size of all pieces but the last.

@@ -384,31 +384,20 @@ void packGemvTokensAvx2(const float *x, int64_t ldx, int64_t tokens, int64_t K, 
 
 void gemvPackedAvx2(const float *packed, int64_t tokens, const Matrix &w, const float *bias,
                     int64_t n0, int64_t n1, float *y, int64_t ldy) {
-  switch (w.dtype) {
-  case DType::F32: return gemvPacked<DType::F32>(packed, tokens, w, bias, n0, n1, y, ldy);
-  case DType::BF16: return gemvPacked<DType::BF16>(packed, tokens, w, bias, n0, n1, y, ldy);
-  case DType::F16: return gemvPacked<DType::F16>(packed, tokens, w, bias, n0, n1, y, ldy);
-  default: break;
-  }
+  forFloatDtype(w.dtype, [&](auto d) {
+    gemvPacked<decltype(d)::value>(packed, tokens, w, bias, n0, n1, y, ldy);
+  });
 }
 
 void columnsAvx2(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
                  int64_t n0, int64_t n1, float *y, int64_t ldy) {
-  switch (w.dtype) {
-  case DType::F32: return columns<DType::F32>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
-  case DType::BF16: return columns<DType::BF16>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
-  case DType::F16: return columns<DType::F16>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
-  default: break;
-  }
+  forFloatDtype(w.dtype, [&](auto d) {
+    columns<decltype(d)::value>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
+  });
 }
 
 void widenAvx2(DType dtype, const void *src, int64_t n, float *out) {
-  switch (dtype) {
-  case DType::F32: return widen<DType::F32>(src, n, out);
-  case DType::BF16: return widen<DType::BF16>(src, n, out);
-  case DType::F16: return widen<DType::F16>(src, n, out);
-  default: break;
-  }
+  forFloatDtype(dtype, [&](auto d) { widen<decltype(d)::value>(src, n, out); });
 }
 
 #else

@@ -183,12 +183,9 @@ void packGemvTokensAvx512(const float *x, int64_t ldx, int64_t tokens, int64_t K
 
 void gemvPackedAvx512(const float *packed, int64_t tokens, const Matrix &w, const float *bias,
                       int64_t n0, int64_t n1, float *y, int64_t ldy) {
-  switch (w.dtype) {
-  case DType::F32: return gemvPacked<DType::F32>(packed, tokens, w, bias, n0, n1, y, ldy);
-  case DType::BF16: return gemvPacked<DType::BF16>(packed, tokens, w, bias, n0, n1, y, ldy);
-  case DType::F16: return gemvPacked<DType::F16>(packed, tokens, w, bias, n0, n1, y, ldy);
-  default: break;
-  }
+  forFloatDtype(w.dtype, [&](auto d) {
+    gemvPacked<decltype(d)::value>(packed, tokens, w, bias, n0, n1, y, ldy);
+  });
 }
 
 void gemvAvx512(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
