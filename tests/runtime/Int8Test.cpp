@@ -113,9 +113,12 @@ TEST(Int8Test, LinearWithRowBlocks) {
                                         << colOrigin);
       // 13 rows: the GEMV's groups of 4 and 2 rows and a remainder; 300
       // columns: a ragged last block; 128 as moec writes, 32 to see many.
+      // Tokens: the int8 GEMV (1-4), then the packed GEMM (avx512bf16) or
+      // dequantised chunks (the GEMV's up to 32 at avx512, the GEMM's
+      // above 4 at avx2).
       for (int64_t block : {128, 32}) {
         Int8Matrix m(13, 300, block, colOrigin % block, compute, rng);
-        for (int64_t T : {1, 2, 3, 4, 9, 40})
+        for (int64_t T : {1, 2, 3, 4, 5, 9, 32, 40})
           checkInt8Linear(m, T, rng);
       }
     }

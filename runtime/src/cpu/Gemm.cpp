@@ -23,7 +23,9 @@
 // the weights, so they are not packed; up to 32 tokens this beats packing
 // them (Intel Xeon, 2 threads, bf16 moe-gemm-bench: T=17 4.6-5.4 -> 6.6-7.0
 // GB/s, T=24 4.1-4.7 -> 5.1-5.4, T=32 3.2-4.1 -> 4.1-4.2; at T=48 the GEMM
-// is ahead, 2.7-3.2 against 2.4-2.9).
+// is ahead, 2.7-3.2 against 2.4-2.9). With bf16 products (avx512bf16) the
+// GEMM's vdpbf16ps rate moves that point down to 16 tokens
+// (kGemvMaxTokensBf16).
 #include "Gemm.h"
 #include "LoadAvx512.h"
 
@@ -557,7 +559,7 @@ struct ScaledBf16Path : Bf16Path {
 template <DType D>
 void columnsAvx512(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
                    const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
-  if (tokens <= kGemvMaxTokensAvx512 && !w.transposed)
+  if (tokens <= (roundsToBf16(D) ? kGemvMaxTokensBf16 : kGemvMaxTokensAvx512) && !w.transposed)
     gemvAvx512(x, ldx, tokens, w, bias, n0, n1, y, ldy);
   else if (roundsToBf16(D))
     gemm<Bf16Path, D>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
@@ -598,7 +600,8 @@ bool gemmScaledBf16(const float *x, int64_t ldx, int64_t tokens, const Matrix &w
                     const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy) {
 #ifdef MOERT_X86
   const BlockScales &s = w.scales;
-  if (tokens <= kGemvMaxTokensAvx512 || w.transposed || activeIsa() < Isa::Avx512Bf16 ||
+  if (tokens <= (w.dtype == DType::I8 ? kInt8GemvMaxTokens : kGemvMaxTokensAvx512) ||
+      w.transposed || activeIsa() < Isa::Avx512Bf16 ||
       s.blockCols % 32 || s.colOrigin % 32)
     return false;
   if (w.dtype == DType::F8E4M3)

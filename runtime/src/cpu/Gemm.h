@@ -69,8 +69,21 @@ constexpr int64_t kElementSize = D == DType::F32                        ? 4
 
 /// Up to how many tokens columns() takes the GEMV, which streams the weight
 /// rows once, rather than the GEMM that packs them (AVX-512 and AVX2
-/// levels).
-constexpr int64_t kGemvMaxTokensAvx512 = 32, kGemvMaxTokensAvx2 = 16;
+/// levels). BF16 weights with bf16 products (the avx512bf16 level) switch
+/// earlier: from 17 tokens on the packed vdpbf16ps GEMM beats the GEMV
+/// (moe-gemm-bench on an AMD EPYC Zen 4, 2 threads, Mixtral-layout MLP
+/// weights: 24 tokens 210-240 against 182-195 GFLOP/s, 32 tokens 238-277
+/// against 185-196; at 16 tokens they are even).
+constexpr int64_t kGemvMaxTokensAvx512 = 32, kGemvMaxTokensAvx2 = 16, kGemvMaxTokensBf16 = 16;
+/// int8 weights: up to here the int8 GEMV (gemvInt8), above it the packed
+/// GEMM (gemmScaledBf16 with bf16 products; at the lower levels dequantised
+/// chunks, columnsScaled).
+constexpr int64_t kInt8GemvMaxTokens = 4;
+/// Block-scaled weights dequantised in chunks at the avx2 level: above this
+/// many tokens the chunks take the packed GEMM rather than the GEMV
+/// (moe-gemm-bench, int8 and FP8 under MOERT_ISA=avx2 on an AMD EPYC Zen 4:
+/// 8 tokens 84-94 against 71-81 GFLOP/s, 16 tokens 123-133 against 90-101).
+constexpr int64_t kScaledGemvMaxTokensAvx2 = 4;
 
 /// How far ahead of its loads the one-token GEMV (gemvRow, every level)
 /// prefetches its stream into L2.
@@ -129,6 +142,9 @@ MOERT_AVX2 inline float horizontalSum(__m256 v) {
 /// columns() and widen() below; called only when haveAvx2().
 void columnsAvx2(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
                  int64_t n0, int64_t n1, float *y, int64_t ldy);
+/// columnsAvx2 through its packed GEMM whatever the tokens.
+void gemmAvx2(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
+              int64_t n0, int64_t n1, float *y, int64_t ldy);
 void widenAvx2(DType dtype, const void *src, int64_t n, float *out);
 
 /// The AVX-512 GEMV (GemvAvx512.cpp) for few tokens, with the contract of
@@ -163,8 +179,9 @@ void columnsScaled(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
 /// for a block-scaled weight (FP8 or int8) of a BF16 model: its values
 /// dequantised and rounded to bf16 as they are packed, the numbers of the
 /// dequantised BF16 rows (columnsScaled's chunks) without writing them.
-/// False where it does not apply (tokens <= the GEMV's, blocks that do not
-/// hold whole 32-column runs, a lower level).
+/// False where it does not apply (tokens <= the GEMV's: kInt8GemvMaxTokens
+/// for int8, kGemvMaxTokensAvx512 for FP8, whose table GEMV is faster up to
+/// there; blocks that do not hold whole 32-column runs, a lower level).
 bool gemmScaledBf16(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
                     const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy);
 /// The int8 GEMV (GemmInt8.cpp) with the contract of columns(), where it

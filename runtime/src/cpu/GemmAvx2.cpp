@@ -396,6 +396,13 @@ void columnsAvx2(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, c
   });
 }
 
+void gemmAvx2(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
+              int64_t n0, int64_t n1, float *y, int64_t ldy) {
+  forFloatDtype(w.dtype, [&](auto d) {
+    gemm<decltype(d)::value>(x, ldx, tokens, w, bias, n0, n1, y, ldy);
+  });
+}
+
 void widenAvx2(DType dtype, const void *src, int64_t n, float *out) {
   forFloatDtype(dtype, [&](auto d) { widen<decltype(d)::value>(src, n, out); });
 }
@@ -403,6 +410,8 @@ void widenAvx2(DType dtype, const void *src, int64_t n, float *out) {
 #else
 void columnsAvx2(const float *, int64_t, int64_t, const Matrix &, const float *, int64_t, int64_t,
                  float *, int64_t) {}
+void gemmAvx2(const float *, int64_t, int64_t, const Matrix &, const float *, int64_t, int64_t,
+              float *, int64_t) {}
 void packGemvTokensAvx2(const float *, int64_t, int64_t, int64_t, float *) {}
 void gemvPackedAvx2(const float *, int64_t, const Matrix &, const float *, int64_t, int64_t,
                     float *, int64_t) {}

@@ -34,7 +34,7 @@
 namespace moert::cpu::gemm {
 namespace {
 
-constexpr int64_t kMaxTokens = 4;
+constexpr int64_t kMaxTokens = kInt8GemvMaxTokens;
 
 /// x quantised to int16 per token and per weight block (Blocks' runs, the
 /// same for every row of a 1-row-block weight): values [tokens, ld] (zero
