@@ -5,6 +5,7 @@
 // an all-zero gradient too: the parameter decays, the moments decay).
 #include "moert/Parallel.h"
 #include "moert/Tensor.h"
+#include "moert/cpu/Isa.h"
 #include "moert/cpu/Optimizer.h"
 
 #include <gtest/gtest.h>
@@ -218,6 +219,61 @@ TEST(OptimizerTest, AdamWFollowsTorchsFormula) {
     ASSERT_NEAR(v[i], vd[i], 1e-6) << i;
   }
   EXPECT_LT(err, 1e-5 * norm);
+}
+
+// The kernel vectorizes the update at each level (generic, AVX2, AVX-512);
+// every width must give the bits of the formula computed one float
+// operation at a time, as torch's elementwise ops round it. keepSum leaves
+// the gradient sum as it was and changes nothing else.
+TEST(OptimizerTest, AdamWBitsAtEveryLevelAndKeptSums) {
+  const int64_t n = 70001; // more than one block, and a ragged tail
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  std::vector<float> p(n), m(n), v(n), sum(n), master(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = normal(rng);
+    m[i] = 0.1f * normal(rng);
+    v[i] = std::abs(0.01f * normal(rng));
+    sum[i] = normal(rng) * std::exp(normal(rng));
+  }
+  cpu::AdamWStep s = testStep();
+  s.step = 7;
+  s.gradScale = 0.37;
+  // The formula, one rounding per operation (the scalars as the kernel
+  // rounds them).
+  const float decay = static_cast<float>(1.0 - s.lr * s.weightDecay),
+              scale = static_cast<float>(s.gradScale), w1 = static_cast<float>(1.0 - s.beta1),
+              beta2 = static_cast<float>(s.beta2), w2 = static_cast<float>(1.0 - s.beta2),
+              stepSize = static_cast<float>(-(s.lr / (1.0 - std::pow(s.beta1, 7.0)))),
+              correction2 = static_cast<float>(std::sqrt(1.0 - std::pow(s.beta2, 7.0))),
+              eps = static_cast<float>(s.eps);
+  std::vector<float> pe(n), me(n), ve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    volatile float g = sum[i] * scale, pd = p[i] * decay, diff = g - m[i], step = w1 * diff;
+    volatile float mi = m[i] + step, sq = g * g, vb = v[i] * beta2, vw = w2 * sq;
+    volatile float vi = vb + vw, root = std::sqrt(vi), q = root / correction2, denom = q + eps;
+    volatile float ratio = mi / denom, move = stepSize * ratio;
+    pe[i] = pd + move;
+    me[i] = mi;
+    ve[i] = vi;
+  }
+  for (bool keep : {false, true}) {
+    SCOPED_TRACE(keep ? "keepSum" : "sum cleared");
+    std::vector<float> pp = p, mm = m, vv = v, ss = sum, pm = p, mb = m, vb = v, sb = sum;
+    std::vector<uint16_t> w(n);
+    s.keepSum = keep;
+    cpu::adamw(pp.data(), mm.data(), vv.data(), ss.data(), n, s);
+    cpu::adamwBf16(w.data(), pm.data(), mb.data(), vb.data(), sb.data(), n, s);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(pp[i], pe[i]) << "element " << i << " at " << cpu::isaName(cpu::activeIsa());
+      ASSERT_EQ(mm[i], me[i]) << i;
+      ASSERT_EQ(vv[i], ve[i]) << i;
+      ASSERT_EQ(pm[i], pe[i]) << i;
+      ASSERT_EQ(w[i], floatToBf16(pe[i])) << i;
+      ASSERT_EQ(ss[i], keep ? sum[i] : 0.0f) << i;
+      ASSERT_EQ(sb[i], keep ? sum[i] : 0.0f) << i;
+    }
+  }
 }
 
 TEST(OptimizerTest, Bf16WeightsFollowTheirF32Master) {

@@ -257,12 +257,16 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
                            [](Operation *user) { return isa<exec::CollectiveOp>(user); });
     };
     const SmallVector<Value> gradients(ret.getGradients());
+    // The sums the backward pass writes whole every update: adamw need not
+    // clear them (keep_sum).
+    SmallVector<bool> direct(gradients.size(), false);
     for (size_t i = 0; i < gradients.size(); ++i) {
       Value gradient = gradients[i];
       if (writtenInPlace(gradient, sums[i])) {
         Operation *buffer = gradient.getDefiningOp();
         gradient.replaceAllUsesWith(sums[i]);
         buffer->erase();
+        direct[i] = true;
         continue;
       }
       SmallVector<Value> ins{gradient, sums[i]}, outs{sums[i]};
@@ -523,13 +527,15 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
         ins.push_back(masters[i]);
         outs.push_back(masters[i]);
       }
-      launch("adamw", ins, {weightOf.lookup(w.getResult())}, outs,
-             {b.getNamedAttr("beta1", b.getF64FloatAttr(beta1)),
-              b.getNamedAttr("beta2", b.getF64FloatAttr(beta2)),
-              b.getNamedAttr("eps", b.getF64FloatAttr(eps)),
-              b.getNamedAttr("weight_decay", b.getF64FloatAttr(weightDecay)),
-              b.getNamedAttr("micro_batches", b.getI64IntegerAttr(microBatches))},
-             /*updates=*/true);
+      SmallVector<NamedAttribute> attrs{
+          b.getNamedAttr("beta1", b.getF64FloatAttr(beta1)),
+          b.getNamedAttr("beta2", b.getF64FloatAttr(beta2)),
+          b.getNamedAttr("eps", b.getF64FloatAttr(eps)),
+          b.getNamedAttr("weight_decay", b.getF64FloatAttr(weightDecay)),
+          b.getNamedAttr("micro_batches", b.getI64IntegerAttr(microBatches))};
+      if (i < direct.size() && direct[i])
+        attrs.push_back(b.getNamedAttr("keep_sum", b.getBoolAttr(true)));
+      launch("adamw", ins, {weightOf.lookup(w.getResult())}, outs, attrs, /*updates=*/true);
     }
     // ZeRO: each member updated its rows of every sharded weight; the
     // weights gathered whole over the group.

@@ -107,6 +107,9 @@ struct OptimizerParams {
   /// sum_squares' rows: of the rank's edp member (an expert stack's sums
   /// under EP or TP, shard_group "edp"), not its dp one.
   bool shardOverEdp = false;
+  /// adamw: leaves the gradient sum as it is (the backward pass writes it
+  /// whole before it is read again: moe-append-optimizer's direct sums).
+  bool keepSum = false;
 };
 
 struct PlanStep {

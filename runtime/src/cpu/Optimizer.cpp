@@ -3,6 +3,7 @@
 // elementwise ops round it; and -fno-math-errno, so that the update's
 // square roots vectorize (its arguments are never negative).
 #include "moert/cpu/Optimizer.h"
+#include "IsaTarget.h"
 #include "moert/Parallel.h"
 #include "moert/Tensor.h"
 
@@ -145,44 +146,100 @@ inline uint16_t roundToBf16(float f) {
   return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quietNan : rounded);
 }
 
-/// AdamW over n parameters in one pass; with `weight`, param is a bf16
+/// The update's scalars, rounded to float once (as the loop uses them).
+struct AdamWConstants {
+  float decay, scale, w1, beta2, w2, stepSize, correction2, eps;
+  explicit AdamWConstants(const AdamWStep &s) {
+    const auto t = static_cast<double>(s.step);
+    decay = static_cast<float>(1.0 - s.lr * s.weightDecay);
+    scale = static_cast<float>(s.gradScale);
+    w1 = static_cast<float>(1.0 - s.beta1);
+    beta2 = static_cast<float>(s.beta2);
+    w2 = static_cast<float>(1.0 - s.beta2);
+    stepSize = static_cast<float>(-(s.lr / (1.0 - std::pow(s.beta1, t))));
+    correction2 = static_cast<float>(std::sqrt(1.0 - std::pow(s.beta2, t)));
+    eps = static_cast<float>(s.eps);
+  }
+};
+
+/// AdamW over `count` parameters of one block; with `wr`, pr is a bf16
 /// weight's master (which starts as the checkpoint's values: RankExecutor),
-/// rounded into the weight after the update.
+/// rounded into the weight after the update. Each operation rounds as
+/// torch's elementwise ops do (no contraction: -ffp-contract=off; IEEE
+/// square roots and quotients), so every vector width gives the same bits.
+template <bool Bf16, bool Clear>
+inline __attribute__((always_inline)) void adamwBlock(float *__restrict pr, float *__restrict mr,
+                                                      float *__restrict vr, float *__restrict sr,
+                                                      uint16_t *__restrict wr, int64_t count,
+                                                      const AdamWConstants k) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = sr[i] * k.scale;
+    const float p = pr[i] * k.decay;
+    // torch's lerp with a weight below 0.5: m + w (g - m).
+    const float mi = mr[i] + k.w1 * (g - mr[i]);
+    const float vi = vr[i] * k.beta2 + k.w2 * (g * g);
+    const float denom = std::sqrt(vi) / k.correction2 + k.eps;
+    const float updated = p + k.stepSize * (mi / denom);
+    pr[i] = updated;
+    mr[i] = mi;
+    vr[i] = vi;
+    if constexpr (Clear)
+      sr[i] = 0;
+  }
+  // The bf16 weight from its master, while the block is in cache (a loop
+  // of its own: mixed with the update, neither vectorizes).
+  if constexpr (Bf16)
+    for (int64_t i = 0; i < count; ++i)
+      wr[i] = roundToBf16(pr[i]);
+}
+
+using AdamWBlock = void (*)(float *, float *, float *, float *, uint16_t *, int64_t,
+                            AdamWConstants);
+
+template <bool Bf16, bool Clear>
+void adamwGeneric(float *pr, float *mr, float *vr, float *sr, uint16_t *wr, int64_t count,
+                  AdamWConstants k) {
+  adamwBlock<Bf16, Clear>(pr, mr, vr, sr, wr, count, k);
+}
+
+#ifdef MOERT_X86
+// The same loops vectorized at the wider levels: the square roots and
+// quotients bound the x86-64 baseline's 4-lane version (one 96M-parameter
+// pass on 2 threads of an AMD EPYC Zen 4: 0.21 s; 8 lanes 1.5x faster, 16
+// lanes 2.4x, and 2.6x without clearing the sums).
+template <bool Bf16, bool Clear>
+__attribute__((target("avx2,fma"))) void adamwAvx2(float *pr, float *mr, float *vr, float *sr,
+                                                   uint16_t *wr, int64_t count, AdamWConstants k) {
+  adamwBlock<Bf16, Clear>(pr, mr, vr, sr, wr, count, k);
+}
+template <bool Bf16, bool Clear>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,prefer-vector-width=512"))) void
+adamwAvx512(float *pr, float *mr, float *vr, float *sr, uint16_t *wr, int64_t count,
+            AdamWConstants k) {
+  adamwBlock<Bf16, Clear>(pr, mr, vr, sr, wr, count, k);
+}
+#endif
+
+template <bool Bf16, bool Clear>
+AdamWBlock adamwAtLevel() {
+#ifdef MOERT_X86
+  if (activeIsa() >= Isa::Avx512)
+    return adamwAvx512<Bf16, Clear>;
+  if (activeIsa() >= Isa::Avx2)
+    return adamwAvx2<Bf16, Clear>;
+#endif
+  return adamwGeneric<Bf16, Clear>;
+}
+
+/// AdamW over n parameters in one pass, in blocks on all threads.
 template <bool Bf16>
 void adamwPass(float *param, float *m, float *v, float *gradSum, uint16_t *weight, int64_t n,
                const AdamWStep &s) {
-  const auto t = static_cast<double>(s.step);
-  const float decay = static_cast<float>(1.0 - s.lr * s.weightDecay);
-  const float scale = static_cast<float>(s.gradScale);
-  const float w1 = static_cast<float>(1.0 - s.beta1), beta2 = static_cast<float>(s.beta2),
-              w2 = static_cast<float>(1.0 - s.beta2);
-  const float stepSize = static_cast<float>(-(s.lr / (1.0 - std::pow(s.beta1, t))));
-  const float correction2 = static_cast<float>(std::sqrt(1.0 - std::pow(s.beta2, t)));
-  const float eps = static_cast<float>(s.eps);
-  // (The constants by value and the buffers as distinct pointers: the loop
-  // vectorizes.)
+  const AdamWConstants k(s);
+  const AdamWBlock block = s.keepSum ? adamwAtLevel<Bf16, false>() : adamwAtLevel<Bf16, true>();
   blocks(n, [=](int64_t, int64_t begin, int64_t end) {
-    float *__restrict pr = param + begin, *__restrict mr = m + begin, *__restrict vr = v + begin,
-                      *__restrict sr = gradSum + begin;
-    uint16_t *__restrict wr = Bf16 ? weight + begin : nullptr;
-    for (int64_t i = 0, count = end - begin; i < count; ++i) {
-      const float g = sr[i] * scale;
-      const float p = pr[i] * decay;
-      // torch's lerp with a weight below 0.5: m + w (g - m).
-      const float mi = mr[i] + w1 * (g - mr[i]);
-      const float vi = vr[i] * beta2 + w2 * (g * g);
-      const float denom = std::sqrt(vi) / correction2 + eps;
-      const float updated = p + stepSize * (mi / denom);
-      pr[i] = updated;
-      mr[i] = mi;
-      vr[i] = vi;
-      sr[i] = 0;
-    }
-    // The bf16 weight from its master, while the block is in cache (a loop
-    // of its own: mixed with the update, neither vectorizes).
-    if constexpr (Bf16)
-      for (int64_t i = 0, count = end - begin; i < count; ++i)
-        wr[i] = roundToBf16(pr[i]);
+    block(param + begin, m + begin, v + begin, gradSum + begin, Bf16 ? weight + begin : nullptr,
+          end - begin, k);
   });
 }
 } // namespace

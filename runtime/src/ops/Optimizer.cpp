@@ -264,11 +264,12 @@ void parseAdamW(const JsonFields &a, PlanStep &step) {
     a.fail("weight_decay", "expected a value >= 0");
   if (!a.has("eps"))
     a.fail("eps", "missing");
+  o.keepSum = a.has("keep_sum") && a.boolean("keep_sum");
 }
 
 /// in: step, stats, the gradient sum, m, v (and a bf16 weight's f32
 /// master); weights: the parameter (f32 or bf16); out: m, v, the gradient
-/// sum (reset) (and the master).
+/// sum (reset, unless keep_sum) (and the master).
 void checkAdamW(const StepChecker &c, const PlanStep &step) {
   c.expect(step.weights.size() == 1, "expected one weight");
   const PlanWeight &w = c.program.weights[step.weights[0]];
@@ -317,9 +318,11 @@ int64_t runAdamW(cpu::StepContext &c) {
   step.eps = s.eps;
   step.weightDecay = s.optimizer.weightDecay;
   step.gradScale = static_cast<double>(stats[2]) / static_cast<double>(s.optimizer.microBatches);
+  step.keepSum = s.optimizer.keepSum;
   float *sum = c.in(2), *m = c.in(3), *v = c.in(4);
   if (stats[3] != 0) { // grad_norm found it not finite: skipped, the sum cleared
-    std::fill(sum, sum + c.bufferRows(s.in[2]) * c.width(s.in[2]), 0.0f);
+    if (!step.keepSum)
+      std::fill(sum, sum + c.bufferRows(s.in[2]) * c.width(s.in[2]), 0.0f);
     return c.rows;
   }
   float *master = s.in.size() > 5 ? c.in(5) : nullptr; // a bf16 weight's
@@ -363,7 +366,7 @@ int64_t runAdamW(cpu::StepContext &c) {
     update(w.data, w.numel(), 0);
   }
   // (adamw resets the sum it reads; a ZeRO-1 update reads its rows only.)
-  if (sums.logicalRows == 0) {
+  if (sums.logicalRows == 0 && !step.keepSum) {
     std::fill(sum, sum + first, 0.0f);
     std::fill(sum + end, sum + sumElements, 0.0f);
   }

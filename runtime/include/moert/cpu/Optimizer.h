@@ -56,10 +56,13 @@ double clipCoefficient(double norm, double maxNorm);
 /// gradScale (the mean over the micro-batches times the clipping
 /// coefficient); p *= 1 - lr wd; m = lerp(m, g, 1 - beta1); v = beta2 v +
 /// (1 - beta2) g^2; p -= lr / (1 - beta1^t) x m / (sqrt(v) / sqrt(1 -
-/// beta2^t) + eps). gradSum is reset to zero.
+/// beta2^t) + eps). gradSum is reset to zero, unless `keepSum` (the
+/// backward pass overwrites it before it is read again: one micro-batch a
+/// replica per update, moe-append-optimizer's direct sums).
 struct AdamWStep {
   double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weightDecay = 0, gradScale = 1;
   int64_t step = 1; ///< t, from 1
+  bool keepSum = false;
 };
 void adamw(float *param, float *m, float *v, float *gradSum, int64_t n, const AdamWStep &s);
 /// The same on the f32 master weights of a bf16 weight: `master` (which
