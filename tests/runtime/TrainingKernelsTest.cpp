@@ -10,6 +10,8 @@
 #include "moert/Error.h"
 #include "moert/cpu/Gradients.h"
 #include "moert/cpu/Isa.h"
+#include "moert/Parallel.h"
+#include "../../runtime/src/cpu/GradientUtil.h"
 
 #include <gtest/gtest.h>
 
@@ -457,6 +459,34 @@ double act(cpu::Activation a, double x) {
   if (a == cpu::Activation::GeluTanh)
     return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
   return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+}
+
+// The backward's transposes (16 x 16 register tiles at the AVX-512 level,
+// scalar blocks below it): every element moved, none written outside the
+// [cols, rows] block of the output, whatever the edges and strides.
+TEST(GradientsTest, Transposes) {
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<float> uniform(-1, 1);
+  const int threads = numThreads();
+  setNumThreads(2);
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {16, 16}, {17, 33}, {300, 7},
+                            {5, 261}, {64, 512}}) {
+    const int64_t ldIn = cols + 3, ldOut = rows + 5;
+    std::vector<float> in(static_cast<size_t>(rows * ldIn));
+    for (float &x : in)
+      x = uniform(rng);
+    for (bool parallel : {false, true}) {
+      std::vector<float> out(static_cast<size_t>(cols * ldOut), -7.0f);
+      (parallel ? cpu::grad::transpose : cpu::grad::transposeSerial)(in.data(), rows, cols, ldIn, out.data(),
+                                                           ldOut);
+      for (int64_t c = 0; c < cols; ++c)
+        for (int64_t r = 0; r < ldOut; ++r)
+          ASSERT_EQ(out[c * ldOut + r], r < rows ? in[r * ldIn + c] : -7.0f)
+              << rows << " x " << cols << ": out[" << c << ", " << r << "] at "
+              << cpu::isaName(cpu::activeIsa());
+    }
+  }
+  setNumThreads(threads);
 }
 
 TEST(GradientsTest, Mlp) {

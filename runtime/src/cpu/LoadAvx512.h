@@ -70,5 +70,36 @@ inline __mmask16 firstLanes(int64_t count) {
   return count >= 16 ? __mmask16(0xffff) : count <= 0 ? __mmask16(0) : __mmask16((1u << count) - 1);
 }
 
+/// In-register transpose of a 16x16 f32 block: r[i] lane j <-> r[j] lane i.
+MOERT_AVX512 inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // Now r[4i + j], 128-bit lane L, holds column 4L + j of rows 4i..4i+3.
+  for (int i = 0; i < 4; ++i) {
+    __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  // Gather the four lanes L of r[j], r[4+j], r[8+j], r[12+j] into column 4L+j.
+  for (int j = 0; j < 4; ++j) {
+    __m512 u0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);      // L0 L2 | L0 L2
+    __m512 u1 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xdd);      // L1 L3 | L1 L3
+    __m512 v0 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+    __m512 v1 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xdd);
+    t[j] = _mm512_shuffle_f32x4(u0, v0, 0x88);
+    t[4 + j] = _mm512_shuffle_f32x4(u1, v1, 0x88);
+    t[8 + j] = _mm512_shuffle_f32x4(u0, v0, 0xdd);
+    t[12 + j] = _mm512_shuffle_f32x4(u1, v1, 0xdd);
+  }
+  for (int i = 0; i < 16; ++i)
+    r[i] = t[i];
+}
+
 } // namespace moert::cpu::gemm
 #endif // MOERT_X86
