@@ -77,4 +77,10 @@ void mlpBackwardRecomputed(const float *dy, const float *x, int64_t T, const Mat
                            const Matrix &up, const Matrix &down, Activation act, float *dx,
                            float *dgate, float *dup, float *ddown);
 
+/// o[v] = e^(x[v] - peak) over n values (f32, the softmax's numerators, as
+/// torch's f32 softmax: 16 or 8 lanes at the AVX-512 and AVX2 levels, f64 on
+/// the portable one); returns their sum in f64 (Gradients.cpp; the
+/// cross-entropy's gradient, and its forward's sums in Loss.cpp).
+double expShifted(const float *x, int64_t n, float peak, float *o);
+
 } // namespace moert::cpu::grad

@@ -121,9 +121,11 @@ MOERT_AVX2 int64_t expShiftedAvx2(const float *x, int64_t n, float peak, float *
 }
 #endif
 
+} // namespace
+
 /// o[v] = e^(x[v] - peak) over n values (f32, the softmax's numerators, as
 /// torch's f32 softmax; f64 on the portable level); returns their sum (f64).
-double expShifted(const float *x, int64_t n, float peak, float *o) {
+double grad::expShifted(const float *x, int64_t n, float peak, float *o) {
   double sum = 0;
   int64_t i = 0;
 #ifdef MOERT_X86
@@ -139,6 +141,8 @@ double expShifted(const float *x, int64_t n, float peak, float *o) {
   }
   return sum;
 }
+
+namespace {
 
 /// The gated product's gradient over n values: da = dh u act'(a), du = dh
 /// act(a) (SiLU vectorised in f32 where the level has it; f64 otherwise).
@@ -223,7 +227,7 @@ void crossEntropyRows(const float *logits, int64_t tokens, int64_t width, int64_
       float peak;
       double sum;
       totals(t, row, peak, sum);
-      const double own = expShifted(row, n, peak, o);
+      const double own = grad::expShifted(row, n, peak, o);
       const float factor = static_cast<float>(scale / (sum > 0 ? sum : own));
       for (int64_t v = 0; v < n; ++v)
         o[v] *= factor;
