@@ -168,6 +168,34 @@ TEST(LinearTest, NarrowMatrixManyTokens) {
     checkLinear(DType::BF16, T, 8, 96, true, true, rng);
 }
 
+// Many more tokens than output columns (a weight gradient's left operand)
+// are split between threads by tokens, in chunks above the GEMV's tokens:
+// the same bits as one thread, whatever the dtype and the view, and right.
+TEST(LinearTest, ManyTokensOverFewColumnsSplitByTokens) {
+  std::mt19937 rng(13);
+  for (DType dtype : {DType::BF16, DType::F32})
+    for (bool transposed : {false, true})
+      for (int64_t T : {140, 301}) {
+        SCOPED_TRACE(::testing::Message() << dtypeName(dtype) << (transposed ? " transposed" : "")
+                                          << " T=" << T);
+        TestMatrix w(dtype, transposed ? 96 : 40, transposed ? 40 : 96, rng);
+        const Matrix m = transposed ? w.matrix().transpose() : w.matrix();
+        std::vector<float> x = randomVector(T * 96, rng), one(T * 40), two(T * 40);
+        {
+          Threads pool(1);
+          linear(x.data(), T, m, nullptr, one.data());
+        }
+        {
+          Threads pool(2);
+          linear(x.data(), T, m, nullptr, two.data());
+        }
+        ASSERT_EQ(one, two);
+        Threads pool(2);
+        if (!transposed)
+          checkLinear(dtype, T, 40, 96, false, false, rng);
+      }
+}
+
 // A transposed view (Matrix::transpose: the backward's products with a
 // weight's transpose) packed straight from the [K, N] storage, padding
 // between its rows: every dtype, few tokens (no GEMV: the GEMM takes them)

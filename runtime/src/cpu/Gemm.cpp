@@ -310,7 +310,13 @@ MOERT_AVX512 void gemm(const float *x, int64_t ldx, int64_t tokens, const Matrix
   const int64_t nStep = balancedStep(n1 - n0, kNC, kNR);
   Word *weights = reinterpret_cast<Word *>(
       packedWeights.get(static_cast<size_t>(Path::steps(kStep) * nStep)));
-  Word *panelX = reinterpret_cast<Word *>(packedTokens.get(static_cast<size_t>(Path::steps(kStep) * 16)));
+  // With several column chunks, x is packed once (the first chunk's pass)
+  // and its panels reused by the others: every token block of every K
+  // slice, [slice][block][steps][16] words.
+  const int64_t slices = (K + kStep - 1) / kStep, panelWords = Path::steps(kStep) * 16;
+  const bool reuseX = n1 - n0 > nStep;
+  Word *panelX = reinterpret_cast<Word *>(packedTokens.get(
+      static_cast<size_t>(reuseX ? slices * tokenBlocks * panelWords : panelWords)));
   constexpr int64_t size = kElementSize<D>;
   const int64_t rowBytes = w.rowStride * size;
   const char *base = static_cast<const char *>(w.data);
@@ -332,11 +338,13 @@ MOERT_AVX512 void gemm(const float *x, int64_t ldx, int64_t tokens, const Matrix
       for (int64_t blk = 0; blk < tokenBlocks; ++blk) {
         int64_t t0 = tokens * blk / tokenBlocks, t1 = tokens * (blk + 1) / tokenBlocks;
         int mr = static_cast<int>(t1 - t0);
-        Path::packTokens(x + t0 * ldx + pc, ldx, mr, kc, panelX);
+        Word *panel = reuseX ? panelX + (pc / kStep * tokenBlocks + blk) * panelWords : panelX;
+        if (!reuseX || jc == n0)
+          Path::packTokens(x + t0 * ldx + pc, ldx, mr, kc, panel);
         auto kernel = Path::kernel(mr);
         for (int64_t jp = 0; jp < nc; jp += kNR) {
           next.issue(perCall);
-          kernel(steps, panelX, weights + jp * steps, y + t0 * ldy + jc + jp, ldy,
+          kernel(steps, panel, weights + jp * steps, y + t0 * ldy + jc + jp, ldy,
                  std::min<int64_t>(kNR, nc - jp), pc > 0, lastBias ? lastBias + jp : nullptr);
         }
       }

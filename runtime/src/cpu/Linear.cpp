@@ -53,10 +53,22 @@ void linearF32Bias(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
   if (tokens <= 0 || w.rows <= 0)
     return;
   int64_t threads = numThreads();
-  if (w.rows < threads * gemm::kColumnBlock && tokens >= 32 * threads) {
+  // By tokens: a matrix too narrow to give every thread a tile (a router),
+  // or many more tokens than output columns (a weight gradient's left
+  // operand: matmulTN's [I, T] of an expert, [vocab, T] of the LM head),
+  // where each thread then packs only its rows of x, the big operand
+  // (bench-moe's shapes, 2 threads, in one process: [2816 x 128] x [128 x
+  // 1024] 371 -> 407 GFLOP/s, [32000 x 512] x [512 x 1024] 346 -> 419).
+  // Chunks of more than the GEMV's tokens keep every chunk on the packed
+  // GEMM, whose sums do not depend on the rows around them: the bits of one
+  // thread. (Chunks of 16 let a router's 64-140 rows take the GEMV on 2
+  // threads and the GEMM on one.)
+  constexpr int64_t kGemmGrain = gemm::kGemvMaxTokensAvx512 + 1;
+  if ((w.rows < threads * gemm::kColumnBlock && tokens >= 32 * threads) ||
+      (tokens > 2 * w.rows && tokens >= 2 * kGemmGrain * threads)) {
     parallelFor(tokens, [&](int64_t t0, int64_t t1) {
       gemm::columns(x + t0 * ldx, ldx, t1 - t0, w, bias, 0, w.rows, y + t0 * ldy, ldy);
-    }, 16);
+    }, kGemmGrain);
     return;
   }
   forColumns(w.rows, tokens * w.cols, [&](int64_t n0, int64_t n1) {
