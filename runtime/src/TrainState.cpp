@@ -12,7 +12,6 @@
 #include <cstring>
 #include <memory>
 #include <optional>
-#include <set>
 
 namespace moert {
 
@@ -217,25 +216,15 @@ std::vector<TensorToWrite> trainedWeights(const Plan &plan, RankExecutor &execut
   return tensors;
 }
 
-/// The gradient sums whose adamw keeps them (keep_sum: the backward pass
-/// writes them whole before they are read again): between two updates they
-/// hold the last update's gradient, which is no state of the training.
-std::set<std::string> keptSums(const Plan &plan, int rank) {
-  std::set<std::string> kept;
-  for (const PlanProgram *entry : plan.entriesOf(rank))
-    for (const PlanStep &step : entry->steps)
-      if (step.op->name == "adamw" && step.optimizer.keepSum)
-        kept.insert(entry->buffers.at(static_cast<size_t>(step.in.at(2))).state);
-  return kept;
-}
-
 /// --save: the weights (in their slices' dtypes: a bf16 weight's f32 master
 /// is a state, or, in an f32 checkpoint (--param-dtype bf16), the weight
 /// itself), and every other state buffer that is not all zeros (a
-/// state the checkpoint lacks starts as zeros: the gradient sums and expert
-/// loads between two updates; the sums adamw keeps are left out too:
-/// keptSums), each in its weight's shape. Every rank calls it (ZeRO shards
-/// are gathered); rank 0 writes.
+/// state the checkpoint lacks starts as zeros: the expert loads between two
+/// updates), each in its weight's shape, but the gradient sums: between two
+/// updates they are zeros, or the last update's gradients where adamw
+/// keeps them for the backward pass to overwrite (keep_sum), no state of
+/// the training either way. Every rank calls it (ZeRO shards are
+/// gathered); rank 0 writes.
 void saveCheckpoint(const Plan &plan, RankExecutor &executor, Comm &comm,
                     const PlanProgram &program, const CheckpointTarget &target,
                     const TrainingProgress &progress) {
@@ -244,9 +233,8 @@ void saveCheckpoint(const Plan &plan, RankExecutor &executor, Comm &comm,
       trainedWeights(plan, executor, comm, program, values, &target.layout);
   std::vector<TensorToWrite> state;
   std::vector<std::vector<float>> stateValues;
-  const std::set<std::string> kept = keptSums(plan, comm.rank());
   for (const std::string &name : executor.stateNames()) {
-    if (kept.count(name))
+    if (stateOfKind(name, {"grad_sum", "grad_err"}))
       continue;
     // A state in a weight's shape; a master is none when the checkpoint
     // holds that weight in f32 (--param-dtype bf16: the weight is the master).
