@@ -13,20 +13,15 @@
 namespace moert::cpu {
 namespace {
 
-/// sum_i exp(x_i - peak) over n values: the f32 exponentials the
-/// gradient's softmax takes (grad::expShifted), added in f64. (The scalar
-/// f64 exp of every logit took 2% of a bench-moe training update; the
-/// loss's value feeds no gradient.)
-double sumExpShifted(const float *x, int64_t n, float peak) {
-  thread_local std::vector<float> values;
-  values.resize(static_cast<size_t>(n));
-  return grad::expShifted(x, n, peak, values.data());
-}
-
-/// log(sum_i exp(x_i)) over n values.
+/// log(sum_i exp(x_i)) over n values: the f32 exponentials the gradient's
+/// softmax takes (grad::expShifted), added in f64. (The scalar f64 exp of
+/// every logit took 2% of a bench-moe training update; the loss's value
+/// feeds no gradient.)
 double logSumExp(const float *x, int64_t n) {
   const float peak = *std::max_element(x, x + n);
-  return peak + std::log(sumExpShifted(x, n, peak));
+  thread_local std::vector<float> values;
+  values.resize(static_cast<size_t>(n));
+  return peak + std::log(grad::expShifted(x, n, peak, values.data()));
 }
 
 constexpr int32_t kIgnoreIndex = -100;
