@@ -7,19 +7,21 @@
 # figures (docs/training.md). Needs bench/peers/setup.sh's venv for PyTorch
 # (--no-peers: moert alone).
 #
-#   bench/train-step.sh [--seq-len 512] [--optimizer] [--no-peers]
+#   bench/train-step.sh [--seq-len 512] [--optimizer] [--rounds 3] [--no-peers]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$root/build
 seq=512
 peers=1
 optimizer=0
+rounds=3
 while [ $# -gt 0 ]; do
   case $1 in
     --seq-len) seq=$2; shift 2 ;;
     --optimizer) optimizer=1; shift ;;
+    --rounds) rounds=$2; shift 2 ;;
     --no-peers) peers=0; shift ;;
-    *) echo "usage: bench/train-step.sh [--seq-len N] [--optimizer] [--no-peers]" >&2; exit 2 ;;
+    *) echo "usage: bench/train-step.sh [--seq-len N] [--optimizer] [--rounds N] [--no-peers]" >&2; exit 2 ;;
   esac
 done
 config=$root/../shared/bench/bench-moe/config.json
@@ -55,31 +57,60 @@ with open(path, "wb") as f:
     f.write(struct.pack("<%di" % len(ids), *ids))
 PY
 
-# moert: 4 micro-batches (forward + backward each; with --optimizer 4
-# updates of one micro-batch each): a warm-up (the first touches every
-# buffer), then the median of 3, as torch_bench.py times PyTorch.
-if [ "$optimizer" = 1 ]; then
-  "$build/tools/moert/moert" train "$work/train.plan" --weights "$work/bf16" --data "$work/tokens.npy" \
-    --steps 4 --threads 2 --metrics-out "$work/metrics.jsonl" > /dev/null
-else
-  "$build/tools/moert/moert" train "$work/train.plan" --weights "$work/bf16" --data "$work/tokens.npy" \
-    --micro-batches 4 --threads 2 --metrics-out "$work/metrics.jsonl" > /dev/null
-fi
-ours=$(python3 - "$work/metrics.jsonl" "$seq" <<'PY'
+# One round: moert, 4 micro-batches (forward + backward each; with
+# --optimizer 4 updates of one micro-batch each): a warm-up (the first
+# touches every buffer), then the median of 3, as torch_bench.py times
+# PyTorch; then PyTorch. Rounds alternate the two, so that the VM's speed of
+# the minute reaches both; the ratio of each round and the medians are
+# printed at the end.
+moert_round() {
+  if [ "$optimizer" = 1 ]; then
+    "$build/tools/moert/moert" train "$work/train.plan" --weights "$work/bf16" --data "$work/tokens.npy" \
+      --steps 4 --threads 2 --metrics-out "$work/metrics.jsonl" > /dev/null
+  else
+    "$build/tools/moert/moert" train "$work/train.plan" --weights "$work/bf16" --data "$work/tokens.npy" \
+      --micro-batches 4 --threads 2 --metrics-out "$work/metrics.jsonl" > /dev/null
+  fi
+  python3 - "$work/metrics.jsonl" "$seq" <<'PY'
 import json, sys
-steps = sorted(json.loads(l)["seconds"] for l in open(sys.argv[1]).readlines()[1:])
-print("%.2f %.4f" % (int(sys.argv[2]) / steps[1], steps[1]))
+lines = [json.loads(l) for l in open(sys.argv[1])]
+steps = sorted(l["seconds"] for l in lines[1:])
+print(json.dumps({"tokens_per_s": int(sys.argv[2]) / steps[1], "seconds": steps[1],
+                  "first_loss": lines[0].get("loss")}))
 PY
-)
-echo "moert train: ${ours% *} tokens/s (median step ${ours#* } s), load $(cat /proc/loadavg | cut -d' ' -f1-3)"
-if [ "$peers" = 1 ]; then
-  torch=$("$cache/venv/bin/python" "$root/bench/peers/torch_bench.py" train "$config" \
-    "$work/bf16/model.safetensors" "$work/tokens.npy" "$seq" --threads 2 \
-    $([ "$optimizer" = 1 ] && echo --optimizer))
-  echo "pytorch eager: $torch"
-  python3 - "${ours% *}" "$torch" <<'PY'
-import json, sys
-ours, torch = float(sys.argv[1]), json.loads(sys.argv[2])["tokens_per_s"]
-print("moert / pytorch: %.2fx" % (ours / torch))
+}
+results=$work/rounds.jsonl
+: > "$results"
+for ((round = 1; round <= rounds; round++)); do
+  ours=$(moert_round)
+  echo "round $round: moert train: $ours, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  torch=null
+  if [ "$peers" = 1 ]; then
+    torch=$("$cache/venv/bin/python" "$root/bench/peers/torch_bench.py" train "$config" \
+      "$work/bf16/model.safetensors" "$work/tokens.npy" "$seq" --threads 2 \
+      $([ "$optimizer" = 1 ] && echo --optimizer))
+    echo "round $round: pytorch eager: $torch"
+  fi
+  echo "{\"moert\": $ours, \"pytorch\": $torch}" >> "$results"
+done
+python3 - "$results" "$optimizer" <<'PY'
+import json, statistics, sys
+rounds = [json.loads(l) for l in open(sys.argv[1])]
+ours = [r["moert"]["tokens_per_s"] for r in rounds]
+print("moert train: median %.1f tokens/s over %d rounds (%s)"
+      % (statistics.median(ours), len(ours), " ".join("%.1f" % x for x in ours)))
+if rounds[0]["pytorch"] is None:
+    sys.exit(0)
+# The same work first: moert's first step (mixed precision: bf16 products)
+# and PyTorch's warm-up iteration (bf16 model) take the same window before
+# any update; their losses agree to bf16's rounding.
+a, b = rounds[0]["moert"]["first_loss"], rounds[0]["pytorch"]["first_loss"]
+print("first loss: moert %.6f, pytorch %.6f (relative difference %.1e)" % (a, b, abs(a - b) / abs(b)))
+if abs(a - b) > 2e-2 * abs(b):
+    sys.exit("train-step: the first losses differ by more than 2%: not the same work")
+torch = [r["pytorch"]["tokens_per_s"] for r in rounds]
+ratios = [o / t for o, t in zip(ours, torch)]
+print("pytorch eager: median %.1f tokens/s (%s)" % (statistics.median(torch), " ".join("%.1f" % x for x in torch)))
+print("moert / pytorch: %.2fx, the median of the rounds' ratios (%s; lowest %.2fx)"
+      % (statistics.median(ratios), " ".join("%.2fx" % r for r in ratios), min(ratios)))
 PY
-fi

@@ -14,7 +14,8 @@
       backward; with --optimizer also torch.optim.AdamW's step on the
       model's parameters in their dtype, torch's defaults) on the first
       SEQ + 1 tokens of TOKENS.npy, the median of 3 after a warm-up,
-      tokens/s (bench/train-step.sh)
+      tokens/s, and the warm-up's loss (before any update; bench/train-step.sh
+      checks it against moert's first step on the same window)
 """
 import json
 import sys
@@ -53,19 +54,22 @@ def main():
         coef = model.config.router_aux_loss_coef
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4) \
             if "--optimizer" in sys.argv else None
-        times = []
+        times, first_loss = [], None
         for _ in range(4):  # a warm-up, then 3
             model.zero_grad(set_to_none=True)
             t0 = time.perf_counter()
             out = model(input_ids=ids, output_router_logits=True)
             loss = torch.nn.functional.cross_entropy(
                 out.logits.float().reshape(-1, vocab), labels.reshape(-1)) + coef * out.aux_loss
+            if first_loss is None:  # before any update: the workloads' check
+                first_loss = loss.item()
             loss.backward()
             if optimizer:
                 optimizer.step()
             times.append(time.perf_counter() - t0)
         median = sorted(times[1:])[1]
         print(json.dumps({"torch": torch.__version__, "threads": threads, "loss": loss.item(),
+                          "first_loss": first_loss,
                           "optimizer": "AdamW" if optimizer else None,
                           "seconds": median, "tokens_per_s": seq / median}))
         return
