@@ -16,6 +16,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -487,6 +489,73 @@ TEST(GradientsTest, Transposes) {
     }
   }
   setNumThreads(threads);
+}
+
+// matmulTN with bf16 products packs its left operand a^T straight from a's
+// rows (linearLeftTransposed) where the GEMM can: the bits of the transposed
+// copy through linear(), with 1 and 2 threads, odd depths and strided rows;
+// and b's vectorized rounding is floatToBf16's, special values included.
+TEST(GradientsTest, WeightGradientProductOfTheUntransposedLeftOperand) {
+  auto bitsOf = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+  };
+  auto floatOf = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  };
+  std::mt19937 rng(41);
+  std::uniform_real_distribution<float> uniform(-2, 2);
+  const int threads = numThreads();
+  for (auto [t, m, n] : {std::array<int64_t, 3>{37, 45, 40}, {128, 300, 96}, {1, 20, 33},
+                         {2, 17, 32}, {64, 16, 64}, {129, 2816, 64}}) {
+    const int64_t lda = m + 3, ldb = n + 1, ldc = n + 2;
+    std::vector<float> a(static_cast<size_t>(t * lda)), b(static_cast<size_t>(t * ldb));
+    for (float &x : a)
+      x = uniform(rng);
+    for (float &x : b)
+      x = uniform(rng);
+    // The reference: a^T copied, b rounded by floatToBf16, linear().
+    std::vector<float> aT(static_cast<size_t>(m * t));
+    for (int64_t r = 0; r < t; ++r)
+      for (int64_t c = 0; c < m; ++c)
+        aT[c * t + r] = a[r * lda + c];
+    std::vector<uint16_t> rounded(static_cast<size_t>(t * n));
+    for (int64_t r = 0; r < t; ++r)
+      for (int64_t c = 0; c < n; ++c)
+        rounded[r * n + c] = floatToBf16(b[r * ldb + c]);
+    cpu::Matrix right = cpu::grad::f32Matrix(nullptr, t, n);
+    right.dtype = DType::BF16;
+    right.data = rounded.data();
+    for (int count : {1, 2}) {
+      setNumThreads(count);
+      std::vector<float> want(static_cast<size_t>(m * ldc), -3.0f), got = want;
+      cpu::linear(aT.data(), m, right.transpose(), nullptr, want.data(), 0, ldc);
+      cpu::grad::matmulTN(a.data(), lda, b.data(), ldb, t, m, n, got.data(), ldc, true);
+      for (size_t i = 0; i < want.size(); ++i)
+        ASSERT_EQ(bitsOf(got[i]), bitsOf(want[i]))
+            << t << " x " << m << " x " << n << ", " << count << " threads: element " << i
+            << " at " << cpu::isaName(cpu::activeIsa());
+    }
+  }
+  setNumThreads(threads);
+  // Rounding: ties both ways, NaNs (signalling and quiet), infinities,
+  // denormals (not flushed), the largest finite values; 37 lanes (a tail).
+  std::vector<uint32_t> bits = {0x3f808000u, 0x3f818000u, 0x7f800001u, 0xffc00000u, 0x7f800000u,
+                                0xff800000u, 0x00000001u, 0x807fffffu, 0x00008000u, 0x7f7fffffu,
+                                0xff7fffffu, 0x00000000u, 0x80000000u};
+  while (bits.size() < 37)
+    bits.push_back(bitsOf(uniform(rng) * 1e-38f));
+  std::vector<float> values(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i)
+    values[i] = floatOf(bits[i]);
+  std::vector<uint16_t> out(bits.size() + 1, 0xabcd);
+  cpu::grad::roundRowToBf16(values.data(), static_cast<int64_t>(values.size()), out.data());
+  for (size_t i = 0; i < bits.size(); ++i)
+    EXPECT_EQ(out[i], floatToBf16(values[i])) << std::hex << bits[i];
+  EXPECT_EQ(out.back(), 0xabcd) << "wrote past the row";
 }
 
 TEST(GradientsTest, Mlp) {

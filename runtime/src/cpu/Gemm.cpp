@@ -292,6 +292,10 @@ struct F32Path {
   static void packTokens(const float *x, int64_t ldx, int mr, int64_t kc, Word *out) {
     gemm::packTokens(x, ldx, mr, kc, out);
   }
+  /// Where x's block of tokens from t and K from k starts.
+  static const float *xBlock(const float *x, int64_t ldx, int64_t t, int64_t k) {
+    return x + t * ldx + k;
+  }
   static MicroKernel kernel(int mr) { return kMicroKernels[mr - 1]; }
 };
 
@@ -340,7 +344,7 @@ MOERT_AVX512 void gemm(const float *x, int64_t ldx, int64_t tokens, const Matrix
         int mr = static_cast<int>(t1 - t0);
         Word *panel = reuseX ? panelX + (pc / kStep * tokenBlocks + blk) * panelWords : panelX;
         if (!reuseX || jc == n0)
-          Path::packTokens(x + t0 * ldx + pc, ldx, mr, kc, panel);
+          Path::packTokens(Path::xBlock(x, ldx, t0, pc), ldx, mr, kc, panel);
         auto kernel = Path::kernel(mr);
         for (int64_t jp = 0; jp < nc; jp += kNR) {
           next.issue(perCall);
@@ -472,6 +476,27 @@ MOERT_AVX512_BF16 void packTokensBf16(const float *x, int64_t ldx, int mr, int64
   }
 }
 
+/// packTokensBf16's words for the x whose element (t, k) is xT[k * ldx + t]
+/// (stored transposed: a weight gradient's a of a^T b): each pair of k is
+/// two rows of xT, converted together (the same vcvtne2ps2bf16 as
+/// packTokensBf16: the same bits) and interleaved into 16 words, with no
+/// transpose (the backward's transposes took 2% of a bench-moe update).
+MOERT_AVX512_BF16 void packTokensBf16Transposed(const float *xT, int64_t ldx, int mr, int64_t kc,
+                                                uint32_t *out) {
+  alignas(64) static constexpr uint16_t pairs[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                     21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                     11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i index = _mm512_load_si512(pairs);
+  const __mmask16 rows = firstLanes(mr);
+  for (int64_t p = 0; p < (kc + 1) / 2; ++p) {
+    const float *even = xT + 2 * p * ldx;
+    const __m512 lo = _mm512_maskz_loadu_ps(rows, even);
+    const __m512 hi = 2 * p + 1 < kc ? _mm512_maskz_loadu_ps(rows, even + ldx) : _mm512_setzero_ps();
+    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    _mm512_store_si512(out + p * 16, _mm512_permutexvar_epi16(index, both));
+  }
+}
+
 /// microKernel's contract over `pairs` pairs of k: one broadcast word of x
 /// and kNV weight vectors feed kNV vdpbf16ps per token.
 template <int MR>
@@ -521,7 +546,21 @@ struct Bf16Path {
   static void packTokens(const float *x, int64_t ldx, int mr, int64_t kc, Word *out) {
     packTokensBf16(x, ldx, mr, kc, out);
   }
+  static const float *xBlock(const float *x, int64_t ldx, int64_t t, int64_t k) {
+    return x + t * ldx + k;
+  }
   static MicroKernelBf16 kernel(int mr) { return kMicroKernelsBf16[mr - 1]; }
+};
+
+/// Bf16Path with x given transposed (element (t, k) at x[k * ldx + t]):
+/// a weight gradient's left operand a^T of a^T b, packed from a's rows.
+struct Bf16PathLeftTransposed : Bf16Path {
+  static void packTokens(const float *x, int64_t ldx, int mr, int64_t kc, Word *out) {
+    packTokensBf16Transposed(x, ldx, mr, kc, out);
+  }
+  static const float *xBlock(const float *x, int64_t ldx, int64_t t, int64_t k) {
+    return x + k * ldx + t;
+  }
 };
 
 /// Bf16Path for a block-scaled weight (packWeightsScaledBf16).
@@ -571,6 +610,27 @@ void columns(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const
     return columnsAvx2(x, ldx, tokens, w, bias, n0, n1, y, ldy);
 #endif
   columnsScalar(x, ldx, tokens, w, bias, n0, n1, y, ldy);
+}
+
+bool columnsLeftTransposed(const float *xT, int64_t ldx, int64_t tokens, const Matrix &w,
+                           int64_t n0, int64_t n1, float *y, int64_t ldy) {
+#ifdef MOERT_X86
+  if (!leftTransposedApplies(w, tokens))
+    return false;
+  if (n1 > n0)
+    gemm<Bf16PathLeftTransposed, DType::BF16>(xT, ldx, tokens, w, nullptr, n0, n1, y, ldy);
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool leftTransposedApplies(const Matrix &w, int64_t tokens) {
+#ifdef MOERT_X86
+  return roundsToBf16(w.dtype) && w.cols > 0 && tokens > kGemvMaxTokensBf16;
+#else
+  return false;
+#endif
 }
 
 bool gemmScaledBf16(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,

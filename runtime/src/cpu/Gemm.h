@@ -184,6 +184,14 @@ void columnsScaled(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
 /// there; blocks that do not hold whole 32-column runs, a lower level).
 bool gemmScaledBf16(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
                     const float *bias, int64_t n0, int64_t n1, float *y, int64_t ldy);
+/// columns() for the x stored transposed (element (t, k) at xT[k * ldx + t]:
+/// the left operand a^T of a weight gradient a^T b) and no bias, packed
+/// from xT's rows as it stands: the bits of columns() on the transposed copy.
+/// Where leftTransposedApplies() (BF16 weights under bf16 products, more
+/// tokens than the GEMV's, a nonempty sum); false otherwise.
+bool leftTransposedApplies(const Matrix &w, int64_t tokens);
+bool columnsLeftTransposed(const float *xT, int64_t ldx, int64_t tokens, const Matrix &w,
+                           int64_t n0, int64_t n1, float *y, int64_t ldy);
 /// The int8 GEMV (GemmInt8.cpp) with the contract of columns(), where it
 /// applies (few tokens, AVX2 or better, x finite): false otherwise.
 bool gemvInt8(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,

@@ -46,6 +46,10 @@ enum Slot {
 };
 float *workspace(Slot slot, size_t count);
 
+/// out[i] = floatToBf16(in[i]) for n floats (vectorized where AVX-512 runs:
+/// the same bits).
+void roundRowToBf16(const float *in, int64_t n, uint16_t *out);
+
 /// out [cols, rows] (row stride ldOut) = in [rows, cols] (row stride
 /// ldIn)^T, on the calling thread, in cache-sized blocks.
 void transposeSerial(const float *in, int64_t rows, int64_t cols, int64_t ldIn, float *out,

@@ -46,33 +46,39 @@ void forColumns(int64_t n, int64_t macsPerColumn,
               grain);
 }
 
-/// y = x w^T + bias over threads: by output columns, or by tokens when the
-/// matrix is too narrow to give every thread a tile (e.g. a router).
-void linearF32Bias(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
-                   float *y, int64_t ldy) {
+/// Runs columns(t0, t1, n0, n1) over the tokens x output columns of a
+/// product with `tokens` rows and w's columns, split between threads: by
+/// output columns, or by tokens when the matrix is too narrow to give every
+/// thread a tile (a router), or for many more tokens than output columns (a
+/// weight gradient's left operand: matmulTN's [I, T] of an expert, [vocab,
+/// T] of the LM head), where each thread then packs only its rows of x, the
+/// big operand (bench-moe's shapes, 2 threads, in one process: [2816 x 128]
+/// x [128 x 1024] 371 -> 407 GFLOP/s, [32000 x 512] x [512 x 1024] 346 ->
+/// 419). Chunks of more than the GEMV's tokens keep every chunk on the
+/// packed GEMM, whose sums do not depend on the rows around them: the bits
+/// of one thread. (Chunks of 16 let a router's 64-140 rows take the GEMV on
+/// 2 threads and the GEMM on one.)
+template <typename Columns>
+void splitProduct(int64_t tokens, const Matrix &w, Columns &&columns) {
   if (tokens <= 0 || w.rows <= 0)
     return;
   int64_t threads = numThreads();
-  // By tokens: a matrix too narrow to give every thread a tile (a router),
-  // or many more tokens than output columns (a weight gradient's left
-  // operand: matmulTN's [I, T] of an expert, [vocab, T] of the LM head),
-  // where each thread then packs only its rows of x, the big operand
-  // (bench-moe's shapes, 2 threads, in one process: [2816 x 128] x [128 x
-  // 1024] 371 -> 407 GFLOP/s, [32000 x 512] x [512 x 1024] 346 -> 419).
-  // Chunks of more than the GEMV's tokens keep every chunk on the packed
-  // GEMM, whose sums do not depend on the rows around them: the bits of one
-  // thread. (Chunks of 16 let a router's 64-140 rows take the GEMV on 2
-  // threads and the GEMM on one.)
   constexpr int64_t kGemmGrain = gemm::kGemvMaxTokensAvx512 + 1;
   if ((w.rows < threads * gemm::kColumnBlock && tokens >= 32 * threads) ||
       (tokens > 2 * w.rows && tokens >= 2 * kGemmGrain * threads)) {
-    parallelFor(tokens, [&](int64_t t0, int64_t t1) {
-      gemm::columns(x + t0 * ldx, ldx, t1 - t0, w, bias, 0, w.rows, y + t0 * ldy, ldy);
-    }, kGemmGrain);
+    parallelFor(tokens, [&](int64_t t0, int64_t t1) { columns(t0, t1, int64_t(0), w.rows); },
+                kGemmGrain);
     return;
   }
-  forColumns(w.rows, tokens * w.cols, [&](int64_t n0, int64_t n1) {
-    gemm::columns(x, ldx, tokens, w, bias, n0, n1, y, ldy);
+  forColumns(w.rows, tokens * w.cols,
+             [&](int64_t n0, int64_t n1) { columns(int64_t(0), tokens, n0, n1); });
+}
+
+/// y = x w^T + bias over threads (splitProduct).
+void linearF32Bias(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const float *bias,
+                   float *y, int64_t ldy) {
+  splitProduct(tokens, w, [&](int64_t t0, int64_t t1, int64_t n0, int64_t n1) {
+    gemm::columns(x + t0 * ldx, ldx, t1 - t0, w, bias, n0, n1, y + t0 * ldy, ldy);
   });
 }
 
@@ -253,6 +259,16 @@ void linear(const float *x, int64_t tokens, const Matrix &w, const TensorView *b
     }
   }
   linearF32Bias(x, ldx, tokens, w, biasF32, y, ldy);
+}
+
+bool linearLeftTransposed(const float *xT, int64_t ldx, int64_t tokens, const Matrix &w, float *y,
+                          int64_t ldy) {
+  if (!gemm::leftTransposedApplies(w, tokens))
+    return false;
+  splitProduct(tokens, w, [&](int64_t t0, int64_t t1, int64_t n0, int64_t n1) {
+    gemm::columnsLeftTransposed(xT + t0, ldx, t1 - t0, w, n0, n1, y + t0 * ldy, ldy);
+  });
+  return true;
 }
 
 void embedding(const Matrix &table, const int32_t *tokens, int64_t count, float *out) {

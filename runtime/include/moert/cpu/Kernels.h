@@ -40,6 +40,14 @@ struct Matrix {
 void linear(const float *x, int64_t tokens, const Matrix &w, const TensorView *bias,
             float *y, int64_t ldx = 0, int64_t ldy = 0);
 
+/// linear() for x stored transposed (element (t, k) at xT[k * ldx + t]; no
+/// bias; y's row stride ldy): a weight gradient's a^T b without transposing
+/// a, where the GEMM packs x^T directly (BF16 weights under bf16Products(),
+/// more than 16 tokens): the bits of linear() on the transposed copy. False
+/// (nothing computed) where that does not apply.
+bool linearLeftTransposed(const float *xT, int64_t ldx, int64_t tokens, const Matrix &w, float *y,
+                          int64_t ldy);
+
 /// Row lookup: out[t] = table[tokens[t]] (ids already checked against rows).
 void embedding(const Matrix &table, const int32_t *tokens, int64_t count, float *out);
 
