@@ -8,11 +8,13 @@
       logits only), decode 128 tokens after a 16-token prompt (greedy, KV
       cache), tokens/s, the same workload bench/moe_bench.cpp times for moert
   torch_bench.py train CONFIG.json MODEL.safetensors TOKENS.npy SEQ [--threads N]
-                 [--optimizer]
+                 [--optimizer] [--f32-masters]
       prints JSON: one training step (forward, loss = cross-entropy of the
       next token + router_aux_loss_coef x transformers' balancing loss,
       backward; with --optimizer also torch.optim.AdamW's step on the
-      model's parameters in their dtype, torch's defaults) on the first
+      model's parameters in their dtype, torch's defaults; with --f32-masters
+      the parameters and moments in f32 and the forward under torch.autocast's
+      bf16, the mixed precision moert trains in) on the first
       SEQ + 1 tokens of TOKENS.npy, the median of 3 after a warm-up,
       tokens/s, and the warm-up's loss (before any update; bench/train-step.sh
       checks it against moert's first step on the same window)
@@ -49,6 +51,15 @@ def main():
         import numpy as np
         tokens = np.load(sys.argv[4]).astype(np.int64)
         seq = int(sys.argv[5])
+        # --f32-masters: the mixed precision moert trains in (f32 master
+        # weights and AdamW moments, bf16 products): f32 parameters, the
+        # forward under torch.autocast's bf16 (the backward follows it).
+        masters = "--f32-masters" in sys.argv
+        if masters:
+            model = model.float()
+        import contextlib
+        precision = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if masters \
+            else contextlib.nullcontext
         ids = torch.tensor(tokens[None, :seq])
         labels = torch.tensor(tokens[None, 1:seq + 1])
         coef = model.config.router_aux_loss_coef
@@ -58,9 +69,10 @@ def main():
         for _ in range(4):  # a warm-up, then 3
             model.zero_grad(set_to_none=True)
             t0 = time.perf_counter()
-            out = model(input_ids=ids, output_router_logits=True)
+            with precision():
+                out = model(input_ids=ids, output_router_logits=True)
             loss = torch.nn.functional.cross_entropy(
-                out.logits.float().reshape(-1, vocab), labels.reshape(-1)) + coef * out.aux_loss
+                out.logits.float().reshape(-1, vocab), labels.reshape(-1)) + coef * out.aux_loss.float()
             if first_loss is None:  # before any update: the workloads' check
                 first_loss = loss.item()
             loss.backward()
@@ -71,6 +83,7 @@ def main():
         print(json.dumps({"torch": torch.__version__, "threads": threads, "loss": loss.item(),
                           "first_loss": first_loss,
                           "optimizer": "AdamW" if optimizer else None,
+                          "precision": "f32 masters, autocast bf16" if masters else "bf16",
                           "seconds": median, "tokens_per_s": seq / median}))
         return
     with torch.inference_mode():

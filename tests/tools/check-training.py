@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """check-training.py METRICS.jsonl REFERENCE.json [--first-rtol 1e-5]
                      [--last-rtol 2e-4] [--norm-last-rtol 5e-3]
-                     [--terms loss,ce,aux,z]
+                     [--terms loss,ce,aux,z] [--torch-bf16 BF16.json]
 
 Compares the updates `moert train --steps N --metrics-out` logged with a
 reference run (tests/fixtures/training/generate_adamw.py: torch.optim.AdamW
@@ -14,8 +14,16 @@ compounds through the updates), the gradient norm likewise up to
 --norm-last-rtol (a norm of small gradients moves more than the loss: on
 the fixtures up to 1.4e-3 at update 19, against 4e-6 for the loss); a term
 that is 0 in the reference must be below 1e-12 here. --terms limits the
-loss terms compared (a BF16 run against the float32 reference: loss, ce). Prints one line per update and
-a summary; exit 1 on any failure. Python standard library only.
+loss terms compared (a BF16 run against the float32 reference: loss, ce).
+--torch-bf16 takes the fixture's train_bf16_reference.json
+(tests/fixtures/training/generate_bf16.py): where PyTorch's own BF16 runs
+end further than --last-rtol from the reference (their largest relative
+error of a loss term, the larger of its two recipes), --last-rtol becomes
+1.5 times that: BF16 arithmetic cannot meet it there (a discrete routing
+choice parts from the float32 run's, as it does in PyTorch's runs, and how
+far the trajectories go after is chance); elsewhere --last-rtol stands.
+Prints one line per update and a summary; exit 1 on any failure. Python
+standard library only.
 """
 import argparse
 import json
@@ -30,7 +38,18 @@ def main():
     parser.add_argument("--last-rtol", type=float, default=2e-4)
     parser.add_argument("--norm-last-rtol", type=float, default=5e-3)
     parser.add_argument("--terms", default="loss,ce,aux,z")
+    parser.add_argument("--torch-bf16")
     args = parser.parse_args()
+    if args.torch_bf16:
+        recipes = json.load(open(args.torch_bf16))["recipes"]
+        torch_error = max(r["largest_relative_error"] for r in recipes.values())
+        if torch_error > args.last_rtol:
+            print(f"PyTorch's own BF16 runs end {torch_error:.2e} from the reference, over "
+                  f"{args.last_rtol:.2e}: last tolerance {1.5 * torch_error:.2e}")
+            args.last_rtol = 1.5 * torch_error
+        else:
+            print(f"PyTorch's own BF16 runs end {torch_error:.2e} from the reference: "
+                  f"last tolerance {args.last_rtol:.2e}")
     ours = [json.loads(line) for line in open(args.metrics) if line.strip()]
     if args.reference.endswith(".jsonl"):  # another run's --metrics-out
         ref = [json.loads(line) for line in open(args.reference) if line.strip()]
