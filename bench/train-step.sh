@@ -60,9 +60,12 @@ PY
 # One round: moert, 4 micro-batches (forward + backward each; with
 # --optimizer 4 updates of one micro-batch each): a warm-up (the first
 # touches every buffer), then the median of 3, as torch_bench.py times
-# PyTorch; then PyTorch. Rounds alternate the two, so that the VM's speed of
+# PyTorch; then PyTorch. Rounds alternate them, so that the VM's speed of
 # the minute reaches both; the ratio of each round and the medians are
-# printed at the end.
+# printed at the end. With --optimizer PyTorch runs twice a round: its BF16
+# model with torch.optim.AdamW on the bf16 parameters (bf16 moments), and
+# the mixed precision moert trains in (f32 parameters and moments, the
+# forward under torch.autocast's bf16: --f32-masters).
 moert_round() {
   if [ "$optimizer" = 1 ]; then
     "$build/tools/moert/moert" train "$work/train.plan" --weights "$work/bf16" --data "$work/tokens.npy" \
@@ -85,13 +88,19 @@ for ((round = 1; round <= rounds; round++)); do
   ours=$(moert_round)
   echo "round $round: moert train: $ours, load $(cut -d' ' -f1-3 /proc/loadavg)"
   torch=null
+  masters=null
   if [ "$peers" = 1 ]; then
     torch=$("$cache/venv/bin/python" "$root/bench/peers/torch_bench.py" train "$config" \
       "$work/bf16/model.safetensors" "$work/tokens.npy" "$seq" --threads 2 \
       $([ "$optimizer" = 1 ] && echo --optimizer))
     echo "round $round: pytorch eager: $torch"
+    if [ "$optimizer" = 1 ]; then
+      masters=$("$cache/venv/bin/python" "$root/bench/peers/torch_bench.py" train "$config" \
+        "$work/bf16/model.safetensors" "$work/tokens.npy" "$seq" --threads 2 --optimizer --f32-masters)
+      echo "round $round: pytorch eager, f32 masters: $masters"
+    fi
   fi
-  echo "{\"moert\": $ours, \"pytorch\": $torch}" >> "$results"
+  echo "{\"moert\": $ours, \"pytorch\": $torch, \"pytorch_f32_masters\": $masters}" >> "$results"
 done
 python3 - "$results" "$optimizer" <<'PY'
 import json, statistics, sys
@@ -104,13 +113,19 @@ if rounds[0]["pytorch"] is None:
 # The same work first: moert's first step (mixed precision: bf16 products)
 # and PyTorch's warm-up iteration (bf16 model) take the same window before
 # any update; their losses agree to bf16's rounding.
-a, b = rounds[0]["moert"]["first_loss"], rounds[0]["pytorch"]["first_loss"]
-print("first loss: moert %.6f, pytorch %.6f (relative difference %.1e)" % (a, b, abs(a - b) / abs(b)))
-if abs(a - b) > 2e-2 * abs(b):
-    sys.exit("train-step: the first losses differ by more than 2%: not the same work")
-torch = [r["pytorch"]["tokens_per_s"] for r in rounds]
-ratios = [o / t for o, t in zip(ours, torch)]
-print("pytorch eager: median %.1f tokens/s (%s)" % (statistics.median(torch), " ".join("%.1f" % x for x in torch)))
-print("moert / pytorch: %.2fx, the median of the rounds' ratios (%s; lowest %.2fx)"
-      % (statistics.median(ratios), " ".join("%.2fx" % r for r in ratios), min(ratios)))
+peers = [("pytorch", "pytorch eager")]
+if rounds[0].get("pytorch_f32_masters"):
+    peers.append(("pytorch_f32_masters", "pytorch eager, f32 masters"))
+for key, name in peers:
+    a, b = rounds[0]["moert"]["first_loss"], rounds[0][key]["first_loss"]
+    print("first loss: moert %.6f, %s %.6f (relative difference %.1e)"
+          % (a, name, b, abs(a - b) / abs(b)))
+    if abs(a - b) > 2e-2 * abs(b):
+        sys.exit("train-step: the first losses differ by more than 2%: not the same work")
+for key, name in peers:
+    torch = [r[key]["tokens_per_s"] for r in rounds]
+    ratios = [o / t for o, t in zip(ours, torch)]
+    print("%s: median %.1f tokens/s (%s)" % (name, statistics.median(torch), " ".join("%.1f" % x for x in torch)))
+    print("moert / %s: %.2fx, the median of the rounds' ratios (%s; lowest %.2fx)"
+          % (name, statistics.median(ratios), " ".join("%.2fx" % r for r in ratios), min(ratios)))
 PY
