@@ -19,6 +19,7 @@
       tokens/s, and the warm-up's loss (before any update; bench/train-step.sh
       checks it against moert's first step on the same window)
 """
+import contextlib
 import json
 import sys
 import time
@@ -57,7 +58,6 @@ def main():
         masters = "--f32-masters" in sys.argv
         if masters:
             model = model.float()
-        import contextlib
         precision = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if masters \
             else contextlib.nullcontext
         ids = torch.tensor(tokens[None, :seq])

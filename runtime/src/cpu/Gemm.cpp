@@ -612,16 +612,14 @@ void columns(const float *x, int64_t ldx, int64_t tokens, const Matrix &w, const
   columnsScalar(x, ldx, tokens, w, bias, n0, n1, y, ldy);
 }
 
-bool columnsLeftTransposed(const float *xT, int64_t ldx, int64_t tokens, const Matrix &w,
+void columnsLeftTransposed(const float *xT, int64_t ldx, int64_t tokens, const Matrix &w,
                            int64_t n0, int64_t n1, float *y, int64_t ldy) {
-#ifdef MOERT_X86
   if (!leftTransposedApplies(w, tokens))
-    return false;
+    runtimeError("columnsLeftTransposed: {} tokens of {} weights take no packed bf16 GEMM", tokens,
+                 dtypeName(w.dtype));
+#ifdef MOERT_X86
   if (n1 > n0)
     gemm<Bf16PathLeftTransposed, DType::BF16>(xT, ldx, tokens, w, nullptr, n0, n1, y, ldy);
-  return true;
-#else
-  return false;
 #endif
 }
 

@@ -187,10 +187,10 @@ bool gemmScaledBf16(const float *x, int64_t ldx, int64_t tokens, const Matrix &w
 /// columns() for the x stored transposed (element (t, k) at xT[k * ldx + t]:
 /// the left operand a^T of a weight gradient a^T b) and no bias, packed
 /// from xT's rows as it stands: the bits of columns() on the transposed copy.
-/// Where leftTransposedApplies() (BF16 weights under bf16 products, more
-/// tokens than the GEMV's, a nonempty sum); false otherwise.
+/// Only where leftTransposedApplies() (BF16 weights under bf16 products, more
+/// tokens than the GEMV's, a nonempty sum).
 bool leftTransposedApplies(const Matrix &w, int64_t tokens);
-bool columnsLeftTransposed(const float *xT, int64_t ldx, int64_t tokens, const Matrix &w,
+void columnsLeftTransposed(const float *xT, int64_t ldx, int64_t tokens, const Matrix &w,
                            int64_t n0, int64_t n1, float *y, int64_t ldy);
 /// The int8 GEMV (GemmInt8.cpp) with the contract of columns(), where it
 /// applies (few tokens, AVX2 or better, x finite): false otherwise.

@@ -42,6 +42,7 @@ enum Slot {
   kAttnPanels,   // attentionGrad: Q^T, dO^T, dK^T, dV^T of one head
   kAttnKeyGrads, // attentionGrad: per head dK and dV, summed per group after
   kAttnValueGrads,
+  kLogSumExp,    // the cross-entropy's forward: one row's exponentials
   kSlotCount
 };
 float *workspace(Slot slot, size_t count);

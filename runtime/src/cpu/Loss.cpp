@@ -19,9 +19,8 @@ namespace {
 /// feeds no gradient.)
 double logSumExp(const float *x, int64_t n) {
   const float peak = *std::max_element(x, x + n);
-  thread_local std::vector<float> values;
-  values.resize(static_cast<size_t>(n));
-  return peak + std::log(grad::expShifted(x, n, peak, values.data()));
+  float *values = grad::workspace(grad::kLogSumExp, static_cast<size_t>(n));
+  return peak + std::log(grad::expShifted(x, n, peak, values));
 }
 
 constexpr int32_t kIgnoreIndex = -100;
