@@ -82,6 +82,10 @@ print(json.dumps({"tokens_per_s": int(sys.argv[2]) / steps[1], "seconds": steps[
                   "first_loss": lines[0].get("loss")}))
 PY
 }
+torch_round() {
+  "$cache/venv/bin/python" "$root/bench/peers/torch_bench.py" train "$config" \
+    "$work/bf16/model.safetensors" "$work/tokens.npy" "$seq" --threads 2 "$@"
+}
 results=$work/rounds.jsonl
 : > "$results"
 for ((round = 1; round <= rounds; round++)); do
@@ -90,19 +94,16 @@ for ((round = 1; round <= rounds; round++)); do
   torch=null
   masters=null
   if [ "$peers" = 1 ]; then
-    torch=$("$cache/venv/bin/python" "$root/bench/peers/torch_bench.py" train "$config" \
-      "$work/bf16/model.safetensors" "$work/tokens.npy" "$seq" --threads 2 \
-      $([ "$optimizer" = 1 ] && echo --optimizer))
+    torch=$(torch_round $([ "$optimizer" = 1 ] && echo --optimizer))
     echo "round $round: pytorch eager: $torch"
     if [ "$optimizer" = 1 ]; then
-      masters=$("$cache/venv/bin/python" "$root/bench/peers/torch_bench.py" train "$config" \
-        "$work/bf16/model.safetensors" "$work/tokens.npy" "$seq" --threads 2 --optimizer --f32-masters)
+      masters=$(torch_round --optimizer --f32-masters)
       echo "round $round: pytorch eager, f32 masters: $masters"
     fi
   fi
   echo "{\"moert\": $ours, \"pytorch\": $torch, \"pytorch_f32_masters\": $masters}" >> "$results"
 done
-python3 - "$results" "$optimizer" <<'PY'
+python3 - "$results" <<'PY'
 import json, statistics, sys
 rounds = [json.loads(l) for l in open(sys.argv[1])]
 ours = [r["moert"]["tokens_per_s"] for r in rounds]
