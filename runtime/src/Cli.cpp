@@ -1,5 +1,6 @@
 // moert run PLAN --weights DIR --prompt TEXT | --tokens 1,2,3 [...] [options],
 // and the other commands of the moert command line.
+#include "InProcessComm.h"
 #include "InputFile.h"
 #include "TextCli.h"
 #include "TrainCli.h"
@@ -83,6 +84,9 @@ rank 0 prints the results and writes --logits-out.
                         matmul; only where the CPU has it, else f32) or f32
                         (exact products, the same result on every CPU);
                         also MOERT_MATMUL_PRECISION
+  --in-process          run every rank of a plan of several in this process, one
+                        thread each, without mpirun: the same bits as under
+                        mpirun -np N (its collectives add in the same order)
   --collective-timeout S  end the job when a collective between ranks does not
                         complete within S seconds (default 300)
   --report-memory       print, per rank, the weights loaded and the peak memory
@@ -128,7 +132,7 @@ file with --tokenizer) is text, encoded with the model's tokenizer
 {"prompt", "response"} objects trains on the responses only. A plan
 compiled with --dp N trains under mpirun -np N: data-parallel replicas,
 each running its share of an update's micro-batches, rank 0 printing and
-writing (--collective-timeout as for run); with ZeRO (--zero 1 or 2) each
+writing (--collective-timeout and --in-process as for run); with ZeRO (--zero 1 or 2) each
 holds its shards of the optimizer's states (and of the gradient sums),
 which --save gathers into one layout-free checkpoint.
 docs/training.md.
@@ -150,8 +154,8 @@ The CPU kernels use the best instruction-set level the CPU has (moert --version
 says which); MOERT_ISA=generic|avx2|avx512|avx512bf16 forces a lower one.
 
 Exit codes: 0 ok, 1 internal failure, 2 bad input (plan, checkpoint, option, prompt).
-Under mpirun, an error on any rank ends the whole job (MPI_Abort with the same status)
-after the rank prints it as `moert: error: rank R: ...`.
+Under mpirun (or --in-process), an error on any rank ends the whole job (MPI_Abort with
+the same status) after the rank prints it as `moert: error: rank R: ...`.
 )";
 
 } // namespace
@@ -247,6 +251,61 @@ void writeMeasured(const std::string &path, const std::string &planPath, const P
 }
 
 /// `moert run`; every rank of the job runs it with the same arguments.
+/// The message and exit status of a command that threw: moertMain's, and
+/// each in-process rank's.
+std::pair<std::string, int> failureOf(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const InputError &e) {
+    return {e.what(), 2};
+  } catch (const std::bad_alloc &) {
+    // The plan's sizes are within moert's limits but this machine's memory
+    // is not: a property of the input on this machine, not a bug.
+    return {"out of memory: the plan's weights, KV caches and buffers do not fit this "
+            "machine (see moec --explain and moert --report-memory; a smaller "
+            "--max-seq-len, --max-sequences or --max-batch-tokens shrinks them)",
+            2};
+  } catch (const std::exception &e) {
+    return {std::string("internal error: ") + e.what(), 1};
+  }
+}
+
+} // namespace
+
+void checkInProcess(const Comm &comm, int threads) {
+  if (comm.size() > 1)
+    inputError("--in-process runs every rank of the plan in this one process: start it "
+               "without mpirun");
+  if (threads != 1)
+    inputError("--threads {}: --in-process runs each rank on one thread", threads);
+}
+
+int runCommandInProcess(int ranks, int argc, char **argv,
+                        int (*command)(int, char **, Comm &)) {
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i)
+    if (std::strcmp(argv[i], "--in-process") != 0)
+      args.emplace_back(argv[i]);
+  args.emplace_back("--threads");
+  args.emplace_back("1");
+  setNumThreads(1); // the ranks' loops run on their own threads
+  return runRanksInProcess(ranks, [&](Comm &comm) {
+    std::vector<std::string> own = args; // each rank parses its own copy
+    std::vector<char *> list;
+    for (std::string &a : own)
+      list.push_back(a.data());
+    try {
+      return command(static_cast<int>(list.size()), list.data(), comm);
+    } catch (const std::exception &) {
+      auto [text, status] = failureOf(std::current_exception());
+      comm.abort(text, status);
+    }
+    return 1; // (abort does not return)
+  });
+}
+
+namespace {
+
 int run(int argc, char **argv, Comm &comm) {
   std::string planPath, weightsPath, logitsOut, tokenizerPath;
   std::vector<std::vector<int32_t>> prompts;
@@ -255,7 +314,7 @@ int run(int argc, char **argv, Comm &comm) {
   GenerateOptions options;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   double collectiveTimeout = 300;
-  bool reportMemory = false;
+  bool reportMemory = false, inProcess = false, threadsGiven = false;
   std::string deviceName, reportJson;
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
@@ -275,9 +334,13 @@ int run(int argc, char **argv, Comm &comm) {
     else if (arg == "--top-k") options.sampling.topK = parseInt(arg, value());
     else if (arg == "--top-p") options.sampling.topP = parseDouble(arg, value());
     else if (arg == "--seed") options.sampling.seed = static_cast<uint64_t>(parseInt(arg, value()));
-    else if (arg == "--threads") threads = static_cast<int>(parseInt(arg, value()));
+    else if (arg == "--threads") {
+      threads = static_cast<int>(parseInt(arg, value()));
+      threadsGiven = true;
+    }
     else if (arg == "--collective-timeout") collectiveTimeout = parseDouble(arg, value());
     else if (arg == "--report-memory") reportMemory = true;
+    else if (arg == "--in-process") inProcess = true;
     else if (arg == "--report-json") reportJson = value();
     else if (arg == "--device") deviceName = value();
     else if (arg == "--matmul-precision") {
@@ -318,9 +381,14 @@ int run(int argc, char **argv, Comm &comm) {
   comm.setTimeout(collectiveTimeout);
 
   Plan plan = Plan::load(planPath);
-  if (plan.worldSize > 1 && !underMpirun())
-    inputError("{} has {} ranks: run it under mpirun -np {}", planPath, plan.worldSize,
-               plan.worldSize);
+  if (inProcess) {
+    checkInProcess(comm, threadsGiven ? threads : 1);
+    if (plan.worldSize > 1)
+      return runCommandInProcess(plan.worldSize, argc, argv, run);
+  }
+  if (plan.worldSize > 1 && comm.size() == 1)
+    inputError("{} has {} ranks: run it under mpirun -np {} (or in one process: --in-process)",
+               planPath, plan.worldSize, plan.worldSize);
   if (plan.worldSize != comm.size()) {
     // Every rank sees it: rank 0 says so, all end with status 2.
     if (comm.rank() == 0)
@@ -451,13 +519,6 @@ int moertMain(int argc, char **argv) {
   // `moert run` starts MPI first when under mpirun (createComm). An error on
   // any rank of a job of several ends the whole job with the message.
   std::unique_ptr<Comm> comm;
-  auto fail = [&](const std::string &message, bool internal) {
-    std::string text = internal ? "internal error: " + message : message;
-    if (comm && comm->size() > 1)
-      comm->abort(text, internal ? 1 : 2); // "moert: error: rank R: ...", the job's status
-    fmt::print(stderr, "moert: {}{}\n", internal ? "" : "error: ", text);
-    return internal ? 1 : 2;
-  };
   try {
     const cpu::Isa isa = cpu::activeIsa(); // MOERT_ISA checked before anything runs
     cpu::requestedMatmulPrecision();        // and MOERT_MATMUL_PRECISION
@@ -489,17 +550,12 @@ int moertMain(int argc, char **argv) {
                  argv[1]);
     comm = createComm(&argc, &argv);
     return run(argc, argv, *comm);
-  } catch (const InputError &e) {
-    return fail(e.what(), false);
-  } catch (const std::bad_alloc &) {
-    // The plan's sizes are within moert's limits but this machine's memory
-    // is not: a property of the input on this machine, not a bug.
-    return fail("out of memory: the plan's weights, KV caches and buffers do not fit this "
-                "machine (see moec --explain and moert --report-memory; a smaller "
-                "--max-seq-len, --max-sequences or --max-batch-tokens shrinks them)",
-                false);
-  } catch (const std::exception &e) {
-    return fail(e.what(), true);
+  } catch (const std::exception &) {
+    auto [text, status] = failureOf(std::current_exception());
+    if (comm && comm->size() > 1)
+      comm->abort(text, status); // "moert: error: rank R: ...", the job's status
+    fmt::print(stderr, "moert: {}{}\n", status == 1 ? "" : "error: ", text);
+    return status;
   }
 }
 

@@ -22,6 +22,8 @@
 #include "moert/Comm.h"
 #include "moert/Error.h"
 
+#include "FaultInjector.h"
+
 #include <mpi.h>
 
 #include <fmt/core.h>
@@ -44,58 +46,6 @@ bool underMpirun() {
 }
 
 namespace {
-
-/// MOERT_FAULT (see the top of this file).
-class FaultInjector {
-public:
-  /// Parses MOERT_FAULT; InputError when it is set but malformed.
-  FaultInjector() {
-    const char *env = std::getenv("MOERT_FAULT");
-    if (!env || !*env)
-      return;
-    std::string text(env);
-    auto bad = [&]() {
-      inputError("MOERT_FAULT: expected kill:RANK:CALL or stall:RANK:CALL (CALL >= 1) but got '{}'",
-                 text);
-    };
-    size_t a = text.find(':');
-    size_t b = a == std::string::npos ? a : text.find(':', a + 1);
-    if (b == std::string::npos)
-      bad();
-    std::string kind = text.substr(0, a);
-    if (kind == "kill")
-      action = Action::Kill;
-    else if (kind == "stall")
-      action = Action::Stall;
-    else
-      bad();
-    char *end;
-    std::string r = text.substr(a + 1, b - a - 1), n = text.substr(b + 1);
-    rank = std::strtol(r.c_str(), &end, 10);
-    if (r.empty() || *end || rank < 0)
-      bad();
-    call = std::strtol(n.c_str(), &end, 10);
-    if (n.empty() || *end || call < 1)
-      bad();
-  }
-
-  /// Counts one communication call of world rank `me`.
-  void tick(int me, const std::string &what) {
-    if (action == Action::None || me != rank || ++calls != call)
-      return;
-    fmt::print(stderr, "moert: fault injection: rank {} {} at communication call {} ({})\n", me,
-               action == Action::Kill ? "raises SIGKILL" : "stalls", call, what);
-    std::fflush(stderr);
-    if (action == Action::Kill)
-      std::raise(SIGKILL);
-    for (;;)
-      ::sleep(3600);
-  }
-
-private:
-  enum class Action { None, Kill, Stall } action = Action::None;
-  long rank = -1, call = 0, calls = 0;
-};
 
 /// An exchange within a group of one: each send is the next receive.
 void matchOwnPieces(const std::vector<Comm::Piece> &sends, const std::vector<Comm::Piece> &recvs,
@@ -242,13 +192,37 @@ public:
     MPI_Comm comm = commOf(group, what);
     if (group.size() == 1 || n <= 0)
       return;
-    std::vector<MPI_Request> requests;
-    for (int64_t at = 0; at < n; at += kChunkBytes / 4) {
-      int count = static_cast<int>(std::min(n - at, kChunkBytes / 4));
-      requests.emplace_back();
-      MPI_Iallreduce(MPI_IN_PLACE, data + at, count, MPI_FLOAT, MPI_SUM, comm, &requests.back());
+    if (group.size() == 2) { // v0 + v1 == v1 + v0: MPI's sum is the fixed-order one
+      std::vector<MPI_Request> requests;
+      for (int64_t at = 0; at < n; at += kChunkBytes / 4) {
+        int count = static_cast<int>(std::min(n - at, kChunkBytes / 4));
+        requests.emplace_back();
+        MPI_Iallreduce(MPI_IN_PLACE, data + at, count, MPI_FLOAT, MPI_SUM, comm,
+                       &requests.back());
+      }
+      wait(requests, what, group);
+      return;
     }
-    wait(requests, what, group);
+    // More members: MPI's reduction order is its algorithm's. Gather every
+    // member's values (a chunk at a time) and add them in member order,
+    // ((v0 + v1) + v2) + ..., on every member: the same bits on every rank,
+    // in every run, and in one process (InProcessComm.cpp).
+    const int64_t members = static_cast<int64_t>(group.size());
+    const int64_t chunk = std::min<int64_t>(n, std::max<int64_t>(1, (int64_t(1) << 24) / members));
+    std::vector<float> all(static_cast<size_t>(chunk * members));
+    for (int64_t at = 0; at < n; at += chunk) {
+      const int64_t m = std::min(chunk, n - at);
+      std::vector<MPI_Request> requests(1);
+      MPI_Iallgather(data + at, static_cast<int>(m), MPI_FLOAT, all.data(), static_cast<int>(m),
+                     MPI_FLOAT, comm, &requests[0]);
+      wait(requests, what, group);
+      for (int64_t i = 0; i < m; ++i) {
+        float sum = all[i];
+        for (int64_t q = 1; q < members; ++q)
+          sum += all[q * m + i];
+        data[at + i] = sum;
+      }
+    }
   }
 
   void allGather(const void *in, int64_t bytes, void *out, const std::vector<int> &group,

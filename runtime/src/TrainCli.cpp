@@ -406,7 +406,7 @@ int trainCommand(int argc, char **argv, Comm &comm) {
   std::string save, resume, tokenizerPath;
   int64_t saveEvery = 0, shuffleSeed = -1;
   int64_t steps = 0, batches = 1;
-  bool profile = false, reportMemory = false;
+  bool profile = false, reportMemory = false, inProcess = false, threadsGiven = false;
   double collectiveTimeout = 300;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (int i = 2; i < argc; ++i) {
@@ -417,7 +417,11 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     else if (arg == "--steps") steps = integerOption(arg, value(), 0);
     else if (arg == "--micro-batches") batches = integerOption(arg, value(), 1);
     else if (arg == "--metrics-out") metricsOut = value();
-    else if (arg == "--threads") threads = static_cast<int>(integerOption(arg, value(), 1));
+    else if (arg == "--threads") {
+      threads = static_cast<int>(integerOption(arg, value(), 1));
+      threadsGiven = true;
+    }
+    else if (arg == "--in-process") inProcess = true;
     else if (arg == "--grads-out") gradsOut = value();
     else if (arg == "--weights-out") weightsOut = value();
     else if (arg == "--save") save = value();
@@ -468,11 +472,17 @@ int trainCommand(int argc, char **argv, Comm &comm) {
   Plan plan = Plan::load(planPath);
   if (!plan.training)
     inputError("{}: not a training plan (compile one with moec compile --train)", planPath);
+  if (inProcess) {
+    checkInProcess(comm, threadsGiven ? threads : 1);
+    if (plan.worldSize > 1)
+      return runCommandInProcess(static_cast<int>(plan.worldSize), argc, argv, trainCommand);
+  }
   // Over several ranks: data-parallel replicas of one program, trained by
   // updates (--steps).
   if (plan.worldSize != comm.size())
-    inputError("{}: a plan for {} ranks, run on {} (start it with mpirun -np {})", planPath,
-               plan.worldSize, comm.size(), plan.worldSize);
+    inputError("{}: a plan for {} ranks, run on {} (start it with mpirun -np {}, or in one "
+               "process with --in-process)",
+               planPath, plan.worldSize, comm.size(), plan.worldSize);
   if (plan.worldSize > 1 &&
       (plan.degrees.dp * plan.degrees.tp * plan.degrees.pp != plan.worldSize || steps == 0))
     inputError("{}: not supported yet: training on {} ranks {}", planPath, plan.worldSize,

@@ -1,9 +1,13 @@
-// moert::Comm: the single-process communicator (run plainly) and the MPI one
+// moert::Comm: the single-process communicator (run plainly), the MPI one
 // (run under `mpirun -np 4`; the MPI tests skip in a world of one, the
-// single-process ones skip under mpirun). CommFault.* runs only with
-// MOERT_FAULT set (tests/runtime/check-comm-fault.py).
+// single-process ones skip under mpirun) and the in-process one (run
+// plainly: each CommRanks test again as CommInProcess, on 4 ranks that are
+// threads of this process, runtime/src/InProcessComm.h). CommFault.* runs
+// only with MOERT_FAULT set (tests/runtime/check-comm-fault.py).
 #include "moert/Comm.h"
 #include "moert/Error.h"
+
+#include "../../runtime/src/InProcessComm.h"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +20,9 @@ using namespace moert;
 
 namespace {
 
-Comm *comm = nullptr;
+/// This rank's communicator: the process's, or an in-process rank's (its
+/// thread's).
+thread_local Comm *comm = nullptr;
 
 std::vector<int> worldGroup() {
   std::vector<int> group(comm->size());
@@ -40,12 +46,32 @@ int memberOf(const std::vector<int> &group) {
   if (comm->size() < 2)                                                                            \
   GTEST_SKIP() << "needs mpirun -np >= 2"
 
+/// A test of a world of several ranks: CommMpi.NAME under mpirun (this
+/// process is one rank), and CommInProcess.NAME run plainly (4 ranks, each
+/// a thread running the body with its own communicator).
+#define COMM_RANKS_TEST(name)                                                                      \
+  void name##Body();                                                                               \
+  TEST(CommMpi, name) {                                                                            \
+    REQUIRE_MPI();                                                                                 \
+    name##Body();                                                                                  \
+  }                                                                                                \
+  TEST(CommInProcess, name) {                                                                      \
+    if (comm->size() != 1)                                                                         \
+      GTEST_SKIP() << "runs without mpirun";                                                       \
+    runRanksInProcess(4, [](Comm &rank) {                                                          \
+      comm = &rank;                                                                                \
+      rank.setTimeout(60);                                                                         \
+      name##Body();                                                                                \
+      return 0;                                                                                    \
+    });                                                                                            \
+  }                                                                                                \
+  void name##Body()
+
 #define REQUIRE_LOCAL()                                                                            \
   if (comm->size() != 1)                                                                           \
   GTEST_SKIP() << "the single-process communicator (run without mpirun)"
 
-TEST(CommMpi, AllReduceSumWorld) {
-  REQUIRE_MPI();
+COMM_RANKS_TEST(AllReduceSumWorld) {
   int n = comm->size();
   std::vector<float> data(100003);
   for (size_t i = 0; i < data.size(); ++i)
@@ -55,8 +81,7 @@ TEST(CommMpi, AllReduceSumWorld) {
     ASSERT_EQ(data[i], static_cast<float>(n * (n - 1) / 2 + n * (i % 7))) << i;
 }
 
-TEST(CommMpi, AllReduceSumSubsetGroups) {
-  REQUIRE_MPI();
+COMM_RANKS_TEST(AllReduceSumSubsetGroups) {
   std::vector<int> group = parityGroup();
   std::vector<float> data{1.0f, static_cast<float>(comm->rank())};
   comm->allReduceSum(data.data(), 2, group, "sum parity");
@@ -67,8 +92,7 @@ TEST(CommMpi, AllReduceSumSubsetGroups) {
   EXPECT_EQ(data[1], expected);
 }
 
-TEST(CommMpi, AllGatherInGroupOrder) {
-  REQUIRE_MPI();
+COMM_RANKS_TEST(AllGatherInGroupOrder) {
   // The world in descending order: member q is rank n-1-q.
   std::vector<int> group = worldGroup();
   std::reverse(group.begin(), group.end());
@@ -89,8 +113,7 @@ TEST(CommMpi, AllGatherInGroupOrder) {
     EXPECT_EQ(inPlace[m], group[m] + 1000);
 }
 
-TEST(CommMpi, ExchangeUnevenPiecesInOrder) {
-  REQUIRE_MPI();
+COMM_RANKS_TEST(ExchangeUnevenPiecesInOrder) {
   std::vector<int> group = worldGroup();
   int n = static_cast<int>(group.size()), me = comm->rank();
   // Member me sends member q two pieces: me + q + 1 values, then 2 values;
@@ -121,8 +144,7 @@ TEST(CommMpi, ExchangeUnevenPiecesInOrder) {
   }
 }
 
-TEST(CommMpi, ExchangeWithZeroPiecesLeftOutInSubset) {
-  REQUIRE_MPI();
+COMM_RANKS_TEST(ExchangeWithZeroPiecesLeftOutInSubset) {
   std::vector<int> group = parityGroup();
   int n = static_cast<int>(group.size()), me = memberOf(group);
   // Only member 0 sends anything: one double to each member.
@@ -139,8 +161,7 @@ TEST(CommMpi, ExchangeWithZeroPiecesLeftOutInSubset) {
   EXPECT_EQ(got, 0.5 + me);
 }
 
-TEST(CommMpi, SendRecvInOrder) {
-  REQUIRE_MPI();
+COMM_RANKS_TEST(SendRecvInOrder) {
   // Rank 0 sends messages of several sizes to rank 1; they arrive in order.
   std::vector<size_t> sizes{1, 1000, 0, 300000, 17};
   if (comm->rank() == 0) {
@@ -160,8 +181,7 @@ TEST(CommMpi, SendRecvInOrder) {
   }
 }
 
-TEST(CommMpi, SendRecvPipelineChain) {
-  REQUIRE_MPI();
+COMM_RANKS_TEST(SendRecvPipelineChain) {
   // Stage r receives from r - 1, adds its rank and passes it on.
   int me = comm->rank(), n = comm->size();
   std::vector<float> value(1000, 0.0f);
@@ -177,8 +197,7 @@ TEST(CommMpi, SendRecvPipelineChain) {
   }
 }
 
-TEST(CommMpi, BroadcastFromRoot) {
-  REQUIRE_MPI();
+COMM_RANKS_TEST(BroadcastFromRoot) {
   std::vector<int> group = worldGroup();
   int root = comm->size() - 1;
   std::vector<float> data(5000, -1.0f);
@@ -197,16 +216,14 @@ TEST(CommMpi, BroadcastFromRoot) {
   EXPECT_EQ(value, 4242 + sub[subRoot]);
 }
 
-TEST(CommMpi, AllReduceMaxOverWorld) {
-  REQUIRE_MPI();
+COMM_RANKS_TEST(AllReduceMaxOverWorld) {
   int n = comm->size();
   EXPECT_EQ(comm->allReduceMax(comm->rank() * 3 - 100, "max"), (n - 1) * 3 - 100);
   EXPECT_EQ(comm->allReduceMax(comm->rank() == 2 % n ? 1 : 0, "any"), 1);
   EXPECT_EQ(comm->allReduceMax(-5, "all negative"), -5);
 }
 
-TEST(CommMpi, GroupOfOneIsACopy) {
-  REQUIRE_MPI();
+COMM_RANKS_TEST(GroupOfOneIsACopy) {
   std::vector<int> self{comm->rank()};
   float data[2] = {1.5f, 2.5f};
   comm->allReduceSum(data, 2, self, "self sum");
@@ -218,8 +235,7 @@ TEST(CommMpi, GroupOfOneIsACopy) {
   EXPECT_EQ(data[0], 1.5f);
 }
 
-TEST(CommMpi, InterleavedGroupsReuseCommunicators) {
-  REQUIRE_MPI();
+COMM_RANKS_TEST(InterleavedGroupsReuseCommunicators) {
   // The same groups again, mixed with others: cached communicators.
   for (int round = 0; round < 3; ++round) {
     float a = 1.0f;
@@ -231,8 +247,7 @@ TEST(CommMpi, InterleavedGroupsReuseCommunicators) {
   }
 }
 
-TEST(CommMpi, BadArgumentsThrow) {
-  REQUIRE_MPI();
+COMM_RANKS_TEST(BadArgumentsThrow) {
   float x = 0;
   EXPECT_THROW(comm->send(&x, 4, comm->rank(), "send to self"), RuntimeError);
   EXPECT_THROW(comm->recv(&x, 4, comm->size(), "recv out of range"), RuntimeError);
@@ -242,6 +257,91 @@ TEST(CommMpi, BadArgumentsThrow) {
     if (r != comm->rank())
       others.push_back(r);
   EXPECT_THROW(comm->allReduceSum(&x, 1, others, "not a member"), RuntimeError);
+}
+
+COMM_RANKS_TEST(AllReduceSumAddsInMemberOrder) {
+  // Values whose float sum depends on the order: member order,
+  // ((v0 + v1) + v2) + v3, on every member (MPI's own algorithm would add
+  // (v0 + v1) + (v2 + v3) over 4 ranks: 0 here). Also over the world in
+  // descending order, where member order is not rank order.
+  const float values[4] = {1.0f, 1e8f, -1e8f, 1.0f};
+  for (bool reversed : {false, true}) {
+    std::vector<int> group = worldGroup();
+    if (reversed)
+      std::reverse(group.begin(), group.end());
+    std::vector<float> data(3);
+    for (int i = 0; i < 3; ++i)
+      data[i] = values[(comm->rank() + i) % 4] * static_cast<float>(i + 1);
+    comm->allReduceSum(data.data(), 3, group, reversed ? "sum descending" : "sum ascending");
+    for (int i = 0; i < 3; ++i) {
+      float expected = 0;
+      for (size_t q = 0; q < group.size(); ++q) {
+        const float v = values[(group[q] + i) % 4] * static_cast<float>(i + 1);
+        expected = q == 0 ? v : expected + v;
+      }
+      EXPECT_EQ(data[i], expected) << "value " << i << (reversed ? " (descending)" : "");
+    }
+  }
+}
+
+COMM_RANKS_TEST(FusedSendRecvBothWays) {
+  // Ranks 2k and 2k + 1 swap two pieces each at once (a pipeline's fused
+  // step): each sends before the other receives.
+  const int me = comm->rank(), peer = me ^ 1;
+  if (peer >= comm->size())
+    return;
+  std::vector<int32_t> a(100, me), b(7, me * 10), gotA(100, -1), gotB(7, -1);
+  comm->sendRecv({{0, a.data(), 400}, {0, b.data(), 28}}, {{0, gotA.data(), 400}, {0, gotB.data(), 28}},
+                 peer, "fused swap");
+  EXPECT_EQ(gotA[99], peer);
+  EXPECT_EQ(gotB[0], peer * 10);
+}
+
+// In-process ranks that call different collectives, or never arrive, end
+// the process with a message naming the rank, the step and the group.
+TEST(CommInProcessDeath, MismatchedCollectivesEndTheProcess) {
+  REQUIRE_LOCAL();
+  EXPECT_EXIT(runRanksInProcess(2,
+                                [](Comm &rank) {
+                                  float x[2] = {1, 2};
+                                  if (rank.rank() == 0)
+                                    rank.allReduceSum(x, 2, {0, 1}, "step 7 (all_reduce over tp)");
+                                  else
+                                    rank.broadcast(x, 8, 0, {0, 1}, "step 7 (broadcast over tp)");
+                                  return 0;
+                                }),
+              ::testing::ExitedWithCode(1),
+              "rank [01]: step 7 \\((all_reduce|broadcast) over tp\\): this rank calls "
+              "(all_reduce of 2 values|broadcast of 8 bytes from member 0) but rank [01] calls");
+}
+
+TEST(CommInProcessDeath, AMissingRankTimesOut) {
+  REQUIRE_LOCAL();
+  EXPECT_EXIT(runRanksInProcess(3,
+                                [](Comm &rank) {
+                                  rank.setTimeout(0.5);
+                                  float x = 1;
+                                  if (rank.rank() != 2)
+                                    rank.allReduceSum(&x, 1, {0, 1, 2}, "step 3 (all_reduce over dp)");
+                                  return 0;
+                                }),
+              ::testing::ExitedWithCode(1),
+              "rank [01]: step 3 \\(all_reduce over dp\\) did not complete within 0.5 s \\(group: "
+              "ranks 0,1,2\\)");
+}
+
+TEST(CommInProcessDeath, AFailingRankEndsTheOthers) {
+  REQUIRE_LOCAL();
+  // Rank 1 returns status 2 while rank 0 waits for it in a collective.
+  EXPECT_EXIT(runRanksInProcess(2,
+                                [](Comm &rank) {
+                                  if (rank.rank() == 1)
+                                    return 2;
+                                  float x = 1;
+                                  rank.allReduceSum(&x, 1, {0, 1}, "step 1");
+                                  return 0;
+                                }),
+              ::testing::ExitedWithCode(2), "");
 }
 
 TEST(CommLocal, CollectivesAreCopies) {

@@ -1,7 +1,9 @@
 // Communication between ranks: what the executor and the devices ask for
 // collectives. `createComm` returns the single-process communicator (world
 // of one; every group is {0}) unless the process runs under mpirun, where it
-// returns the MPI one (Open MPI, host memory). The CUDA device's NCCL
+// returns the MPI one (Open MPI, host memory); `moert run|train
+// --in-process` runs a plan's ranks as threads of one process with a third
+// (runtime/src/InProcessComm.h). The CUDA device's NCCL
 // communicator (runtime/src/cuda/NcclComm.h) implements the same interface
 // for device memory, bootstrapped through the MPI one. The plan's collective
 // protocols over it: runtime/src/Collectives.h.
@@ -35,7 +37,10 @@ public:
   /// Seconds a collective may take before the job is ended (default 300).
   virtual void setTimeout(double seconds) = 0;
 
-  /// Elementwise sum of n floats over the group, in place.
+  /// Elementwise sum of n floats over the group, in place. The host
+  /// communicators (MPI, in-process) add in member order, ((v0 + v1) + v2)
+  /// + ..., the same bits on every member and in every run; NCCL adds in
+  /// its own order.
   virtual void allReduceSum(float *data, int64_t n, const std::vector<int> &group,
                             const std::string &what) = 0;
   /// out = the members' `bytes` bytes each, concatenated in group order.
