@@ -272,12 +272,15 @@ std::pair<std::string, int> failureOf(std::exception_ptr error) {
 
 } // namespace
 
-void checkInProcess(const Comm &comm, int threads) {
+void checkInProcess(const Comm &comm, int threads, DeviceKind device) {
   if (comm.size() > 1)
     inputError("--in-process runs every rank of the plan in this one process: start it "
                "without mpirun");
   if (threads != 1)
     inputError("--threads {}: --in-process runs each rank on one thread", threads);
+  if (device != DeviceKind::Cpu)
+    inputError("--in-process runs the ranks on the CPU device (--device cpu); a CUDA plan's "
+               "ranks run under mpirun");
 }
 
 int runCommandInProcess(int ranks, int argc, char **argv,
@@ -382,7 +385,8 @@ int run(int argc, char **argv, Comm &comm) {
 
   Plan plan = Plan::load(planPath);
   if (inProcess) {
-    checkInProcess(comm, threadsGiven ? threads : 1);
+    checkInProcess(comm, threadsGiven ? threads : 1,
+                   chooseDevice(plan, planPath, deviceName, "moec compile --target cuda"));
     if (plan.worldSize > 1)
       return runCommandInProcess(plan.worldSize, argc, argv, run);
   }

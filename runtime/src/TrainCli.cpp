@@ -473,7 +473,8 @@ int trainCommand(int argc, char **argv, Comm &comm) {
   if (!plan.training)
     inputError("{}: not a training plan (compile one with moec compile --train)", planPath);
   if (inProcess) {
-    checkInProcess(comm, threadsGiven ? threads : 1);
+    checkInProcess(comm, threadsGiven ? threads : 1,
+                   chooseDevice(plan, planPath, deviceName, "moec compile --train --target cuda"));
     if (plan.worldSize > 1)
       return runCommandInProcess(static_cast<int>(plan.worldSize), argc, argv, trainCommand);
   }

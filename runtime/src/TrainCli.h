@@ -2,14 +2,15 @@
 #pragma once
 
 #include "moert/Comm.h"
+#include "moert/RankExecutor.h"
 
 namespace moert {
 
 int trainCommand(int argc, char **argv, Comm &comm);
 
-/// --in-process (moert run and train; Cli.cpp): InputError under mpirun or
-/// with --threads other than 1.
-void checkInProcess(const Comm &comm, int threads);
+/// --in-process (moert run and train; Cli.cpp): InputError under mpirun,
+/// with --threads other than 1 or on the CUDA device.
+void checkInProcess(const Comm &comm, int threads, DeviceKind device);
 /// `command` (argv without --in-process, with --threads 1) for every rank
 /// of a plan of `ranks`, each on a thread of this process
 /// (runRanksInProcess); an error on a rank ends them all, printed as under
