@@ -124,33 +124,40 @@ void addInFixedOrder(const Context &c, const PlanStep &s, const std::vector<int>
 /// shard go to that shard's member: one exchange). With the shard's error
 /// buffer, a compensated sum (cpu::accumulate's TwoSum); without it, the
 /// shard and the members' rows added with compensation and rounded once.
+/// A gradient with its error (gradient_error, in[1]: a compensated sum of its own) sends
+/// both; each member's error is added to the shard's after its gradient.
 /// (Host staging: the train program's gradients in device memory.)
 void reduceScatterState(const Context &c, const PlanStep &s, const std::vector<int> &group,
                         const std::string &what) {
-  const PlanBuffer &shard = c.program->buffers[s.in[1]];
+  const bool withError = s.gradientError;
+  const size_t first = withError ? 2 : 1; // the shard's input
+  const PlanBuffer &shard = c.program->buffers[s.in[first]];
   const int64_t n = shard.rows * shard.width, total = shard.logicalRows * shard.width;
   const int64_t members = static_cast<int64_t>(group.size());
-  const bool paired = s.in.size() == 3;
+  const bool paired = s.in.size() == first + 2;
+  const int64_t parts = withError ? 2 : 1; // per member: its rows (and their errors)
   constexpr int64_t kChunk = int64_t(1) << 18; // values
   const int64_t chunk = std::min(n, kChunk);
-  std::vector<float> out(static_cast<size_t>(chunk * members)),
-      in(static_cast<size_t>(chunk * members)), sum(static_cast<size_t>(chunk)),
+  std::vector<float> out(static_cast<size_t>(parts * chunk * members)),
+      in(static_cast<size_t>(parts * chunk * members)), sum(static_cast<size_t>(chunk)),
       err(static_cast<size_t>(chunk));
-  char *g = bytesOf(c, s.in[0]), *sums = bytesOf(c, s.in[1]),
-       *errs = paired ? bytesOf(c, s.in[2]) : nullptr;
+  char *g = bytesOf(c, s.in[0]), *ge = withError ? bytesOf(c, s.in[1]) : nullptr,
+       *sums = bytesOf(c, s.in[first]), *errs = paired ? bytesOf(c, s.in[first + 1]) : nullptr;
   for (int64_t at = 0; at < n; at += chunk) {
     const int64_t m = std::min(chunk, n - at);
     std::vector<Comm::Piece> sends, recvs;
     for (int64_t q = 0; q < members; ++q) {
       // Member q's shard: elements [q n + at, q n + at + m) of the gradient
-      // (zeros past its end).
-      float *piece = out.data() + q * m;
+      // (zeros past its end), then as many of its error.
+      float *piece = out.data() + parts * q * m;
       const int64_t from = q * n + at, valid = std::clamp<int64_t>(total - from, 0, m);
-      std::fill(piece + valid, piece + m, 0.0f);
-      if (valid > 0)
-        c.memory->read(piece, g + from * 4, valid * 4);
-      sends.push_back({static_cast<int>(q), piece, m * 4});
-      recvs.push_back({static_cast<int>(q), in.data() + q * m, m * 4});
+      for (int64_t p = 0; p < parts; ++p) {
+        std::fill(piece + p * m + valid, piece + (p + 1) * m, 0.0f);
+        if (valid > 0)
+          c.memory->read(piece + p * m, (p == 0 ? g : ge) + from * 4, valid * 4);
+      }
+      sends.push_back({static_cast<int>(q), piece, parts * m * 4});
+      recvs.push_back({static_cast<int>(q), in.data() + parts * q * m, parts * m * 4});
     }
     c.comm->exchange(sends, recvs, group, what);
     c.memory->read(sum.data(), sums + at * 4, m * 4);
@@ -158,8 +165,13 @@ void reduceScatterState(const Context &c, const PlanStep &s, const std::vector<i
       c.memory->read(err.data(), errs + at * 4, m * 4);
     else
       std::fill(err.begin(), err.begin() + m, 0.0f);
-    for (int64_t q = 0; q < members; ++q)
-      cpu::accumulate(in.data() + q * m, sum.data(), err.data(), m);
+    for (int64_t q = 0; q < members; ++q) {
+      const float *rows = in.data() + parts * q * m;
+      cpu::accumulate(rows, sum.data(), err.data(), m);
+      if (withError)
+        for (int64_t i = 0; i < m; ++i)
+          err[i] += rows[m + i];
+    }
     if (!paired)
       cpu::addCompensation(sum.data(), err.data(), m);
     c.memory->copy2d(sums + at * 4, m * 4, sum.data(), m * 4, m * 4, 1);

@@ -8,6 +8,7 @@
 #include "GradientCheck.h"
 #include "moert/cpu/Gradients.h"
 #include "moert/cpu/Kernels.h"
+#include "moert/cpu/Optimizer.h"
 
 #include <gtest/gtest.h>
 
@@ -117,6 +118,73 @@ TEST(ExpertBlockGradTest, BlocksGiveOneRanksGradientsBitForBit) {
                      cpu::Activation::Silu, dbuf.data(), dg.data(), du.data(), dd.data());
   for (float v : dg)
     ASSERT_EQ(v, 0.0f);
+}
+
+// With errors, expert_ffn_grad's weight gradients are compensated sums:
+// each source's gradients (as the op computes one source alone) added in
+// source order by accumulate into the given sums and errors (`add`: a
+// train program's gradient sums, as one rank's micro-batches are added),
+// or into zeros; rounded once, the latter is the op's sum without errors.
+TEST(ExpertBlockGradTest, CompensatedSumsCarryEachSourcesError) {
+  const int64_t C = 3, sources = 2, block = E * C * H;
+  std::vector<float> dout = randomValues(sources * block, 50),
+                     blocks = randomValues(sources * block, 51);
+  const std::vector<int32_t> counts = {3, 0, 2, 1, 1, 3, 0, 2}; // [source, expert]
+  std::vector<float> g = randomValues(E * I * H, 52), u = randomValues(E * I * H, 53),
+                     d = randomValues(E * H * I, 54);
+  const auto gate = stack(g, I, H), up = stack(u, I, H), down = stack(d, H, I);
+  const int64_t n = E * I * H; // each of the three stacks' gradient
+  auto fill = [&](uint64_t seed) {
+    std::vector<std::vector<float>> v;
+    for (int i = 0; i < 3; ++i)
+      v.push_back(randomValues(n, seed + i));
+    return v;
+  };
+  // Each source alone.
+  std::vector<std::vector<float>> parts[2];
+  std::vector<float> dbuf(sources * block);
+  for (int64_t q = 0; q < sources; ++q) {
+    parts[q] = fill(60);
+    cpu::expertFfnGrad(dout.data() + q * block, blocks.data() + q * block, counts.data() + q * E,
+                       1, E, C, H, gate, up, down, cpu::Activation::Silu, dbuf.data() + q * block,
+                       parts[q][0].data(), parts[q][1].data(), parts[q][2].data());
+  }
+  for (bool add : {true, false}) {
+    // The reference: accumulate's compensated sums of the sources in order,
+    // from the sums given (add) or from zeros.
+    std::vector<std::vector<float>> sums = add ? fill(70) : std::vector<std::vector<float>>(
+                                                                3, std::vector<float>(n, 0.0f)),
+                                    errs = add ? fill(80) : sums;
+    if (add)
+      for (auto &e : errs)
+        for (float &v : e)
+          v *= 1e-8f;
+    std::vector<std::vector<float>> gotSums = add ? sums : fill(90), gotErrs = add ? errs : fill(93);
+    for (int64_t q = 0; q < sources; ++q)
+      for (int i = 0; i < 3; ++i)
+        cpu::accumulate(parts[q][i].data(), sums[i].data(), errs[i].data(), n);
+    std::vector<float> gotBuf(sources * block);
+    cpu::expertFfnGrad(dout.data(), blocks.data(), counts.data(), sources, E, C, H, gate, up, down,
+                       cpu::Activation::Silu, gotBuf.data(), gotSums[0].data(), gotSums[1].data(),
+                       gotSums[2].data(), gotErrs[0].data(), gotErrs[1].data(), gotErrs[2].data(),
+                       add);
+    EXPECT_TRUE(same(dbuf, gotBuf.data(), dbuf.size())) << "dbuf, add " << add;
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_TRUE(same(sums[i], gotSums[i].data(), n)) << "sum " << i << ", add " << add;
+      EXPECT_TRUE(same(errs[i], gotErrs[i].data(), n)) << "error " << i << ", add " << add;
+    }
+    if (add)
+      continue;
+    // Rounded once: the op's own compensated sum, without errors.
+    std::vector<float> dg(n), du(n), dd(n);
+    cpu::expertFfnGrad(dout.data(), blocks.data(), counts.data(), sources, E, C, H, gate, up, down,
+                       cpu::Activation::Silu, gotBuf.data(), dg.data(), du.data(), dd.data());
+    const float *rounded[3] = {dg.data(), du.data(), dd.data()};
+    for (int i = 0; i < 3; ++i) {
+      cpu::addCompensation(gotSums[i].data(), gotErrs[i].data(), n);
+      EXPECT_TRUE(same(gotSums[i], rounded[i], n)) << "rounded sum " << i;
+    }
+  }
 }
 
 TEST(ExpertBlockGradTest, VocabularyParallelCrossEntropyIsTheWholeOnes) {

@@ -189,12 +189,39 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     // with its rounding error (a compensated sum: the optimizer adds it
     // back once), so that the update is the same whatever the layout.
     const bool compensated = microBatches / dataParallel(train) > 1;
-    SmallVector<Value> sums, errs;
+    // An expert stack's gradient that expert_ffn_grad computes: the sources'
+    // (under EP each replica of the ep group is one) added in order into the
+    // compensated sum by the op itself, the errors kept, wherever the
+    // replica adds several gradients or the edp group adds the ranks' sums
+    // (EP x TP): rounded once, by grad_total, as one rank's or TP's sums
+    // of the same gradients are, and not once per micro-batch and again
+    // over edp. (ZeRO-2 reduce-scatters each micro-batch's gradient: there
+    // expert_ffn_grad gives it with its error, and the reduce_scatter adds
+    // both.)
+    const SmallVector<Value> gradients(ret.getGradients());
+    auto expertGradOf = [&](Value gradient) -> exec::LaunchOp {
+      for (Operation *user : gradient.getUsers())
+        if (auto launch = dyn_cast<exec::LaunchOp>(user))
+          if (launch.getKernel() == "expert_ffn_grad" && launch.getOuts().size() == 4 &&
+              llvm::is_contained(launch.getOuts().drop_front(), gradient))
+            return launch;
+      return {};
+    };
+    SmallVector<bool> comp(params.size()), intoSums(params.size()), withError(params.size());
+    for (auto [i, w] : llvm::enumerate(params)) {
+      const bool expertGrad =
+          expertGradOf(gradients[i]) &&
+          (compensated || (ep > 1 && edp > 1 && distributedExperts(w)) || gradsSharded(w));
+      intoSums[i] = expertGrad && !gradsSharded(w);
+      withError[i] = expertGrad && gradsSharded(w);
+      comp[i] = compensated || intoSums[i];
+    }
+    SmallVector<Value> sums, errs(params.size());
     for (exec::WeightOp w : params)
       sums.push_back(gradState(b, train.getLoc(), "grad_sum", w));
-    if (compensated)
-      for (exec::WeightOp w : params)
-        errs.push_back(gradState(b, train.getLoc(), "grad_err", w));
+    for (auto [i, w] : llvm::enumerate(params))
+      if (comp[i])
+        errs[i] = gradState(b, train.getLoc(), "grad_err", w);
     // DeepSeek's bias update: each routing with a correction bias counts its
     // selections into a state buffer right after it routes.
     // (Once per bias: a routing recomputed in the backward pass,
@@ -247,46 +274,103 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     // program reads (a state's all_reduce adds in its own fixed order,
     // Collectives.cpp; the parts of a gradient computed in parts are added
     // by the optimizer program, so none does today).
-    auto writtenInPlace = [&](Value gradient, Value sum) {
+    auto writtenInPlace = [&](size_t i) {
+      Value gradient = gradients[i], sum = sums[i];
       auto buffer = gradient.getDefiningOp<exec::BufferOp>();
       auto into = sum.getDefiningOp<exec::BufferOp>();
-      return !compensated && buffer && into && !buffer.getState() && !into.getLogicalRows() &&
+      return !comp[i] && buffer && into && !buffer.getState() && !into.getLogicalRows() &&
              buffer.getElementType() == into.getElementType() &&
              buffer.getRows() == into.getRows() && buffer.getWidth() == into.getWidth() &&
              llvm::none_of(gradient.getUsers(),
                            [](Operation *user) { return isa<exec::CollectiveOp>(user); });
     };
-    const SmallVector<Value> gradients(ret.getGradients());
+    // expert_ffn_grad adding into the sums (gate, up, down) and their
+    // errors, in place; or (ZeRO-2) writing the gradients with errors.
+    SmallVector<Value> gradErrs(params.size());
+    for (size_t i = 0; i < gradients.size(); ++i) {
+      exec::LaunchOp grad =
+          intoSums[i] || withError[i] ? expertGradOf(gradients[i]) : exec::LaunchOp();
+      if (!grad)
+        continue;
+      SmallVector<Value> ins(grad.getIns()), outs{grad.getOuts()[0]}, errors;
+      for (Value g : grad.getOuts().drop_front()) {
+        auto at = llvm::find(gradients, g);
+        const size_t j = at - gradients.begin();
+        if (at == gradients.end() || intoSums[j] != intoSums[i] || withError[j] != withError[i])
+          return grad.emitError("moe-append-optimizer: expert_ffn_grad's weight gradients are "
+                                "not all gradient sums of the update alike");
+        if (intoSums[j]) {
+          outs.push_back(sums[j]);
+          errors.push_back(errs[j]);
+          continue;
+        }
+        auto buffer = g.getDefiningOp<exec::BufferOp>();
+        OpBuilder::InsertionGuard guard(b); // (among the declarations)
+        b.setInsertionPointAfter(buffer);
+        gradErrs[j] = b.create<exec::BufferOp>(buffer.getLoc(), bufferType, f32,
+                                               buffer.getRows(), buffer.getWidth(), StringAttr(),
+                                               IntegerAttr(), StringAttr());
+        outs.push_back(g);
+        errors.push_back(gradErrs[j]);
+      }
+      outs.append(errors);
+      if (intoSums[i]) // (added into: read too)
+        ins.append(outs.begin() + 1, outs.end());
+      SmallVector<NamedAttribute> constants(grad.getConstants().getValue());
+      if (intoSums[i])
+        constants.push_back(b.getNamedAttr("add", b.getBoolAttr(true)));
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPoint(grad);
+      b.create<exec::LaunchOp>(grad.getLoc(), grad.getKernel(), ins, grad.getWeights(), outs,
+                               b.getDictionaryAttr(constants), grad.getRowsAttr(),
+                               grad.getUpdatesWeights());
+      grad.erase();
+    }
     // The sums the backward pass writes whole every update: adamw need not
     // clear them (keep_sum).
     SmallVector<bool> direct(gradients.size(), false);
     for (size_t i = 0; i < gradients.size(); ++i) {
       Value gradient = gradients[i];
-      if (writtenInPlace(gradient, sums[i])) {
+      if (intoSums[i]) {
+        // (Added into its sum by expert_ffn_grad. The buffer may hold other
+        // values before it, moe-assign-buffers' sharing: only the return
+        // names the sum.)
+        gradient.replaceUsesWithIf(sums[i], [&](OpOperand &use) { return use.getOwner() == ret; });
+        if (gradient.use_empty())
+          gradient.getDefiningOp()->erase();
+        continue;
+      }
+      if (writtenInPlace(i)) {
         Operation *buffer = gradient.getDefiningOp();
         gradient.replaceAllUsesWith(sums[i]);
         buffer->erase();
         direct[i] = true;
         continue;
       }
-      SmallVector<Value> ins{gradient, sums[i]}, outs{sums[i]};
-      if (compensated) {
+      SmallVector<Value> ins{gradient}, outs{sums[i]};
+      if (gradErrs[i])
+        ins.push_back(gradErrs[i]);
+      ins.push_back(sums[i]);
+      if (comp[i]) {
         ins.push_back(errs[i]);
         outs.push_back(errs[i]);
       }
       // ZeRO-2: every replica's gradient rows of the shard, added into it
       // in replica order (reduce_scatter over dp, or edp).
-      if (gradsSharded(params[i]))
+      if (gradsSharded(params[i])) {
+        SmallVector<NamedAttribute> attrs{
+            b.getNamedAttr("shard_rows", b.getI64IntegerAttr(shardRows(params[i])))};
+        if (gradErrs[i])
+          attrs.push_back(b.getNamedAttr("gradient_error", b.getBoolAttr(true)));
         b.create<exec::CollectiveOp>(
             ret.getLoc(), b.getStringAttr("reduce_scatter"), shardOver(params[i]).first,
             b.getStringAttr(shardOver(params[i]).second), ins, ValueRange{}, outs,
-            b.getDictionaryAttr(
-                {b.getNamedAttr("shard_rows", b.getI64IntegerAttr(shardRows(params[i])))}),
-            StringAttr());
-      else
+            b.getDictionaryAttr(attrs), StringAttr());
+      } else {
         b.create<exec::LaunchOp>(ret.getLoc(), "accumulate", ins, ValueRange{}, outs,
                                  b.getDictionaryAttr({}), StringAttr(),
                                  /*updates_weights=*/false);
+      }
     }
 
     // The optimizer program, right after the train program.
@@ -318,8 +402,8 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       // A bf16 weight is the rounding of its f32 master weight.
       bool bf16 = cast<RankedTensorType>(w.getTensorType()).getElementType().isBF16();
       masters.push_back(bf16 ? Value(optimizerState(b, loc, "master", w)) : Value());
-      if (compensated)
-        optErrs.push_back(gradState(b, loc, "grad_err", w));
+      optErrs.push_back(comp[optErrs.size()] ? Value(gradState(b, loc, "grad_err", w))
+                                             : Value());
     }
     auto scalar = [&] {
       return b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr(),
@@ -351,7 +435,7 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     // expert loads of all of them, added over the dp group before anything
     // reads them (each replica then takes the same update).
     auto sumAndError = [&](size_t i) {
-      return compensated ? SmallVector<Value>{optSums[i], optErrs[i]} : SmallVector<Value>{optSums[i]};
+      return comp[i] ? SmallVector<Value>{optSums[i], optErrs[i]} : SmallVector<Value>{optSums[i]};
     };
     // Expert parallelism: an expert stack's sum on a rank is its experts'
     // (the exchanges brought every replica's tokens to them), added over
@@ -458,8 +542,8 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       launch("combine_stages", ins, {}, own, {});
     }
     // A compensated sum's error added back, once.
-    if (compensated)
-      for (size_t i = 0; i < params.size(); ++i)
+    for (size_t i = 0; i < params.size(); ++i)
+      if (comp[i])
         launch("grad_total", sumAndError(i), {}, sumAndError(i), {});
     launch("lr_schedule", {step}, {}, {stats},
            {b.getNamedAttr("schedule", b.getStringAttr(schedule)),

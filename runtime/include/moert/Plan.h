@@ -129,6 +129,12 @@ struct PlanStep {
   bool vocabShard = false;     ///< embedding: this rank's rows of the padded vocabulary
   bool head = false;           ///< linear: the LM head (computes the logit rows only)
   bool layerNorm = false;      ///< add_norm: its norm is a layer_norm (else rms_norm)
+  /// expert_ffn_grad with errors: adds its sources' gradients into the
+  /// compensated sums it is given (a train program's gradient sums); else
+  /// into zeros (a micro-batch's gradient and its error, ZeRO-2's).
+  bool addIntoSums = false;
+  /// reduce_scatter (ZeRO-2): its gradient comes with its error (in[1]).
+  bool gradientError = false;
   /// A train program's forward step computed again in the backward pass
   /// (--recompute full): it binds the weights of the step it repeats and an
   /// attention writes that step's KV cache again.

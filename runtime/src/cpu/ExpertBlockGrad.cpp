@@ -53,7 +53,8 @@ void combineGrad(const float *dy, int64_t H, const float *outputs, const int32_t
 void expertFfnGrad(const float *dout, const float *buf, const int32_t *counts, int64_t sources,
                    int64_t El, int64_t C, int64_t H, const std::vector<Matrix> &gate,
                    const std::vector<Matrix> &up, const std::vector<Matrix> &down,
-                   Activation act, float *dbuf, float *dgate, float *dup, float *ddown) {
+                   Activation act, float *dbuf, float *dgate, float *dup, float *ddown,
+                   float *egate, float *eup, float *edown, bool addIntoSums) {
   using namespace grad;
   if (static_cast<int64_t>(gate.size()) != El || static_cast<int64_t>(up.size()) != El ||
       static_cast<int64_t>(down.size()) != El)
@@ -75,6 +76,29 @@ void expertFfnGrad(const float *dout, const float *buf, const int32_t *counts, i
     float *dg = dgate + l * I * H, *du = dup + l * I * H, *dd = ddown + l * H * I;
     const int64_t sizes[3] = {I * H, I * H, H * I};
     float *sums[3] = {dg, du, dd};
+    if (egate) {
+      // Gradient sums: each source's gradients added into them in order,
+      // their errors kept (the optimizer adds them back once).
+      float *errs[3] = {egate + l * I * H, eup + l * I * H, edown + l * H * I};
+      if (!addIntoSums)
+        for (int i = 0; i < 3; ++i) {
+          std::fill(sums[i], sums[i] + sizes[i], 0.0f);
+          std::fill(errs[i], errs[i] + sizes[i], 0.0f);
+        }
+      std::vector<float> &part = blockGradPart();
+      part.resize(static_cast<size_t>(3 * I * H));
+      float *parts[3] = {part.data(), part.data() + I * H, part.data() + 2 * I * H};
+      for (int64_t q = 0; q < sources; ++q) {
+        const int64_t n = counts[q * El + l], block = (q * El + l) * C * H;
+        if (n == 0)
+          continue;
+        mlpBackwardRecomputed(dout + block, buf + block, n, gate[l], up[l], down[l], act,
+                              dbuf + block, parts[0], parts[1], parts[2]);
+        for (int i = 0; i < 3; ++i)
+          accumulate(parts[i], sums[i], errs[i], sizes[i]);
+      }
+      continue;
+    }
     // The first source with rows writes the sums (0 plus them is them, with
     // no error); the errors exist from a second one on.
     std::vector<float> &errors = blockGradErrors();

@@ -55,6 +55,11 @@ void parseAllGather(const JsonFields &a, PlanStep &step) {
     step.shardRows = a.bounded("shard_rows", 1, int64_t(1) << 40);
 }
 
+void parseReduceScatter(const JsonFields &a, PlanStep &step) {
+  parseAllGather(a, step);
+  step.gradientError = a.has("gradient_error") && a.boolean("gradient_error");
+}
+
 void checkAllGather(const StepChecker &c, const PlanStep &step) {
   if (!step.weights.empty()) {
     c.arity(0, 1, 1, 0);
@@ -87,7 +92,9 @@ void checkAllGather(const StepChecker &c, const PlanStep &step) {
 
 /// in: a gradient, its sum's shard (and the shard's error); out: the shard
 /// (and its error), in place: rows [d k, (d + 1) k) of every member's
-/// gradient added into member d's shard (ZeRO-2, over dp).
+/// gradient added into member d's shard (ZeRO-2, over dp). With
+/// `gradient_error`, the gradient's error (a compensated sum of its own:
+/// expert_ffn_grad's) follows it in.
 ///
 /// Or (ZeRO-1, an optimizer program) in place over a whole sum (and its
 /// error): member d's rows [d k, (d + 1) k) become the members' total, its
@@ -114,21 +121,30 @@ void checkReduceScatter(const StepChecker &c, const PlanStep &step) {
              fmt::format("shard_rows {}: expected ceil({} / {})", step.shardRows, sum.rows, n));
     return;
   }
-  const bool compensated = step.in.size() == 3;
-  c.arity(compensated ? 3 : 2, 0, 0, compensated ? 2 : 1);
-  const PlanBuffer &g = c.program.buffers[step.in[0]], &sum = c.program.buffers[step.in[1]];
+  c.expect(!step.gradientError || step.in.size() == step.out.size() + 2,
+           "gradient_error: expected the gradient, its error, then the shard (and its error)");
+  const bool withError = step.gradientError; // the gradient's error after it
+  const size_t at = withError ? 2 : 1;         // the shard's input
+  const bool compensated = step.in.size() == at + 2;
+  c.arity(at + (compensated ? 2 : 1), 0, 0, compensated ? 2 : 1);
+  const PlanBuffer &g = c.program.buffers[step.in[0]], &sum = c.program.buffers[step.in[at]];
+  if (withError) {
+    const PlanBuffer &e = c.program.buffers[step.in[1]];
+    c.expect(e.dtype == DType::F32 && e.rows == g.rows && e.width == g.width && e.state.empty(),
+             "expected the gradient's error after it (a buffer of its shape)");
+  }
   c.expect(step.group.axis == (sum.shardOverEdp ? CollectiveGroup::Axis::EDP
                                                   : CollectiveGroup::Axis::DP),
            fmt::format("a reduce_scatter into a shard is over its group ({})",
                        sum.shardOverEdp ? "edp" : "dp"));
-  c.expect(step.in[1] == step.out[0] && !sum.state.empty() && sum.logicalRows > 0 &&
+  c.expect(step.in[at] == step.out[0] && !sum.state.empty() && sum.logicalRows > 0 &&
                g.dtype == DType::F32 && g.rows * g.width == sum.logicalRows * sum.width &&
                step.shardRows == sum.rows,
            "expected a gradient and its sum's shard (a state of logical_rows x width of the "
            "gradient's values, shard_rows rows), in and out");
   if (compensated) {
-    const PlanBuffer &err = c.program.buffers[step.in[2]];
-    c.expect(step.in[2] == step.out[1] && !err.state.empty() && err.rows == sum.rows &&
+    const PlanBuffer &err = c.program.buffers[step.in[at + 1]];
+    c.expect(step.in[at + 1] == step.out[1] && !err.state.empty() && err.rows == sum.rows &&
                  err.width == sum.width && err.logicalRows == sum.logicalRows,
              "expected the shard's error after it (a state shard of its shape, in and out)");
   }
@@ -189,7 +205,7 @@ const OpDef kAllGather = {"all_gather", Collective::AllGather, kGroup, parseAllG
                           checkAllGather, nullptr};
 const OpDef kAllToAll = {"all_to_all", Collective::AllToAll, kGroup, nullptr, checkAllToAll,
                          nullptr};
-const OpDef kReduceScatter = {"reduce_scatter", Collective::ReduceScatter, kGroup, parseAllGather,
+const OpDef kReduceScatter = {"reduce_scatter", Collective::ReduceScatter, kGroup, parseReduceScatter,
                               checkReduceScatter, nullptr};
 const OpDef kSend = {"send", Collective::Send, OpDef::RunsEmpty, parseSend, checkSend, nullptr};
 const OpDef kRecv = {"recv", Collective::Recv, OpDef::RunsEmpty, parseSend, checkRecv, nullptr};

@@ -246,10 +246,29 @@ int64_t runCombineGrad(cpu::StepContext &c) {
   return T;
 }
 
+void parseExpertFfnGrad(const JsonFields &a, PlanStep &step) {
+  step.addIntoSums = a.has("add") && a.boolean("add");
+}
+
 /// in: the outputs' gradient blocks, the blocks, counts; weights: the local
-/// stacks; out: the blocks' gradient and the stacks'.
+/// stacks; out: the blocks' gradient and the stacks'. Or, as compensated
+/// sums: out also the three errors after the stacks' gradients, written (a
+/// micro-batch's, for ZeRO-2's reduce_scatter) or, with `add`, added into
+/// (the train program's gradient sums and their errors, in too after
+/// counts, in place).
 void checkExpertFfnGrad(const StepChecker &c, const PlanStep &step) {
-  c.arity(3, 3, 3, 4);
+  if (step.out.size() == 7) {
+    c.arity(step.addIntoSums ? 9 : 3, 3, 3, 7);
+    for (size_t i = 0; i < 6 && step.addIntoSums; ++i)
+      c.expect(step.out[1 + i] == step.in[3 + i],
+               "add: expected the gradient sums and their errors in place (outputs 1-6: inputs "
+               "3-8)");
+    for (size_t i = 0; i < 3; ++i)
+      expectWeightGradient(c, step.out[4 + i], c.weight(i, 3));
+  } else {
+    c.expect(!step.addIntoSums, "add: expected the sums' errors as outputs 4-6");
+    c.arity(3, 3, 3, 4);
+  }
   const int64_t H = c.width(step.in[1]), E = c.experts(step.in[1], step.in[2]);
   checkStacks(c, H, "buffer");
   const int64_t local = c.weight(0, 3).experts;
@@ -265,9 +284,12 @@ void checkExpertFfnGrad(const StepChecker &c, const PlanStep &step) {
 int64_t runExpertFfnGrad(cpu::StepContext &c) {
   const std::vector<cpu::Matrix> &g = c.experts(0);
   const int64_t E = c.inWidth(2), El = static_cast<int64_t>(g.size());
+  const bool sums = c.step->out.size() == 7;
   cpu::expertFfnGrad(c.in(0), c.in(1), c.inInts(2), E / El, El, c.bufferRows(c.step->in[1]) / E,
                      c.inWidth(1), g, c.experts(1), c.experts(2), c.step->activation, c.out(0),
-                     c.out(1), c.out(2), c.out(3));
+                     c.out(1), c.out(2), c.out(3), sums ? c.out(4) : nullptr,
+                     sums ? c.out(5) : nullptr, sums ? c.out(6) : nullptr,
+                     c.step->addIntoSums);
   return c.rows;
 }
 
@@ -305,7 +327,8 @@ const OpDef kCombine = {"combine", Collective::None, 0, nullptr, checkCombine, r
 const OpDef kCombineGrad = {"combine_grad", Collective::None, 0, nullptr, checkCombineGrad,
                             runCombineGrad};
 const OpDef kExpertFfnGrad = {"expert_ffn_grad", Collective::None,
-                              OpDef::RunsEmpty | OpDef::Backward, nullptr, checkExpertFfnGrad,
+                              OpDef::RunsEmpty | OpDef::Backward, parseExpertFfnGrad,
+                              checkExpertFfnGrad,
                               runExpertFfnGrad};
 const OpDef kDispatchGrad = {"dispatch_grad", Collective::None, 0, nullptr, checkDispatchGrad,
                              runDispatchGrad};

@@ -87,11 +87,18 @@ void combineGrad(const float *dy, int64_t H, const float *outputs, const int32_t
 /// through moe.mlp_grad (gate and up products recomputed): their input
 /// gradients into the same rows of dbuf, the expert's weight gradients
 /// (El consecutive [I, H] / [H, I] blocks, 0 for an expert no row reached).
-/// RuntimeError for a count outside [0, C].
+/// With errors (egate, eup, edown: the shapes of dgate, dup, ddown), the
+/// weight gradients are compensated sums that each source's are added into
+/// (accumulate, moert/cpu/Optimizer.h), their errors kept for the
+/// optimizer: a train program's gradient sums (`addIntoSums`), or sums
+/// from zero (a micro-batch's gradient and its error). RuntimeError for a
+/// count outside [0, C].
 void expertFfnGrad(const float *dout, const float *buf, const int32_t *counts, int64_t sources,
                    int64_t El, int64_t C, int64_t H, const std::vector<Matrix> &gate,
                    const std::vector<Matrix> &up, const std::vector<Matrix> &down,
-                   Activation act, float *dbuf, float *dgate, float *dup, float *ddown);
+                   Activation act, float *dbuf, float *dgate, float *dup, float *ddown,
+                   float *egate = nullptr, float *eup = nullptr, float *edown = nullptr,
+                   bool addIntoSums = true);
 
 /// moe.dispatch_grad: dx[t] = sum over j (in order) with slots[t, j] >= 0 of
 /// dbuf[slots[t, j]] (rows of [E * C, H]); 0 for a token with none.
