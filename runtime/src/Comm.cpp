@@ -22,7 +22,7 @@
 #include "moert/Comm.h"
 #include "moert/Error.h"
 
-#include "FaultInjector.h"
+#include "CommShared.h"
 
 #include <mpi.h>
 
@@ -393,9 +393,7 @@ public:
   }
 
   [[noreturn]] void abort(const std::string &message, int status = 1) override {
-    std::fflush(stdout);
-    fmt::print(stderr, "moert: error: rank {}: {}\n", worldRank, message);
-    std::fflush(stderr);
+    printRankError(worldRank, message);
     MPI_Abort(MPI_COMM_WORLD, status);
     std::_Exit(status);
   }
@@ -409,10 +407,8 @@ private:
   std::map<std::vector<int>, MPI_Comm> comms;
   std::map<int64_t, MPI_Datatype> units; ///< contiguous byte types by size
 
-  void checkPeer(int peer, const std::string &what) {
-    if (peer < 0 || peer >= worldSize || peer == worldRank)
-      runtimeError("{}: point-to-point with rank {} from rank {} of {}", what, peer, worldRank,
-                   worldSize);
+  void checkPeer(int peer, const std::string &what) const {
+    moert::checkPeer(peer, worldRank, worldSize, what);
   }
 
   std::vector<int> pair(int peer) const {
@@ -472,11 +468,7 @@ private:
       double elapsed =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (elapsed > timeout) {
-        std::fflush(stdout);
-        fmt::print(stderr, "moert: error: rank {}: {} did not complete within {} s (group: ranks "
-                           "{})\n",
-                   worldRank, what, timeout, fmt::join(group, ","));
-        std::fflush(stderr);
+        printTimedOut(worldRank, what, timeout, group);
         MPI_Abort(MPI_COMM_WORLD, 1);
         std::_Exit(1);
       }
@@ -494,14 +486,7 @@ private:
     auto found = comms.find(group);
     if (found != comms.end())
       return found->second;
-    std::vector<int> sorted = group;
-    std::sort(sorted.begin(), sorted.end());
-    bool valid = !group.empty() && std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() &&
-                 sorted.front() >= 0 && sorted.back() < worldSize &&
-                 std::binary_search(sorted.begin(), sorted.end(), worldRank);
-    if (!valid)
-      runtimeError("{}: rank {} of {} is asked for a collective over ranks {}", what, worldRank,
-                   worldSize, fmt::join(group, ","));
+    moert::memberIndex(group, worldRank, worldSize, what); // (a valid group with this rank)
     if (group.size() == 1)
       return comms[group] = MPI_COMM_NULL;
     if (group == world)

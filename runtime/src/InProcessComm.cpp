@@ -19,7 +19,7 @@
 #include "moert/Comm.h"
 #include "moert/Error.h"
 
-#include "FaultInjector.h"
+#include "CommShared.h"
 #include "InProcessComm.h"
 
 #include <fmt/core.h>
@@ -222,9 +222,7 @@ public:
   }
 
   [[noreturn]] void abort(const std::string &message, int status = 1) override {
-    std::fflush(stdout);
-    fmt::print(stderr, "moert: error: rank {}: {}\n", me, message);
-    std::fflush(stderr);
+    printRankError(me, message);
     std::_Exit(status); // every rank: they are this process's threads
   }
 
@@ -237,26 +235,15 @@ private:
   std::vector<char> staged; ///< an all_gather's own block
 
   int memberOf(const std::vector<int> &group, const std::string &what) const {
-    std::vector<int> sorted = group;
-    std::sort(sorted.begin(), sorted.end());
-    auto at = std::find(group.begin(), group.end(), me);
-    if (group.empty() || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() ||
-        sorted.front() < 0 || sorted.back() >= hub.ranks || at == group.end())
-      runtimeError("{}: rank {} of {} is asked for a collective over ranks {}", what, me,
-                   hub.ranks, fmt::join(group, ","));
-    return static_cast<int>(at - group.begin());
+    return memberIndex(group, me, hub.ranks, what);
   }
 
   void checkPeer(int peer, const std::string &what) const {
-    if (peer < 0 || peer >= hub.ranks || peer == me)
-      runtimeError("{}: point-to-point with rank {} from rank {} of {}", what, peer, me, hub.ranks);
+    moert::checkPeer(peer, me, hub.ranks, what);
   }
 
   [[noreturn]] void timedOut(const std::string &what, const std::vector<int> &group) {
-    std::fflush(stdout);
-    fmt::print(stderr, "moert: error: rank {}: {} did not complete within {} s (group: ranks {})\n",
-               me, what, timeout, fmt::join(group, ","));
-    std::fflush(stderr);
+    printTimedOut(me, what, timeout, group);
     std::_Exit(1);
   }
 
