@@ -85,8 +85,10 @@ rank 0 prints the results and writes --logits-out.
                         (exact products, the same result on every CPU);
                         also MOERT_MATMUL_PRECISION
   --in-process          run every rank of a plan of several in this process, one
-                        thread each, without mpirun: the same bits as under
-                        mpirun -np N (its collectives add in the same order)
+                        thread each, without mpirun (or under mpirun -np P,
+                        P dividing the plan's N ranks, N / P in each
+                        process): the same bits as under mpirun -np N (the
+                        collectives add in the same order)
   --collective-timeout S  end the job when a collective between ranks does not
                         complete within S seconds (default 300)
   --report-memory       print, per rank, the weights loaded and the peak memory
@@ -272,10 +274,14 @@ std::pair<std::string, int> failureOf(std::exception_ptr error) {
 
 } // namespace
 
-void checkInProcess(const Comm &comm, int threads, DeviceKind device) {
-  if (comm.size() > 1)
-    inputError("--in-process runs every rank of the plan in this one process: start it "
-               "without mpirun");
+void checkInProcess(const Comm &comm, int threads, DeviceKind device, int64_t ranks) {
+  if (ranks % comm.size())
+    inputError("--in-process under mpirun -np {}: the plan's {} ranks do not split between {} "
+               "processes",
+               comm.size(), ranks, comm.size());
+  if (comm.size() > 1 && !mpiAllowsThreads(comm))
+    inputError("--in-process under mpirun: this MPI does not let every thread call it "
+               "(MPI_THREAD_MULTIPLE)");
   if (threads != 1)
     inputError("--threads {}: --in-process runs each rank on one thread", threads);
   if (device != DeviceKind::Cpu)
@@ -283,8 +289,8 @@ void checkInProcess(const Comm &comm, int threads, DeviceKind device) {
                "ranks run under mpirun");
 }
 
-int runCommandInProcess(int ranks, int argc, char **argv,
-                        int (*command)(int, char **, Comm &)) {
+int runCommandInProcess(int ranks, int argc, char **argv, int (*command)(int, char **, Comm &),
+                        const Comm &process) {
   std::vector<std::string> args;
   for (int i = 0; i < argc; ++i)
     if (std::strcmp(argv[i], "--in-process") != 0)
@@ -304,7 +310,7 @@ int runCommandInProcess(int ranks, int argc, char **argv,
       comm.abort(text, status);
     }
     return 1; // (abort does not return)
-  });
+  }, process.size(), process.rank());
 }
 
 namespace {
@@ -386,9 +392,10 @@ int run(int argc, char **argv, Comm &comm) {
   Plan plan = Plan::load(planPath);
   if (inProcess) {
     checkInProcess(comm, threadsGiven ? threads : 1,
-                   chooseDevice(plan, planPath, deviceName, "moec compile --target cuda"));
-    if (plan.worldSize > 1)
-      return runCommandInProcess(plan.worldSize, argc, argv, run);
+                   chooseDevice(plan, planPath, deviceName, "moec compile --target cuda"),
+                   plan.worldSize);
+    if (plan.worldSize > comm.size())
+      return runCommandInProcess(plan.worldSize, argc, argv, run, comm);
   }
   if (plan.worldSize > 1 && comm.size() == 1)
     inputError("{} has {} ranks: run it under mpirun -np {} (or in one process: --in-process)",

@@ -140,8 +140,14 @@ constexpr int64_t kChunkBytes = int64_t(1) << 30;
 class MpiComm final : public Comm {
 public:
   MpiComm(int *argc, char ***argv) {
+    // --in-process under mpirun: each process's ranks are threads that all
+    // call MPI (InProcessComm.cpp).
+    bool threads = false;
+    for (int i = 1; i < *argc; ++i)
+      threads = threads || !std::strcmp((*argv)[i], "--in-process");
     int provided = 0;
-    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    MPI_Init_thread(argc, argv, threads ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED, &provided);
+    threadsMayCall = provided >= MPI_THREAD_MULTIPLE;
     MPI_Comm_rank(MPI_COMM_WORLD, &worldRank);
     MPI_Comm_size(MPI_COMM_WORLD, &worldSize);
     MPI_Comm_group(MPI_COMM_WORLD, &worldGroup);
@@ -166,6 +172,7 @@ public:
   int rank() const override { return worldRank; }
   int size() const override { return worldSize; }
   void setTimeout(double seconds) override { timeout = seconds; }
+  bool threadsMayCall = false;
 
   /// Makes the communicators of every group the plan's collectives use, in
   /// one order that every rank follows (ranks 0..N-1, each one's steps in
@@ -524,6 +531,11 @@ private:
 };
 
 } // namespace
+
+bool mpiAllowsThreads(const Comm &comm) {
+  auto *mpi = dynamic_cast<const MpiComm *>(&comm);
+  return mpi && mpi->threadsMayCall;
+}
 
 std::unique_ptr<Comm> createComm(int *argc, char ***argv) {
   // Checks MOERT_FAULT before MPI starts (InputError when malformed).

@@ -474,9 +474,11 @@ int trainCommand(int argc, char **argv, Comm &comm) {
     inputError("{}: not a training plan (compile one with moec compile --train)", planPath);
   if (inProcess) {
     checkInProcess(comm, threadsGiven ? threads : 1,
-                   chooseDevice(plan, planPath, deviceName, "moec compile --train --target cuda"));
-    if (plan.worldSize > 1)
-      return runCommandInProcess(static_cast<int>(plan.worldSize), argc, argv, trainCommand);
+                   chooseDevice(plan, planPath, deviceName, "moec compile --train --target cuda"),
+                   plan.worldSize);
+    if (plan.worldSize > comm.size())
+      return runCommandInProcess(static_cast<int>(plan.worldSize), argc, argv, trainCommand,
+                                 comm);
   }
   // Over several ranks: data-parallel replicas of one program, trained by
   // updates (--steps).

@@ -8,13 +8,17 @@ namespace moert {
 
 int trainCommand(int argc, char **argv, Comm &comm);
 
-/// --in-process (moert run and train; Cli.cpp): InputError under mpirun,
-/// with --threads other than 1 or on the CUDA device.
-void checkInProcess(const Comm &comm, int threads, DeviceKind device);
-/// `command` (argv without --in-process, with --threads 1) for every rank
-/// of a plan of `ranks`, each on a thread of this process
-/// (runRanksInProcess); an error on a rank ends them all, printed as under
-/// mpirun.
-int runCommandInProcess(int ranks, int argc, char **argv, int (*command)(int, char **, Comm &));
+/// --in-process (moert run and train; Cli.cpp) for a plan of `ranks`:
+/// InputError when the processes (mpirun's, or this one) do not split
+/// them, when MPI does not let threads call it, with --threads other than
+/// 1 or on the CUDA device.
+void checkInProcess(const Comm &comm, int threads, DeviceKind device, int64_t ranks);
+/// `command` (argv without --in-process, with --threads 1) for this
+/// process's share of the ranks of a plan of `ranks` (all of them, or
+/// ranks / P under mpirun -np P: `process` is the process's communicator),
+/// each on a thread (runRanksInProcess); an error on a rank ends them all,
+/// printed as under mpirun.
+int runCommandInProcess(int ranks, int argc, char **argv, int (*command)(int, char **, Comm &),
+                        const Comm &process);
 
 } // namespace moert

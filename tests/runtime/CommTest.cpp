@@ -47,8 +47,10 @@ int memberOf(const std::vector<int> &group) {
   GTEST_SKIP() << "needs mpirun -np >= 2"
 
 /// A test of a world of several ranks: CommMpi.NAME under mpirun (this
-/// process is one rank), and CommInProcess.NAME run plainly (4 ranks, each
-/// a thread running the body with its own communicator).
+/// process is one rank), and CommInProcess.NAME: run plainly, 4 ranks, each
+/// a thread running the body with its own communicator; under mpirun -np P
+/// with --in-process, 2 P ranks, 2 in each process (ranks 2p and 2p + 1),
+/// so that groups span processes.
 #define COMM_RANKS_TEST(name)                                                                      \
   void name##Body();                                                                               \
   TEST(CommMpi, name) {                                                                            \
@@ -56,14 +58,18 @@ int memberOf(const std::vector<int> &group) {
     name##Body();                                                                                  \
   }                                                                                                \
   TEST(CommInProcess, name) {                                                                      \
-    if (comm->size() != 1)                                                                         \
-      GTEST_SKIP() << "runs without mpirun";                                                       \
-    runRanksInProcess(4, [](Comm &rank) {                                                          \
-      comm = &rank;                                                                                \
-      rank.setTimeout(60);                                                                         \
-      name##Body();                                                                                \
-      return 0;                                                                                    \
-    });                                                                                            \
+    const int processes = comm->size();                                                            \
+    if (processes > 1 && !mpiAllowsThreads(*comm))                                                 \
+      GTEST_SKIP() << "under mpirun: needs --in-process (MPI_THREAD_MULTIPLE)";                    \
+    runRanksInProcess(                                                                             \
+        processes > 1 ? 2 * processes : 4,                                                         \
+        [](Comm &rank) {                                                                           \
+          comm = &rank;                                                                            \
+          rank.setTimeout(60);                                                                     \
+          name##Body();                                                                            \
+          return 0;                                                                                \
+        },                                                                                         \
+        processes, comm->rank());                                                                  \
   }                                                                                                \
   void name##Body()
 

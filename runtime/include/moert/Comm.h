@@ -80,6 +80,10 @@ public:
   [[noreturn]] virtual void abort(const std::string &message, int status = 1) = 0;
 };
 
+/// True when `comm` is the MPI communicator and MPI lets every thread call
+/// it (MPI_THREAD_MULTIPLE: requested when the command line has
+/// --in-process).
+bool mpiAllowsThreads(const Comm &comm);
 /// True when this process was started by mpirun (OMPI_COMM_WORLD_SIZE set).
 bool underMpirun();
 /// The MPI communicator under mpirun, else the single-process one.
