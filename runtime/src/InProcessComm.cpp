@@ -6,13 +6,15 @@
 // MpiComm does for groups of more than two (two values add the same either
 // way), so a plan gives the same bits in one process as under mpirun.
 //
-// A collective is a meeting of its group: each member posts its operand and
-// the operation it calls, waits for the others (a barrier), checks that they
-// all call the same operation with the same sizes, reads the others'
-// operands, and waits again before it returns, so that no member changes a
-// buffer another still reads. Sends are buffered (a copy in the pair's
-// mailbox); a receive waits for the next message from its peer. A wait
-// longer than --collective-timeout ends the process as MpiComm does:
+// A collective is an exchange of pieces over its group (an all_reduce
+// gathers every member's values and adds them in member order). Its members
+// meet: each posts its pieces and the operation it calls, waits for the
+// others (a barrier), checks that they all call the same operation with the
+// same sizes, copies the pieces for it from the others' buffers, and waits
+// again before it returns, so that no member changes a buffer another still
+// reads. Sends are buffered (a copy in the pair's mailbox); a receive waits
+// for the next message from its peer. A wait longer than
+// --collective-timeout ends the process as MpiComm does:
 //   moert: error: rank R: <what> did not complete within S s (group: ranks a,b)
 // MOERT_FAULT (Comm.cpp) counts each rank's calls here too: kill ends the
 // whole process (every rank), stall leaves the others to time out.
@@ -21,10 +23,8 @@
 // [p k, (p + 1) k), k = N / P, as its threads: a collective's members in
 // this process meet as above, and its pieces from and to members in other
 // processes travel as MPI point-to-point messages on MPI_COMM_WORLD, tagged
-// by sender and receiver (MPI_THREAD_MULTIPLE: every rank thread calls MPI).
-// Every collective is then an exchange of pieces (an all_reduce gathers
-// every member's values and adds them in member order): the same bits in
-// any number of processes.
+// by sender and receiver (MPI_THREAD_MULTIPLE: every rank thread calls
+// MPI): the same bits in any number of processes.
 #include "moert/Comm.h"
 #include "moert/Error.h"
 
@@ -84,8 +84,7 @@ public:
   bool isLocal(int rank) const { return rank >= base && rank < base + local; }
   int processOf(int rank) const { return rank / local; }
 
-  /// The meeting of `group`'s `members` members in this process (all of
-  /// them, or those of a group that spans processes).
+  /// The meeting of `group`'s `members` members in this process.
   Meeting &meeting(const std::vector<int> &group, size_t members) {
     std::lock_guard<std::mutex> lock(mutex);
     std::unique_ptr<Meeting> &m = meetings[group];
@@ -96,7 +95,6 @@ public:
     }
     return *m;
   }
-  Meeting &meeting(const std::vector<int> &group) { return meeting(group, group.size()); }
 
   /// (Ranks of this process.)
   Mailbox &mailbox(int from, int to) {
@@ -124,37 +122,23 @@ public:
     const int member = memberOf(group, what);
     if (group.size() == 1 || n <= 0)
       return;
-    if (!allLocal(group)) {
-      // Every member's values, then added in member order.
-      const int64_t members = static_cast<int64_t>(group.size());
-      sum.resize(static_cast<size_t>(n * members));
-      std::vector<Piece> sends, recvs;
-      for (int q = 0; q < members; ++q)
-        if (q != member) {
-          sends.push_back({q, data, n * 4});
-          recvs.push_back({q, sum.data() + q * n, n * 4});
-        }
-      move(sends, recvs, group, member, fmt::format("all_reduce of {} values", n), what);
-      std::memcpy(sum.data() + member * n, data, static_cast<size_t>(n) * 4);
-      for (int64_t i = 0; i < n; ++i) {
-        float total = sum[i];
-        for (int64_t q = 1; q < members; ++q)
-          total += sum[q * n + i];
-        data[i] = total;
+    // Every member's values, then added in member order.
+    const int64_t members = static_cast<int64_t>(group.size());
+    sum.resize(static_cast<size_t>(n * members));
+    std::vector<Piece> sends, recvs;
+    for (int q = 0; q < members; ++q)
+      if (q != member) {
+        sends.push_back({q, data, n * 4});
+        recvs.push_back({q, sum.data() + q * n, n * 4});
       }
-      return;
+    move(sends, recvs, group, member, fmt::format("all_reduce of {} values", n), what);
+    std::memcpy(sum.data() + member * n, data, static_cast<size_t>(n) * 4);
+    for (int64_t i = 0; i < n; ++i) {
+      float total = sum[i];
+      for (int64_t q = 1; q < members; ++q)
+        total += sum[q * n + i];
+      data[i] = total;
     }
-    Meeting &m = hub.meeting(group);
-    meet(m, member, data, fmt::format("all_reduce of {} values", n), group, what);
-    sum.assign(static_cast<const float *>(m.posts[0]),
-               static_cast<const float *>(m.posts[0]) + n);
-    for (size_t q = 1; q < group.size(); ++q) {
-      const float *v = static_cast<const float *>(m.posts[q]);
-      for (int64_t i = 0; i < n; ++i)
-        sum[i] += v[i];
-    }
-    barrier(m, group, what); // every member has read every operand
-    std::memcpy(data, sum.data(), static_cast<size_t>(n) * 4);
   }
 
   void allGather(const void *in, int64_t bytes, void *out, const std::vector<int> &group,
@@ -170,20 +154,12 @@ public:
     }
     // `in` may lie in `out` (this member's block, or anywhere): a copy.
     staged.assign(static_cast<const char *>(in), static_cast<const char *>(in) + bytes);
-    if (!allLocal(group)) {
-      std::vector<Piece> sends, recvs;
-      for (int q = 0; q < static_cast<int>(group.size()); ++q) {
-        sends.push_back({q, staged.data(), bytes});
-        recvs.push_back({q, static_cast<char *>(out) + q * bytes, bytes});
-      }
-      move(sends, recvs, group, member, fmt::format("all_gather of {} bytes", bytes), what);
-      return;
+    std::vector<Piece> sends, recvs;
+    for (int q = 0; q < static_cast<int>(group.size()); ++q) {
+      sends.push_back({q, staged.data(), bytes});
+      recvs.push_back({q, static_cast<char *>(out) + q * bytes, bytes});
     }
-    Meeting &m = hub.meeting(group);
-    meet(m, member, staged.data(), fmt::format("all_gather of {} bytes", bytes), group, what);
-    for (size_t q = 0; q < group.size(); ++q)
-      std::memcpy(static_cast<char *>(out) + q * bytes, m.posts[q], static_cast<size_t>(bytes));
-    barrier(m, group, what);
+    move(sends, recvs, group, member, fmt::format("all_gather of {} bytes", bytes), what);
   }
 
   void exchange(const std::vector<Piece> &sends, const std::vector<Piece> &recvs,
@@ -196,16 +172,7 @@ public:
         if (p.member < 0 || p.member >= n || p.bytes < 0)
           runtimeError("{}: exchange piece of {} bytes with member {} of a group of {}", what,
                        p.bytes, p.member, n);
-    if (!allLocal(group)) {
-      move(sends, recvs, group, member, "exchange", what);
-      return;
-    }
-    Meeting &m = hub.meeting(group);
-    meet(m, member, &sends, "exchange", group, what);
-    for (int q = 0; q < n; ++q)
-      matchPieces(*static_cast<const std::vector<Piece> *>(m.posts[q]), q, recvs, member, group,
-                  what);
-    barrier(m, group, what);
+    move(sends, recvs, group, member, "exchange", what);
   }
 
   void send(const void *data, int64_t bytes, int peer, const std::string &what) override {
@@ -248,22 +215,14 @@ public:
       runtimeError("{}: broadcast from member {} of a group of {}", what, root, group.size());
     if (group.size() == 1 || bytes <= 0)
       return;
-    const std::string call = fmt::format("broadcast of {} bytes from member {}", bytes, root);
-    if (!allLocal(group)) {
-      std::vector<Piece> sends, recvs;
-      for (int q = 0; q < static_cast<int>(group.size()) && member == root; ++q)
-        if (q != root)
-          sends.push_back({q, data, bytes});
-      if (member != root)
-        recvs.push_back({root, data, bytes});
-      move(sends, recvs, group, member, call, what);
-      return;
-    }
-    Meeting &m = hub.meeting(group);
-    meet(m, member, data, call, group, what);
+    std::vector<Piece> sends, recvs;
+    for (int q = 0; q < static_cast<int>(group.size()) && member == root; ++q)
+      if (q != root)
+        sends.push_back({q, data, bytes});
     if (member != root)
-      std::memcpy(data, m.posts[root], static_cast<size_t>(bytes));
-    barrier(m, group, what);
+      recvs.push_back({root, data, bytes});
+    move(sends, recvs, group, member,
+         fmt::format("broadcast of {} bytes from member {}", bytes, root), what);
   }
 
   int64_t allReduceMax(int64_t value, const std::string &what) override {
@@ -273,24 +232,15 @@ public:
     std::vector<int> world(hub.ranks);
     for (int r = 0; r < hub.ranks; ++r)
       world[r] = r;
-    if (hub.processes > 1) {
-      std::vector<int64_t> values(world.size(), value);
-      std::vector<Piece> sends, recvs;
-      for (int q = 0; q < hub.ranks; ++q)
-        if (q != me) {
-          sends.push_back({q, &value, 8});
-          recvs.push_back({q, &values[q], 8});
-        }
-      move(sends, recvs, world, me, "all_reduce (max) of 1 value", what);
-      return *std::max_element(values.begin(), values.end());
-    }
-    Meeting &m = hub.meeting(world);
-    meet(m, me, &value, "all_reduce (max) of 1 value", world, what);
-    int64_t result = value;
-    for (const void *p : m.posts)
-      result = std::max(result, *static_cast<const int64_t *>(p));
-    barrier(m, world, what);
-    return result;
+    std::vector<int64_t> values(world.size(), value);
+    std::vector<Piece> sends, recvs;
+    for (int q = 0; q < hub.ranks; ++q)
+      if (q != me) {
+        sends.push_back({q, &value, 8});
+        recvs.push_back({q, &values[q], 8});
+      }
+    move(sends, recvs, world, me, "all_reduce (max) of 1 value", what);
+    return *std::max_element(values.begin(), values.end());
   }
 
   [[noreturn]] void abort(const std::string &message, int status = 1) override {
@@ -317,10 +267,6 @@ private:
   [[noreturn]] void timedOut(const std::string &what, const std::vector<int> &group) {
     printTimedOut(me, what, timeout, group);
     endJob(1);
-  }
-
-  bool allLocal(const std::vector<int> &group) const {
-    return std::all_of(group.begin(), group.end(), [&](int r) { return hub.isLocal(r); });
   }
 
   /// From group member q (this process's) its nonempty `pieces` for this
@@ -387,6 +333,8 @@ private:
   void waitRemote(std::vector<MPI_Request> &requests,
                   const std::vector<std::pair<int, const Piece *>> &from,
                   const std::vector<int> &group, const std::string &what) {
+    if (requests.empty()) // (one process: MPI need not be running)
+      return;
     std::vector<MPI_Status> statuses(requests.size());
     const auto start = std::chrono::steady_clock::now();
     for (int64_t polls = 0;; ++polls) {
@@ -411,9 +359,11 @@ private:
     }
   }
 
-  /// An exchange over a group with members in other processes: their
-  /// pieces as MPI messages; the members in this process meet, as in
-  /// exchange, for theirs.
+  /// Every collective: an exchange of pieces over the group. Those to and
+  /// from members in other processes travel as MPI messages; the members
+  /// in this process meet (posting their sends and the operation they call,
+  /// checked equal) and copy theirs from each other's buffers, then meet
+  /// again once all have read them.
   void move(const std::vector<Piece> &sends, const std::vector<Piece> &recvs,
             const std::vector<int> &group, int member, const std::string &call,
             const std::string &what) {

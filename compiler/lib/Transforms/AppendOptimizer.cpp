@@ -395,15 +395,14 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
     SmallVector<Value> optSums, moments, squares, loads, masters, optErrs;
     for (auto &[bias, load] : biases)
       loads.push_back(state(b, loc, "expert_load", bias));
-    for (exec::WeightOp w : params) {
+    for (auto [i, w] : llvm::enumerate(params)) {
       optSums.push_back(gradState(b, loc, "grad_sum", w));
       moments.push_back(optimizerState(b, loc, "exp_avg", w));
       squares.push_back(optimizerState(b, loc, "exp_avg_sq", w));
       // A bf16 weight is the rounding of its f32 master weight.
       bool bf16 = cast<RankedTensorType>(w.getTensorType()).getElementType().isBF16();
       masters.push_back(bf16 ? Value(optimizerState(b, loc, "master", w)) : Value());
-      optErrs.push_back(comp[optErrs.size()] ? Value(gradState(b, loc, "grad_err", w))
-                                             : Value());
+      optErrs.push_back(comp[i] ? Value(gradState(b, loc, "grad_err", w)) : Value());
     }
     auto scalar = [&] {
       return b.create<exec::BufferOp>(loc, bufferType, f32, 1, 1, StringAttr(), IntegerAttr(),
