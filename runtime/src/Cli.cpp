@@ -274,19 +274,28 @@ std::pair<std::string, int> failureOf(std::exception_ptr error) {
 
 } // namespace
 
-void checkInProcess(const Comm &comm, int threads, DeviceKind device, int64_t ranks) {
+void checkInProcess(const Comm &comm, int threads, DeviceKind device, const Plan &plan,
+                    const std::string &planPath, bool asked) {
+  // --in-process, or a plan whose processes run several ranks each (moec
+  // compile --tp-arithmetic).
+  const std::string how =
+      asked ? std::string("--in-process")
+            : fmt::format("{} ({} ranks a process: moec compile --tp-arithmetic)", planPath,
+                          plan.ranksPerProcess);
+  const int64_t ranks = plan.worldSize;
   if (ranks % comm.size())
-    inputError("--in-process under mpirun -np {}: the plan's {} ranks do not split between {} "
-               "processes",
-               comm.size(), ranks, comm.size());
+    inputError("{} under mpirun -np {}: the plan's {} ranks do not split between {} processes",
+               how, comm.size(), ranks, comm.size());
   if (comm.size() > 1 && !mpiAllowsThreads(comm))
-    inputError("--in-process under mpirun: this MPI does not let every thread call it "
-               "(MPI_THREAD_MULTIPLE)");
+    inputError("{} under mpirun: this MPI does not let every thread call it "
+               "(MPI_THREAD_MULTIPLE)",
+               how);
   if (threads != 1)
-    inputError("--threads {}: --in-process runs each rank on one thread", threads);
+    inputError("--threads {}: {} runs each rank on one thread", threads, how);
   if (device != DeviceKind::Cpu)
-    inputError("--in-process runs the ranks on the CPU device (--device cpu); a CUDA plan's "
-               "ranks run under mpirun");
+    inputError("{} runs the ranks on the CPU device (--device cpu); a CUDA plan's "
+               "ranks run under mpirun",
+               how);
 }
 
 int runCommandInProcess(int ranks, int argc, char **argv, int (*command)(int, char **, Comm &),
@@ -390,10 +399,10 @@ int run(int argc, char **argv, Comm &comm) {
   comm.setTimeout(collectiveTimeout);
 
   Plan plan = Plan::load(planPath);
-  if (inProcess) {
+  if (inProcess || (plan.ranksPerProcess > 1 && plan.worldSize > comm.size())) {
     checkInProcess(comm, threadsGiven ? threads : 1,
-                   chooseDevice(plan, planPath, deviceName, "moec compile --target cuda"),
-                   plan.worldSize);
+                   chooseDevice(plan, planPath, deviceName, "moec compile --target cuda"), plan,
+                   planPath, inProcess);
     if (plan.worldSize > comm.size())
       return runCommandInProcess(plan.worldSize, argc, argv, run, comm);
   }
@@ -551,15 +560,17 @@ int moertMain(int argc, char **argv) {
       return tokenizeCommand(argc, argv);
     if (!std::strcmp(argv[1], "detokenize"))
       return detokenizeCommand(argc, argv);
+    // run and train: the plan, read once MPI has started, may run several
+    // ranks a process (moec compile --tp-arithmetic).
     if (!std::strcmp(argv[1], "train")) {
-      comm = createComm(&argc, &argv);
+      comm = createComm(&argc, &argv, /*rankThreads=*/true);
       return trainCommand(argc, argv, *comm);
     }
     if (std::strcmp(argv[1], "run") != 0)
       inputError("unknown command '{}' (expected run, train, convert, export, tokenize or "
                  "detokenize; see moert --help)",
                  argv[1]);
-    comm = createComm(&argc, &argv);
+    comm = createComm(&argc, &argv, /*rankThreads=*/true);
     return run(argc, argv, *comm);
   } catch (const std::exception &) {
     auto [text, status] = failureOf(std::current_exception());

@@ -139,10 +139,10 @@ constexpr int64_t kChunkBytes = int64_t(1) << 30;
 
 class MpiComm final : public Comm {
 public:
-  MpiComm(int *argc, char ***argv) {
-    // --in-process under mpirun: each process's ranks are threads that all
-    // call MPI (InProcessComm.cpp).
-    bool threads = false;
+  MpiComm(int *argc, char ***argv, bool rankThreads) {
+    // --in-process under mpirun, or a plan of several ranks a process: each
+    // process's ranks are threads that all call MPI (InProcessComm.cpp).
+    bool threads = rankThreads;
     for (int i = 1; i < *argc; ++i)
       threads = threads || !std::strcmp((*argv)[i], "--in-process");
     int provided = 0;
@@ -537,12 +537,12 @@ bool mpiAllowsThreads(const Comm &comm) {
   return mpi && mpi->threadsMayCall;
 }
 
-std::unique_ptr<Comm> createComm(int *argc, char ***argv) {
+std::unique_ptr<Comm> createComm(int *argc, char ***argv, bool rankThreads) {
   // Checks MOERT_FAULT before MPI starts (InputError when malformed).
   FaultInjector check;
   (void)check;
   if (underMpirun())
-    return std::make_unique<MpiComm>(argc, argv);
+    return std::make_unique<MpiComm>(argc, argv, rankThreads);
   return std::make_unique<LocalComm>();
 }
 

@@ -441,6 +441,12 @@ Plan Plan::load(const std::string &path) {
   plan.maxSeqLen = workload.bounded("max_seq_len", 1, kMaxSeqLen);
   plan.maxSequences = workload.bounded("max_sequences", 1, kMaxSequences);
   plan.worldSize = r.bounded("world_size", 1, kMaxWorldSize);
+  if (r.has("ranks_per_process")) {
+    plan.ranksPerProcess = r.bounded("ranks_per_process", 1, plan.worldSize);
+    if (plan.worldSize % plan.ranksPerProcess)
+      r.fail("ranks_per_process", fmt::format("expected a divisor of world_size ({}) but got {}",
+                                              plan.worldSize, plan.ranksPerProcess));
+  }
 
   // Degrees: absent ones are 1; edp follows from the others when absent
   // (both folds cover the same ranks: dp x tp = edp x ep x etp).

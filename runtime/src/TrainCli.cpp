@@ -472,10 +472,10 @@ int trainCommand(int argc, char **argv, Comm &comm) {
   Plan plan = Plan::load(planPath);
   if (!plan.training)
     inputError("{}: not a training plan (compile one with moec compile --train)", planPath);
-  if (inProcess) {
+  if (inProcess || (plan.ranksPerProcess > 1 && plan.worldSize > comm.size())) {
     checkInProcess(comm, threadsGiven ? threads : 1,
                    chooseDevice(plan, planPath, deviceName, "moec compile --train --target cuda"),
-                   plan.worldSize);
+                   plan, planPath, inProcess);
     if (plan.worldSize > comm.size())
       return runCommandInProcess(static_cast<int>(plan.worldSize), argc, argv, trainCommand,
                                  comm);

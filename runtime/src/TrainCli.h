@@ -8,11 +8,13 @@ namespace moert {
 
 int trainCommand(int argc, char **argv, Comm &comm);
 
-/// --in-process (moert run and train; Cli.cpp) for a plan of `ranks`:
-/// InputError when the processes (mpirun's, or this one) do not split
-/// them, when MPI does not let threads call it, with --threads other than
+/// --in-process (`asked`), or a plan with several ranks a process (moec
+/// compile --tp-arithmetic; moert run and train, Cli.cpp): InputError
+/// when the processes (mpirun's, or this one) do not split the plan's
+/// ranks, when MPI does not let threads call it, with --threads other than
 /// 1 or on the CUDA device.
-void checkInProcess(const Comm &comm, int threads, DeviceKind device, int64_t ranks);
+void checkInProcess(const Comm &comm, int threads, DeviceKind device, const Plan &plan,
+                    const std::string &planPath, bool asked);
 /// `command` (argv without --in-process, with --threads 1) for this
 /// process's share of the ranks of a plan of `ranks` (all of them, or
 /// ranks / P under mpirun -np P: `process` is the process's communicator),

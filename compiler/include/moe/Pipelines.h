@@ -78,6 +78,11 @@ struct CompileOptions {
     int64_t zero = 0;
   };
   std::optional<Optimizer> optimizer;
+  /// Ranks of the plan one process runs, each on its own thread (moec
+  /// compile --train --tp-arithmetic L over --tp T: L / T; the plan's tp is
+  /// L). moe-emit-plan writes it into the plan (`ranks_per_process`), and
+  /// moert runs the ranks in process as `--in-process` does.
+  int64_t ranksPerProcess = 1;
 };
 
 /// Adds the passes that take an imported module to `last` (Import adds none).

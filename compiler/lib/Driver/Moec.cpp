@@ -475,6 +475,10 @@ int runCompile() {
   }
   if (Error e = driver::chooseRecompute(context, *module, options, *config))
     return fail(std::move(e));
+  if (options.ranksPerProcess > 1)
+    (*module)->setAttr("moe.ranks_per_process",
+                       mlir::IntegerAttr::get(mlir::IntegerType::get(&context, 64),
+                                              options.ranksPerProcess));
   mlir::PassManager pm(&context);
   buildPipeline(pm, options, *last);
   if (mlir::failed(pm.run(*module)))
@@ -502,7 +506,8 @@ int runPlanInfo() {
                                   "%s: not a plan (no \"format\": \"moe-plan\")",
                                   planInfoPath.c_str()));
   json::Object info;
-  for (StringRef key : {"world_size", "degrees", "vocab", "stage_begin", "schedule"})
+  for (StringRef key :
+       {"world_size", "ranks_per_process", "degrees", "vocab", "stage_begin", "schedule"})
     if (const json::Value *v = root->get(key))
       info[key] = *v;
   json::Array ranks;
@@ -525,6 +530,10 @@ int runPlanInfo() {
   const json::Object *degrees = info.getObject("degrees");
   outs() << "plan        " << planInfoPath << "\n";
   outs() << "world size  " << info.getInteger("world_size").value_or(1) << "\n";
+  // (moec compile --tp-arithmetic: several ranks a process.)
+  if (int64_t perProcess = info.getInteger("ranks_per_process").value_or(1); perProcess > 1)
+    outs() << formatv("processes   {0}, {1} ranks each\n",
+                      info.getInteger("world_size").value_or(1) / perProcess, perProcess);
   if (degrees)
     outs() << formatv("degrees     dp={0} pp={1} tp={2} ep={3} etp={4}\n",
                       degrees->getInteger("dp").value_or(1), degrees->getInteger("pp").value_or(1),

@@ -124,6 +124,14 @@ cl::opt<int64_t> zeroStage(
              "sharded too, reduce-scattered after each micro-batch); default: the fastest "
              "stage whose memory fits --memory-budget by the time model (--explain)"),
     cl::init(0), cl::sub(driver::compileSubcommand()), cl::cat(training));
+cl::opt<int64_t> tpArithmetic(
+    "tp-arithmetic",
+    cl::desc("With --train: compute as tensor parallelism over L ranks does, whatever the "
+             "layout's --tp T (a divisor of L): the plan is the TP=L partition, and each "
+             "process runs L / T of its ranks on threads (moert's --in-process), so every "
+             "layout compiled with the same L trains to the same bytes, one process "
+             "included (docs/training.md)"),
+    cl::init(0), cl::sub(driver::compileSubcommand()), cl::cat(training));
 cl::opt<int64_t> globalBatchSize(
     "global-batch-size",
     cl::desc("With --optimizer: sequences per update, a multiple of --micro-batch-size (the "
@@ -147,7 +155,9 @@ Error driver::chooseRecompute(mlir::MLIRContext &context, mlir::ModuleOp module,
   request.zeroAuto = zeroStage.getNumOccurrences() == 0;
   request.expertsAuto = request.zeroAuto && !expertsGiven;
   request.tensorAuto = request.zeroAuto && worldAlone;
-  request.budget = memoryBudget.getNumOccurrences() ? int64_t(memoryBudget) : 0;
+  // (A process's budget is its ranks'.)
+  request.budget =
+      memoryBudget.getNumOccurrences() ? int64_t(memoryBudget) / options.ranksPerProcess : 0;
   request.config = &config;
   // Pipeline stages are given (and ZeRO, and the layout): the recompute of
   // each stage is chosen.
@@ -170,7 +180,7 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
   if (!train) {
     for (cl::Option *o : std::initializer_list<cl::Option *>{
              &seqLen, &microBatchSize, &auxLossCoef, &routerZLossCoef, &lossOnly, &recompute,
-             &optimizerKind, &memoryBudget})
+             &optimizerKind, &memoryBudget, &tpArithmetic})
       if (o->getNumOccurrences())
         return refuse("--" + o->ArgStr + ": expected --train");
   }
@@ -200,6 +210,40 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
   // planner's choice among them (dp = N, ZeRO and recompute by the training
   // memory and time model).
   int64_t replicas = 1, experts = 1, tensor = 1, slices = 1, stages = 1;
+  // --tp-arithmetic L: the TP=L partition, L / T of its ranks in each
+  // process (applied once the replicas are counted from the real --tp, and
+  // before --etp and --ep are checked against the TP=L group).
+  int64_t perProcess = 1;
+  auto arithmeticOfTp = [&]() -> Error {
+    if (!tpArithmetic.getNumOccurrences())
+      return Error::success();
+    const int64_t arithmetic = tpArithmetic;
+    if (arithmetic < 1 || arithmetic % tensor)
+      return refuse("--tp-arithmetic " + Twine(arithmetic) +
+                    ": expected a positive multiple of --tp (" + Twine(tensor) + ")");
+    // (The heads first, in the option's name; other widths TP=L splits
+    // are checked by the layout, under --tp L.)
+    if (config.numHeads % arithmetic || (!config.isMLA() && config.numKVHeads % arithmetic))
+      return refuse(formatv("--tp-arithmetic {0}: expected a divisor of num_attention_heads "
+                            "({1}){2}",
+                            arithmetic, config.numHeads,
+                            config.isMLA() ? std::string()
+                                           : formatv(" and num_key_value_heads ({0})",
+                                                     config.numKVHeads)
+                                                 .str())
+                        .str());
+    if (worldAlone && options.layout->worldSize > 1)
+      return refuse("--tp-arithmetic " + Twine(arithmetic) +
+                    ": not with --world-size alone (the planner's choice of --tp): give the "
+                    "layout (--dp N, --tp T, --ep E)");
+    if (options.target != "cpu")
+      return refuse("not supported yet: --tp-arithmetic with --target " + options.target +
+                    " (a process runs its ranks on the CPU device)");
+    perProcess = arithmetic / tensor;
+    tensor = arithmetic;
+    worldAlone = false; // (--world-size 1: nothing left to choose)
+    return Error::success();
+  };
   if (distribution) {
     const LayoutRequest &l = *options.layout;
     // Pipeline stages (--pp P): each replica's layers over P ranks.
@@ -229,6 +273,8 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
     replicas = l.dp ? l.dp : l.worldSize ? perStage / tensor : tensor > 1 || stages > 1 ? 1 : experts;
     if (replicas < 1)
       return refuse("--train: expected --world-size N or --dp N with N >= 1");
+    if (Error e = arithmeticOfTp())
+      return e;
     slices = std::max<int64_t>(l.etp, 1);
     if (tensor % slices)
       return refuse("--train --etp " + Twine(slices) + ": expected a divisor of --tp " +
@@ -245,6 +291,10 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
                     " with --target " + options.target +
                     " (the experts' backward kernels are the CPU's for now)");
   }
+  if (!distribution)
+    if (Error e = arithmeticOfTp())
+      return e;
+  options.ranksPerProcess = perProcess;
   const bool selective = recompute == "selective" || recompute == "experts",
              full = recompute == "full";
   if (options.capacityFactor > 0 && selective)

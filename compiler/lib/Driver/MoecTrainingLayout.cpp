@@ -323,5 +323,13 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
                     "{2:e2} s)\n",
                     100 * pick.time.comm / pick.time.total(), pick.time.comm,
                     pick.time.total());
+  if (options.ranksPerProcess > 1)
+    outs() << formatv("--tp-arithmetic: {0} runs {1} of these ranks (a process holds {1} x "
+                      "the rank's memory)\n",
+                      world == options.ranksPerProcess
+                          ? std::string("the one process")
+                          : formatv("each of the {0} processes", world / options.ranksPerProcess)
+                                .str(),
+                      options.ranksPerProcess);
   return Error::success();
 }

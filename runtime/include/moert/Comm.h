@@ -87,6 +87,9 @@ bool mpiAllowsThreads(const Comm &comm);
 /// True when this process was started by mpirun (OMPI_COMM_WORLD_SIZE set).
 bool underMpirun();
 /// The MPI communicator under mpirun, else the single-process one.
-std::unique_ptr<Comm> createComm(int *argc, char ***argv);
+/// `rankThreads` (or --in-process in argv): MPI is asked to let every
+/// thread call it (MPI_THREAD_MULTIPLE), for rank threads (moert run and
+/// train, whose plan may run several ranks a process).
+std::unique_ptr<Comm> createComm(int *argc, char ***argv, bool rankThreads = false);
 
 } // namespace moert

@@ -232,6 +232,9 @@ struct Plan {
   std::vector<std::string> unusedTensorPrefixes;
   int64_t maxBatchTokens = 0, maxSeqLen = 0, maxSequences = 0;
   int64_t worldSize = 1;
+  /// The ranks one process runs, each on its own thread (moec compile
+  /// --tp-arithmetic): moert runs such a plan as `--in-process` does.
+  int64_t ranksPerProcess = 1;
   Degrees degrees;
   int64_t paddedVocab = 0; ///< vocab.padded (== vocabSize with tp = 1)
   /// The model's logical (checkpoint) tensors, whole shapes.

@@ -62,6 +62,9 @@ struct EmitPlan : moe::impl::MoEEmitPlanBase<EmitPlan> {
     if (!plan)
       return plan.takeError();
     json::Object &root = *plan->getAsObject();
+    // moec compile --tp-arithmetic: the ranks each process runs.
+    if (auto perProcess = module->getAttrOfType<IntegerAttr>("moe.ranks_per_process"))
+      root["ranks_per_process"] = perProcess.getInt();
     if (llvm::Error e = backend->serialize(module, root, options))
       return e;
     if (output.empty())
