@@ -41,10 +41,10 @@ inline constexpr size_t kSealSize = kSealPrefixSize + 16 + 1; ///< prefix, digit
 /// is the kernel table's (typed by moert's KernelTable).
 namespace members {
 inline constexpr const char *kRoot[] = {"format",   "version",  "producer",    "model",
-                                        "workload", "world_size", "ranks_per_process", "degrees", "vocab",
-                                        "stage_begin", "weights", "programs",  "ranks",
-                                        "planner",  "schedule", "pipeline_schedule",
-                                        "integrity"};
+                                        "workload", "world_size", "ranks_per_process",
+                                        "degrees",  "vocab",    "stage_begin", "weights",
+                                        "programs", "ranks",    "planner",     "schedule",
+                                        "pipeline_schedule", "integrity"};
 inline constexpr const char *kModel[] = {"model_type",   "source", "vocab_size",
                                          "max_position_embeddings", "eos_token_ids",
                                          "unused_tensor_prefixes"};
