@@ -8,6 +8,14 @@
 # (--no-peers: moert alone).
 #
 #   bench/train-step.sh [--seq-len 512] [--optimizer] [--rounds 3] [--no-peers]
+#                       [--tp-arithmetic L [--etp E]]
+#
+# --tp-arithmetic L (with --optimizer): each round also times the plan
+# compiled with moec's --tp-arithmetic L (and --etp E: the experts' slices
+# over E of its ranks; default whole experts on each) (the TP=L partition,
+# its L ranks as threads of the one process, one thread each:
+# docs/training.md, "The same bytes on every layout") and prints its cost
+# against the plain plan.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$root/build
@@ -15,15 +23,23 @@ seq=512
 peers=1
 optimizer=0
 rounds=3
+arithmetic=0
+etp=1
 while [ $# -gt 0 ]; do
   case $1 in
+    --tp-arithmetic) arithmetic=$2; shift 2 ;;
+    --etp) etp=$2; shift 2 ;;
     --seq-len) seq=$2; shift 2 ;;
     --optimizer) optimizer=1; shift ;;
     --rounds) rounds=$2; shift 2 ;;
     --no-peers) peers=0; shift ;;
-    *) echo "usage: bench/train-step.sh [--seq-len N] [--optimizer] [--rounds N] [--no-peers]" >&2; exit 2 ;;
+    *) echo "usage: bench/train-step.sh [--seq-len N] [--optimizer] [--rounds N] [--no-peers] [--tp-arithmetic L [--etp E]]" >&2; exit 2 ;;
   esac
 done
+if [ "$arithmetic" != 0 ] && [ "$optimizer" != 1 ]; then
+  echo "train-step: --tp-arithmetic goes with --optimizer (a TP plan trains with its optimizer)" >&2
+  exit 2
+fi
 config=$root/../shared/bench/bench-moe/config.json
 work=${MOE_BENCH_WORK:-/tmp/moe-bench-train}
 mkdir -p "$work"
@@ -37,6 +53,10 @@ if [ "$optimizer" = 1 ]; then
   # AdamW (torch's defaults; BF16 weights through f32 master weights).
   "$build/tools/moec/moec" compile "$config" --train --seq-len "$seq" --optimizer adamw \
     --lr 1e-4 -o "$work/train.plan"
+  if [ "$arithmetic" != 0 ]; then
+    "$build/tools/moec/moec" compile "$config" --train --seq-len "$seq" --optimizer adamw \
+      --lr 1e-4 --tp-arithmetic "$arithmetic" --etp "$etp" -o "$work/train-arithmetic.plan"
+  fi
 else
   "$build/tools/moec/moec" compile "$config" --train --seq-len "$seq" -o "$work/train.plan"
 fi
@@ -67,7 +87,12 @@ PY
 # the mixed precision moert trains in (f32 parameters and moments, the
 # forward under torch.autocast's bf16: --f32-masters).
 moert_round() {
-  if [ "$optimizer" = 1 ]; then
+  # (moert_round arithmetic: the --tp-arithmetic plan, its ranks one
+  # thread each.)
+  if [ "${1:-}" = arithmetic ]; then
+    "$build/tools/moert/moert" train "$work/train-arithmetic.plan" --weights "$work/bf16" \
+      --data "$work/tokens.npy" --steps 4 --threads 1 --metrics-out "$work/metrics.jsonl" > /dev/null
+  elif [ "$optimizer" = 1 ]; then
     "$build/tools/moert/moert" train "$work/train.plan" --weights "$work/bf16" --data "$work/tokens.npy" \
       --steps 4 --threads 2 --metrics-out "$work/metrics.jsonl" > /dev/null
   else
@@ -91,6 +116,11 @@ results=$work/rounds.jsonl
 for ((round = 1; round <= rounds; round++)); do
   ours=$(moert_round)
   echo "round $round: moert train: $ours, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  arith=null
+  if [ "$arithmetic" != 0 ]; then
+    arith=$(moert_round arithmetic)
+    echo "round $round: moert train, --tp-arithmetic $arithmetic --etp $etp: $arith"
+  fi
   torch=null
   masters=null
   if [ "$peers" = 1 ]; then
@@ -101,7 +131,7 @@ for ((round = 1; round <= rounds; round++)); do
       echo "round $round: pytorch eager, f32 masters: $masters"
     fi
   fi
-  echo "{\"moert\": $ours, \"pytorch\": $torch, \"pytorch_f32_masters\": $masters}" >> "$results"
+  echo "{\"moert\": $ours, \"arithmetic\": $arith, \"pytorch\": $torch, \"pytorch_f32_masters\": $masters}" >> "$results"
 done
 python3 - "$results" <<'PY'
 import json, statistics, sys
@@ -109,6 +139,13 @@ rounds = [json.loads(l) for l in open(sys.argv[1])]
 ours = [r["moert"]["tokens_per_s"] for r in rounds]
 print("moert train: median %.1f tokens/s over %d rounds (%s)"
       % (statistics.median(ours), len(ours), " ".join("%.1f" % x for x in ours)))
+if rounds[0].get("arithmetic"):
+    arith = [r["arithmetic"]["tokens_per_s"] for r in rounds]
+    ratios = [a / o for a, o in zip(arith, ours)]
+    print("moert train, --tp-arithmetic: median %.1f tokens/s (%s); against the plain plan "
+          "%.2fx, the median of the rounds' ratios (%s)"
+          % (statistics.median(arith), " ".join("%.1f" % x for x in arith),
+             statistics.median(ratios), " ".join("%.2fx" % r for r in ratios)))
 if rounds[0]["pytorch"] is None:
     sys.exit(0)
 # The same work first: moert's first step (mixed precision: bf16 products)
