@@ -136,8 +136,10 @@ compiled with --dp N trains under mpirun -np N: data-parallel replicas,
 each running its share of an update's micro-batches, rank 0 printing and
 writing (--collective-timeout and --in-process as for run); with ZeRO (--zero 1 or 2) each
 holds its shards of the optimizer's states (and of the gradient sums),
-which --save gathers into one layout-free checkpoint.
-docs/training.md.
+which --save gathers into one layout-free checkpoint. A plan compiled with
+--tp-arithmetic runs several of its ranks in each process, as --in-process
+does: without mpirun all of them, or under mpirun -np P (P dividing its
+ranks), with the same bytes whatever P. docs/training.md.
 
 `moert convert` writes the primary weight slices of every rank of PLAN, read
 from HF_DIR (or from a sharded checkpoint of any plan), as a sharded
@@ -296,6 +298,10 @@ void checkInProcess(const Comm &comm, int threads, DeviceKind device, const Plan
     inputError("{} runs the ranks on the CPU device (--device cpu); a CUDA plan's "
                "ranks run under mpirun",
                how);
+  // (The plan asked for it: say so once.)
+  if (!asked && comm.rank() == 0 && ranks > comm.size())
+    fmt::print("{}: {} of its {} ranks in each of {} process{}, one thread each\n", planPath,
+               ranks / comm.size(), ranks, comm.size(), comm.size() > 1 ? "es" : "");
 }
 
 int runCommandInProcess(int ranks, int argc, char **argv, int (*command)(int, char **, Comm &),

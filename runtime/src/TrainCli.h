@@ -12,7 +12,7 @@ int trainCommand(int argc, char **argv, Comm &comm);
 /// compile --tp-arithmetic; moert run and train, Cli.cpp): InputError
 /// when the processes (mpirun's, or this one) do not split the plan's
 /// ranks, when MPI does not let threads call it, with --threads other than
-/// 1 or on the CUDA device.
+/// 1 or on the CUDA device. A plan's request is said once (process 0).
 void checkInProcess(const Comm &comm, int threads, DeviceKind device, const Plan &plan,
                     const std::string &planPath, bool asked);
 /// `command` (argv without --in-process, with --threads 1) for this
