@@ -8,11 +8,12 @@
 # (--no-peers: moert alone).
 #
 #   bench/train-step.sh [--seq-len 512] [--optimizer] [--rounds 3] [--no-peers]
-#                       [--tp-arithmetic L [--etp E]]
+#                       [--tp-arithmetic L [--etp E] [--zero Z]]
 #
 # --tp-arithmetic L (with --optimizer): each round also times the plan
 # compiled with moec's --tp-arithmetic L (and --etp E: the experts' slices
-# over E of its ranks; default whole experts on each) (the TP=L partition,
+# over E of its ranks, default whole experts on each; --zero Z: whole
+# experts' states sharded between the ranks) (the TP=L partition,
 # its L ranks as threads of the one process, one thread each:
 # docs/training.md, "The same bytes on every layout") and prints its cost
 # against the plain plan.
@@ -25,15 +26,17 @@ optimizer=0
 rounds=3
 arithmetic=0
 etp=1
+zero=0
 while [ $# -gt 0 ]; do
   case $1 in
     --tp-arithmetic) arithmetic=$2; shift 2 ;;
     --etp) etp=$2; shift 2 ;;
+    --zero) zero=$2; shift 2 ;;
     --seq-len) seq=$2; shift 2 ;;
     --optimizer) optimizer=1; shift ;;
     --rounds) rounds=$2; shift 2 ;;
     --no-peers) peers=0; shift ;;
-    *) echo "usage: bench/train-step.sh [--seq-len N] [--optimizer] [--rounds N] [--no-peers] [--tp-arithmetic L [--etp E]]" >&2; exit 2 ;;
+    *) echo "usage: bench/train-step.sh [--seq-len N] [--optimizer] [--rounds N] [--no-peers] [--tp-arithmetic L [--etp E] [--zero Z]]" >&2; exit 2 ;;
   esac
 done
 if [ "$arithmetic" != 0 ] && [ "$optimizer" != 1 ]; then
@@ -55,7 +58,7 @@ if [ "$optimizer" = 1 ]; then
     --lr 1e-4 -o "$work/train.plan"
   if [ "$arithmetic" != 0 ]; then
     "$build/tools/moec/moec" compile "$config" --train --seq-len "$seq" --optimizer adamw \
-      --lr 1e-4 --tp-arithmetic "$arithmetic" --etp "$etp" -o "$work/train-arithmetic.plan"
+      --lr 1e-4 --tp-arithmetic "$arithmetic" --etp "$etp" --zero "$zero" -o "$work/train-arithmetic.plan"
   fi
 else
   "$build/tools/moec/moec" compile "$config" --train --seq-len "$seq" -o "$work/train.plan"
@@ -119,7 +122,7 @@ for ((round = 1; round <= rounds; round++)); do
   arith=null
   if [ "$arithmetic" != 0 ]; then
     arith=$(moert_round arithmetic)
-    echo "round $round: moert train, --tp-arithmetic $arithmetic --etp $etp: $arith"
+    echo "round $round: moert train, --tp-arithmetic $arithmetic --etp $etp --zero $zero: $arith"
   fi
   torch=null
   masters=null

@@ -403,10 +403,14 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
                   "): each data-parallel replica runs the same number of micro-batches");
   if (zeroStage < 0 || zeroStage > 2)
     return refuse("--zero " + Twine(int64_t(zeroStage)) + ": expected 0, 1 or 2");
-  if (zeroStage > 0 && replicas == 1)
+  // (With one replica, an expert stack's states can still be sharded over
+  // its edp group: the TP ranks that hold it whole, --tp without --etp.)
+  const bool expertGroup = config.isMoE() && tensor / (experts * slices) > 1;
+  if (zeroStage > 0 && replicas == 1 && !expertGroup)
     return refuse("--zero " + Twine(int64_t(zeroStage)) +
                   ": expected --dp N with N > 1 (ZeRO shards the optimizer's states between "
-                  "data-parallel replicas)");
+                  "data-parallel replicas), or --tp T with experts whole on its ranks (their "
+                  "states sharded between them)");
   adamw.zero = zeroStage;
   options.optimizer = adamw;
   return Error::success();

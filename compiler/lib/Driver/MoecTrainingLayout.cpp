@@ -128,7 +128,9 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
   auto zerosOver = [&](int64_t dp) -> SmallVector<int64_t> {
     if (request.zeroAuto && dp > 1 && options.optimizer)
       return {0, 1, 2};
-    return {options.optimizer && dp > 1 ? options.optimizer->zero : 0};
+    // (A given stage stands with one replica too: moec refused it unless
+    // an expert stack's edp group shards it.)
+    return {options.optimizer ? options.optimizer->zero : 0};
   };
   SmallVector<Candidate> candidates;
   for (int64_t ep : eps)
@@ -315,7 +317,7 @@ Error driver::chooseTrainingLayout(mlir::MLIRContext &context, mlir::ModuleOp mo
     outs() << formatv("  {0,-28} {1,14}\n", "state " + kind, kindBytes);
   outs() << formatv("  {0,-28} {1,14}   budget {2}: recompute {3}{4}\n", "total",
                     memory.total(), budget, pick.recompute.name,
-                    (world / pick.tp > 1 ? formatv(", zero {0}", pick.zero).str()
+                    (world / pick.tp > 1 || pick.zero > 0 ? formatv(", zero {0}", pick.zero).str()
                                          : std::string()) +
                         (pick.ep > 1 ? formatv(", ep {0}", pick.ep).str() : std::string()) +
                         (pick.tp > 1 ? formatv(", tp {0}", pick.tp).str() : std::string()));

@@ -111,10 +111,15 @@ struct AppendOptimizer : moe::impl::MoEAppendOptimizerBase<AppendOptimizer> {
       return train.emitError("moe-append-optimizer: ")
              << int64_t(microBatches) << " micro-batches of an update do not split between "
              << dataParallel(train) << " data-parallel replicas";
-    // (ZeRO shards between replicas: the norm's sums over dp assume some.)
-    if (zero >= 1 && dataParallel(train) == 1)
+    // (ZeRO shards between the ranks that hold the same weight: the
+    // replicas, or an expert stack's edp group, which TP without etp makes
+    // of one replica's ranks.)
+    if (zero >= 1 && dataParallel(train) == 1 &&
+        degree(train, "tp") / (degree(train, "ep") * degree(train, "etp")) <= 1)
       return train.emitError("moe-append-optimizer: zero=")
-             << int64_t(zero) << " needs data-parallel replicas (moe.sharding's dp > 1)";
+             << int64_t(zero)
+             << " needs data-parallel replicas (moe.sharding's dp > 1) or an expert group of "
+                "several ranks (tp / (ep x etp) > 1)";
     if (ret.getGradients().empty())
       return train.emitError("moe-append-optimizer: @")
              << train.getSymName() << " computes no gradients (compiled with --loss-only?)";
