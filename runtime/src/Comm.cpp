@@ -87,8 +87,7 @@ public:
   void allGather(const void *in, int64_t bytes, void *out, const std::vector<int> &group,
                  const std::string &what) override {
     begin(group, what);
-    if (bytes > 0 && in != out)
-      std::memmove(out, in, static_cast<size_t>(bytes));
+    allGatherWithoutPeers(in, bytes, out, group.size());
   }
   void exchange(const std::vector<Piece> &sends, const std::vector<Piece> &recvs,
                 const std::vector<int> &group, const std::string &what) override {
@@ -236,13 +235,8 @@ public:
                  const std::string &what) override {
     fault.tick(worldRank, what);
     MPI_Comm comm = commOf(group, what);
-    if (bytes <= 0)
+    if (allGatherWithoutPeers(in, bytes, out, group.size()))
       return;
-    if (group.size() == 1) {
-      if (in != out)
-        std::memmove(out, in, static_cast<size_t>(bytes));
-      return;
-    }
     int64_t n = static_cast<int64_t>(group.size());
     const char *inBytes = static_cast<const char *>(in);
     char *outBytes = static_cast<char *>(out);

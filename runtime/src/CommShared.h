@@ -11,11 +11,13 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <unistd.h>
 
@@ -87,6 +89,15 @@ inline int memberIndex(const std::vector<int> &group, int me, int size, const st
 }
 
 /// RuntimeError naming `what` unless `peer` is another rank of the world.
+/// The all_gather that needs no peer, every communicator's: nothing to
+/// move, or a group of one (its own block copied to `out`; `in` may be
+/// `out`). True when that was all.
+inline bool allGatherWithoutPeers(const void *in, int64_t bytes, void *out, size_t members) {
+  if (bytes > 0 && members == 1 && in != out)
+    std::memmove(out, in, static_cast<size_t>(bytes));
+  return bytes <= 0 || members == 1;
+}
+
 inline void checkPeer(int peer, int me, int size, const std::string &what) {
   if (peer < 0 || peer >= size || peer == me)
     runtimeError("{}: point-to-point with rank {} from rank {} of {}", what, peer, me, size);

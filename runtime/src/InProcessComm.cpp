@@ -145,13 +145,8 @@ public:
                  const std::string &what) override {
     fault.tick(me, what);
     const int member = memberOf(group, what);
-    if (bytes <= 0)
+    if (allGatherWithoutPeers(in, bytes, out, group.size()))
       return;
-    if (group.size() == 1) {
-      if (in != out)
-        std::memmove(out, in, static_cast<size_t>(bytes));
-      return;
-    }
     // `in` may lie in `out` (this member's block, or anywhere): a copy.
     staged.assign(static_cast<const char *>(in), static_cast<const char *>(in) + bytes);
     std::vector<Piece> sends, recvs;

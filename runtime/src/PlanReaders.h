@@ -25,6 +25,13 @@ struct PlanDocument {
 };
 PlanDocument readPlanDocument(const std::string &path);
 
+/// One entry of a weights list (the plan's or a program's; PlanProgram.cpp):
+/// its dtype, expert stack, int8 blocks and bytes checked.
+PlanWeight readWeight(const JsonFields &w);
+/// programs[index] (PlanProgram.cpp): its weights checked against the
+/// plan's logical weights, every step against its buffers and weights.
+PlanProgram readProgram(const Plan &plan, const JsonFields &pr, size_t index);
+
 /// The programs' entries (the first program's, one program per stage, then
 /// each other entry's) and the schedule that runs them (PlanEntries.cpp): a
 /// rank binds its weights once and shares its KV caches between its
@@ -44,7 +51,7 @@ std::shared_ptr<const KernelTable> readKernelTable(const PlanProgram &program,
 void readTrainingOutputs(const JsonFields &pr, const JsonFields &inputs, PlanProgram &program,
                          bool last, bool pipelined);
 /// An optimizer program's step input, stats and micro_batches
-/// (PlanOptimizer.cpp); refuses them in any other program.
+/// (PlanTraining.cpp); refuses them in any other program.
 void readOptimizerMembers(const JsonFields &pr, const JsonFields &inputs, PlanProgram &program);
 
 /// The plan's distribution (format and version checked already); InputError
