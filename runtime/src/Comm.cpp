@@ -261,12 +261,7 @@ public:
                 const std::vector<int> &group, const std::string &what) override {
     fault.tick(worldRank, what);
     MPI_Comm comm = commOf(group, what);
-    const int n = static_cast<int>(group.size());
-    for (const std::vector<Piece> *list : {&sends, &recvs})
-      for (const Piece &p : *list)
-        if (p.member < 0 || p.member >= n || p.bytes < 0)
-          runtimeError("{}: exchange piece of {} bytes with member {} of a group of {}", what,
-                       p.bytes, p.member, n);
+    checkPieces(sends, recvs, static_cast<int>(group.size()), what);
     // Receives first, then sends; pieces between two ranks match in order
     // (MPI's messages on one communicator and tag do not overtake).
     std::vector<MPI_Request> requests;

@@ -5,6 +5,7 @@
 // stalls that rank.
 #pragma once
 
+#include "moert/Comm.h"
 #include "moert/Error.h"
 
 #include <fmt/core.h>
@@ -96,6 +97,18 @@ inline bool allGatherWithoutPeers(const void *in, int64_t bytes, void *out, size
   if (bytes > 0 && members == 1 && in != out)
     std::memmove(out, in, static_cast<size_t>(bytes));
   return bytes <= 0 || members == 1;
+}
+
+/// An exchange's pieces, every communicator's check: each with a member of
+/// the group of `members` and a size >= 0 (RuntimeError naming `what`).
+inline void checkPieces(const std::vector<Comm::Piece> &sends,
+                        const std::vector<Comm::Piece> &recvs, int members,
+                        const std::string &what) {
+  for (const std::vector<Comm::Piece> *list : {&sends, &recvs})
+    for (const Comm::Piece &p : *list)
+      if (p.member < 0 || p.member >= members || p.bytes < 0)
+        runtimeError("{}: exchange piece of {} bytes with member {} of a group of {}", what,
+                     p.bytes, p.member, members);
 }
 
 inline void checkPeer(int peer, int me, int size, const std::string &what) {

@@ -161,12 +161,7 @@ public:
                 const std::vector<int> &group, const std::string &what) override {
     fault.tick(me, what);
     const int member = memberOf(group, what);
-    const int n = static_cast<int>(group.size());
-    for (const std::vector<Piece> *list : {&sends, &recvs})
-      for (const Piece &p : *list)
-        if (p.member < 0 || p.member >= n || p.bytes < 0)
-          runtimeError("{}: exchange piece of {} bytes with member {} of a group of {}", what,
-                       p.bytes, p.member, n);
+    checkPieces(sends, recvs, static_cast<int>(group.size()), what);
     move(sends, recvs, group, member, "exchange", what);
   }
 
