@@ -33,12 +33,13 @@ def main():
     parser.add_argument("--compile-args", default="")
     parser.add_argument("--tokens-only", action="store_true")
     parser.add_argument("--threads", default="2")
-    parser.add_argument("--reference", choices=["logits", "f32compute", "bf16inputs", "int8"],
+    parser.add_argument("--reference", choices=["logits", "f32compute", "bf16inputs", "int8", "w8a8"],
                         default="logits",
                         help="compare with the reference's own logits, or (bf16 fixtures) "
                              "with the same weights computed in float32, or in float32 "
                              "with every linear layer's input rounded to bf16, or (int8) "
-                             "with the weights after int8 quantisation and their greedy tokens")
+                             "with the weights after int8 quantisation and their greedy tokens, or "
+                             "(FP8 fixtures) with the activations quantised per 1x128 to e4m3")
     args = parser.parse_args()
 
     reference = json.load(open(os.path.join(args.fixture, "reference.json")))

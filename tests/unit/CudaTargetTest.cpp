@@ -57,6 +57,9 @@ TEST(CudaTarget, TheVendorSpellingComesFromTheTargetInfo) {
             std::string::npos);
   EXPECT_NE(source.find("extern \"C\" __global__ void __launch_bounds__(256) moe_gemv_fp8("),
             std::string::npos);
+  // One warp per 128-element group.
+  EXPECT_NE(source.find("extern \"C\" __global__ void __launch_bounds__(32) moe_quant_fp8("),
+            std::string::npos);
 
   // A made-up vendor: 64-lane wavefronts, its own shuffle, no launch bounds.
   moe::cuda::GpuTargetInfo wide{"wide", 64, "__wide_shfl_xor(v, o, 64)",

@@ -88,6 +88,30 @@ const Api &Api::get(bool nccl) {
   return api;
 }
 
+const LtApi *LtApi::get(std::string &why) {
+  static std::mutex mutex;
+  static LtApi api;
+  static std::string error;
+  static bool tried = false;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!tried) {
+    tried = true;
+    try {
+      const char *role = "cuBLASLt";
+      void *lib = openLibrary({"libcublasLt.so.13", "libcublasLt.so"}, role,
+                              "install the CUDA 13 toolkit's cuBLASLt");
+#define MOERT_LOAD_LT(name) symbol(lib, MOERT_STR(name), api.name, role);
+      MOERT_LT_FUNCTIONS(MOERT_LOAD_LT)
+#undef MOERT_LOAD_LT
+    } catch (const RuntimeError &e) {
+      error = e.what();
+      api.cublasLtMatmul = nullptr;
+    }
+  }
+  why = error;
+  return api.cublasLtMatmul ? &api : nullptr;
+}
+
 void check(CUresult r, const char *what) {
   if (r != CUDA_SUCCESS)
     runtimeError("{}: {}", what, loaded ? errorText(*loaded, r) : std::string("CUDA error"));

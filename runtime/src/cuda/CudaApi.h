@@ -4,6 +4,7 @@
 // is run. The toolkit's headers give the types; no CUDA library is linked.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda.h>
 #include <nccl.h>
@@ -26,6 +27,24 @@ namespace moert::cuda {
   X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclCommSplit) X(ncclCommDestroy)               \
   X(ncclAllReduce) X(ncclAllGather) X(ncclBroadcast) X(ncclSend) X(ncclRecv)               \
   X(ncclGroupStart) X(ncclGroupEnd) X(ncclGetErrorString) X(ncclCommGetAsyncError)
+
+#define MOERT_LT_FUNCTIONS(X)                                                             \
+  X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy) \
+  X(cublasLtMatmulDescSetAttribute) X(cublasLtMatrixLayoutCreate)                           \
+  X(cublasLtMatrixLayoutDestroy) X(cublasLtMatmulPreferenceCreate)                          \
+  X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute)               \
+  X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmul)
+
+/// cuBLASLt (libcublasLt.so.13), for the FP8 block-scaled GEMMs on sm_90
+/// (docs/cuda.md, "FP8 weights"): loaded on first use only.
+struct LtApi {
+#define MOERT_DECLARE(name) decltype(&::name) name = nullptr;
+  MOERT_LT_FUNCTIONS(MOERT_DECLARE)
+#undef MOERT_DECLARE
+  /// The loaded library, or null with `why` saying what dlopen/dlsym said
+  /// (the caller falls back to the dequantising GEMMs).
+  static const LtApi *get(std::string &why);
+};
 
 /// cuBLAS entry points (typed by hand: the headers overload some of them).
 using CublasCreate = cublasStatus_t (*)(cublasHandle_t *);

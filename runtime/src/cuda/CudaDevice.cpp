@@ -41,6 +41,8 @@ CudaDevice::~CudaDevice() {
       api->cuGraphExecDestroy(exec);
   if (blas)
     api->cublasDestroy(blas);
+  if (ltHandle)
+    lt->cublasLtDestroy(ltHandle);
   nccl.reset();
   for (Entry &e : entries)
     if (e.module)
@@ -286,7 +288,37 @@ void CudaDevice::gemm(const KernelGemm &g, int64_t T, int64_t R, int64_t grouped
   }
   void *C = reinterpret_cast<void *>(resolve(g.c, T, R));
   const int batch = static_cast<int>(g.batch);
-  // A few rows times an FP8 weight [n, k] (decode): read once, dequantised
+  // The general form (a training program's expert gradients: transpose_a,
+  // B stored [k, n]) and dropless expert GEMMs run per block, bounded by
+  // the block's count (read back: such steps are not captured). A grouped
+  // step reads its counts once; the general form at each GEMM.
+  const bool general = g.transposeA || !g.transposeB;
+  const bool counted = batch > 1 && (general || groupedStep >= 0) && g.rowsFromCounts;
+  auto readCounts = [&] {
+    if (general || countsStep != groupedStep) {
+      stepCounts.assign(static_cast<size_t>(batch), 0);
+      check(api->cuMemcpyDtoHAsync(stepCounts.data(), resolve(*g.rowsFromCounts, T, R),
+                                   stepCounts.size() * 4, stream),
+            "expert block counts");
+      check(api->cuStreamSynchronize(stream), "expert block counts");
+      countsStep = general ? -1 : groupedStep;
+    }
+  };
+  // An FP8 weight on sm_90: cuBLASLt's block-scaled FP8 GEMM, each block's
+  // rows quantised to e4m3 per 128 (docs/cuda.md), for every GEMM it takes
+  // (decode too: one numerics for prefill and decode).
+  if (f8 && f8->lt && !g.transposeA && g.transposeB && g.n == f8->rows && k == f8->cols &&
+      g.ldb == k) {
+    std::vector<int> rows(static_cast<size_t>(batch), m);
+    if (counted) {
+      readCounts();
+      for (int b = 0; b < batch; ++b)
+        rows[static_cast<size_t>(b)] = std::max(0, std::min(stepCounts[b], m));
+    }
+    if (gemmLt(g, *f8, A, C, rows, k, aType == CUDA_R_16BF))
+      return;
+  }
+  // Otherwise a few rows times an FP8 weight [n, k] (decode): read once, dequantised
   // on the fly.
   if (f8 && fp8Gemv && m <= kFp8GemvRows && !g.transposeA && g.transposeB)
     return gemvFp8(g, *f8, A, C, m, k, aType == CUDA_R_16BF, T, R);
@@ -313,22 +345,6 @@ void CudaDevice::gemm(const KernelGemm &g, int64_t T, int64_t R, int64_t grouped
                  "x {} values",
                  plan->path, program->weights[static_cast<size_t>(g.b.value)].name, g.strideB,
                  f8->rows, f8->cols);
-  // The general form (a training program's expert gradients: transpose_a,
-  // B stored [k, n]) and dropless expert GEMMs run per block, bounded by
-  // the block's count (read back: such steps are not captured). A grouped
-  // step reads its counts once; the general form at each GEMM.
-  const bool general = g.transposeA || !g.transposeB;
-  const bool counted = batch > 1 && (general || groupedStep >= 0) && g.rowsFromCounts;
-  auto readCounts = [&] {
-    if (general || countsStep != groupedStep) {
-      stepCounts.assign(static_cast<size_t>(batch), 0);
-      check(api->cuMemcpyDtoHAsync(stepCounts.data(), resolve(*g.rowsFromCounts, T, R),
-                                   stepCounts.size() * 4, stream),
-            "expert block counts");
-      check(api->cuStreamSynchronize(stream), "expert block counts");
-      countsStep = general ? -1 : groupedStep;
-    }
-  };
   // The GEMM of the blocks whose expert is in [e0, e1) of the stack (every
   // block when e1 is past the last), that expert's B at `base` + (expert -
   // e0) stride_b.
@@ -428,6 +444,50 @@ void CudaDevice::gemm(const KernelGemm &g, int64_t T, int64_t R, int64_t grouped
       blocks(static_cast<int>(e0), static_cast<int>(e1),
              reinterpret_cast<const void *>(dequantScratch));
   }
+}
+
+bool CudaDevice::gemmLt(const KernelGemm &g, const Fp8Weight &f, const void *A, void *C,
+                        const std::vector<int> &rows, int k, bool bf16) {
+  const int n = static_cast<int>(g.n), ldc = static_cast<int>(g.ldc);
+  // cuBLASLt's algorithm for `r` rows (asked once per shape; the
+  // heuristic reads shapes and modes, not the scale pointers).
+  auto algo = [&](int r) -> const std::optional<cublasLtMatmulAlgo_t> & {
+    auto key = std::make_tuple(r, n, k, ldc, g.accumulate);
+    auto found = ltAlgos.find(key);
+    if (found == ltAlgos.end()) {
+      LtFp8Problem problem(*lt, r, n, k, ldc, nullptr, nullptr);
+      found = ltAlgos.emplace(key, problem.algorithm(ltHandle, kLtWorkspace)).first;
+    }
+    return found->second;
+  };
+  for (int r : rows)
+    if (r > 0 && (r > ltRows || !algo(r)))
+      return false;
+  const int64_t es = f.scaleRows * f.scaleStride;
+  const uint64_t weight = weightPtrs[static_cast<size_t>(g.b.value)];
+  for (size_t b = 0; b < rows.size(); ++b) {
+    const int r = rows[b];
+    if (r == 0)
+      continue;
+    // The block's rows as e4m3 with their 1 x 128 scales.
+    uint64_t x = reinterpret_cast<uint64_t>(A) + b * g.strideA * 4, q = ltActivations,
+             sq = ltScales;
+    long long lda = g.lda, rr = r, kk = k, half = bf16 ? 1 : 0;
+    void *args[] = {&x, &lda, &q, &sq, &rr, &kk, &half};
+    check(api->cuLaunchKernel(current.entry->quantFp8, static_cast<unsigned>((k + 127) / 128),
+                              static_cast<unsigned>(r), 1, 32, 1, 1, 0, stream, args, nullptr),
+          "cuLaunchKernel moe_quant_fp8");
+    // Times expert b % modulo of the stack.
+    const int64_t e = rows.size() > 1 ? static_cast<int64_t>(b) % g.bBatchModulo : 0;
+    LtFp8Problem problem(*lt, r, n, k, ldc,
+                         reinterpret_cast<const void *>(f.scales + e * es * 4),
+                         reinterpret_cast<const void *>(ltScales));
+    problem.run(ltHandle, reinterpret_cast<const void *>(weight + e * f.rows * f.cols),
+                reinterpret_cast<const void *>(ltActivations),
+                static_cast<char *>(C) + b * g.strideC * 4, g.accumulate, *algo(r), ltWorkspace,
+                kLtWorkspace, stream);
+  }
+  return true;
 }
 
 void CudaDevice::gemvFp8(const KernelGemm &g, const Fp8Weight &f, const void *A, void *C, int m,

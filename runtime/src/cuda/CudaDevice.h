@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <limits>
 #include <set>
 #include <tuple>
@@ -39,6 +40,9 @@ constexpr int64_t kDequantBudget = int64_t(256) << 20;
 /// run as moe_gemv_fp8 (its MOE_GEMV_ROWS), which reads the weight once
 /// and dequantises it on the fly (MOERT_CUDA_FP8_GEMV=0: never).
 constexpr int kFp8GemvRows = 8;
+/// cuBLASLt's workspace for the FP8 block-scaled GEMMs (what NVIDIA
+/// recommends on Hopper).
+constexpr int64_t kLtWorkspace = int64_t(32) << 20;
 
 class CudaDevice final : public Device {
 
@@ -53,6 +57,7 @@ class CudaDevice final : public Device {
     CUfunction packBf16 = nullptr;   ///< moe_pack_bf16 of the module
     CUfunction dequantFp8 = nullptr; ///< moe_dequant_fp8 of the module
     CUfunction gemvFp8 = nullptr;    ///< moe_gemv_fp8 of the module
+    CUfunction quantFp8 = nullptr;   ///< moe_quant_fp8 of the module
     std::vector<CUdeviceptr> scratch, ropeCos, ropeSin;
     std::vector<bool> grouped; ///< per step: dropless expert GEMMs
     bool graphsEnabled = false;
@@ -70,6 +75,11 @@ class CudaDevice final : public Device {
     int64_t scaleRows = 0, scaleStride = 0; ///< an expert's scales: rows x stride floats
     int64_t blockRows = 0, blockCols = 0, rowOrigin = 0, colOrigin = 0;
     int64_t chunk = 1; ///< experts dequantised at a time
+    /// Its GEMMs may run on cuBLASLt (ltEnabled; 128 x 128 blocks from the
+    /// box's corner, dimensions multiples of 16): its scales are then held
+    /// with cuBLASLt's BLK128x128_32F row stride (the column blocks rounded
+    /// up to 4), which the dequantising kernels read too.
+    bool lt = false;
   };
 
 public:
@@ -132,6 +142,10 @@ private:
   /// geometry, checked to be dequantisable by moe_dequant_fp8.
   void findFp8(const RankWeights &host);
 
+  /// Whether FP8 GEMMs go to cuBLASLt (ltEnabled), and which weights can
+  /// (Fp8Weight::lt); loads cuBLASLt.
+  void chooseLt();
+
   void uploadWeights(const RankWeights &host);
 
   /// cos/sin of each rope table, as the CPU backend computes them: the
@@ -169,6 +183,14 @@ private:
   void gemvFp8(const KernelGemm &g, const Fp8Weight &f, const void *A, void *C, int m, int k,
                bool bf16, int64_t T, int64_t R);
 
+  /// C (+)= A W^T on cuBLASLt for FP8 weight `f` (its `lt`): each block's
+  /// rows (`rows[b]`, 0: none) quantised by moe_quant_fp8, then
+  /// cublasLtMatmul with the weight's 128 x 128 scales and the rows' 1 x 128
+  /// ones. False (nothing launched) when cuBLASLt has no algorithm for one
+  /// of the blocks: the caller dequantises instead.
+  bool gemmLt(const KernelGemm &g, const Fp8Weight &f, const void *A, void *C,
+              const std::vector<int> &rows, int k, bool bf16);
+
   /// A GEMM of the table (C[m, n] (+)= op(A) op(B), row-major: CudaGemm.h).
   /// `groupedStep` >= 0: a dropless expert GEMM of that step, run as a
   /// grouped GEMM over each block's counted rows only (the counts are read
@@ -197,6 +219,17 @@ private:
   CUdeviceptr dequantScratch = 0;
   bool fp8Gemv = false; ///< the module has moe_gemv_fp8, MOERT_CUDA_FP8_GEMV is not 0
   int64_t dequantBytes = 0;
+  int sm = 0; ///< the GPU's compute capability, major * 10 + minor
+  /// FP8 GEMMs of more rows than the GEMV takes run on cuBLASLt's
+  /// block-scaled FP8 GEMM: sm_90, the module has moe_quant_fp8, and
+  /// MOERT_CUDA_FP8_GEMM is not 0 (docs/cuda.md, "FP8 weights").
+  bool ltEnabled = false;
+  const cuda::LtApi *lt = nullptr;
+  cublasLtHandle_t ltHandle = nullptr;
+  CUdeviceptr ltActivations = 0, ltScales = 0, ltWorkspace = 0; ///< one block's
+  int64_t ltRows = 0, ltK = 0; ///< the most rows and depth of a block
+  /// cuBLASLt's answer per (rows, n, k, ldc, accumulate): an algorithm, or none.
+  std::map<std::tuple<int, int, int, int, bool>, std::optional<cublasLtMatmulAlgo_t>> ltAlgos;
   CUdeviceptr batchSequence = 0, batchPosition = 0, batchLogitRows = 0, batchArgmax = 0;
   int64_t weightsOnDevice = 0, loaded = 0;
   std::vector<int32_t> stepCounts;   // the counts of the grouped step in flight

@@ -45,6 +45,12 @@ void CudaDevice::selectDevice() {
   check(api->cuDeviceGet(&device, local % count), "cuDeviceGet");
   check(api->cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
   check(api->cuCtxSetCurrent(context), "cuCtxSetCurrent");
+  int major = 0, minor = 0;
+  check(api->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device),
+        "cuDeviceGetAttribute");
+  check(api->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device),
+        "cuDeviceGetAttribute");
+  sm = major * 10 + minor;
   check(api->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   memory_.bind(*api, stream);
   check(api->cublasCreate(&blas), "cublasCreate");
@@ -90,6 +96,8 @@ bool CudaDevice::loadModule(Entry &e) {
     e.dequantFp8 = nullptr;
   if (api->cuModuleGetFunction(&e.gemvFp8, e.module, "moe_gemv_fp8") != CUDA_SUCCESS)
     e.gemvFp8 = nullptr;
+  if (api->cuModuleGetFunction(&e.quantFp8, e.module, "moe_quant_fp8") != CUDA_SUCCESS)
+    e.quantFp8 = nullptr;
   return api->cuModuleGetFunction(&e.packBf16, e.module, "moe_pack_bf16") == CUDA_SUCCESS;
 }
 
@@ -125,6 +133,11 @@ void CudaDevice::allocate() {
   }
   arena.reserve(packBytes);
   arena.reserve(dequantBytes);
+  if (ltEnabled) {
+    arena.reserve(ltRows * ltK);                     // e4m3 rows
+    arena.reserve(ltRows * ((ltK + 127) / 128) * 4); // their scales
+    arena.reserve(kLtWorkspace);
+  }
   arena.allocate(*api);
 
   for (Entry &e : entries) {
@@ -155,6 +168,11 @@ void CudaDevice::allocate() {
   }
   packScratch = packBytes ? arena.take(packBytes) : 0;
   dequantScratch = dequantBytes ? arena.take(dequantBytes) : 0;
+  if (ltEnabled) {
+    ltActivations = arena.take(ltRows * ltK);
+    ltScales = arena.take(ltRows * ((ltK + 127) / 128) * 4);
+    ltWorkspace = arena.take(kLtWorkspace);
+  }
 }
 
 void CudaDevice::findFp8(const RankWeights &host) {
@@ -196,12 +214,39 @@ void CudaDevice::findFp8(const RankWeights &host) {
     }
     fp8[i] = f;
   }
+  chooseLt();
   if (!fp8.empty())
     for (const Entry &e : entries)
       if (!e.dequantFp8)
         inputError("{}: program {} has FP8 weights but its kernels lack moe_dequant_fp8 (a plan "
                    "of an older moec: compile it again)",
                    plan->path, e.program - plan->programs.data());
+}
+
+void CudaDevice::chooseLt() {
+  // sm_90 (Hopper) has cuBLASLt's 128 x 128 block-scaled FP8 GEMM; other
+  // GPUs (sm_80 has no FP8 tensor cores; sm_100's cuBLASLt has no such
+  // scale mode) dequantise.
+  const char *env = std::getenv("MOERT_CUDA_FP8_GEMM");
+  ltEnabled = sm / 10 == 9 && !(env && !std::strcmp(env, "0")) && !fp8.empty();
+  for (const Entry &e : entries)
+    ltEnabled &= e.quantFp8 != nullptr;
+  if (!ltEnabled)
+    return;
+  std::string why;
+  lt = cuda::LtApi::get(why);
+  if (!lt) {
+    fmt::print(stderr, "moert: FP8 GEMMs are dequantised: {}\n", why);
+    ltEnabled = false;
+    return;
+  }
+  check(lt->cublasLtCreate(&ltHandle), "cublasLtCreate");
+  for (auto &[i, f] : fp8) {
+    f.lt = f.blockRows == 128 && f.blockCols == 128 && f.rowOrigin == 0 && f.colOrigin == 0 &&
+           f.rows % 16 == 0 && f.cols % 16 == 0;
+    if (f.lt)
+      f.scaleStride = ((f.cols + 127) / 128 + 3) / 4 * 4;
+  }
 }
 
 void CudaDevice::weightUse(std::set<size_t> &widened, std::set<size_t> &stored) {
@@ -241,6 +286,11 @@ void CudaDevice::weightUse(std::set<size_t> &widened, std::set<size_t> &stored) 
         f.chunk = std::clamp<int64_t>(dequantBudget / std::max<int64_t>(1, values * 4), 1,
                                       f.experts);
         dequantBytes = std::max(dequantBytes, f.chunk * values * (bf16 ? 2 : 4));
+        if (f.lt) { // one block of rows quantised at a time
+          ltRows = std::max({ltRows, g.rows == KernelGemm::Rows::Fixed ? g.m : int64_t(0),
+                             plan->maxBatchTokens});
+          ltK = std::max(ltK, f.cols);
+        }
       } else if (w >= 0) {
         if (bf16) {
           stored.insert(static_cast<size_t>(w));
@@ -280,7 +330,17 @@ void CudaDevice::uploadWeights(const RankWeights &host) {
       CUdeviceptr at = q.scales;
       auto scales = [&](const TensorView &v) {
         const size_t bytes = static_cast<size_t>(q.scaleRows * q.scaleStride * 4);
-        check(api->cuMemcpyHtoD(at, v.blocks->data, bytes), "upload FP8 block scales");
+        const float *data = v.blocks->data;
+        std::vector<float> padded;
+        if (q.scaleStride != v.blocks->stride) { // cuBLASLt's row stride (q.lt)
+          const int64_t used = (q.cols + 127) / 128;
+          padded.assign(static_cast<size_t>(q.scaleRows * q.scaleStride), 0.0f);
+          for (int64_t r = 0; r < q.scaleRows; ++r)
+            std::copy_n(data + r * v.blocks->stride, used,
+                        padded.begin() + r * q.scaleStride);
+          data = padded.data();
+        }
+        check(api->cuMemcpyHtoD(at, data, bytes), "upload FP8 block scales");
         at += bytes;
         weightsOnDevice += static_cast<int64_t>(bytes);
       };

@@ -312,12 +312,23 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice device) {
   return CUDA_SUCCESS;
 }
 
+// The device's compute capability as major * 10 + minor: 90 (sm_90), or
+// MOE_FAKE_CUDA_SM (e.g. 80: the tests of the device's sm_80 paths). The
+// fake cuBLASLt (fake_cublaslt.cpp) answers for this device too.
+int moe_fake_cuda_sm() {
+  static int sm = [] {
+    const char *v = std::getenv("MOE_FAKE_CUDA_SM");
+    return v && std::atoi(v) > 0 ? std::atoi(v) : 90;
+  }();
+  return sm;
+}
+
 CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attrib, CUdevice device) {
   if (device != 0)
     return CUDA_ERROR_INVALID_DEVICE;
   switch (attrib) {
-  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *value = 9; break;
-  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *value = 0; break;
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *value = moe_fake_cuda_sm() / 10; break;
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *value = moe_fake_cuda_sm() % 10; break;
   case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *value = 132; break;
   case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = 1024; break;
   case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *value = 32; break;

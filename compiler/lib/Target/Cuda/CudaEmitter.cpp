@@ -285,6 +285,55 @@ MOE_DEVICE float moe_e4m3(unsigned b) {
 #ifdef MOE_HOST_EMULATION
 extern "C" void moe_gemv_fp8__host(const unsigned long long *args) { moe_gemv_fp8((const float *)args[0], (long long)args[1], (long long)args[2], (const unsigned char *)args[3], (long long)args[4], (long long)args[5], (const float *)args[6], (long long)args[7], (long long)args[8], (long long)args[9], (long long)args[10], (long long)args[11], (long long)args[12], (float *)args[13], (long long)args[14], (long long)args[15], (long long)args[16], (long long)args[17], (const int *)args[18], (long long)args[19], (long long)args[20]); }
 #endif
+/// A float as float8_e4m3fn (nearest even; beyond 448 saturated, as
+/// __NV_SATFINITE; NaN stays NaN).
+MOE_DEVICE unsigned char moe_to_e4m3(float v) {
+  const unsigned sign = (__float_as_uint(v) >> 24) & 128u;
+  const float a = fabsf(v);
+  if (!(a == a))
+    return static_cast<unsigned char>(sign | 0x7fu);
+  if (a >= 464.0f) // 448 is the largest; [448, 464) rounds to it
+    return static_cast<unsigned char>(sign | 0x7eu);
+  if (a < 0.015625f) // subnormal: multiples of 2^-9 (8 of them is 2^-6, byte 0x08)
+    return static_cast<unsigned char>(sign | static_cast<unsigned>(rintf(a * 512.0f)));
+  unsigned u = __float_as_uint(a);
+  u += 0x7ffffu + ((u >> 20) & 1u); // 3 mantissa bits, nearest even
+  const unsigned b = (((u >> 23) - 120u) << 3) | ((u >> 20) & 7u);
+  return static_cast<unsigned char>(sign | (b > 0x7eu ? 0x7eu : b));
+}
+/// Activations quantised for an FP8 block-scaled GEMM (the driver's sm_90
+/// path through cuBLASLt, docs/cuda.md), as DeepSeek-V3's act_quant and
+/// transformers' FP8 integration do (activation_scheme dynamic): each
+/// 128-element group g of row r of x (row stride lda; rounded to bf16 first
+/// when bf16 != 0) gets the scale s = amax / 448 (1 for an all-zero group),
+/// its elements x / s as e4m3 bytes into q (row stride k) and s into
+/// s[g rows + r] (outer-dim-major: cuBLASLt's VEC128_32F). One warp per
+/// group: grid (ceil(k / 128), rows).
+@QUANT_FP8@(
+    const float *__restrict__ x, long long lda, unsigned char *__restrict__ q,
+    float *__restrict__ s, long long rows, long long k, long long bf16) {
+  const long long g = blockIdx.x, r = blockIdx.y, lane = threadIdx.x;
+  if (r >= rows || g * 128 >= k)
+    return;
+  const float *src = x + r * lda + g * 128;
+  const long long n = k - g * 128 < 128 ? k - g * 128 : 128;
+  float amax = 0.0f;
+  for (long long c = lane; c < n; c += MOE_WARP_SIZE) {
+    const float v = bf16 ? moe_round_bf16(src[c]) : src[c];
+    amax = fmaxf(amax, fabsf(v));
+  }
+  amax = moe_warp_reduce(amax, moe_op_max());
+  const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+  for (long long c = lane; c < n; c += MOE_WARP_SIZE) {
+    const float v = bf16 ? moe_round_bf16(src[c]) : src[c];
+    q[r * k + g * 128 + c] = moe_to_e4m3(v / scale);
+  }
+  if (lane == 0)
+    s[g * rows + r] = scale;
+}
+#ifdef MOE_HOST_EMULATION
+extern "C" void moe_quant_fp8__host(const unsigned long long *args) { moe_quant_fp8((const float *)args[0], (long long)args[1], (unsigned char *)args[2], (float *)args[3], (long long)args[4], (long long)args[5], (long long)args[6]); }
+#endif
 #ifdef MOE_HOST_EMULATION
 extern "C" void moe_dequant_fp8__host(const unsigned long long *args) { moe_dequant_fp8((const unsigned char *)args[0], (long long)args[1], (long long)args[2], (long long)args[3], (const float *)args[4], (long long)args[5], (long long)args[6], (long long)args[7], (long long)args[8], (long long)args[9], (long long)args[10], (void *)args[11], (long long)args[12]); }
 #endif
@@ -537,7 +586,8 @@ llvm::Expected<EmittedProgram> Emitter::run() {
                             {"SHFL", target.shuffleXor},
                             {"PACK_BF16", declaration("moe_pack_bf16", 256)},
                             {"DEQUANT_FP8", declaration("moe_dequant_fp8", 256)},
-                            {"GEMV_FP8", declaration("moe_gemv_fp8", 256)}});
+                            {"GEMV_FP8", declaration("moe_gemv_fp8", 256)},
+                            {"QUANT_FP8", declaration("moe_quant_fp8", target.warpSize)}});
   Array table;
   std::string rowsName = "T";
   for (size_t i = 0; i < steps.size(); ++i) {
