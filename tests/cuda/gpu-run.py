@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""gpu-run.py GPUS COMMAND...: run an end-to-end check on real GPUs (ctest
-label `gpu`). Exits 77 (ctest: skipped, not passed) unless /dev/nvidia0 and
-libcuda.so.1 exist and at least GPUS devices are visible (nvidia-smi -L);
+"""gpu-run.py [--sm NN] GPUS COMMAND...: run an end-to-end check on real GPUs
+(ctest label `gpu`). Exits 77 (ctest: skipped, not passed) unless /dev/nvidia0
+and libcuda.so.1 exist, at least GPUS devices are visible (nvidia-smi -L)
+and, with --sm, the first has that compute capability (90: sm_90);
 otherwise runs COMMAND and exits with its status."""
 import ctypes
 import os
@@ -17,7 +18,11 @@ def skip(why):
 
 
 def main():
-    need, command = int(sys.argv[1]), sys.argv[2:]
+    args = sys.argv[1:]
+    sm = None
+    if args[0] == "--sm":
+        sm, args = args[1], args[2:]
+    need, command = int(args[0]), args[1:]
     if not os.path.exists("/dev/nvidia0"):
         skip("no GPU visible (/dev/nvidia0)")
     try:
@@ -31,6 +36,14 @@ def main():
         count = 1
     if count < need:
         skip(f"{need} GPUs needed, {count} visible")
+    if sm is not None:
+        query = ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader", "-i", "0"]
+        try:
+            cap = subprocess.run(query, capture_output=True, text=True).stdout.strip()
+        except OSError:
+            cap = ""
+        if cap.replace(".", "") != sm:
+            skip(f"sm_{sm} needed, the GPU is compute capability {cap or 'unknown'}")
     sys.exit(subprocess.run(command).returncode)
 
 
