@@ -29,4 +29,4 @@ stage asan ./scripts/asan.sh
 # the sanitized moert: no crash, hang or silent change (issue 11's count is
 # 1000 per kind: tests/tools/mutation-campaign.py, ~3 min).
 stage mutations python3 tests/tools/mutation-campaign.py --per-kind "${MUTATIONS_PER_KIND:-200}"
-stage ctest ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" --timeout 1200
+stage ctest ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" --timeout 1800

@@ -107,6 +107,13 @@ Plan Plan::load(const std::string &path) {
                                               plan.worldSize, plan.ranksPerProcess));
   }
 
+  if (r.has("fp8_activations")) {
+    if (r.string("fp8_activations") != "dynamic")
+      r.fail("fp8_activations", fmt::format("expected \"dynamic\" but got \"{}\"",
+                                            r.string("fp8_activations")));
+    plan.fp8DynamicActivations = true;
+  }
+
   // Degrees: absent ones are 1; edp follows from the others when absent
   // (both folds cover the same ranks: dp x tp = edp x ep x etp).
   Degrees &d = plan.degrees;

@@ -141,6 +141,15 @@ def main():
                    if any(re.fullmatch(re.escape(w["name"]).replace(r"\{e\}", r"\d+"), n)
                           for n in fp8)]
         extra += align(max(dequant + [0]))
+        # With dynamic FP8 activations on sm_90 (the fake device's default;
+        # MOE_FAKE_CUDA_SM=80 is not) FP8 GEMMs also hold cuBLASLt's 32 MiB workspace and the quantised
+        # rows (e4m3 and their scales, f32 copies: a few [max_batch_tokens,
+        # k] pieces, within the check's 10% next to the workspace).
+        lt = (fp8 and p.get("fp8_activations") == "dynamic"
+              and os.environ.get("MOE_FAKE_CUDA_SM", "90") == "90"
+              and os.environ.get("MOERT_CUDA_FP8_GEMM") != "0")
+        if lt:
+            extra += 32 << 20
         # Each entry of the rank's stage (--decode-entry: prefill and
         # decode) has its own table and staging, for its own steps.
         for program in p["programs"]:

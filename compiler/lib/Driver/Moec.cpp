@@ -157,6 +157,13 @@ cl::opt<std::string> weightFormat(
              "f32 scale per row and 128 columns, quantised by moert at load (CPU target; "
              "docs/quantization.md)"),
     cl::sub(driver::compileSubcommand()));
+cl::opt<std::string> fp8Activations(
+    "fp8-activations",
+    cl::desc("FP8 checkpoints with --target cuda: dynamic (default, the config's "
+             "activation_scheme: activations quantised per 1 x 128 before each FP8 GEMM, "
+             "cuBLASLt's FP8 GEMM on sm_90) or none (unquantised activations times the "
+             "dequantised weights, as on the CPU; docs/quantization.md)"),
+    cl::sub(driver::compileSubcommand()));
 cl::opt<bool> explain("explain",
                       cl::desc("Print the chosen layout, the best alternatives with "
                                "per-rank memory and time, and why the rest were rejected"),
@@ -436,6 +443,20 @@ int runCompile() {
                                     config->path.c_str(), weightFormat.c_str(), refusal));
     options.weightFormat = weightFormat;
   }
+  if (!fp8Activations.empty() || (cudaTarget && config->fp8)) {
+    const std::string scheme = fp8Activations.empty() ? "dynamic" : std::string(fp8Activations);
+    const char *refusal = scheme != "dynamic" && scheme != "none" ? "expected dynamic or none"
+                          : !config->fp8 ? "the checkpoint has no FP8 weights (quantization_config)"
+                          : scheme == "dynamic" && !cudaTarget
+                              ? "not supported yet with --target cpu (the CPU backend multiplies "
+                                "unquantised activations: --fp8-activations none)"
+                              : nullptr;
+    if (refusal)
+      return fail(createStringError(inconvertibleErrorCode(), "%s: --fp8-activations %s: %s",
+                                    config->path.c_str(), scheme.c_str(), refusal));
+    if (scheme == "dynamic")
+      options.fp8Activations = scheme;
+  }
   options.cudaArch = cudaArchs;
   options.kernelsOnly = kernelsOnly;
   options.decodeEntry = decodeEntry;
@@ -475,6 +496,9 @@ int runCompile() {
   }
   if (Error e = driver::chooseRecompute(context, *module, options, *config))
     return fail(std::move(e));
+  if (!options.fp8Activations.empty() && !options.train)
+    (*module)->setAttr("moe.fp8_activations",
+                       mlir::StringAttr::get(&context, options.fp8Activations));
   if (options.ranksPerProcess > 1)
     (*module)->setAttr("moe.ranks_per_process",
                        mlir::IntegerAttr::get(mlir::IntegerType::get(&context, 64),

@@ -235,6 +235,10 @@ struct Plan {
   /// The ranks one process runs, each on its own thread (moec compile
   /// --tp-arithmetic): moert runs such a plan as `--in-process` does.
   int64_t ranksPerProcess = 1;
+  /// moec compile --fp8-activations: every FP8 GEMM multiplies activations
+  /// quantised per 1 x 128 (`fp8_activations: "dynamic"`; the CUDA device
+  /// only), or unquantised ones (absent).
+  bool fp8DynamicActivations = false;
   Degrees degrees;
   int64_t paddedVocab = 0; ///< vocab.padded (== vocabSize with tp = 1)
   /// The model's logical (checkpoint) tensors, whole shapes.

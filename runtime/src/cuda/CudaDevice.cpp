@@ -304,24 +304,38 @@ void CudaDevice::gemm(const KernelGemm &g, int64_t T, int64_t R, int64_t grouped
       countsStep = general ? -1 : groupedStep;
     }
   };
-  // An FP8 weight on sm_90: cuBLASLt's block-scaled FP8 GEMM, each block's
-  // rows quantised to e4m3 per 128 (docs/cuda.md), for every GEMM it takes
-  // (decode too: one numerics for prefill and decode).
-  if (f8 && f8->lt && !g.transposeA && g.transposeB && g.n == f8->rows && k == f8->cols &&
-      g.ldb == k) {
+  // With dynamic FP8 activations (the plan's) an FP8 weight multiplies
+  // activations quantised per 1 x 128 (DeepSeek's FP8 GEMM numbers;
+  // docs/quantization.md) on every path: a few
+  // rows a block (decode) through the GEMV, on the rows quantised and
+  // dequantised again (blocks bounded by their counts on the device, so
+  // graphs capture it and only the routed experts are read); more on
+  // cuBLASLt's block-scaled FP8 GEMM (sm_90); what it does not run per
+  // block, on the rows quantised and dequantised again.
+  if (f8 && fp8Dynamic && !g.transposeA && g.transposeB && g.n == f8->rows && k == f8->cols) {
+    const bool bf16 = aType == CUDA_R_16BF;
+    if (fp8Gemv && m <= kFp8GemvRows) {
+      const uint64_t counts =
+          batch > 1 && g.rowsFromCounts ? resolve(*g.rowsFromCounts, T, R) : 0;
+      quantise(A, g.lda, g.strideA, batch, m, k, counts, bf16, 0, 0, quantScratch,
+               static_cast<int64_t>(m) * k);
+      return gemvFp8(g, *f8, reinterpret_cast<const void *>(quantScratch), k,
+                     static_cast<int64_t>(m) * k, C, m, k, false, T, R);
+    }
     std::vector<int> rows(static_cast<size_t>(batch), m);
     if (counted) {
       readCounts();
       for (int b = 0; b < batch; ++b)
         rows[static_cast<size_t>(b)] = std::max(0, std::min(stepCounts[b], m));
     }
-    if (gemmLt(g, *f8, A, C, rows, k, aType == CUDA_R_16BF))
+    if (ltEnabled && f8->lt && g.ldb == k && gemmLt(g, *f8, A, C, rows, k, bf16))
       return;
+    return gemmQuantised(g, *f8, A, C, rows, k, bf16);
   }
   // Otherwise a few rows times an FP8 weight [n, k] (decode): read once, dequantised
   // on the fly.
   if (f8 && fp8Gemv && m <= kFp8GemvRows && !g.transposeA && g.transposeB)
-    return gemvFp8(g, *f8, A, C, m, k, aType == CUDA_R_16BF, T, R);
+    return gemvFp8(g, *f8, A, g.lda, g.strideA, C, m, k, aType == CUDA_R_16BF, T, R);
   long long sa = g.strideA;
   int ldA = static_cast<int>(g.lda);
   if (aType == CUDA_R_16BF && k > 0) {
@@ -470,13 +484,8 @@ bool CudaDevice::gemmLt(const KernelGemm &g, const Fp8Weight &f, const void *A, 
     if (r == 0)
       continue;
     // The block's rows as e4m3 with their 1 x 128 scales.
-    uint64_t x = reinterpret_cast<uint64_t>(A) + b * g.strideA * 4, q = ltActivations,
-             sq = ltScales;
-    long long lda = g.lda, rr = r, kk = k, half = bf16 ? 1 : 0;
-    void *args[] = {&x, &lda, &q, &sq, &rr, &kk, &half};
-    check(api->cuLaunchKernel(current.entry->quantFp8, static_cast<unsigned>((k + 127) / 128),
-                              static_cast<unsigned>(r), 1, 32, 1, 1, 0, stream, args, nullptr),
-          "cuLaunchKernel moe_quant_fp8");
+    quantise(static_cast<const char *>(A) + b * g.strideA * 4, g.lda, 0, 1, r, k, 0, bf16,
+             ltActivations, ltScales, 0, 0);
     // Times expert b % modulo of the stack.
     const int64_t e = rows.size() > 1 ? static_cast<int64_t>(b) % g.bBatchModulo : 0;
     LtFp8Problem problem(*lt, r, n, k, ldc,
@@ -490,8 +499,48 @@ bool CudaDevice::gemmLt(const KernelGemm &g, const Fp8Weight &f, const void *A, 
   return true;
 }
 
-void CudaDevice::gemvFp8(const KernelGemm &g, const Fp8Weight &f, const void *A, void *C, int m,
-                         int k, bool bf16, int64_t T, int64_t R) {
+void CudaDevice::quantise(const void *A, int64_t lda, int64_t sa, int blocks, int rows, int k,
+                          uint64_t counts, bool bf16, CUdeviceptr q, CUdeviceptr s, CUdeviceptr y,
+                          int64_t sy) {
+  if (blocks == 0 || rows == 0 || k == 0)
+    return;
+  uint64_t x = reinterpret_cast<uint64_t>(A), qq = q, ss = s, yy = y, cc = counts;
+  long long ld = lda, sx = sa, syy = sy, rr = rows, kk = k, half = bf16 ? 1 : 0;
+  void *args[] = {&x, &ld, &sx, &qq, &ss, &yy, &syy, &rr, &kk, &cc, &half};
+  check(api->cuLaunchKernel(current.entry->quantFp8, static_cast<unsigned>((k + 127) / 128),
+                            static_cast<unsigned>(rows), static_cast<unsigned>(blocks), 32, 1, 1,
+                            0, stream, args, nullptr),
+        "cuLaunchKernel moe_quant_fp8");
+}
+
+void CudaDevice::gemmQuantised(const KernelGemm &g, const Fp8Weight &f, const void *A, void *C,
+                               const std::vector<int> &rows, int k, bool bf16) {
+  const uint64_t stored = weightPtrs[static_cast<size_t>(g.b.value)];
+  int64_t dequantised = -1; // the expert in dequantScratch
+  for (size_t b = 0; b < rows.size(); ++b) {
+    const int64_t e = rows.size() > 1 ? static_cast<int64_t>(b) % g.bBatchModulo : 0;
+    for (int r0 = 0; r0 < rows[b]; r0 += static_cast<int>(kQuantRows)) {
+      const int r = std::min(rows[b] - r0, static_cast<int>(kQuantRows));
+      quantise(static_cast<const char *>(A) + (b * g.strideA + r0 * g.lda) * 4, g.lda, 0, 1, r,
+               k, 0, bf16, 0, 0, quantScratch, 0);
+      if (e != dequantised) {
+        dequantise(f, stored, e, e + 1, e, false);
+        dequantised = e;
+      }
+      cuda::gemm(*api, blas, stream,
+                 cuda::RowMajorGemm{r, static_cast<int>(g.n), k,
+                                    reinterpret_cast<const void *>(quantScratch), CUDA_R_32F, k,
+                                    false, reinterpret_cast<const void *>(dequantScratch),
+                                    CUDA_R_32F, static_cast<int>(f.cols), true,
+                                    static_cast<char *>(C) + (b * g.strideC + r0 * g.ldc) * 4,
+                                    static_cast<int>(g.ldc), g.accumulate},
+                 "cublasGemmEx (FP8, quantised activations)");
+    }
+  }
+}
+
+void CudaDevice::gemvFp8(const KernelGemm &g, const Fp8Weight &f, const void *A, int64_t lda,
+                         int64_t sa, void *C, int m, int k, bool bf16, int64_t T, int64_t R) {
   if (g.n != f.rows || k != f.cols)
     runtimeError("{}: FP8 weight {} is {} x {}, its GEMM's B operand {} x {}", plan->path,
                  program->weights[static_cast<size_t>(g.b.value)].name, f.rows, f.cols, g.n, k);
@@ -499,12 +548,12 @@ void CudaDevice::gemvFp8(const KernelGemm &g, const Fp8Weight &f, const void *A,
   uint64_t a = reinterpret_cast<uint64_t>(A), q = weightPtrs[static_cast<size_t>(g.b.value)],
            scales = f.scales, c = reinterpret_cast<uint64_t>(C),
            counts = batch > 1 && g.rowsFromCounts ? resolve(*g.rowsFromCounts, T, R) : 0;
-  long long lda = g.lda, sa = g.strideA, n = g.n, kk = k, ss = f.scaleStride,
+  long long la = lda, sx = sa, n = g.n, kk = k, ss = f.scaleStride,
             es = f.scaleRows * f.scaleStride, br = f.blockRows, bc = f.blockCols,
             ro = f.rowOrigin, co = f.colOrigin, ldc = g.ldc, sc = g.strideC, rows = m,
             modulo = batch > 1 ? g.bBatchModulo : 1, accumulate = g.accumulate ? 1 : 0,
             half = bf16 ? 1 : 0;
-  void *args[] = {&a,   &lda, &sa, &q,    &n,      &kk,     &scales,     &ss, &es, &br, &bc,
+  void *args[] = {&a,   &la,  &sx, &q,    &n,      &kk,     &scales,     &ss, &es, &br, &bc,
                   &ro,  &co,  &c,  &ldc,  &sc,     &rows,   &modulo, &counts, &accumulate,
                   &half};
   check(api->cuLaunchKernel(current.entry->gemvFp8, static_cast<unsigned>((n + 7) / 8),

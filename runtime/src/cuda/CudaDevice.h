@@ -43,6 +43,8 @@ constexpr int kFp8GemvRows = 8;
 /// cuBLASLt's workspace for the FP8 block-scaled GEMMs (what NVIDIA
 /// recommends on Hopper).
 constexpr int64_t kLtWorkspace = int64_t(32) << 20;
+/// Rows of an FP8 GEMM that cuBLASLt does not run, quantised at a time.
+constexpr int64_t kQuantRows = 256;
 
 class CudaDevice final : public Device {
 
@@ -142,8 +144,8 @@ private:
   /// geometry, checked to be dequantisable by moe_dequant_fp8.
   void findFp8(const RankWeights &host);
 
-  /// Whether FP8 GEMMs go to cuBLASLt (ltEnabled), and which weights can
-  /// (Fp8Weight::lt); loads cuBLASLt.
+  /// Whether FP8 GEMMs quantise activations (fp8Dynamic) and go to cuBLASLt
+  /// (ltEnabled), and which weights can (Fp8Weight::lt); loads cuBLASLt.
   void chooseLt();
 
   void uploadWeights(const RankWeights &host);
@@ -180,8 +182,23 @@ private:
   /// C (+)= A W^T for m <= kFp8GemvRows rows of each block (at most its
   /// count), W the block's expert of FP8 weight `f`: moe_gemv_fp8, with
   /// bf16 products when `bf16`.
-  void gemvFp8(const KernelGemm &g, const Fp8Weight &f, const void *A, void *C, int m, int k,
-               bool bf16, int64_t T, int64_t R);
+  void gemvFp8(const KernelGemm &g, const Fp8Weight &f, const void *A, int64_t lda, int64_t sa,
+               void *C, int m, int k, bool bf16, int64_t T, int64_t R);
+
+  /// moe_quant_fp8 over `blocks` blocks of `rows` rows of A (row stride
+  /// lda, block stride sa; rows past counts[b] skipped when `counts`):
+  /// e4m3 bytes into q with their scales into s (one block), or, with y,
+  /// the values they stand for as f32 (block stride sy).
+  void quantise(const void *A, int64_t lda, int64_t sa, int blocks, int rows, int k,
+                uint64_t counts, bool bf16, CUdeviceptr q, CUdeviceptr s, CUdeviceptr y,
+                int64_t sy);
+
+  /// C (+)= A W^T with sm_90's numbers where cuBLASLt does not run it: per
+  /// block and at most kQuantRows rows at a time, the rows quantised and
+  /// dequantised again (quantScratch), times the block's expert dequantised
+  /// to f32, on cuBLAS.
+  void gemmQuantised(const KernelGemm &g, const Fp8Weight &f, const void *A, void *C,
+                     const std::vector<int> &rows, int k, bool bf16);
 
   /// C (+)= A W^T on cuBLASLt for FP8 weight `f` (its `lt`): each block's
   /// rows (`rows[b]`, 0: none) quantised by moe_quant_fp8, then
@@ -220,13 +237,19 @@ private:
   bool fp8Gemv = false; ///< the module has moe_gemv_fp8, MOERT_CUDA_FP8_GEMV is not 0
   int64_t dequantBytes = 0;
   int sm = 0; ///< the GPU's compute capability, major * 10 + minor
-  /// FP8 GEMMs of more rows than the GEMV takes run on cuBLASLt's
-  /// block-scaled FP8 GEMM: sm_90, the module has moe_quant_fp8, and
-  /// MOERT_CUDA_FP8_GEMM is not 0 (docs/cuda.md, "FP8 weights").
+  /// The plan's FP8 GEMMs multiply activations quantised per 1 x 128
+  /// (fp8_activations "dynamic"; docs/quantization.md) ...
+  bool fp8Dynamic = false;
+  /// ... on cuBLASLt's block-scaled FP8 GEMM where it runs them (sm_90,
+  /// MOERT_CUDA_FP8_GEMM is not 0, libcublasLt loads).
   bool ltEnabled = false;
   const cuda::LtApi *lt = nullptr;
   cublasLtHandle_t ltHandle = nullptr;
   CUdeviceptr ltActivations = 0, ltScales = 0, ltWorkspace = 0; ///< one block's
+  /// Quantised-and-dequantised f32 rows: every block's of a GEMV, or
+  /// kQuantRows of one block (gemmQuantised).
+  CUdeviceptr quantScratch = 0;
+  int64_t quantBytes = 0;
   int64_t ltRows = 0, ltK = 0; ///< the most rows and depth of a block
   /// cuBLASLt's answer per (rows, n, k, ldc, accumulate): an algorithm, or none.
   std::map<std::tuple<int, int, int, int, bool>, std::optional<cublasLtMatmulAlgo_t>> ltAlgos;

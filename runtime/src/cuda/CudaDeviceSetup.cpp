@@ -138,6 +138,7 @@ void CudaDevice::allocate() {
     arena.reserve(ltRows * ((ltK + 127) / 128) * 4); // their scales
     arena.reserve(kLtWorkspace);
   }
+  arena.reserve(quantBytes);
   arena.allocate(*api);
 
   for (Entry &e : entries) {
@@ -173,6 +174,7 @@ void CudaDevice::allocate() {
     ltScales = arena.take(ltRows * ((ltK + 127) / 128) * 4);
     ltWorkspace = arena.take(kLtWorkspace);
   }
+  quantScratch = quantBytes ? arena.take(quantBytes) : 0;
 }
 
 void CudaDevice::findFp8(const RankWeights &host) {
@@ -224,19 +226,29 @@ void CudaDevice::findFp8(const RankWeights &host) {
 }
 
 void CudaDevice::chooseLt() {
-  // sm_90 (Hopper) has cuBLASLt's 128 x 128 block-scaled FP8 GEMM; other
-  // GPUs (sm_80 has no FP8 tensor cores; sm_100's cuBLASLt has no such
-  // scale mode) dequantise.
-  const char *env = std::getenv("MOERT_CUDA_FP8_GEMM");
-  ltEnabled = sm / 10 == 9 && !(env && !std::strcmp(env, "0")) && !fp8.empty();
+  // The plan's numbers: activations quantised per 1 x 128 before every FP8
+  // GEMM (fp8_activations "dynamic") on every GPU; sm_90 (Hopper) runs them
+  // on cuBLASLt's 128 x 128 block-scaled FP8 GEMM, other GPUs (sm_80 has no
+  // FP8 tensor cores; sm_100's cuBLASLt has no such scale mode), or
+  // MOERT_CUDA_FP8_GEMM=0, or no libcublasLt, compute the same numbers on
+  // the dequantising paths.
+  fp8Dynamic = plan->fp8DynamicActivations && !fp8.empty();
+  if (!fp8Dynamic)
+    return;
   for (const Entry &e : entries)
-    ltEnabled &= e.quantFp8 != nullptr;
+    if (!e.quantFp8)
+      inputError("{}: program {} quantises FP8 activations but its kernels lack moe_quant_fp8 "
+                 "(a plan of an older moec: compile it again)",
+                 plan->path, e.program - plan->programs.data());
+  const char *env = std::getenv("MOERT_CUDA_FP8_GEMM");
+  ltEnabled = sm / 10 == 9 && !(env && !std::strcmp(env, "0"));
   if (!ltEnabled)
     return;
   std::string why;
   lt = cuda::LtApi::get(why);
   if (!lt) {
-    fmt::print(stderr, "moert: FP8 GEMMs are dequantised: {}\n", why);
+    fmt::print(stderr, "moert: FP8 GEMMs run without cuBLASLt (the same numbers, slower): {}\n",
+               why);
     ltEnabled = false;
     return;
   }
@@ -286,10 +298,16 @@ void CudaDevice::weightUse(std::set<size_t> &widened, std::set<size_t> &stored) 
         f.chunk = std::clamp<int64_t>(dequantBudget / std::max<int64_t>(1, values * 4), 1,
                                       f.experts);
         dequantBytes = std::max(dequantBytes, f.chunk * values * (bf16 ? 2 : 4));
-        if (f.lt) { // one block of rows quantised at a time
+        if (fp8Dynamic) {
+          // cuBLASLt's one block of e4m3 rows, the GEMV's quantised rows of
+          // every block, kQuantRows rows of one block otherwise; experts
+          // dequantised one at a time in f32.
           ltRows = std::max({ltRows, g.rows == KernelGemm::Rows::Fixed ? g.m : int64_t(0),
                              plan->maxBatchTokens});
           ltK = std::max(ltK, f.cols);
+          quantBytes = std::max({quantBytes, g.batch * kFp8GemvRows * f.cols * 4,
+                                 kQuantRows * f.cols * 4});
+          dequantBytes = std::max(dequantBytes, values * 4);
         }
       } else if (w >= 0) {
         if (bf16) {

@@ -41,7 +41,7 @@ inline constexpr size_t kSealSize = kSealPrefixSize + 16 + 1; ///< prefix, digit
 /// is the kernel table's (typed by moert's KernelTable).
 namespace members {
 inline constexpr const char *kRoot[] = {"format",   "version",  "producer",    "model",
-                                        "workload", "world_size", "ranks_per_process",
+                                        "workload", "world_size", "ranks_per_process", "fp8_activations",
                                         "degrees",  "vocab",    "stage_begin", "weights",
                                         "programs", "ranks",    "planner",     "schedule",
                                         "pipeline_schedule", "integrity"};

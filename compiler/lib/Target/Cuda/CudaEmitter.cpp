@@ -304,18 +304,23 @@ MOE_DEVICE unsigned char moe_to_e4m3(float v) {
 /// Activations quantised for an FP8 block-scaled GEMM (the driver's sm_90
 /// path through cuBLASLt, docs/cuda.md), as DeepSeek-V3's act_quant and
 /// transformers' FP8 integration do (activation_scheme dynamic): each
-/// 128-element group g of row r of x (row stride lda; rounded to bf16 first
-/// when bf16 != 0) gets the scale s = amax / 448 (1 for an all-zero group),
-/// its elements x / s as e4m3 bytes into q (row stride k) and s into
-/// s[g rows + r] (outer-dim-major: cuBLASLt's VEC128_32F). One warp per
-/// group: grid (ceil(k / 128), rows).
+/// 128-element group g of row r of block b of x (row stride lda, block
+/// stride sx; rounded to bf16 first when bf16 != 0) gets the scale
+/// s = amax / 448 (1 for an all-zero group). Without y: its elements x / s
+/// as e4m3 bytes into q (row stride k) and s into s[g rows + r]
+/// (outer-dim-major: cuBLASLt's VEC128_32F), one block. With y: the values
+/// those bytes and scales stand for, e4m3(x / s) s, as f32 into y (row
+/// stride k, block stride sy), for the GEMMs that multiply them otherwise
+/// (the same numbers). Rows past counts[b] (when given) are skipped. One
+/// warp per group: grid (ceil(k / 128), rows, blocks).
 @QUANT_FP8@(
-    const float *__restrict__ x, long long lda, unsigned char *__restrict__ q,
-    float *__restrict__ s, long long rows, long long k, long long bf16) {
-  const long long g = blockIdx.x, r = blockIdx.y, lane = threadIdx.x;
-  if (r >= rows || g * 128 >= k)
+    const float *__restrict__ x, long long lda, long long sx, unsigned char *__restrict__ q,
+    float *__restrict__ s, float *__restrict__ y, long long sy, long long rows, long long k,
+    const int *__restrict__ counts, long long bf16) {
+  const long long g = blockIdx.x, r = blockIdx.y, b = blockIdx.z, lane = threadIdx.x;
+  if (r >= rows || g * 128 >= k || (counts && r >= counts[b]))
     return;
-  const float *src = x + r * lda + g * 128;
+  const float *src = x + b * sx + r * lda + g * 128;
   const long long n = k - g * 128 < 128 ? k - g * 128 : 128;
   float amax = 0.0f;
   for (long long c = lane; c < n; c += MOE_WARP_SIZE) {
@@ -326,13 +331,17 @@ MOE_DEVICE unsigned char moe_to_e4m3(float v) {
   const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
   for (long long c = lane; c < n; c += MOE_WARP_SIZE) {
     const float v = bf16 ? moe_round_bf16(src[c]) : src[c];
-    q[r * k + g * 128 + c] = moe_to_e4m3(v / scale);
+    const unsigned char e = moe_to_e4m3(v / scale);
+    if (y)
+      y[b * sy + r * k + g * 128 + c] = moe_e4m3(e) * scale;
+    else
+      q[r * k + g * 128 + c] = e;
   }
-  if (lane == 0)
+  if (lane == 0 && !y)
     s[g * rows + r] = scale;
 }
 #ifdef MOE_HOST_EMULATION
-extern "C" void moe_quant_fp8__host(const unsigned long long *args) { moe_quant_fp8((const float *)args[0], (long long)args[1], (unsigned char *)args[2], (float *)args[3], (long long)args[4], (long long)args[5], (long long)args[6]); }
+extern "C" void moe_quant_fp8__host(const unsigned long long *args) { moe_quant_fp8((const float *)args[0], (long long)args[1], (long long)args[2], (unsigned char *)args[3], (float *)args[4], (float *)args[5], (long long)args[6], (long long)args[7], (long long)args[8], (const int *)args[9], (long long)args[10]); }
 #endif
 #ifdef MOE_HOST_EMULATION
 extern "C" void moe_dequant_fp8__host(const unsigned long long *args) { moe_dequant_fp8((const unsigned char *)args[0], (long long)args[1], (long long)args[2], (long long)args[3], (const float *)args[4], (long long)args[5], (long long)args[6], (long long)args[7], (long long)args[8], (long long)args[9], (long long)args[10], (void *)args[11], (long long)args[12]); }
