@@ -263,6 +263,7 @@ const BlockScales *RankWeights::bindScales(const Checkpoint &ckpt, const PlanSli
   b.rowOrigin = weight.offset[0] - scales.offset[0] * br;
   b.colOrigin = weight.offset[1] - scales.offset[1] * bc;
   b.computeDtype = computeDtype == DType::F32 ? DType::F32 : DType::BF16;
+  b.quantiseActivations = plan->fp8DynamicActivations;
   return &b;
 }
 

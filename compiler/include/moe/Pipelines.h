@@ -65,12 +65,12 @@ struct CompileOptions {
   /// "int8" (moec compile --weight-format int8): moe-quantize-weights marks
   /// the matrices moert keeps as int8.
   std::string weightFormat;
-  /// FP8 checkpoints compiled for CUDA: "dynamic" (the default, as the
+  /// FP8 checkpoints: "dynamic" (the default with --target cuda, as the
   /// config's quantization_config.activation_scheme says) when every FP8
   /// GEMM multiplies activations quantised per 1 x 128 (DeepSeek's FP8 GEMM;
-  /// moert runs it on cuBLASLt on sm_90, the same numbers elsewhere), "" when
-  /// they multiply unquantised activations (moec compile --fp8-activations
-  /// none; the CPU backend's numbers). moe-emit-plan writes it into the plan
+  /// moert runs it on cuBLASLt on sm_90, the same numbers elsewhere and on
+  /// the CPU), "" when they multiply unquantised activations (moec compile
+  /// --fp8-activations none, the default with --target cpu). moe-emit-plan writes it into the plan
   /// (`fp8_activations`) and refuses a layout that cuts a 128-column group.
   std::string fp8Activations;
   double auxLossCoef = -1, zLossCoef = 0;

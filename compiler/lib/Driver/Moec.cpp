@@ -159,10 +159,10 @@ cl::opt<std::string> weightFormat(
     cl::sub(driver::compileSubcommand()));
 cl::opt<std::string> fp8Activations(
     "fp8-activations",
-    cl::desc("FP8 checkpoints with --target cuda: dynamic (default, the config's "
-             "activation_scheme: activations quantised per 1 x 128 before each FP8 GEMM, "
-             "cuBLASLt's FP8 GEMM on sm_90) or none (unquantised activations times the "
-             "dequantised weights, as on the CPU; docs/quantization.md)"),
+    cl::desc("FP8 checkpoints: dynamic (the config's activation_scheme, the default with "
+             "--target cuda: activations quantised per 1 x 128 before each FP8 GEMM, "
+             "cuBLASLt's FP8 GEMM on sm_90) or none (the default with --target cpu: "
+             "unquantised activations times the dequantised weights; docs/quantization.md)"),
     cl::sub(driver::compileSubcommand()));
 cl::opt<bool> explain("explain",
                       cl::desc("Print the chosen layout, the best alternatives with "
@@ -447,10 +447,7 @@ int runCompile() {
     const std::string scheme = fp8Activations.empty() ? "dynamic" : std::string(fp8Activations);
     const char *refusal = scheme != "dynamic" && scheme != "none" ? "expected dynamic or none"
                           : !config->fp8 ? "the checkpoint has no FP8 weights (quantization_config)"
-                          : scheme == "dynamic" && !cudaTarget
-                              ? "not supported yet with --target cpu (the CPU backend multiplies "
-                                "unquantised activations: --fp8-activations none)"
-                              : nullptr;
+                                   : nullptr;
     if (refusal)
       return fail(createStringError(inconvertibleErrorCode(), "%s: --fp8-activations %s: %s",
                                     config->path.c_str(), scheme.c_str(), refusal));

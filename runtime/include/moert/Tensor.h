@@ -83,6 +83,11 @@ struct BlockScales {
   /// dequantised values to bf16 where its BF16 weights take bf16 products
   /// (src/cpu/GemmFp8.cpp); otherwise they multiply as exact f32 values.
   DType computeDtype = DType::F32;
+  /// The plan's FP8 activations are dynamic (moec compile --fp8-activations
+  /// dynamic): the rows this weight multiplies are quantised per 128
+  /// columns to e4m3 first (src/cpu/GemmFp8.cpp, docs/quantization.md), and
+  /// the products are exact f32 ones.
+  bool quantiseActivations = false;
   float at(int64_t r, int64_t c) const {
     return data[((rowOrigin + r) / blockRows) * stride + (colOrigin + c) / blockCols];
   }

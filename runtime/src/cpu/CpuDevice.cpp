@@ -51,11 +51,6 @@ public:
   void open(const Plan &plan, int64_t rankIndex, const Checkpoint &ckpt, Comm &comm) override {
     this->plan = &plan;
     rank = rankIndex;
-    if (plan.fp8DynamicActivations)
-      inputError("{}: not supported yet: fp8_activations \"dynamic\" on the CPU device (FP8 "
-                 "GEMMs with activations quantised per 1 x 128; compile with --fp8-activations "
-                 "none for the CPU, or run it with --device cuda)",
-                 plan.path);
     coords = plan.ranks.at(rankIndex).coords;
     program = &plan.programOf(rankIndex);
     world = &comm;

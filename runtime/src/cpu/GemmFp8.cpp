@@ -38,7 +38,9 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace moert::cpu::gemm {
@@ -47,7 +49,7 @@ namespace {
 constexpr int64_t kFusedMaxTokens = 4;
 /// Up to here the table GEMV (tableGemv) beats dequantising the rows.
 constexpr int64_t kTableMaxTokens = 32;
-thread_local Scratch dequantised, roundedTokens;
+thread_local Scratch dequantised, roundedTokens, quantisedTokens;
 
 /// e4m3 -> float for every byte (exact).
 struct E4m3Table {
@@ -527,6 +529,50 @@ void gemvPacked(const float *packed, int64_t tokens, const Matrix &w, const floa
 }
 
 /// Row r of w dequantised to f32 at the best level the CPU runs.
+/// f as float8_e4m3fn (nearest even; from 448 on saturated, NaN kept): the
+/// bits of moe_to_e4m3 of the CUDA kernels, and of floatToE4m3.
+inline uint8_t toE4m3(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u)
+    return sign | 0x7f;
+  float a;
+  std::memcpy(&a, &u, 4);
+  if (a >= 464.0f)
+    return sign | 0x7e;
+  if (a < 0.015625f) // subnormal: multiples of 2^-9
+    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  u += 0x7ffffu + ((u >> 20) & 1u); // 3 mantissa bits, nearest even
+  const uint32_t b = (((u >> 23) - 120u) << 3) | ((u >> 20) & 7u);
+  return sign | static_cast<uint8_t>(b > 0x7eu ? 0x7eu : b);
+}
+
+/// DeepSeek's act_quant as values (docs/quantization.md, "Whose numbers"):
+/// each group of 128 columns of each of the `tokens` rows of x (rounded to
+/// bf16 first when `bf16`) scaled by s = amax / 448 (1 for an all-zero
+/// group), e4m3(x / s) * s into q (row stride K).
+void quantiseActivations(const float *x, int64_t ldx, int64_t tokens, int64_t K, bool bf16,
+                         float *q) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float *row = x + t * ldx;
+    float *out = q + t * K;
+    for (int64_t g = 0; g < K; g += 128) {
+      const int64_t end = std::min(K, g + 128);
+      float amax = 0.0f;
+      for (int64_t c = g; c < end; ++c) {
+        out[c] = bf16 ? roundBf16(row[c]) : row[c];
+        amax = std::max(amax, std::fabs(out[c]));
+      }
+      const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+      static const E4m3Table table;
+      for (int64_t c = g; c < end; ++c)
+        out[c] = table.value[toE4m3(out[c] / s)] * s;
+    }
+  }
+}
+
 void dequantiseRow(const Matrix &w, int64_t r, float *out) {
   if (w.dtype == DType::I8)
     return dequantiseRowInt8(w, r, out);
@@ -546,6 +592,17 @@ void columnsScaled(const float *x, int64_t ldx, int64_t tokens, const Matrix &w,
   if (w.transposed)
     runtimeError("not supported yet: products with the transpose of a block-scaled weight");
   const int64_t K = w.cols;
+  if (w.dtype == DType::F8E4M3 && w.scales.quantiseActivations) {
+    // Dynamic FP8 activations: the rows quantised per 128 columns (each
+    // thread its copy: K values a token next to the K (n1 - n0) of its
+    // products), then exact f32 products of the dequantised weight.
+    float *q = quantisedTokens.get(static_cast<size_t>(tokens * K));
+    quantiseActivations(x, ldx, tokens, K, w.scales.computeDtype == DType::BF16, q);
+    Matrix exact = w;
+    exact.scales.quantiseActivations = false;
+    exact.scales.computeDtype = DType::F32;
+    return columnsScaled(q, K, tokens, exact, bias, n0, n1, y, ldy);
+  }
   if (w.dtype == DType::I8 && gemvInt8(x, ldx, tokens, w, bias, n0, n1, y, ldy))
     return;
   // A BF16 model's FP8 weights take bf16 products exactly where BF16
