@@ -516,26 +516,30 @@ void CudaDevice::quantise(const void *A, int64_t lda, int64_t sa, int blocks, in
 void CudaDevice::gemmQuantised(const KernelGemm &g, const Fp8Weight &f, const void *A, void *C,
                                const std::vector<int> &rows, int k, bool bf16) {
   const uint64_t stored = weightPtrs[static_cast<size_t>(g.b.value)];
-  int64_t dequantised = -1; // the expert in dequantScratch
-  for (size_t b = 0; b < rows.size(); ++b) {
-    const int64_t e = rows.size() > 1 ? static_cast<int64_t>(b) % g.bBatchModulo : 0;
-    for (int r0 = 0; r0 < rows[b]; r0 += static_cast<int>(kQuantRows)) {
-      const int r = std::min(rows[b] - r0, static_cast<int>(kQuantRows));
-      quantise(static_cast<const char *>(A) + (b * g.strideA + r0 * g.lda) * 4, g.lda, 0, 1, r,
-               k, 0, bf16, 0, 0, quantScratch, 0);
-      if (e != dequantised) {
-        dequantise(f, stored, e, e + 1, e, false);
-        dequantised = e;
+  // Block b multiplies expert b % modulo: each expert dequantised once, then
+  // its blocks.
+  const int64_t blocks = static_cast<int64_t>(rows.size()),
+                modulo = blocks > 1 ? g.bBatchModulo : 1;
+  for (int64_t e = 0; e < std::min(modulo, blocks); ++e) {
+    bool dequantised = false;
+    for (int64_t b = e; b < blocks; b += modulo)
+      for (int r0 = 0; r0 < rows[b]; r0 += static_cast<int>(kQuantRows)) {
+        const int r = std::min(rows[b] - r0, static_cast<int>(kQuantRows));
+        quantise(static_cast<const char *>(A) + (b * g.strideA + r0 * g.lda) * 4, g.lda, 0, 1,
+                 r, k, 0, bf16, 0, 0, quantScratch, 0);
+        if (!dequantised) {
+          dequantise(f, stored, e, e + 1, e, false);
+          dequantised = true;
+        }
+        cuda::gemm(*api, blas, stream,
+                   cuda::RowMajorGemm{r, static_cast<int>(g.n), k,
+                                      reinterpret_cast<const void *>(quantScratch), CUDA_R_32F,
+                                      k, false, reinterpret_cast<const void *>(dequantScratch),
+                                      CUDA_R_32F, static_cast<int>(f.cols), true,
+                                      static_cast<char *>(C) + (b * g.strideC + r0 * g.ldc) * 4,
+                                      static_cast<int>(g.ldc), g.accumulate},
+                   "cublasGemmEx (FP8, quantised activations)");
       }
-      cuda::gemm(*api, blas, stream,
-                 cuda::RowMajorGemm{r, static_cast<int>(g.n), k,
-                                    reinterpret_cast<const void *>(quantScratch), CUDA_R_32F, k,
-                                    false, reinterpret_cast<const void *>(dequantScratch),
-                                    CUDA_R_32F, static_cast<int>(f.cols), true,
-                                    static_cast<char *>(C) + (b * g.strideC + r0 * g.ldc) * 4,
-                                    static_cast<int>(g.ldc), g.accumulate},
-                 "cublasGemmEx (FP8, quantised activations)");
-    }
   }
 }
 
