@@ -136,6 +136,9 @@ llvm::Error Emitter::lowerAddNorm(const Step &s, Array &launches, std::string &)
   if ((NV + B - 1) / B > 8)
     B = blockFor((NV + 7) / 8, 1024);
   const int64_t PER = (NV + B - 1) / B;
+  // Each thread's elements: guarded unless the block covers the row exactly
+  // (ptxas spilled the guarded loop at G = 6144 on sm_90: Mixtral-8x22B).
+  const std::string guard = NV % B ? "    if (i < @NV@) {\n" : "    {\n";
   WeightType wt = weightType(dtype(w[0]));
   const int64_t bias = layer && w.size() > 1 ? w[1] : -1;
   WeightType bt = bias >= 0 ? weightType(dtype(bias)) : wt;
@@ -167,7 +170,7 @@ llvm::Error Emitter::lowerAddNorm(const Step &s, Array &launches, std::string &)
     reduce = each("      s += v[j]@DOT@@C@;\n");
     normalise = "  const float mean = moe_block_sum(s, red, @B@) / static_cast<float>(@G@);\n"
                 "  float q = 0.0f;\n#pragma unroll\n  for (int j = 0; j < @PER@; ++j) {\n"
-                "    const int i = threadIdx.x + j * @B@;\n    if (i < @NV@) {\n" +
+                "    const int i = threadIdx.x + j * @B@;\n" + guard +
                 each("      { const float d = v[j]@DOT@@C@ - mean; q += d * d; }\n") +
                 "    }\n  }\n"
                 "  const float var = moe_block_sum(q, red, @B@) / static_cast<float>(@G@);\n"
@@ -194,10 +197,9 @@ llvm::Error Emitter::lowerAddNorm(const Step &s, Array &launches, std::string &)
 #pragma unroll
   for (int j = 0; j < @PER@; ++j) {
     const int i = threadIdx.x + j * @B@;
-    if (i < @NV@) {
-)") + load + reduce + "    }\n  }\n" + normalise +
+)") + guard + load + reduce + "    }\n  }\n" + normalise +
                                "#pragma unroll\n  for (int j = 0; j < @PER@; ++j) {\n"
-                               "    const int i = threadIdx.x + j * @B@;\n    if (i < @NV@) {\n" +
+                               "    const int i = threadIdx.x + j * @B@;\n" + guard +
                                store + write + "    }\n  }\n",
                            {{"NG", str(groups)}, {"G", str(G)}, {"B", str(B)}, {"NV", str(NV)},
                             {"PER", str(PER)}, {"VT", v4 ? "float4" : "float"},
