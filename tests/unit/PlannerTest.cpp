@@ -683,3 +683,65 @@ TEST(Planner, JsonHasTheBreakdown) {
 }
 
 } // namespace
+
+TEST(Planner, DynamicFp8KeepsInputGroupsWhole) {
+  // Qwen3-30B-A3B as its FP8 release stores it (128 x 128 blocks): the
+  // experts' down_proj has 768 input columns, o_proj 4096.
+  std::string path = configPath("Qwen3-30B-A3B");
+  if (!llvm::sys::fs::exists(path))
+    GTEST_SKIP() << "reference configs not found at " MOE_SHARED_CONFIGS_DIR;
+  llvm::Expected<hf::ModelConfig> c = hf::loadModelConfig(path);
+  ASSERT_TRUE(static_cast<bool>(c)) << llvm::toString(c.takeError());
+  c->fp8 = hf::ModelConfig::Fp8Quantization();
+  llvm::Expected<ModelInfo> m = ModelInfo::build(*c);
+  ASSERT_TRUE(static_cast<bool>(m)) << llvm::toString(m.takeError());
+  // fp8GroupCut says what the slices say: some rank's FP8 slice starts or
+  // ends its input columns inside a group.
+  for (Degrees d : {Degrees{2, 1, 4, 1, 4}, Degrees{4, 1, 2, 1, 2}, Degrees{2, 1, 4, 4, 1},
+                    Degrees{1, 2, 4, 1, 4}, Degrees{2, 1, 4, 1, 8}}) {
+    LayoutEstimate e = estimate(*m, cluster("h100", d.world()), d);
+    bool cut = false;
+    for (int64_t rank = 0; rank < d.world() && !cut; ++rank)
+      for (const WeightSlice &s : weightSlices(*m, e.layout, rank)) {
+        if (s.block.size() != 2 || s.shape.size() != 2)
+          continue;
+        const int64_t begin = s.offset[1], end = begin + s.shape[1];
+        if (begin % s.block[1] || (end % s.block[1] && end != s.globalShape[1]))
+          cut = true;
+      }
+    std::optional<std::string> said = fp8GroupCut(*m, d);
+    EXPECT_EQ(said.has_value(), cut) << d.str();
+    if (d.etp == 4)
+      EXPECT_EQ(said.value_or(""), "model.layers.0.mlp.experts.0.down_proj.weight: etp=4 "
+                                   "splits its 768 input columns into 192-column slices, "
+                                   "cutting its 128-column groups");
+  }
+  // The planner ranks only whole-group layouts when asked.
+  FixedDegrees f;
+  f.tp = 4;
+  f.ep = 1;
+  PlanOptions whole;
+  whole.wholeFp8Groups = true;
+  for (auto [options, etp] : {std::pair{PlanOptions(), 4}, std::pair{whole, 2}}) {
+    llvm::Expected<PlanResult> r = planSharding(*m, cluster("h100", 8), Workload(), options, f);
+    ASSERT_TRUE(static_cast<bool>(r)) << llvm::toString(r.takeError());
+    EXPECT_EQ(r->chosen().layout.degrees.etp, etp);
+    for (const LayoutEstimate &e : r->ranked)
+      EXPECT_EQ(fp8GroupCut(*m, e.layout.degrees).has_value() && options.wholeFp8Groups, false);
+    size_t cutting = 0;
+    for (const Rejection &x : r->rejected) {
+      cutting += x.cutsFp8Group;
+      EXPECT_TRUE(!x.cutsFp8Group || fp8GroupCut(*m, x.degrees)) << x.degrees.str();
+    }
+    EXPECT_EQ(cutting > 0, options.wholeFp8Groups); // ETP 4 and 8
+  }
+  f.etp = 8;
+  llvm::Expected<PlanResult> r = planSharding(*m, cluster("h100", 8), Workload(), whole, f);
+  ASSERT_FALSE(static_cast<bool>(r));
+  EXPECT_EQ(llvm::toString(r.takeError()),
+            "no layout of 8 x h100 both fits and keeps every FP8 input group whole, as "
+            "dynamic FP8 activations (quantization_config.activation_scheme) need: dp=2 pp=1 "
+            "tp=4 ep=1 etp=8: model.layers.0.mlp.experts.0.down_proj.weight: etp=8 splits its "
+            "768 input columns into 96-column slices, cutting its 128-column groups; choose "
+            "other degrees (a smaller --tp or --etp), or compile with --fp8-activations none");
+}

@@ -236,11 +236,14 @@ Expected<PlanResult> moe::sharding::planSharding(const ModelInfo &m,
   r.layoutsConsidered = int64_t(layouts.size());
   for (const Degrees &d : layouts) {
     LayoutEstimate e = estimateValidLayout(m, cluster, w, o, d);
-    if (e.fits) {
+    std::optional<std::string> cut;
+    if (e.fits && o.wholeFp8Groups)
+      cut = fp8GroupCut(m, d);
+    if (e.fits && !cut) {
       r.ranked.push_back(std::move(e));
     } else {
-      std::string reason = e.reason;
-      r.rejected.push_back({d, std::move(reason), std::move(e)});
+      std::string reason = cut ? "dynamic FP8 activations: " + *cut : e.reason;
+      r.rejected.push_back({d, std::move(reason), std::move(e), cut.has_value()});
     }
   }
   std::stable_sort(r.ranked.begin(), r.ranked.end(), better);
@@ -248,6 +251,18 @@ Expected<PlanResult> moe::sharding::planSharding(const ModelInfo &m,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
   if (r.ranked.empty()) {
+    // Layouts that fit but cut an FP8 group: the fastest of them names it.
+    const Rejection *cutting = nullptr;
+    for (const Rejection &x : r.rejected)
+      if (x.cutsFp8Group && (!cutting || better(x.estimate, cutting->estimate)))
+        cutting = &x;
+    if (cutting)
+      return makeError(formatv(
+          "no layout of {0} x {1} both fits and keeps every FP8 input group whole, as "
+          "dynamic FP8 activations (quantization_config.activation_scheme) need: {2}: {3}; "
+          "choose other degrees (a smaller --tp or --etp), or compile with "
+          "--fp8-activations none",
+          W, cluster.name, cutting->degrees.str(), *fp8GroupCut(m, cutting->degrees)));
     const Rejection *closest = &r.rejected.front();
     for (const Rejection &x : r.rejected)
       if (x.estimate.memory.peak < closest->estimate.memory.peak)
@@ -373,7 +388,7 @@ std::string moe::sharding::explainPlan(const ModelInfo &m,
       os << formatv("  ... and {0} more\n", r.ranked.size() - alternatives - 1);
   }
   if (!r.rejected.empty()) {
-    os << formatv("rejected ({0}, do not fit):\n", r.rejected.size());
+    os << formatv("rejected ({0}):\n", r.rejected.size());
     for (size_t i = 0; i < r.rejected.size() && i < alternatives; ++i)
       os << "  " << degreesLine(r.rejected[i].degrees) << ": "
          << r.rejected[i].reason << "\n";

@@ -170,6 +170,28 @@ moe::sharding::weightSlices(const ModelInfo &m, const ShardingLayout &layout,
   return out;
 }
 
+std::optional<std::string> moe::sharding::fp8GroupCut(const ModelInfo &m,
+                                                      const Degrees &d) {
+  for (const PlannedTensor &t : m.tensors) {
+    const hf::TensorSpec &spec = t.spec;
+    if (!spec.isFp8() || spec.shape.size() != 2)
+      continue;
+    // Row-parallel weights split their input columns by TP; routed experts
+    // whose ETP dimension is 1 (down_proj) by ETP.
+    const bool row = t.split == Split::Row;
+    const bool etp = t.split == Split::Expert && !t.wholeInEtpGroup && t.etpDim == 1;
+    const int64_t parts = row ? d.tp : etp ? d.etp : 1;
+    const int64_t columns = spec.shape[1], group = spec.fp8BlockCols;
+    if (parts <= 1 || (columns / parts) % group == 0)
+      continue;
+    return formatv("{0}: {1}={2} splits its {3} input columns into {4}-column slices, "
+                   "cutting its {5}-column groups",
+                   spec.name, row ? "tp" : "etp", parts, columns, columns / parts, group)
+        .str();
+  }
+  return std::nullopt;
+}
+
 int64_t moe::sharding::rankWeightBytes(const ModelInfo &m,
                                        const ShardingLayout &layout,
                                        int64_t rank) {

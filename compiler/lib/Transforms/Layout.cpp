@@ -372,6 +372,10 @@ llvm::Expected<moe::PlannedLayout> moe::planLayout(ModuleOp module,
   sh::Workload w{integer("max_batch_tokens"), integer("max_seq_len"), integer("max_sequences")};
   sh::PlanOptions options;
   options.vocabPadTo = request.vocabPadTo;
+  // moec compile --fp8-activations dynamic: rank layouts that keep every
+  // FP8 input group whole.
+  if (auto scheme = module->getAttrOfType<StringAttr>("moe.fp8_activations"))
+    options.wholeFp8Groups = scheme.getValue() == "dynamic";
   sh::FixedDegrees fixed;
   auto set = [](std::optional<int64_t> &slot, int64_t v) {
     if (v)

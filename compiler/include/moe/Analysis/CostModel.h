@@ -237,6 +237,9 @@ struct PlanOptions {
   bool mlaLatentCache = true;
   int64_t gemmWorkspaceBytes = int64_t(32) << 20; ///< cuBLAS-style workspace
   int64_t commBytesPerPeer = int64_t(4) << 20;    ///< NCCL buffer per peer
+  /// Dynamic FP8 activations (moe.fp8_activations): reject the layouts that
+  /// cut an FP8 weight's input group (fp8GroupCut).
+  bool wholeFp8Groups = false;
 };
 /// `--vocab-pad-to 0: expected a positive integer`, ...
 llvm::Error validateOptions(const PlanOptions &o);

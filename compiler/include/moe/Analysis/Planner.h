@@ -49,6 +49,8 @@ struct Rejection {
   std::string
       reason; ///< e.g. "needs 88.1 GiB per rank (...) > 72.0 GiB usable"
   LayoutEstimate estimate; ///< what was estimated
+  /// It fits, but cuts an FP8 input group (PlanOptions::wholeFp8Groups).
+  bool cutsFp8Group = false;
 };
 
 struct PlanResult {
@@ -107,6 +109,12 @@ struct WeightSlice {
 /// part wholly in the padding has no slice).
 std::vector<WeightSlice>
 weightSlices(const ModelInfo &m, const ShardingLayout &layout, int64_t rank);
+/// Dynamic FP8 activations scale each 1 x 128 group of a row as one, so a
+/// rank must hold an FP8 weight's input columns (dim 1) in whole groups.
+/// The first FP8 weight whose input columns `d` splits inside a group, said
+/// as "<name>: tp=2 splits its 128 input columns into 64-column slices,
+/// cutting its 128-column groups"; nullopt when every group stays whole.
+std::optional<std::string> fp8GroupCut(const ModelInfo &m, const Degrees &d);
 /// The sum of weightSlices(m, layout, rank) bytes, without building names.
 int64_t rankWeightBytes(const ModelInfo &m, const ShardingLayout &layout,
                         int64_t rank);

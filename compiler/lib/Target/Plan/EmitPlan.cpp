@@ -79,9 +79,6 @@ struct EmitPlan : moe::impl::MoEEmitPlanBase<EmitPlan> {
     if (!*layout)
       return moe::writePlanFile(*plan, output);
     const moe::sharding::LayoutEstimate &chosen = (*layout)->result.chosen();
-    if (fp8Activations)
-      if (llvm::Error e = checkFp8Groups((*layout)->model, chosen.layout))
-        return e;
     root["weights"] = moe::logicalWeights(module);
     // The planner's search (moe-choose-layout), for moec report.
     if (auto search = module->getAttrOfType<StringAttr>("moe.planner")) {
@@ -100,31 +97,6 @@ struct EmitPlan : moe::impl::MoEEmitPlanBase<EmitPlan> {
     return moe::writePlanFile(root, output, [&](json::OStream &J) {
       moe::writeDistribution(J, (*layout)->model, chosen);
     });
-  }
-
-  /// Dynamic FP8 activations are quantised per 128 input columns, one
-  /// scale for each group: a rank whose FP8 weight starts or ends its input
-  /// columns inside a group could not scale it as one rank does.
-  static llvm::Error checkFp8Groups(const moe::sharding::ModelInfo &model,
-                                    const moe::sharding::ShardingLayout &layout) {
-    for (int64_t rank = 0; rank < layout.degrees.world(); ++rank)
-      for (const moe::sharding::WeightSlice &s : moe::sharding::weightSlices(model, layout, rank)) {
-        if (s.block.size() != 2 || s.shape.size() != 2)
-          continue;
-        const int64_t group = s.block[1], begin = s.offset[1], end = begin + s.shape[1];
-        if (begin % group == 0 && (end % group == 0 || end == s.globalShape[1]))
-          continue;
-        return llvm::createStringError(
-            llvm::inconvertibleErrorCode(),
-            "%s: rank %lld holds input columns [%lld, %lld) of %lld, cutting a %lld-column "
-            "group: FP8 GEMMs with dynamic activations (quantization_config.activation_scheme) "
-            "scale each group of a row as one; choose a layout that keeps the groups whole "
-            "(a smaller --tp or --etp), or compile with --fp8-activations none",
-            s.name.c_str(), static_cast<long long>(rank), static_cast<long long>(begin),
-            static_cast<long long>(end), static_cast<long long>(s.globalShape[1]),
-            static_cast<long long>(group));
-      }
-    return llvm::Error::success();
   }
 
   const moe::TargetBackend *backend = nullptr;

@@ -430,7 +430,7 @@ void Page::layouts() {
     return;
   os << "<section id=\"layouts\"><h2>Layouts considered</h2>\n<p>" << m.layoutsConsidered
      << " layouts of " << m.worldSize << " ranks searched; " << m.fitting << " fit, "
-     << m.rejected.size() << " do not. The best that fit, fastest first (the first is the "
+     << m.rejected.size() << " are rejected. The best that fit, fastest first (the first is the "
      << "plan's):</p>\n<table><tr><th>layout</th><th>peak memory per rank</th><th>predicted "
      << "tokens/s</th><th>vs the chosen</th></tr>\n";
   const double best = m.alternatives.empty() ? 0 : m.alternatives.front().tokensPerSecond;
@@ -445,7 +445,7 @@ void Page::layouts() {
   os << "</table>\n";
   if (!m.rejected.empty()) {
     const size_t shown = std::min<size_t>(m.rejected.size(), 12);
-    os << "<p>Rejected (they do not fit):</p><table><tr><th>layout</th><th>why</th></tr>\n";
+    os << "<p>Rejected (they do not fit, or cut an FP8 group):</p><table><tr><th>layout</th><th>why</th></tr>\n";
     auto row = [&](const moe::report::Alternative &a) {
       os << "<tr><td>" << escape(a.degrees) << "</td><td>" << escape(a.reason) << "</td></tr>\n";
     };
