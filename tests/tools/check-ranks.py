@@ -22,6 +22,12 @@ FIXTURE_DIR/reference.json as one batch with `moert run` (the layouts under
   --compile-args "…"   extra moec compile arguments
   --mpirun-args "…"    extra mpirun arguments (e.g. "-x LD_LIBRARY_PATH" to
                        pass an environment variable to every rank)
+  --step-rows N        dynamic FP8 activations: up to N logit rows (prompt
+                       positions) may differ by up to 2e-2, the rest within
+                       --tolerance. Each activation is rounded to e4m3, so
+                       a last-bit difference upstream (TP's all_reduce adds
+                       the partial sums in another order) can move one
+                       activation by one e4m3 step
   --cuda-peak          the plans are CUDA plans run on the CUDA device: its
                        peak is its one arena (cuMemAlloc), which holds the
                        plan's predicted weights, buffers and KV caches plus
@@ -52,6 +58,7 @@ def main():
     parser.add_argument("--expect-drops", action="store_true")
     parser.add_argument("--compile-args", default="")
     parser.add_argument("--mpirun-args", default="")
+    parser.add_argument("--step-rows", type=int, default=0)
     parser.add_argument("--cuda-peak", action="store_true")
     parser.add_argument("--int8-block-edges", action="store_true",
                         help="int8 plans: a rank whose slice cuts a 128-column block reads the "
@@ -184,6 +191,15 @@ def main():
             want_logits) else float("inf")
         same_tokens = tokens == want_tokens
         problems = []
+        stepped, within = "", diff <= args.tolerance
+        if args.step_rows and diff != float("inf") and diff > args.tolerance:
+            vocab = len(logits) // sum(lengths)
+            rows = [max(abs(a - b) for a, b in zip(logits[i:i + vocab], want_logits[i:i + vocab]))
+                    for i in range(0, len(logits), vocab)]
+            over = [r for r in rows if r > args.tolerance]
+            rest = max([r for r in rows if r <= args.tolerance] + [0.0])
+            stepped = f" ({len(over)} of {len(rows)} rows an e4m3 step away, the rest {rest:.2e})"
+            within = len(over) <= args.step_rows and max(over) <= 2e-2
         if len(memory) != world:
             problems.append(f"{len(memory)} --report-memory lines for {world} ranks")
         worst = 0.0
@@ -204,11 +220,11 @@ def main():
             worst = max(worst, error)
             if error > 0.10:
                 problems.append(f"rank {rank} peak {measured} MiB vs predicted {predicted} MiB")
-        ok = diff <= args.tolerance and same_tokens and not problems
+        ok = within and same_tokens and not problems
         failures += not ok
         degrees_text = " ".join(f"{k}={v}" for k, v in degrees.items())
         print(f"{'ok  ' if ok else 'FAIL'} {degrees_text}: {world} ranks, max |logit diff| "
-              f"{diff:.2e} (tolerance {args.tolerance:g}), greedy "
+              f"{diff:.2e}{stepped} (tolerance {args.tolerance:g}), greedy "
               f"{'identical' if same_tokens else f'differs: {tokens} vs {want_tokens}'}, "
               f"weights loaded {'>=' if args.int8_block_edges else '='} plan, "
               f"peak within {100 * worst:.1f}% of predicted"
