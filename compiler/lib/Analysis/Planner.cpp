@@ -236,14 +236,25 @@ Expected<PlanResult> moe::sharding::planSharding(const ModelInfo &m,
   r.layoutsConsidered = int64_t(layouts.size());
   for (const Degrees &d : layouts) {
     LayoutEstimate e = estimateValidLayout(m, cluster, w, o, d);
-    std::optional<std::string> cut;
-    if (e.fits && o.wholeFp8Groups)
-      cut = fp8GroupCut(m, d);
-    if (e.fits && !cut) {
+    Rejection::Rule rule = Rejection::Rule::None;
+    std::string reason;
+    if (e.fits && o.etpWithinTp && d.tp % d.etp) {
+      rule = Rejection::Rule::EtpAcrossDp;
+      reason = formatv("etp={0} does not divide tp={1}: expert tensor parallelism across "
+                       "data-parallel replicas is not supported yet",
+                       d.etp, d.tp);
+    } else if (e.fits && o.wholeFp8Groups) {
+      if (std::optional<std::string> cut = fp8GroupCut(m, d)) {
+        rule = Rejection::Rule::Fp8Group;
+        reason = "dynamic FP8 activations: " + *cut;
+      }
+    }
+    if (e.fits && rule == Rejection::Rule::None) {
       r.ranked.push_back(std::move(e));
     } else {
-      std::string reason = cut ? "dynamic FP8 activations: " + *cut : e.reason;
-      r.rejected.push_back({d, std::move(reason), std::move(e), cut.has_value()});
+      if (rule == Rejection::Rule::None)
+        reason = e.reason;
+      r.rejected.push_back({d, std::move(reason), std::move(e), rule});
     }
   }
   std::stable_sort(r.ranked.begin(), r.ranked.end(), better);
@@ -251,18 +262,23 @@ Expected<PlanResult> moe::sharding::planSharding(const ModelInfo &m,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
   if (r.ranked.empty()) {
-    // Layouts that fit but cut an FP8 group: the fastest of them names it.
-    const Rejection *cutting = nullptr;
+    // Layouts that fit but break a rule: the fastest of them says which.
+    const Rejection *fitting = nullptr;
     for (const Rejection &x : r.rejected)
-      if (x.cutsFp8Group && (!cutting || better(x.estimate, cutting->estimate)))
-        cutting = &x;
-    if (cutting)
+      if (x.rule != Rejection::Rule::None &&
+          (!fitting || better(x.estimate, fitting->estimate)))
+        fitting = &x;
+    if (fitting && fitting->rule == Rejection::Rule::Fp8Group)
       return makeError(formatv(
           "no layout of {0} x {1} both fits and keeps every FP8 input group whole, as "
           "dynamic FP8 activations (quantization_config.activation_scheme) need: {2}: {3}; "
           "choose other degrees (a smaller --tp or --etp), or compile with "
           "--fp8-activations none",
-          W, cluster.name, cutting->degrees.str(), *fp8GroupCut(m, cutting->degrees)));
+          W, cluster.name, fitting->degrees.str(), *fp8GroupCut(m, fitting->degrees)));
+    if (fitting)
+      return makeError(formatv("no layout of {0} x {1} both fits and can be partitioned: "
+                               "{2}: {3}; choose an --etp that divides --tp",
+                               W, cluster.name, fitting->degrees.str(), fitting->reason));
     const Rejection *closest = &r.rejected.front();
     for (const Rejection &x : r.rejected)
       if (x.estimate.memory.peak < closest->estimate.memory.peak)

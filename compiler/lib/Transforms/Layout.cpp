@@ -372,6 +372,7 @@ llvm::Expected<moe::PlannedLayout> moe::planLayout(ModuleOp module,
   sh::Workload w{integer("max_batch_tokens"), integer("max_seq_len"), integer("max_sequences")};
   sh::PlanOptions options;
   options.vocabPadTo = request.vocabPadTo;
+  options.etpWithinTp = true; // the layout is partitioned (moe-partition)
   // moec compile --fp8-activations dynamic: rank layouts that keep every
   // FP8 input group whole.
   if (auto scheme = module->getAttrOfType<StringAttr>("moe.fp8_activations"))

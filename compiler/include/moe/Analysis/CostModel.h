@@ -240,6 +240,10 @@ struct PlanOptions {
   /// Dynamic FP8 activations (moe.fp8_activations): reject the layouts that
   /// cut an FP8 weight's input group (fp8GroupCut).
   bool wholeFp8Groups = false;
+  /// moe-partition runs expert tensor parallelism only inside the TP group:
+  /// reject the layouts whose etp does not divide tp (ETP across
+  /// data-parallel replicas), which the cost model itself can estimate.
+  bool etpWithinTp = false;
 };
 /// `--vocab-pad-to 0: expected a positive integer`, ...
 llvm::Error validateOptions(const PlanOptions &o);

@@ -49,8 +49,12 @@ struct Rejection {
   std::string
       reason; ///< e.g. "needs 88.1 GiB per rank (...) > 72.0 GiB usable"
   LayoutEstimate estimate; ///< what was estimated
-  /// It fits, but cuts an FP8 input group (PlanOptions::wholeFp8Groups).
-  bool cutsFp8Group = false;
+  /// It fits, but the compiler would not run it (reason says why).
+  enum class Rule : uint8_t {
+    None,        ///< it does not fit
+    EtpAcrossDp, ///< PlanOptions::etpWithinTp: etp does not divide tp
+    Fp8Group,    ///< PlanOptions::wholeFp8Groups: it cuts an FP8 input group
+  } rule = Rule::None;
 };
 
 struct PlanResult {
