@@ -528,7 +528,8 @@ int runPlanInfo() {
                                   planInfoPath.c_str()));
   json::Object info;
   for (StringRef key :
-       {"world_size", "ranks_per_process", "degrees", "vocab", "stage_begin", "schedule"})
+       {"world_size", "ranks_per_process", "degrees", "vocab", "stage_begin", "schedule",
+        "fp8_activations"})
     if (const json::Value *v = root->get(key))
       info[key] = *v;
   json::Array ranks;
@@ -563,6 +564,9 @@ int runPlanInfo() {
   if (const json::Object *vocab = info.getObject("vocab"))
     outs() << formatv("vocab       {0} (padded {1})\n", vocab->getInteger("size").value_or(0),
                       vocab->getInteger("padded").value_or(0));
+  // How FP8 GEMMs take their activations (moec compile --fp8-activations).
+  if (std::optional<StringRef> scheme = info.getString("fp8_activations"))
+    outs() << "fp8 acts    " << *scheme << " (quantised per 1 x 128 before each FP8 GEMM)\n";
   // Which entry runs each phase (plans with several entries per rank).
   if (const json::Object *schedule = info.getObject("schedule"))
     outs() << formatv("schedule    prefill: {0}, decode: {1}\n",
