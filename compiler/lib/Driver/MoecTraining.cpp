@@ -135,7 +135,8 @@ cl::opt<int64_t> tpArithmetic(
 cl::opt<int64_t> globalBatchSize(
     "global-batch-size",
     cl::desc("With --optimizer: sequences per update, a multiple of --micro-batch-size (the "
-             "gradients of its micro-batches are averaged; default: one micro-batch)"),
+             "gradients of its micro-batches are averaged; default: one micro-batch per "
+             "data-parallel replica)"),
     cl::init(0), cl::sub(driver::compileSubcommand()), cl::cat(training));
 
 /// --ep given with --train (trainingOptions): no choice of it left.
@@ -395,7 +396,9 @@ Error driver::trainingOptions(CompileOptions &options, const hf::ModelConfig &co
   adamw.weightDecay = weightDecay;
   adamw.clipGradNorm = clipGradNorm;
   adamw.expertBiasUpdateRate = expertBiasUpdateRate;
-  adamw.microBatches = globalBatchSize.getNumOccurrences() ? globalBatchSize / microBatchSize : 1;
+  // Without --global-batch-size: one micro-batch per data-parallel replica.
+  adamw.microBatches =
+      globalBatchSize.getNumOccurrences() ? globalBatchSize / microBatchSize : replicas;
   if (adamw.microBatches % replicas)
     return refuse("--global-batch-size " + Twine(adamw.microBatches * microBatchSize) +
                   ": expected a multiple of --micro-batch-size x --dp (" +
