@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 
 using namespace llvm;
 using namespace moe::sharding;
@@ -234,6 +235,8 @@ Expected<PlanResult> moe::sharding::planSharding(const ModelInfo &m,
   }
   PlanResult r;
   r.layoutsConsidered = int64_t(layouts.size());
+  // fp8GroupCut depends only on (tp, etp): once per pair.
+  std::map<std::pair<int64_t, int64_t>, std::optional<std::string>> cuts;
   for (const Degrees &d : layouts) {
     LayoutEstimate e = estimateValidLayout(m, cluster, w, o, d);
     Rejection::Rule rule = Rejection::Rule::None;
@@ -244,7 +247,10 @@ Expected<PlanResult> moe::sharding::planSharding(const ModelInfo &m,
                        "data-parallel replicas is not supported yet",
                        d.etp, d.tp);
     } else if (e.fits && o.wholeFp8Groups) {
-      if (std::optional<std::string> cut = fp8GroupCut(m, d)) {
+      auto [at, added] = cuts.try_emplace({d.tp, d.etp});
+      if (added)
+        at->second = fp8GroupCut(m, d);
+      if (const std::optional<std::string> &cut = at->second) {
         rule = Rejection::Rule::Fp8Group;
         reason = "dynamic FP8 activations: " + *cut;
       }
