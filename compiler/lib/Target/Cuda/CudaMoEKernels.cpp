@@ -87,28 +87,22 @@ Object Emitter::scatter(int64_t i, std::string x, std::string slotsRef, std::str
                         int64_t H, int64_t k) {
   // Each column of x read once and stored to the token's k slots (slots
   // outermost made ptxas spill at k = 8, H = 2048: OLMoE, Qwen3-30B-A3B).
-  std::string body = subst(H % 4 == 0 ? R"(  const long long t = blockIdx.x;
+  const bool v4 = H % 4 == 0;
+  std::string body = subst(R"(  const long long t = blockIdx.x;
   if (t >= T) return;
-  const float4 *src = reinterpret_cast<const float4 *>(x + t * @H@);
-  for (int c = threadIdx.x; c < @H@ / 4; c += 128) {
-    const float4 v = src[c];
+  const @VT@ *src = reinterpret_cast<const @VT@ *>(x + t * @H@);
+  for (int c = threadIdx.x; c < @N@; c += 128) {
+    const @VT@ v = src[c];
     for (int j = 0; j < @K@; ++j) {
       const int slot = slots[t * @K@ + j];
-      if (slot >= 0) reinterpret_cast<float4 *>(buf + static_cast<long long>(slot) * @H@)[c] = v;
-    }
-  }
-)"
-                                      : R"(  const long long t = blockIdx.x;
-  if (t >= T) return;
-  for (int c = threadIdx.x; c < @H@; c += 128) {
-    const float v = x[t * @H@ + c];
-    for (int j = 0; j < @K@; ++j) {
-      const int slot = slots[t * @K@ + j];
-      if (slot >= 0) buf[static_cast<long long>(slot) * @H@ + c] = v;
+      if (slot >= 0) reinterpret_cast<@VT@ *>(buf + static_cast<long long>(slot) * @H@)[c] = v;
     }
   }
 )",
-                           {{"K", str(k)}, {"H", str(H)}});
+                           {{"K", str(k)},
+                            {"H", str(H)},
+                            {"N", str(v4 ? H / 4 : H)},
+                            {"VT", v4 ? "float4" : "float"}});
   return kernel(i, "dispatch_scatter",
                 {{"const float *__restrict__ x", x},
                  {"const int *__restrict__ slots", slotsRef},

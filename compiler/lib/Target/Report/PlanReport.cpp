@@ -445,7 +445,7 @@ void Page::layouts() {
   os << "</table>\n";
   if (!m.rejected.empty()) {
     const size_t shown = std::min<size_t>(m.rejected.size(), 12);
-    os << "<p>Rejected (they do not fit, or cut an FP8 group):</p><table><tr><th>layout</th><th>why</th></tr>\n";
+    os << "<p>Rejected (they do not fit, or the compiler cannot run them):</p><table><tr><th>layout</th><th>why</th></tr>\n";
     auto row = [&](const moe::report::Alternative &a) {
       os << "<tr><td>" << escape(a.degrees) << "</td><td>" << escape(a.reason) << "</td></tr>\n";
     };
